@@ -1,0 +1,1 @@
+# Cython package marker: lets downstream code cimport fastep._epcore.sites.

@@ -1,0 +1,1 @@
+"""Compiled EP kernels (Cython). Public API lives in :mod:`fastep`."""

@@ -1,0 +1,37 @@
+# cython: language_level=3
+"""Likelihood site kernels: log Z, alpha, beta for one site, callable without the GIL.
+
+For a site with likelihood t(f) and a Gaussian cavity N(f; mu, s2) the kernel
+returns
+
+    log_z = log ∫ t(f) N(f; mu, s2) df
+    alpha = d log Z / d mu                      (Minka eq 17)
+    beta  = alpha**2 - (d²Z/dmu²) / Z = -d² log Z / dmu²   (Minka eqs 18-19)
+
+so that the tilted mean is mu + s2*alpha and the tilted variance s2 - s2**2 * beta.
+"""
+
+cdef enum LikelihoodCode:
+    LIK_PROBIT = 0           # params: [slope (may be +inf), bias]; y in {-1, +1}
+    LIK_STEP = 1             # params: [flip noise eps in [0, 1/2)]; y in {-1, +1}
+    LIK_LOGISTIC_MACKAY = 2  # params: []; y in {-1, +1}
+    LIK_LOGISTIC_GH = 3      # params: []; quadrature nodes in SiteModel; y in {-1, +1}
+    LIK_GAUSSIAN = 4         # params: [noise variance > 0]; y real
+    LIK_ORDINAL = 5          # params: [slope, bias, width_1, ..., width_{C-2}]; y in {0, ..., C-1}
+
+cdef enum SiteStatus:
+    SITE_OK = 0
+    SITE_BAD_CAVITY = 1      # cavity variance not > 0 (or not finite) where the likelihood needs it
+    SITE_BAD_LABEL = 2       # label outside the likelihood's support
+    SITE_ZERO_MASS = 3       # Z underflowed to 0 even in log space (cannot happen for finite input)
+
+cdef struct SiteModel:
+    int code
+    const double* params
+    int n_params
+    const double* gh_nodes         # LIK_LOGISTIC_GH: nodes t_k for ∫ g(t) exp(-t²) dt (physicists' Hermite)
+    const double* gh_log_weights   # log(w_k / sqrt(pi)), so that sum_k exp(lw_k) = 1
+    int n_nodes
+
+cdef int site_moments(const SiteModel* model, double y, double cavity_mean, double cavity_var,
+                      double* log_z, double* alpha, double* beta) noexcept nogil
