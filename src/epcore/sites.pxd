@@ -35,3 +35,16 @@ cdef struct SiteModel:
 
 cdef int site_moments(const SiteModel* model, double y, double cavity_mean, double cavity_var,
                       double* log_z, double* alpha, double* beta) noexcept nogil
+
+
+cdef class SiteSpec:
+    """A likelihood as the compiled core sees it: a code and parameter arrays it owns.
+
+    Engines read ``spec.model`` inside ``nogil`` blocks; the arrays stay alive as
+    long as the SiteSpec does.
+    """
+    cdef readonly int code
+    cdef readonly object params           # float64 C-contiguous ndarray
+    cdef readonly object gh_nodes         # float64 ndarray (empty unless LIK_LOGISTIC_GH)
+    cdef readonly object gh_log_weights   # float64 ndarray (empty unless LIK_LOGISTIC_GH)
+    cdef SiteModel model
