@@ -17,7 +17,7 @@ Numerical policy
 * Everything that can underflow is handled in log space; the Gaussian hazard
   ``r(z) = N(z)/Phi(z)`` and the difference ``r(z) + z`` (which cancels for
   ``z -> -inf``) come from the Laplace continued fraction of the Mills ratio for
-  ``z <= -3`` (``_mills_tail``), accurate to a few ulp for every ``|z|`` up to
+  ``z <= -2`` (``_mills_tail``), accurate to a few ulp for every ``|z|`` up to
   ~1e154, beyond which ``log Phi(z) = -z²/2`` itself overflows float64.
 * Probit and ordinal sites share one routine for ``Phi(hi) - Phi(lo)`` over an
   interval (``_interval_moments``); it never subtracts two tail probabilities
@@ -32,13 +32,14 @@ Numerical policy
 """
 import numpy as np
 
-from libc.math cimport (log, exp, sqrt, log1p, expm1, erf, fabs, floor, isfinite, isinf,
+from libc.math cimport (log, exp, sqrt, log1p, expm1, erf, erfc, fabs, floor, isfinite, isinf,
                         isnan, INFINITY)
 from scipy.special.cython_special cimport log_ndtr
 
 
 cdef double _LOG_SQRT_2PI = 0.91893853320467274178   # log(sqrt(2*pi))
 cdef double _SQRT1_2 = 0.70710678118654752440        # 1/sqrt(2)
+cdef double _SQRT_2PI = 2.50662827463100050242
 cdef double _LOG_2PI = 1.83787706640934548356
 cdef double _PI_OVER_8 = 0.39269908169872415481
 
@@ -70,16 +71,20 @@ cdef inline double _log_npdf(double z) noexcept nogil:
 
 
 cdef inline double _mills_tail(double x) noexcept nogil:
-    """g(x) = N(x)/Phi(-x) - x for x >= 3 by the Laplace continued fraction.
+    """g(x) = N(x)/Phi(-x) - x for x >= 2 by the Laplace continued fraction.
 
     The Mills ratio R(x) = Phi(-x)/N(x) = 1/(x + 1/(x + 2/(x + 3/(x + ...)))),
     so N(x)/Phi(-x) = x + g(x) with g(x) = 1/(x + 2/(x + 3/(x + ...))). The
     fraction is evaluated backward; the term counts give relative error below
-    2e-16 for every x >= 3 (checked against mpmath in the tests).
+    2e-16 for every x >= 2 (checked against mpmath in the tests).
     """
     cdef int k, n_terms
     cdef double t = x
-    if x < 4.0:
+    if x < 2.5:
+        n_terms = 120
+    elif x < 3.0:
+        n_terms = 90
+    elif x < 4.0:
         n_terms = 60
     elif x < 8.0:
         n_terms = 40
@@ -94,13 +99,13 @@ cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
                             double* hazard_plus_z) noexcept nogil:
     """log Phi(z), the hazard r = N(z)/Phi(z), and r + z, all to full precision.
 
-    For z <= -3 (x = -z): r = x + g(x) from the continued fraction, r + z = g(x)
+    For z <= -2 (x = -z): r = x + g(x) from the continued fraction, r + z = g(x)
     and log Phi(z) = log N(z) - log r (no cancellation, valid while z² is finite).
-    Otherwise scipy's log_ndtr and r = exp(log N - log Phi); r + z cancels by at
-    most a factor ~10 there.
+    Otherwise scipy's log_ndtr and r = N(z) / (erfc(-z/√2)/2) (both factors to
+    ~1 ulp); r + z cancels by at most a factor ~7 there.
     """
     cdef double x, g, r
-    if z <= -3.0:
+    if z <= -2.0:
         x = -z
         g = _mills_tail(x)
         r = x + g
@@ -109,15 +114,9 @@ cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
         log_cdf[0] = -0.5 * x * x - _LOG_SQRT_2PI - log(r)
     else:
         log_cdf[0] = log_ndtr(z)
-        r = exp(_log_npdf(z) - log_cdf[0])
+        r = exp(-0.5 * z * z) / (_SQRT_2PI * 0.5 * erfc(-z * _SQRT1_2))
         hazard[0] = r
         hazard_plus_z[0] = r + z
-
-
-cdef inline double _hazard(double z) noexcept nogil:
-    cdef double log_cdf, hazard, hazard_plus_z
-    _cdf_terms(z, &log_cdf, &hazard, &hazard_plus_z)
-    return hazard
 
 
 cdef inline double _log_sigmoid(double x) noexcept nogil:
@@ -155,15 +154,33 @@ cdef inline double _clamp(double v, double lower, double upper) noexcept nogil:
 # Interval kernel shared by probit and ordinal sites
 # ----------------------------------------------------------------------------
 
-cdef double _integral_hazard(double lo, double width) noexcept nogil:
-    """∫_lo^{lo+width} N(t)/Phi(t) dt by 10-point Gauss-Legendre (narrow intervals, t <= 0)."""
+cdef void _narrow_interval(double lo, double width, double* log_z, double* d_over_z,
+                           double* beta_over_c2) noexcept nogil:
+    """Truncated-normal moments on [lo, lo + width] by 10-point Gauss-Legendre (narrow intervals).
+
+    With mid = lo + width/2 and t = mid + s, N(t) = N(mid) exp(-s (mid + s/2)), so
+    Z = N(mid) ∫ exp(-s(mid + s/2)) ds, the truncated mean is mid + E[s] and the
+    truncated variance is Var[s]. Used when width (1 + |mid|) < 1/2: the exponent
+    then varies by less than ~1/2 over the interval and the rule is exact to
+    rounding. Returns log Z, D/Z = -(truncated mean) and beta/c² = 1 - Var[s].
+    """
     cdef int k
     cdef double half = 0.5 * width
     cdef double mid = lo + half
-    cdef double total = 0.0
+    cdef double offset, weight, total = 0.0, first = 0.0, second = 0.0, mean
+    cdef double weights[_N_LEGENDRE]
     for k in range(_N_LEGENDRE):
-        total += _legendre_weights[k] * _hazard(mid + half * _legendre_nodes[k])
-    return half * total
+        offset = half * _legendre_nodes[k]
+        weights[k] = _legendre_weights[k] * exp(-offset * (mid + 0.5 * offset))
+        total += weights[k]
+        first += weights[k] * offset
+    mean = first / total
+    for k in range(_N_LEGENDRE):
+        offset = half * _legendre_nodes[k] - mean
+        second += weights[k] * offset * offset
+    log_z[0] = _log_npdf(mid) + log(half * total)
+    d_over_z[0] = -(mid + mean)
+    beta_over_c2[0] = 1.0 - second / total
 
 
 cdef void _interval_moments(double c, double lo, double hi, double width,
@@ -188,21 +205,21 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
       alpha changes sign) so it never lies wholly in the upper tail;
     * one-sided (``lo = -inf``): probit formulas with the hazard ``r`` and
       ``r + hi`` from ``_cdf_terms`` (IVM eqs 19-21, Minka eqs 57-60);
+    * narrow finite intervals (``width (1 + |mid|) < 1/2``): truncated-normal
+      moments by Gauss-Legendre relative to the midpoint (``_narrow_interval``),
+      which keeps ``beta/c² = 1 - Var`` accurate where the endpoint formulas
+      below would cancel;
     * ``lo < hi <= 0``: ``Z = Phi(hi) (1 - q)`` with
-      ``log q = log Phi(lo) - log Phi(hi)`` computed either as
-      ``e1 + log r(hi) - log r(lo)`` (``e1 = log N(lo) - log N(hi) =
-      width (lo + hi)/2``) or, for narrow intervals, as ``-∫ r(t) dt`` by
-      Gauss-Legendre; then ``D/Z = r(hi)(1 - e^e1)/(1 - q)``,
+      ``log q = log Phi(lo) - log Phi(hi) = e1 + log r(hi) - log r(lo)``
+      (``e1 = log N(lo) - log N(hi) = width (lo + hi)/2``, and
+      ``|log q| >~ 0.2`` outside the narrow case); then ``D/Z = r(hi)(1 - e^e1)/(1 - q)``,
       ``N(lo)/Z = r(hi) e^e1/(1 - q)`` and
       ``D/Z + hi = (g(hi) - q (width + g(lo)))/(1 - q)`` where ``g = r + t``,
       so ``beta/c² = (D/Z)(D/Z + hi) + width N(lo)/Z``;
     * ``lo < 0 < hi``: ``Z = (erf(hi/√2) + erf(-lo/√2))/2``, a sum of two
-      positive terms, and direct formulas (no cancellation in beta).
-
-    For very narrow intervals far in a tail (``width * |hi| << 1`` with
-    ``|hi| >> 1``) the truncated mean is resolved only to about
-    ``eps / width`` relative to ``|hi|``; ``beta/c²`` is then ``1 - O(width²)``
-    and the clamp keeps it in range.
+      positive terms (``log Z = log1p(-Phi(lo) - Phi(-hi))`` when ``Z > 1/2``
+      so that ``log Z ≈ 0`` keeps its relative precision), and direct formulas
+      (no cancellation in beta).
     """
     cdef double sign = 1.0, swap
     cdef double log_cdf_hi, hazard_hi, g_hi, log_cdf_lo, hazard_lo, g_lo
@@ -220,15 +237,14 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
         log_z[0] = log_cdf_hi
         d_over_z = hazard_hi
         beta_over_c2 = hazard_hi * g_hi
+    elif width * (1.0 + fabs(0.5 * (lo + hi))) < 0.5:
+        _narrow_interval(lo, width, log_z, &d_over_z, &beta_over_c2)
     elif hi <= 0.0:
         # Both ends in the lower tail.
         _cdf_terms(hi, &log_cdf_hi, &hazard_hi, &g_hi)
         _cdf_terms(lo, &log_cdf_lo, &hazard_lo, &g_lo)
         e1 = 0.5 * width * (lo + hi)
-        if width * hazard_hi < 0.5:
-            log_q = -_integral_hazard(lo, width)
-        else:
-            log_q = e1 + log(hazard_hi) - log(hazard_lo)
+        log_q = e1 + log(hazard_hi) - log(hazard_lo)
         q = exp(log_q)
         one_minus_q = -expm1(log_q)
         log_z[0] = log_cdf_hi + log(one_minus_q)
@@ -239,7 +255,10 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
     else:
         # lo < 0 < hi, both finite.
         z_mass = 0.5 * (erf(hi * _SQRT1_2) + erf(-lo * _SQRT1_2))
-        log_z[0] = log(z_mass)
+        if z_mass > 0.5:
+            log_z[0] = log1p(-0.5 * (erfc(-lo * _SQRT1_2) + erfc(hi * _SQRT1_2)))
+        else:
+            log_z[0] = log(z_mass)
         n_hi = exp(_log_npdf(hi))
         n_lo = exp(_log_npdf(lo))
         e1 = 0.5 * width * (lo + hi)
