@@ -104,6 +104,10 @@ class Likelihood:
 
     __hash__ = None
 
+    def __getstate__(self):
+        # The SiteSpec is a cache; rebuild it after unpickling.
+        return {"_params": self._params, "_spec": None}
+
     # -- compiled core ------------------------------------------------------------------
     def site_spec(self):
         """The :class:`fastep._epcore.sites.SiteSpec` for these parameters (cached)."""

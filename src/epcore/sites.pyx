@@ -42,6 +42,9 @@ cdef double _SQRT1_2 = 0.70710678118654752440        # 1/sqrt(2)
 cdef double _SQRT_2PI = 2.50662827463100050242
 cdef double _LOG_2PI = 1.83787706640934548356
 cdef double _PI_OVER_8 = 0.39269908169872415481
+# Below this, products of hazards and scales are formed in log space so that a
+# representable alpha (e.g. c N(40) with c = 1e150) does not underflow to 0.
+cdef double _TINY = 1e-280
 
 # 10-point Gauss-Legendre rule on [-1, 1] (filled at import from numpy), used to
 # integrate the hazard over narrow intervals in the ordinal kernel.
@@ -117,6 +120,13 @@ cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
         r = exp(-0.5 * z * z) / (_SQRT_2PI * 0.5 * erfc(-z * _SQRT1_2))
         hazard[0] = r
         hazard_plus_z[0] = r + z
+
+
+cdef inline double _log_hazard(double z, double log_cdf, double hazard) noexcept nogil:
+    """log(N(z)/Phi(z)) given the outputs of _cdf_terms, also where the hazard underflows (z >~ 37)."""
+    if hazard > _TINY:
+        return log(hazard)
+    return _log_npdf(z) - log_cdf
 
 
 cdef inline double _log_sigmoid(double x) noexcept nogil:
@@ -224,7 +234,7 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
     cdef double sign = 1.0, swap
     cdef double log_cdf_hi, hazard_hi, g_hi, log_cdf_lo, hazard_lo, g_lo
     cdef double e1, log_q, q, one_minus_q, d_over_z, d_over_z_plus_hi, n_lo_over_z
-    cdef double z_mass, n_hi, n_lo, n_diff, beta_over_c2
+    cdef double z_mass, n_hi, n_lo, n_diff, beta_over_c2, log_hazard_hi
     if isinf(hi) or (not isinf(lo) and lo >= 0.0):
         swap = hi
         hi = -lo
@@ -235,6 +245,12 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
         # One-sided interval: Z = Phi(hi).
         _cdf_terms(hi, &log_cdf_hi, &hazard_hi, &g_hi)
         log_z[0] = log_cdf_hi
+        if hazard_hi < _TINY:
+            # hi >~ 37: Z ≈ 1 and alpha, beta are tiny; keep them representable.
+            log_hazard_hi = _log_hazard(hi, log_cdf_hi, hazard_hi)
+            alpha[0] = -sign * exp(log(c) + log_hazard_hi)
+            beta[0] = exp(2.0 * log(c) + log_hazard_hi + log(g_hi))
+            return
         d_over_z = hazard_hi
         beta_over_c2 = hazard_hi * g_hi
     elif width * (1.0 + fabs(0.5 * (lo + hi))) < 0.5:
@@ -346,7 +362,7 @@ cdef int _step(const SiteModel* model, double y, double mu, double s2,
     """
     cdef double eps = model.params[0]
     cdef double sd, z, log_cdf, hazard, hazard_plus_z, log_signal, log_noise
-    cdef double signal_frac, noise_frac, alpha_abs, beta_s2
+    cdef double signal_frac, noise_frac, log_signal_frac, alpha_abs
     if y != 1.0 and y != -1.0:
         return SITE_BAD_LABEL
     if not (s2 > 0.0):
@@ -356,22 +372,28 @@ cdef int _step(const SiteModel* model, double y, double mu, double s2,
     _cdf_terms(z, &log_cdf, &hazard, &hazard_plus_z)
     if eps == 0.0:
         log_z[0] = log_cdf
+        log_signal_frac = 0.0
         signal_frac = 1.0
         noise_frac = 0.0
     else:
         log_signal = log1p(-2.0 * eps) + log_cdf
         log_noise = log(eps)
         log_z[0] = _log_add_exp(log_signal, log_noise)
-        signal_frac = exp(log_signal - log_z[0])
+        log_signal_frac = log_signal - log_z[0]
+        signal_frac = exp(log_signal_frac)
         noise_frac = exp(log_noise - log_z[0])
-    alpha_abs = signal_frac * hazard / sd
+    if signal_frac * hazard > _TINY:
+        alpha_abs = signal_frac * hazard / sd
+    else:
+        # w r underflows (z >~ 37, or eps > 0 and z << 0); alpha may still be representable.
+        alpha_abs = exp(log_signal_frac + _log_hazard(z, log_cdf, hazard) - log(sd))
     alpha[0] = y * alpha_abs
-    beta_s2 = signal_frac * hazard * (hazard_plus_z - noise_frac * hazard)
-    if eps == 0.0:
-        beta_s2 = _clamp(beta_s2, 0.0, 1.0)
-    elif beta_s2 > 1.0:
-        beta_s2 = 1.0
-    beta[0] = (beta_s2 / sd) / sd
+    # beta = alpha (alpha + mu/s2) = (alpha_abs / sd) ((r + z) - (1 - w) r); s2 beta <= 1.
+    beta[0] = (alpha_abs / sd) * (hazard_plus_z - noise_frac * hazard)
+    if eps == 0.0 and beta[0] < 0.0:
+        beta[0] = 0.0
+    if beta[0] * sd * sd > 1.0:
+        beta[0] = (1.0 / sd) / sd
     return SITE_OK
 
 
@@ -636,6 +658,9 @@ cdef class SiteSpec:
         self.model.gh_nodes = _ptr(self.gh_nodes)
         self.model.gh_log_weights = _ptr(self.gh_log_weights)
 
+    def __reduce__(self):
+        return (SiteSpec, (self.code, self.params, self.gh_nodes, self.gh_log_weights))
+
     def __repr__(self):
         name = LIKELIHOOD_NAMES.get(self.code, str(self.code))
         extra = f", n_nodes={self.gh_nodes.shape[0]}" if self.code == LIK_LOGISTIC_GH else ""
@@ -672,7 +697,7 @@ def _as_output(name, out, n):
     return out
 
 
-def site_moments_array(SiteSpec spec, y, cavity_mean, cavity_var, log_z=None, alpha=None, beta=None):
+def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z=None, alpha=None, beta=None):
     """Site moments for many sites at once (GIL released over the loop).
 
     Parameters

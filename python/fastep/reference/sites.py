@@ -136,7 +136,9 @@ def ordinal_moments(y, mu, s2, slope=1.0, bias=0.0, widths=()):
     c = 1.0 / np.sqrt(1.0 / slope**2 + s2)
     upper = c * (theta[k + 1] - mu)
     lower = c * (theta[k] - mu)
-    z_mass = ndtr(upper) - ndtr(lower)
+    # Phi(u) - Phi(u'), written as Phi(-u') - Phi(-u) when both are positive.
+    upper_tail = lower > 0
+    z_mass = np.where(upper_tail, ndtr(-lower) - ndtr(-upper), ndtr(upper) - ndtr(lower))
     pdf_upper = np.exp(_log_npdf(upper))
     pdf_lower = np.exp(_log_npdf(lower))
     # u N(u) -> 0 at an infinite end.
