@@ -170,7 +170,7 @@ class _Binary(Likelihood):
         bad = ~((arr == 1.0) | (arr == -1.0))
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"binary targets must be -1 or +1; y[{i}] = {arr[i]!r}")
+            raise ValueError(f"binary targets must be -1 or +1; y[{i}] = {float(arr[i])!r}")
         return arr
 
     def predictive(self, mean, var):
@@ -331,7 +331,7 @@ class Gaussian(Likelihood):
         bad = ~np.isfinite(arr)
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"targets must be finite; y[{i}] = {arr[i]!r}")
+            raise ValueError(f"targets must be finite; y[{i}] = {float(arr[i])!r}")
         return arr
 
     def predictive(self, mean, var):
@@ -411,7 +411,7 @@ class OrderedCategorical(Likelihood):
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"ordinal targets must be integers in 0..{n_categories - 1}; "
-                             f"y[{i}] = {arr[i]!r}")
+                             f"y[{i}] = {float(arr[i])!r}")
         return arr
 
     def predictive(self, mean, var):

@@ -752,6 +752,6 @@ def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z
     if failed >= 0:
         raise ValueError(
             f"site {failed} failed ({LIKELIHOOD_NAMES.get(spec.code, spec.code)} likelihood, "
-            f"y={y_arr[failed]!r}, cavity_mean={mean_arr[failed]!r}, "
-            f"cavity_var={var_arr[failed]!r}): {status_message(status)}")
+            f"y={float(y_arr[failed])!r}, cavity_mean={float(mean_arr[failed])!r}, "
+            f"cavity_var={float(var_arr[failed])!r}): {status_message(status)}")
     return log_z, alpha, beta
