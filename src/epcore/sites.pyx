@@ -436,8 +436,8 @@ cdef int _logistic_gh(const SiteModel* model, double y, double mu, double s2,
     """
     cdef int n = model.n_nodes
     cdef int k
-    cdef double scale, f, log_max, total, mean_s, mean_curv, var_s, dev
-    cdef double log_terms[GH_MAX_NODES]
+    cdef double scale, f, e, log_max, total, mean_s, mean_curv, var_s, dev
+    cdef double log_terms[GH_MAX_NODES]   # log terms, then scaled terms, then weights p_k
     cdef double tail[GH_MAX_NODES]
     if y != 1.0 and y != -1.0:
         return SITE_BAD_LABEL
@@ -445,18 +445,25 @@ cdef int _logistic_gh(const SiteModel* model, double y, double mu, double s2,
     log_max = -INFINITY
     for k in range(n):
         f = y * (mu + scale * model.gh_nodes[k])
-        log_terms[k] = model.gh_log_weights[k] + _log_sigmoid(f)
-        tail[k] = _sigmoid(-f)
+        # One exp per node: with e = exp(-|f|), log sigma(f) and sigma(-f) follow.
+        e = exp(-fabs(f))
+        if f >= 0.0:
+            log_terms[k] = model.gh_log_weights[k] - log1p(e)
+            tail[k] = e / (1.0 + e)
+        else:
+            log_terms[k] = model.gh_log_weights[k] + f - log1p(e)
+            tail[k] = 1.0 / (1.0 + e)
         if log_terms[k] > log_max:
             log_max = log_terms[k]
     total = 0.0
     for k in range(n):
-        total += exp(log_terms[k] - log_max)
+        log_terms[k] = exp(log_terms[k] - log_max)       # now w_k sigma(y f_k) / max
+        total += log_terms[k]
     log_z[0] = log_max + log(total)
     mean_s = 0.0
     mean_curv = 0.0
     for k in range(n):
-        log_terms[k] = exp(log_terms[k] - log_z[0])      # now the tilted weight p_k
+        log_terms[k] = log_terms[k] / total              # now the tilted weight p_k
         mean_s += log_terms[k] * tail[k]
         mean_curv += log_terms[k] * tail[k] * (1.0 - tail[k])
     var_s = 0.0
