@@ -46,8 +46,8 @@ cdef double _PI_OVER_8 = 0.39269908169872415481
 # representable alpha (e.g. c N(40) with c = 1e150) does not underflow to 0.
 cdef double _TINY = 1e-280
 
-# 10-point Gauss-Legendre rule on [-1, 1] (filled at import from numpy), used to
-# integrate the hazard over narrow intervals in the ordinal kernel.
+# 10-point Gauss-Legendre rule on [-1, 1] (filled at import from numpy), used for
+# truncated-normal moments over narrow intervals in the ordinal kernel.
 cdef enum:
     _N_LEGENDRE = 10
 cdef double _legendre_nodes[_N_LEGENDRE]
@@ -177,7 +177,7 @@ cdef void _narrow_interval(double lo, double width, double* log_z, double* d_ove
     cdef int k
     cdef double half = 0.5 * width
     cdef double mid = lo + half
-    cdef double offset, weight, total = 0.0, first = 0.0, second = 0.0, mean
+    cdef double offset, total = 0.0, first = 0.0, second = 0.0, mean
     cdef double weights[_N_LEGENDRE]
     for k in range(_N_LEGENDRE):
         offset = half * _legendre_nodes[k]
@@ -323,7 +323,13 @@ cdef int _probit(const SiteModel* model, double y, double mu, double s2,
 
 cdef int _ordinal(const SiteModel* model, double y, double mu, double s2,
                   double* log_z, double* alpha, double* beta) noexcept nogil:
-    """p(y=k|f) = Phi(slope(theta_k - f)) - Phi(slope(theta_{k-1} - f)), theta_k = bias + sum_{i<=k} w_i."""
+    """p(y=k|f) = Phi(slope(theta_k - f)) - Phi(slope(theta_{k-1} - f)), theta_k = bias + sum_{i<=k} w_i.
+
+    IVM §2.4 eqs 24-25 in the consistent threshold model (theta_{-1} = -inf,
+    theta_{C-1} = +inf). The paper's y = 0 case reads Phi(lambda (b + f)), a sign
+    typo for Phi(lambda (b - f)), and its nu formula has N(u) where N(u') is
+    meant; both are as here once written for a general interval.
+    """
     cdef int n_categories = model.n_params
     cdef double slope = model.params[0]
     cdef double theta_lo, width, c
