@@ -12,7 +12,7 @@ from . import _validation as v
 from ._base import BaseEstimator, check_is_fitted
 from ._epcore import linear_ep as _engine
 from .exceptions import ConvergenceWarning
-from .likelihoods import Gaussian, Probit
+from .likelihoods import Gaussian, Logistic, Probit, Step
 
 __all__ = ["LinearEPClassifier", "LinearEPRegressor"]
 
@@ -178,12 +178,10 @@ class LinearEPClassifier(_LinearEPBase):
 
     def _likelihood(self):
         lik = Probit() if self.likelihood is None else self.likelihood
-        if not getattr(lik, "is_classification", False) or not hasattr(lik, "site_spec"):
+        if not isinstance(lik, (Probit, Step, Logistic)):
             raise TypeError(
                 "likelihood must be a binary classification likelihood (fastep.likelihoods.Probit, Step "
                 f"or Logistic), got {lik!r}")
-        if getattr(lik, "n_classes", 2) != 2:
-            raise TypeError(f"likelihood must be binary, got {lik!r}")
         return lik
 
     def fit(self, X, y):
