@@ -1,0 +1,1180 @@
+"""Covariance functions (kernels) with exact gradients in an unconstrained parameter space.
+
+Kernels (IVM §4, Lawrence, Seeger & Herbrich)
+---------------------------------------------
+=============  ==============================================================  =========================
+class          k(x, y)                                                         hyperparameters
+=============  ==============================================================  =========================
+``Linear``     v xᵀy                                                           variance
+``RBF``        v exp(-γ/2 |x - y|²)                                            variance, inverse_width
+``MLP``        v (2/π) asin((w xᵀy + b) / sqrt((w xᵀx + b + 1)(w yᵀy + b + 1)))  variance, weight_variance,
+                                                                               bias_variance
+``White``      v δ(x, y)  (see below)                                          variance
+``Bias``       v                                                               variance
+``LinearARD``  ``Linear`` with xᵀy replaced by xᵀAy                            + scales
+``RBFARD``     ``RBF`` with |x - y|² replaced by (x - y)ᵀA(x - y)              + scales
+``MLPARD``     ``MLP`` with every inner product xᵀy replaced by xᵀAy           + scales
+=============  ==============================================================  =========================
+
+``A = diag(α)`` holds one input scale per column (IVM §4: "automatic relevance
+determination"); ``ard_groups`` ties columns to a shared scale (``α_col =
+scales[ard_groups[col]]``), as the IVM paper does for blocks of USPS pixels.
+Sums and products of kernels are kernels: ``k1 + k2``, ``k1 * k2``,
+``Sum([...])``, ``Product([...])``.
+
+Conventions worth knowing:
+
+* ``MLP`` carries the factor 2/π of Williams (1997) so that ``v`` bounds the
+  process variance (|k| < v); the IVM paper's θ_mlp equals ``(2/π) v`` here.
+* ``White`` is a noise process attached to the *training sample*: ``K(X, X) =
+  v I`` but every cross-covariance ``K(X*, X)`` is zero, even if rows of ``X*``
+  coincide with rows of ``X`` (new observations get new, independent noise).
+  ``diag(X*)`` is ``v`` (the marginal variance of a fresh noisy observation).
+* ``RBF`` uses the IVM inverse width γ; a length-scale ℓ corresponds to
+  γ = 1/ℓ² (``RBF.lengthscale`` reports it).
+
+Parameters and transforms
+-------------------------
+Every hyperparameter has a *constrained* value x (what the formulas use,
+reported by ``get_params``) and an *unconstrained* value t (``kernel.theta``,
+what an optimiser moves) linked by a transform x = g(t):
+
+=============  ==========================  ========================  ==========================
+transform      x = g(t)                    dx/dt                     t = g⁻¹(x)
+=============  ==========================  ========================  ==========================
+``softplus``   log(1 + eᵗ)  (IVM §4)       σ(t) = 1/(1 + e⁻ᵗ)        x + log(1 - e⁻ˣ)
+``log``        eᵗ                          eᵗ = x                    log x
+``sigmoid``    σ(t)  (IVM §4, ARD scales)  σ(t) σ(-t) = x (1 - x)    log x - log(1 - x)
+=============  ==========================  ========================  ==========================
+
+``softplus`` is the default for every positive parameter, ``sigmoid`` for ARD
+scales (which then lie in (0, 1): the overall scale is carried by the variance,
+the inverse width or the weight variance). They are evaluated stably:
+``softplus`` as ``logaddexp(0, t)``, its inverse as ``x + log(-expm1(-x))``
+(no overflow for large x, full precision for tiny x), ``σ`` with
+``scipy.special.expit`` and σ(t)σ(-t) for its derivative. A parameter can also
+be marked ``'fixed'``: it keeps its value and is left out of ``theta`` and of
+the gradients. Choose per parameter with ``transforms={'variance': 'log'}``.
+
+Gradients are exact derivatives of K with respect to the unconstrained
+parameters, dK/dt = dK/dx · dx/dt, in ``theta`` order
+(``kernel.hyperparameter_names``).
+
+Memory
+------
+``kernel(X)`` forms one n×n result (plus at most a few n×n temporaries);
+``kernel.diag(X)`` works in O(n d) without forming any n×n array;
+``kernel(X, eval_gradient=True)`` returns the full (n, n, n_theta) array; for
+O(n²) memory use ``kernel.gradient(X, i)`` (one parameter) or
+``kernel.gradient_iter(X)`` (one n×n derivative at a time).
+
+Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
+takes numpy's syrk path and is exactly symmetric), after subtracting the mean
+of ``X`` from both inputs (distances are translation invariant; centring removes
+the cancellation for data far from the origin), and clamped at 0.
+"""
+import copy
+import numbers
+
+import numpy as np
+from scipy.special import expit
+
+from . import _validation as _v
+
+__all__ = [
+    "Kernel", "Linear", "RBF", "MLP", "White", "Bias", "LinearARD", "RBFARD", "MLPARD",
+    "Sum", "Product", "Transform", "TRANSFORMS",
+]
+
+_TWO_OVER_PI = 2.0 / np.pi
+_FIXED = "fixed"
+
+
+# --------------------------------------------------------------------------------------------
+# Transforms
+# --------------------------------------------------------------------------------------------
+class Transform:
+    """A bijection x = g(t) from the real line onto the domain of a hyperparameter.
+
+    Attributes
+    ----------
+    name : str
+    bounds : (float, float)
+        Unconstrained interval on which g(t) is a finite, positive, normal float;
+        ``Kernel.bounds`` reports it per parameter (usable by L-BFGS-B).
+    """
+
+    name = None
+    bounds = (-np.inf, np.inf)
+    upper = np.inf          # open upper limit of the constrained domain (0, upper)
+
+    def forward(self, t):
+        """Constrained value x = g(t)."""
+        raise NotImplementedError
+
+    def inverse(self, x):
+        """Unconstrained value t = g⁻¹(x); x must lie in the domain."""
+        raise NotImplementedError
+
+    def derivative(self, t):
+        """dx/dt at t."""
+        raise NotImplementedError
+
+    def check(self, x, name):
+        """Raise ``ValueError`` naming ``name`` unless every x is in (0, upper)."""
+        x = np.asarray(x, dtype=float)
+        bad = ~((x > 0) & (x < self.upper))
+        if np.any(bad):
+            value = x.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]]
+            dom = "(0, 1)" if np.isfinite(self.upper) else "> 0 and finite"
+            raise ValueError(f"{name} must be {dom} for the {self.name!r} transform, got {value!r}")
+
+    def __repr__(self):
+        return f"Transform({self.name!r})"
+
+
+class _Softplus(Transform):
+    name = "softplus"
+    bounds = (-700.0, np.inf)
+
+    def forward(self, t):
+        return np.logaddexp(0.0, t)
+
+    def inverse(self, x):
+        x = np.asarray(x, dtype=float)
+        return x + np.log(-np.expm1(-x))
+
+    def derivative(self, t):
+        return expit(t)
+
+
+class _Log(Transform):
+    name = "log"
+    bounds = (-700.0, 700.0)
+
+    def forward(self, t):
+        with np.errstate(over="ignore"):
+            return np.exp(t)
+
+    def inverse(self, x):
+        return np.log(x)
+
+    def derivative(self, t):
+        with np.errstate(over="ignore"):
+            return np.exp(t)
+
+
+class _Sigmoid(Transform):
+    name = "sigmoid"
+    bounds = (-700.0, np.inf)
+    upper = 1.0
+
+    def forward(self, t):
+        return expit(t)
+
+    def inverse(self, x):
+        x = np.asarray(x, dtype=float)
+        return np.log(x) - np.log1p(-x)
+
+    def derivative(self, t):
+        return expit(t) * expit(-np.asarray(t, dtype=float))
+
+
+#: The available transforms by name (``'fixed'`` is accepted in ``transforms=`` too).
+TRANSFORMS = {t.name: t for t in (_Softplus(), _Log(), _Sigmoid())}
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical helpers (BLAS-backed)
+# --------------------------------------------------------------------------------------------
+def _gram(X, Y=None):
+    """X Xᵀ (syrk, exactly symmetric) or X Yᵀ."""
+    if Y is None:
+        return X @ X.T
+    return X @ Y.T
+
+
+def _row_sq_norms(X):
+    return np.einsum("ij,ij->i", X, X)
+
+
+def _sqdist_centred(Xc, Yc=None):
+    """Squared Euclidean distances of already-centred inputs, |x|² + |y|² - 2 xᵀy clamped at 0.
+
+    For ``Yc=None`` the result is exactly symmetric with an exactly zero diagonal.
+    """
+    Xc = np.ascontiguousarray(Xc)
+    if Yc is None:
+        G = _gram(Xc)
+        nx = np.diag(G).copy()
+        D = np.add.outer(nx, nx)
+        G *= 2.0
+        D -= G
+        del G
+        np.maximum(D, 0.0, out=D)
+        np.fill_diagonal(D, 0.0)
+        return D
+    Yc = np.ascontiguousarray(Yc)
+    G = _gram(Xc, Yc)
+    D = np.add.outer(_row_sq_norms(Xc), _row_sq_norms(Yc))
+    G *= 2.0
+    D -= G
+    del G
+    np.maximum(D, 0.0, out=D)
+    return D
+
+
+def _centre(X, Y=None):
+    shift = X.mean(axis=0)
+    return X - shift, (None if Y is None else Y - shift)
+
+
+def _check_index(index, n_theta):
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
+        raise TypeError(f"index must be an integer, got {type(index).__name__}")
+    index = int(index)
+    if not 0 <= index < n_theta:
+        raise ValueError(f"index must be in [0, {n_theta}) (the kernel has {n_theta} free parameters), got {index}")
+    return index
+
+
+# --------------------------------------------------------------------------------------------
+# Base classes
+# --------------------------------------------------------------------------------------------
+class Kernel:
+    """Base class of all kernels: the public API, shared by leaves and composites.
+
+    Subclasses implement ``_K(X, Y)``, ``_diag(X)``, ``_grads(X, slots, K)``
+    (a generator of dK/dθ_s for the requested unconstrained indices, each a fresh
+    array) and optionally ``_value_and_gradient(X, dK_out)``.
+    """
+
+    # ---- public parameter API -------------------------------------------------------------
+    @property
+    def theta(self):
+        """Unconstrained free hyperparameters as a 1-D float64 array (a copy)."""
+        return self._get_theta()
+
+    @theta.setter
+    def theta(self, value):
+        value = _v.as_float_vector(value, "theta", length=self.n_theta)
+        self._set_theta(value, 0)
+
+    @property
+    def n_theta(self):
+        """Number of free (unconstrained) hyperparameters."""
+        return len(self.hyperparameter_names)
+
+    @property
+    def bounds(self):
+        """(n_theta, 2) array of lower/upper limits for ``theta`` (see ``Transform.bounds``)."""
+        return np.array(self._bounds(), dtype=float).reshape(-1, 2)
+
+    def clone_with_theta(self, theta):
+        """Return a deep copy with ``theta`` set."""
+        new = copy.deepcopy(self)
+        new.theta = theta
+        return new
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def __call__(self, X, Y=None, eval_gradient=False):
+        """Kernel matrix K(X, Y) (K(X, X) when ``Y`` is None).
+
+        Parameters
+        ----------
+        X : array-like (n, d)
+        Y : array-like (m, d) or None
+        eval_gradient : bool
+            Only with ``Y=None``: also return dK of shape (n, n, n_theta),
+            ``dK[:, :, i] = ∂K/∂theta[i]`` in the unconstrained space.
+
+        Returns
+        -------
+        K : ndarray (n, m)
+        dK : ndarray (n, n, n_theta), only if ``eval_gradient``
+        """
+        X = self._validate_X(X, "X")
+        if not isinstance(eval_gradient, (bool, np.bool_)):
+            raise TypeError(f"eval_gradient must be a bool, got {type(eval_gradient).__name__}")
+        if Y is not None:
+            if eval_gradient:
+                raise ValueError("eval_gradient=True is only supported with Y=None (gradients of K(X, X))")
+            Y = self._validate_X(Y, "Y")
+            if Y.shape[1] != X.shape[1]:
+                raise ValueError(f"Y must have the same number of columns as X ({X.shape[1]}), got {Y.shape[1]}")
+            return self._K(X, Y)
+        if not eval_gradient:
+            return self._K(X, None)
+        n = X.shape[0]
+        dK = np.empty((n, n, self.n_theta))
+        K = self._value_and_gradient(X, dK)
+        return K, dK
+
+    def diag(self, X):
+        """The diagonal of K(X, X) in O(n d) time and memory, without forming K."""
+        X = self._validate_X(X, "X")
+        return self._diag(X)
+
+    def gradient(self, X, index):
+        """∂K(X, X)/∂theta[index] as an (n, n) array (one parameter; O(n²) memory)."""
+        X = self._validate_X(X, "X")
+        index = _check_index(index, self.n_theta)
+        return next(self._grads(X, [index], None))
+
+    def gradient_iter(self, X):
+        """Iterator over ∂K(X, X)/∂theta[i], i = 0 .. n_theta-1, one fresh (n, n) array at a time.
+
+        Intermediate quantities (distances, inner products) are computed once per
+        leaf kernel; the caller may modify or discard each array.
+        """
+        X = self._validate_X(X, "X")
+        return self._grads(X, list(range(self.n_theta)), None)
+
+    def _value_and_gradient(self, X, dK_out):
+        K = self._K(X, None)
+        for i, g in enumerate(self._grads(X, list(range(dK_out.shape[2])), K)):
+            dK_out[:, :, i] = g
+        return K
+
+    # ---- input checks ------------------------------------------------------------------------
+    @property
+    def n_features(self):
+        """Number of input columns this kernel requires (None: any)."""
+        return None
+
+    def _validate_X(self, X, name):
+        X = _v.as_float_matrix(X, name)
+        need = self.n_features
+        if need is not None and X.shape[1] != need:
+            raise ValueError(
+                f"{name} has {X.shape[1]} columns, but the kernel {self!r} expects {need} "
+                f"(one per entry of ard_groups, or one per ARD scale)")
+        return X
+
+    # ---- algebra -----------------------------------------------------------------------------
+    def __add__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return Sum(_flatten(Sum, [self, other]))
+
+    def __mul__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return Product(_flatten(Product, [self, other]))
+
+
+def _flatten(cls, kernels):
+    out = []
+    for k in kernels:
+        out.extend(k.kernels if type(k) is cls else [k])
+    return out
+
+
+class _Leaf(Kernel):
+    """A kernel with its own hyperparameters (stored constrained and unconstrained)."""
+
+    _scalar_params = ()          # names of scalar hyperparameters, in theta order
+    _has_scales = False          # ARD kernels: a 'scales' vector follows the scalars
+
+    # ---- construction ------------------------------------------------------------------------
+    def _setup(self, values, transforms, scales=None, ard_groups=None):
+        self._transforms = self._resolve_transforms(transforms)
+        self._x = {}
+        self._t = {}
+        for name in self._scalar_params:
+            self._store_constrained(name, self._coerce_scalar(values[name], name))
+        if self._has_scales:
+            scales, groups = self._coerce_scales_groups(scales, ard_groups)
+            self._groups = groups
+            self._store_constrained("scales", scales)
+
+    def _param_names(self):
+        return list(self._scalar_params) + (["scales"] if self._has_scales else [])
+
+    def _resolve_transforms(self, transforms):
+        names = self._param_names()
+        out = {name: ("sigmoid" if name == "scales" else "softplus") for name in names}
+        if transforms is None:
+            return out
+        if not isinstance(transforms, dict):
+            raise TypeError(f"transforms must be a dict mapping parameter names to transform names, "
+                            f"got {type(transforms).__name__}")
+        for key, value in transforms.items():
+            if key not in out:
+                raise ValueError(f"transforms has an unknown parameter {key!r}; "
+                                 f"{type(self).__name__} has parameters {names}")
+            if not isinstance(value, str) or (value not in TRANSFORMS and value != _FIXED):
+                raise ValueError(f"transforms[{key!r}] must be one of "
+                                 f"{sorted(TRANSFORMS) + [_FIXED]}, got {value!r}")
+            out[key] = value
+        return out
+
+    @staticmethod
+    def _coerce_scalar(value, name):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        return float(value)
+
+    def _coerce_scales_groups(self, scales, ard_groups):
+        if scales is None:
+            raise TypeError("scales must be a 1-D array of ARD input scales (one per scale index), got None")
+        if np.ndim(scales) == 0:
+            raise ValueError("scales must be a 1-D array with one entry per input scale, got a scalar")
+        scales = _v.as_float_vector(scales, "scales")
+        if scales.shape[0] == 0:
+            raise ValueError("scales must have at least one entry")
+        if ard_groups is None:
+            return scales, None
+        groups = np.asarray(ard_groups)
+        if groups.dtype == bool or not np.issubdtype(groups.dtype, np.integer):
+            raise TypeError(f"ard_groups must be an array of integers (a scale index per input column), "
+                            f"got dtype {groups.dtype}")
+        if groups.ndim != 1 or groups.shape[0] == 0:
+            raise ValueError(f"ard_groups must be a non-empty 1-D array, got shape {groups.shape}")
+        n_scales = scales.shape[0]
+        if groups.min() < 0 or groups.max() >= n_scales:
+            raise ValueError(f"ard_groups entries must be in [0, {n_scales}) (len(scales) = {n_scales}), "
+                             f"got values in [{groups.min()}, {groups.max()}]")
+        unused = np.setdiff1d(np.arange(n_scales), groups)
+        if unused.size:
+            raise ValueError(f"ard_groups must use every scale; scale index {int(unused[0])} "
+                             f"maps to no input column")
+        return scales, np.ascontiguousarray(groups, dtype=np.intp)
+
+    def _store_constrained(self, name, value):
+        """Validate a constrained value against its transform and store it with its t."""
+        tname = self._transforms[name]
+        value = np.array(value, dtype=float)
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"{name} must be finite, got {value.tolist()!r}")
+        if tname == _FIXED:
+            if np.any(value <= 0):
+                raise ValueError(f"{name} must be > 0, got {value.tolist()!r}")
+            t = np.full(value.shape, np.nan)
+        else:
+            TRANSFORMS[tname].check(value, name)
+            t = np.asarray(TRANSFORMS[tname].inverse(value), dtype=float)
+        self._x[name] = value
+        self._t[name] = t
+
+    # ---- parameter views ---------------------------------------------------------------------
+    def _free(self):
+        return [name for name in self._param_names() if self._transforms[name] != _FIXED]
+
+    def _slots(self):
+        """(name, element) for each entry of theta, in order (element None for scalars)."""
+        out = []
+        for name in self._free():
+            if name == "scales":
+                out.extend(("scales", j) for j in range(self._x["scales"].shape[0]))
+            else:
+                out.append((name, None))
+        return out
+
+    @property
+    def hyperparameter_names(self):
+        """Names of the entries of ``theta`` (``'scales[j]'`` for ARD scales)."""
+        return [name if j is None else f"{name}[{j}]" for name, j in self._slots()]
+
+    def _get_theta(self):
+        parts = [np.atleast_1d(self._t[name]) for name in self._free()]
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    def _set_theta(self, theta, offset):
+        new_t, new_x = {}, {}
+        pos = offset
+        for name in self._free():
+            size = self._x[name].size
+            t = theta[pos:pos + size].copy()
+            tr = TRANSFORMS[self._transforms[name]]
+            x = np.asarray(tr.forward(t), dtype=float)
+            bad = ~(np.isfinite(x) & (x > 0))
+            if np.any(bad):
+                j = int(np.flatnonzero(bad)[0])
+                label = name if self._x[name].ndim == 0 else f"{name}[{j}]"
+                raise ValueError(
+                    f"theta entry {pos + j} ({label}) = {t[j]!r} maps to {label} = {x[j]!r} under the "
+                    f"{tr.name!r} transform, outside the representable range; keep theta within kernel.bounds "
+                    f"{tr.bounds}")
+            new_t[name] = t.reshape(self._x[name].shape)
+            new_x[name] = x.reshape(self._x[name].shape)
+            pos += size
+        self._t.update(new_t)
+        self._x.update(new_x)
+        return pos
+
+    def _bounds(self):
+        return [TRANSFORMS[self._transforms[name]].bounds for name, _ in self._slots()]
+
+    def _dxdt(self, name, j):
+        t = self._t[name] if j is None else self._t[name][j]
+        return float(TRANSFORMS[self._transforms[name]].derivative(t))
+
+    def _value(self, name):
+        return float(self._x[name])
+
+    # ---- get/set params ----------------------------------------------------------------------
+    def get_params(self, deep=True):
+        """Constructor arguments with the current *constrained* values (and full ``transforms``)."""
+        out = {name: float(self._x[name]) for name in self._scalar_params}
+        if self._has_scales:
+            out["scales"] = self._x["scales"].copy()
+            out["ard_groups"] = None if self._groups is None else self._groups.copy()
+        out["transforms"] = dict(self._transforms)
+        return out
+
+    def set_params(self, **params):
+        """Set constructor arguments (constrained values); returns ``self``.
+
+        ``transforms`` has the constructor's meaning (unlisted parameters get the
+        default transform); values of parameters not passed are kept.
+        """
+        valid = set(self.get_params())
+        for key in params:
+            if key not in valid:
+                raise ValueError(f"invalid parameter {key!r} for {type(self).__name__}; "
+                                 f"valid parameters are {sorted(valid)}")
+        new = copy.copy(self)
+        new._x = dict(self._x)
+        new._t = dict(self._t)
+        if "transforms" in params:
+            new._transforms = self._resolve_transforms(params["transforms"])
+            for name in self._param_names():
+                if name not in params and new._transforms[name] != self._transforms[name]:
+                    new._store_constrained(name, self._x[name])
+        for name in self._scalar_params:
+            if name in params:
+                new._store_constrained(name, self._coerce_scalar(params[name], name))
+        if self._has_scales and ("scales" in params or "ard_groups" in params):
+            scales = params.get("scales", self._x["scales"])
+            groups = params["ard_groups"] if "ard_groups" in params else self._groups
+            scales, groups = self._coerce_scales_groups(scales, groups)
+            new._groups = groups
+            if "scales" in params or scales.shape != self._x["scales"].shape:
+                new._store_constrained("scales", scales)
+        self.__dict__.update(new.__dict__)
+        return self
+
+    def __repr__(self):
+        parts = [f"{name}={float(self._x[name])!r}" for name in self._scalar_params]
+        if self._has_scales:
+            parts.insert(0, f"scales={np.array2string(self._x['scales'], separator=', ', precision=6)}")
+            if self._groups is not None:
+                parts.append(f"ard_groups={np.array2string(self._groups, separator=', ', threshold=20)}")
+        changed = {k: t for k, t in self._transforms.items()
+                   if t != ("sigmoid" if k == "scales" else "softplus")}
+        if changed:
+            parts.append(f"transforms={changed!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    # ---- gradients ---------------------------------------------------------------------------
+    def _grads(self, X, slots, K):
+        all_slots = self._slots()
+        pairs = [all_slots[s] for s in slots]
+        for (name, j), g in zip(pairs, self._grads_constrained(X, pairs, K)):
+            g *= self._dxdt(name, j)
+            yield g
+
+    def _grads_constrained(self, X, pairs, K):  # pragma: no cover - abstract
+        """Yield ∂K/∂x for each (name, element) pair: fresh arrays."""
+        raise NotImplementedError
+
+
+class _ARDMixin:
+    """Per-column scales α_col = scales[ard_groups[col]] and the column sets of each scale."""
+
+    _has_scales = True
+
+    @property
+    def n_features(self):
+        return self._x["scales"].shape[0] if self._groups is None else self._groups.shape[0]
+
+    @property
+    def ard_groups(self):
+        """Scale index of each input column (None: one scale per column)."""
+        return None if self._groups is None else self._groups.copy()
+
+    def _column_scales(self):
+        s = self._x["scales"]
+        return s if self._groups is None else s[self._groups]
+
+    def _columns_of(self, j):
+        if self._groups is None:
+            return np.array([j])
+        return np.flatnonzero(self._groups == j)
+
+
+# --------------------------------------------------------------------------------------------
+# Leaf kernels
+# --------------------------------------------------------------------------------------------
+class Linear(_Leaf):
+    """Linear kernel k(x, y) = v xᵀy (IVM §4, k_lin).
+
+    Parameters
+    ----------
+    variance : float > 0
+        Process variance v.
+    transforms : dict, optional
+        ``{'variance': 'softplus' | 'log' | 'sigmoid' | 'fixed'}``; default softplus.
+    """
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _K(self, X, Y):
+        K = _gram(X, Y)
+        K *= self._value("variance")
+        return K
+
+    def _diag(self, X):
+        return self._value("variance") * _row_sq_norms(X)
+
+    def _grads_constrained(self, X, pairs, K):
+        for _ in pairs:
+            yield _gram(X)
+
+
+class LinearARD(_ARDMixin, _Leaf):
+    """Linear ARD kernel k(x, y) = v Σ_c α_c x_c y_c (IVM §4).
+
+    Parameters
+    ----------
+    scales : array-like (n_scales,)
+        Input scales α in (0, 1) (IVM initialisation 0.999).
+    variance : float > 0
+    ard_groups : int array (n_features,), optional
+        Scale index of each input column (tied scales); default one scale per column.
+    transforms : dict, optional
+        Per-parameter transform; defaults softplus for ``variance``, sigmoid for ``scales``.
+
+    Notes
+    -----
+    ∂K/∂v = X A Xᵀ, ∂K/∂α_g = v X_g X_gᵀ (columns of group g).
+    """
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, scales, variance=1.0, ard_groups=None, transforms=None):
+        self._setup({"variance": variance}, transforms, scales, ard_groups)
+
+    def _K(self, X, Y):
+        r = np.sqrt(self._column_scales())
+        K = _gram(X * r, None if Y is None else Y * r)
+        K *= self._value("variance")
+        return K
+
+    def _diag(self, X):
+        return self._value("variance") * (X * X) @ self._column_scales()
+
+    def _grads_constrained(self, X, pairs, K):
+        v = self._value("variance")
+        for name, j in pairs:
+            if name == "variance":
+                yield _gram(X * np.sqrt(self._column_scales()))
+            else:
+                g = _gram(np.ascontiguousarray(X[:, self._columns_of(j)]))
+                g *= v
+                yield g
+
+
+class RBF(_Leaf):
+    """Squared-exponential kernel k(x, y) = v exp(-γ/2 |x - y|²) (IVM §4, k_rbf).
+
+    Parameters
+    ----------
+    variance : float > 0
+        Process variance v.
+    inverse_width : float > 0
+        γ; a length-scale ℓ corresponds to γ = 1/ℓ².
+    transforms : dict, optional
+
+    Notes
+    -----
+    With E = exp(-γ D/2): ∂K/∂v = E, ∂K/∂γ = -(v/2) D ∘ E.
+    """
+
+    _scalar_params = ("variance", "inverse_width")
+
+    def __init__(self, variance=1.0, inverse_width=1.0, transforms=None):
+        self._setup({"variance": variance, "inverse_width": inverse_width}, transforms)
+
+    @property
+    def lengthscale(self):
+        """ℓ = 1/sqrt(γ)."""
+        return 1.0 / np.sqrt(self._value("inverse_width"))
+
+    def _sqdist(self, X, Y):
+        Xc, Yc = _centre(X, Y)
+        return _sqdist_centred(Xc, Yc)
+
+    def _K(self, X, Y):
+        D = self._sqdist(X, Y)
+        D *= -0.5 * self._value("inverse_width")
+        np.exp(D, out=D)
+        D *= self._value("variance")
+        return D
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _grads_constrained(self, X, pairs, K):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D = self._sqdist(X, None)
+        E = np.exp(-0.5 * gamma * D)
+        for name, j in pairs:
+            if name == "variance":
+                yield E.copy()
+            elif name == "inverse_width":
+                g = D * E
+                g *= -0.5 * v
+                yield g
+            else:
+                yield self._ard_grad(X, j, E, v, gamma)
+
+
+class RBFARD(_ARDMixin, RBF):
+    """RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
+
+    Parameters
+    ----------
+    scales : array-like (n_scales,)
+        Input scales α in (0, 1).
+    variance, inverse_width : float > 0
+    ard_groups : int array (n_features,), optional
+    transforms : dict, optional
+
+    Notes
+    -----
+    ∂K/∂α_g = -(γ v/2) D_g ∘ E with D_g the squared distance over the columns of group g.
+    """
+
+    _scalar_params = ("variance", "inverse_width")
+
+    def __init__(self, scales, variance=1.0, inverse_width=1.0, ard_groups=None, transforms=None):
+        self._setup({"variance": variance, "inverse_width": inverse_width}, transforms, scales, ard_groups)
+
+    def _sqdist(self, X, Y):
+        r = np.sqrt(self._column_scales())
+        Xc, Yc = _centre(X, Y)
+        return _sqdist_centred(Xc * r, None if Yc is None else Yc * r)
+
+    def _ard_grad(self, X, j, E, v, gamma):
+        Xc, _ = _centre(X)
+        g = _sqdist_centred(Xc[:, self._columns_of(j)])
+        g *= E
+        g *= -0.5 * gamma * v
+        return g
+
+
+class MLP(_Leaf):
+    """MLP (arcsine) kernel of Williams (1997) (IVM §4, k_mlp, with the factor 2/π).
+
+    k(x, y) = v (2/π) asin(a / sqrt(d e)),  a = w xᵀy + b,  d = w xᵀx + b + 1,  e = w yᵀy + b + 1.
+
+    Parameters
+    ----------
+    variance : float > 0
+        v (the IVM paper's θ_mlp is (2/π) v).
+    weight_variance : float > 0
+        w (IVM initialisation 10).
+    bias_variance : float > 0
+        b (IVM initialisation 10).
+    transforms : dict, optional
+
+    Notes
+    -----
+    Evaluated as asin(z) = atan2(a, sqrt(N)) with N = d e - a² formed without
+    cancellation as N = w²(|x|²|y|² - (xᵀy)²) + w b |x - y|² + (d - 1) + (e - 1) + 1
+    (each term ≥ 0, N ≥ 1; exactly 2s + 1 on the diagonal, s = d - 1). With
+    Q = (2/π) v / sqrt(N) the derivatives are
+
+    * ∂K/∂v = (2/π) asin(z)
+    * ∂K/∂w = Q [e (P + b (P - |x|²)) + d (P + b (P - |y|²))] / (2 d e),  P = xᵀy
+    * ∂K/∂b = Q [d (1 + w (|y|² - P)) + e (1 + w (|x|² - P))] / (2 d e)
+    * ∂K/∂α_g (ARD) = Q w [e T_x + d T_y] / (2 d e),
+      T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g  (T_y likewise),
+
+    from d asin z = [da - (a/2)(dd/d + de/e)] / sqrt(N), arranged so that the
+    diagonal has no cancellation.
+    """
+
+    _scalar_params = ("variance", "weight_variance", "bias_variance")
+
+    def __init__(self, variance=1.0, weight_variance=1.0, bias_variance=1.0, transforms=None):
+        self._setup({"variance": variance, "weight_variance": weight_variance,
+                     "bias_variance": bias_variance}, transforms)
+
+    def _scaled(self, X):
+        return X
+
+    def _parts(self, X, Y):
+        """P = Z Zyᵀ, |z|², |zy|², a, d, e and sqrt(N) for scaled inputs Z."""
+        w, b = self._value("weight_variance"), self._value("bias_variance")
+        Z = np.ascontiguousarray(self._scaled(X))
+        if Y is None:
+            P = _gram(Z)
+            nx = np.diag(P).copy()
+            ny = nx
+        else:
+            Zy = np.ascontiguousarray(self._scaled(Y))
+            P = _gram(Z, Zy)
+            nx, ny = _row_sq_norms(Z), _row_sq_norms(Zy)
+        sx, sy = w * nx + b, w * ny + b
+        N = np.multiply.outer(nx, ny)
+        N -= P * P
+        np.maximum(N, 0.0, out=N)
+        N *= w * w
+        T = np.add.outer(nx, ny)
+        T -= 2.0 * P
+        np.maximum(T, 0.0, out=T)
+        T *= w * b
+        N += T
+        np.add.outer(sx, sy, out=T)
+        T += 1.0
+        N += T
+        del T
+        np.sqrt(N, out=N)
+        return P, nx, ny, sx + 1.0, sy + 1.0, N
+
+    def _K(self, X, Y):
+        w, b = self._value("weight_variance"), self._value("bias_variance")
+        P, _, _, _, _, root = self._parts(X, Y)
+        P *= w
+        P += b
+        K = np.arctan2(P, root, out=P)
+        K *= _TWO_OVER_PI * self._value("variance")
+        return K
+
+    def _diag(self, X):
+        w, b = self._value("weight_variance"), self._value("bias_variance")
+        Z = self._scaled(X)
+        s = w * _row_sq_norms(Z) + b
+        return _TWO_OVER_PI * self._value("variance") * np.arctan2(s, np.sqrt(2.0 * s + 1.0))
+
+    def _grads_constrained(self, X, pairs, K):
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, nx, ny, d, e, root = self._parts(X, None)
+        a = w * P + b
+        Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
+        Q /= 2.0 * np.multiply.outer(d, e)         # ... / (2 d e)
+        for name, j in pairs:
+            if name == "variance":
+                g = np.arctan2(a, root)
+                g *= _TWO_OVER_PI
+            elif name == "weight_variance":
+                g = P - nx[:, None]
+                g *= b
+                g += P
+                g *= e[None, :]
+                h = P - ny[None, :]
+                h *= b
+                h += P
+                h *= d[:, None]
+                g += h
+                del h
+                g *= Q
+            elif name == "bias_variance":
+                g = ny[None, :] - P
+                g *= w
+                g += 1.0
+                g *= d[:, None]
+                h = nx[:, None] - P
+                h *= w
+                h += 1.0
+                h *= e[None, :]
+                g += h
+                del h
+                g *= Q
+            else:
+                cols = self._columns_of(j)
+                Xg = np.ascontiguousarray(X[:, cols])
+                Pg = _gram(Xg)
+                ng = np.diag(Pg).copy()
+                g = self._ard_term(P, Pg, nx, ng, w, b)
+                g *= e[None, :]
+                h = self._ard_term(P.T, Pg.T, ny, ng, w, b).T
+                h *= d[:, None]
+                g += h
+                del h
+                g *= w
+                g *= Q
+            yield g
+
+    @staticmethod
+    def _ard_term(P, Pg, n, ng, w, b):
+        """T = w (n_i Pg - P ng_i) + b (Pg - ng_i) + Pg (row i indexes the first argument)."""
+        T = Pg * n[:, None]
+        T -= P * ng[:, None]
+        T *= w
+        U = Pg - ng[:, None]
+        U *= b
+        T += U
+        T += Pg
+        return T
+
+
+class MLPARD(_ARDMixin, MLP):
+    """MLP ARD kernel: ``MLP`` with xᵀy, xᵀx, yᵀy replaced by xᵀAy, xᵀAx, yᵀAy (IVM §4).
+
+    Parameters
+    ----------
+    scales : array-like (n_scales,)
+        Input scales α in (0, 1).
+    variance, weight_variance, bias_variance : float > 0
+    ard_groups : int array (n_features,), optional
+    transforms : dict, optional
+    """
+
+    _scalar_params = ("variance", "weight_variance", "bias_variance")
+
+    def __init__(self, scales, variance=1.0, weight_variance=1.0, bias_variance=1.0, ard_groups=None,
+                 transforms=None):
+        self._setup({"variance": variance, "weight_variance": weight_variance,
+                     "bias_variance": bias_variance}, transforms, scales, ard_groups)
+
+    def _scaled(self, X):
+        return X * np.sqrt(self._column_scales())
+
+
+class White(_Leaf):
+    """White noise k(x_i, x_j) = v δ_ij (IVM §4, k_white).
+
+    ``K(X, X) = v I``; ``K(X*, X) = 0`` for any second argument (new
+    observations carry independent noise), ``diag(X) = v``.
+    """
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _K(self, X, Y):
+        if Y is None:
+            return np.eye(X.shape[0]) * self._value("variance")
+        return np.zeros((X.shape[0], Y.shape[0]))
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _grads_constrained(self, X, pairs, K):
+        for _ in pairs:
+            yield np.eye(X.shape[0])
+
+
+class Bias(_Leaf):
+    """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _K(self, X, Y):
+        m = X.shape[0] if Y is None else Y.shape[0]
+        return np.full((X.shape[0], m), self._value("variance"))
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _grads_constrained(self, X, pairs, K):
+        for _ in pairs:
+            yield np.ones((X.shape[0], X.shape[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Composite kernels
+# --------------------------------------------------------------------------------------------
+class _Composite(Kernel):
+    """Shared machinery of Sum and Product: children are deep copies, theta is their concatenation.
+
+    Hyperparameter names are ``'k{i}__{name}'``; ``get_params``/``set_params``
+    use the same ``k{i}__`` prefixes (and ``kernels`` for the list itself).
+    """
+
+    _symbol = None
+
+    def __init__(self, kernels):
+        if isinstance(kernels, Kernel) or not isinstance(kernels, (list, tuple)):
+            raise TypeError(f"kernels must be a list of Kernel instances, got {type(kernels).__name__}")
+        if len(kernels) == 0:
+            raise ValueError("kernels must contain at least one kernel")
+        for i, k in enumerate(kernels):
+            if not isinstance(k, Kernel):
+                raise TypeError(f"kernels[{i}] must be a Kernel instance, got {type(k).__name__}")
+        need = {k.n_features for k in kernels} - {None}
+        if len(need) > 1:
+            raise ValueError(f"kernels expect different numbers of input columns: {sorted(need)}")
+        self.kernels = [copy.deepcopy(k) for k in kernels]
+
+    @property
+    def n_features(self):
+        need = {k.n_features for k in self.kernels} - {None}
+        return need.pop() if need else None
+
+    @property
+    def hyperparameter_names(self):
+        return [f"k{i}__{name}" for i, k in enumerate(self.kernels) for name in k.hyperparameter_names]
+
+    def _get_theta(self):
+        parts = [k._get_theta() for k in self.kernels]
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    def _set_theta(self, theta, offset):
+        # validate every child before changing any (atomic update)
+        trial = [copy.deepcopy(k) for k in self.kernels]
+        pos = offset
+        for k in trial:
+            pos = k._set_theta(theta, pos)
+        for k, t in zip(self.kernels, trial):
+            k.__dict__.update(t.__dict__)
+        return pos
+
+    def _bounds(self):
+        return [b for k in self.kernels for b in k._bounds()]
+
+    def _runs(self, slots):
+        """Split global theta indices into consecutive runs (child index, [local indices])."""
+        sizes = [k.n_theta for k in self.kernels]
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        runs = []
+        for s in slots:
+            c = int(np.searchsorted(starts, s, side="right") - 1)
+            local = s - int(starts[c])
+            if runs and runs[-1][0] == c:
+                runs[-1][1].append(local)
+            else:
+                runs.append((c, [local]))
+        return runs
+
+    def _child_ranges(self):
+        pos = 0
+        for k in self.kernels:
+            yield k, slice(pos, pos + k.n_theta)
+            pos += k.n_theta
+
+    def get_params(self, deep=True):
+        out = {"kernels": list(self.kernels)}
+        if deep:
+            for i, k in enumerate(self.kernels):
+                for name, value in k.get_params(deep=True).items():
+                    out[f"k{i}__{name}"] = value
+        return out
+
+    def set_params(self, **params):
+        """Set ``kernels`` (copied) or child parameters ``k{i}__name``; returns ``self``."""
+        if "kernels" in params:
+            type(self).__init__(self, params.pop("kernels"))
+        by_child = {}
+        for key, value in params.items():
+            head, sep, rest = key.partition("__")
+            ok = sep and head.startswith("k") and head[1:].isdigit() and int(head[1:]) < len(self.kernels)
+            if not ok:
+                raise ValueError(f"invalid parameter {key!r} for {type(self).__name__}; use 'kernels' or "
+                                 f"'k<i>__<name>' with i < {len(self.kernels)}")
+            by_child.setdefault(int(head[1:]), {})[rest] = value
+        trial = {i: copy.deepcopy(self.kernels[i]).set_params(**p) for i, p in by_child.items()}
+        for i, k in trial.items():
+            self.kernels[i] = k
+        return self
+
+    def __repr__(self):
+        inner = f" {self._symbol} ".join(
+            f"({k!r})" if isinstance(k, _Composite) else repr(k) for k in self.kernels)
+        return inner if len(self.kernels) > 1 else f"{type(self).__name__}([{inner}])"
+
+
+class Sum(_Composite):
+    """Sum of kernels, K = Σ_c K_c (a valid covariance: sums of PSD matrices are PSD).
+
+    ``Sum([k1, k2, ...])`` or ``k1 + k2``; the terms are deep-copied, so
+    ``k + k`` has two independent sets of parameters. ∂K/∂θ of a term's
+    parameter is that term's derivative.
+    """
+
+    _symbol = "+"
+
+    def _K(self, X, Y):
+        K = self.kernels[0]._K(X, Y)
+        for k in self.kernels[1:]:
+            K += k._K(X, Y)
+        return K
+
+    def _diag(self, X):
+        out = self.kernels[0]._diag(X)
+        for k in self.kernels[1:]:
+            out = out + k._diag(X)
+        return out
+
+    def _grads(self, X, slots, K):
+        for c, local in self._runs(slots):
+            yield from self.kernels[c]._grads(X, local, None)
+
+    def _value_and_gradient(self, X, dK_out):
+        K = None
+        for k, rng in self._child_ranges():
+            Kc = k._value_and_gradient(X, dK_out[:, :, rng])
+            if K is None:
+                K = Kc
+            else:
+                K += Kc
+        return K
+
+
+class Product(_Composite):
+    """Elementwise (Schur) product of kernels, K = ∏_c K_c (PSD by the Schur product theorem).
+
+    ``Product([k1, k2, ...])`` or ``k1 * k2``; terms are deep-copied.
+    ∂K/∂θ of a parameter of term c is ∂K_c/∂θ ∘ ∏_{o≠c} K_o.
+    """
+
+    _symbol = "*"
+
+    def _K(self, X, Y):
+        K = self.kernels[0]._K(X, Y)
+        for k in self.kernels[1:]:
+            K *= k._K(X, Y)
+        return K
+
+    def _diag(self, X):
+        out = self.kernels[0]._diag(X)
+        for k in self.kernels[1:]:
+            out = out * k._diag(X)
+        return out
+
+    def _others(self, X, c):
+        other = None
+        for o, k in enumerate(self.kernels):
+            if o == c:
+                continue
+            if other is None:
+                other = k._K(X, None)
+            else:
+                other *= k._K(X, None)
+        return other
+
+    def _grads(self, X, slots, K):
+        for c, local in self._runs(slots):
+            other = self._others(X, c)
+            for g in self.kernels[c]._grads(X, local, None):
+                if other is not None:
+                    g *= other
+                yield g
+
+    def _value_and_gradient(self, X, dK_out):
+        ranges = list(self._child_ranges())
+        Ks = [k._value_and_gradient(X, dK_out[:, :, rng]) for k, rng in ranges]
+        for c, (_, rng) in enumerate(ranges):
+            if rng.stop == rng.start:
+                continue
+            other = None
+            for o, Ko in enumerate(Ks):
+                if o != c:
+                    other = Ko.copy() if other is None else other * Ko
+            if other is not None:
+                dK_out[:, :, rng] *= other[:, :, None]
+        K = Ks[0]
+        for Ko in Ks[1:]:
+            K *= Ko
+        return K
