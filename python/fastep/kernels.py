@@ -202,7 +202,14 @@ def _sqdist_centred(Xc, Yc=None):
     """Squared Euclidean distances of already-centred inputs, |x|² + |y|² - 2 xᵀy clamped at 0.
 
     For ``Yc=None`` the result is exactly symmetric with an exactly zero diagonal.
+    A single column (one ARD scale per feature) uses the exact (x_i - y_j)² instead,
+    which is also faster than a rank-1 Gram matrix.
     """
+    if Xc.shape[1] == 1:
+        x = Xc[:, 0]
+        D = np.subtract.outer(x, x if Yc is None else Yc[:, 0])
+        D *= D
+        return D
     Xc = np.ascontiguousarray(Xc)
     if Yc is None:
         G = _gram(Xc)

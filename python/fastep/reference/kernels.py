@@ -26,8 +26,8 @@ __all__ = [
 
 # ---- transforms x = g(t) (IVM §4) --------------------------------------------------------------
 def softplus(t):
-    """x = log(1 + e^t)."""
-    return np.log(1.0 + np.exp(t))
+    """x = log(1 + e^t) (``log1p`` so that small e^t is not lost against 1)."""
+    return np.log1p(np.exp(t))
 
 
 def softplus_derivative(t):
@@ -36,8 +36,8 @@ def softplus_derivative(t):
 
 
 def inverse_softplus(x):
-    """t = log(e^x - 1)."""
-    return np.log(np.exp(x) - 1.0)
+    """t = log(e^x - 1) (``expm1`` so that small x is not lost)."""
+    return np.log(np.expm1(x))
 
 
 def log_transform(t):
