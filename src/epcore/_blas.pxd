@@ -126,3 +126,17 @@ cdef inline void symmetrize(bint from_lower, int n, double* a, int lda) noexcept
         for i in range(n):
             for j in range(i):
                 a[i * lda + j] = a[j * lda + i]
+
+
+cdef inline void symm_right(bint lower, int m, int n, double alpha, const double* a, int lda,
+                            const double* b, int ldb, double beta, double* c, int ldc) noexcept nogil:
+    """C = alpha * B A + beta * C for symmetric row-major A (n x n, one triangle referenced).
+
+    B and C are row-major (m x n).  With B = rows of a data matrix this gives the
+    products x_i^T A for a block of rows at BLAS-3 speed.
+    """
+    cdef blas_int m_ = m, n_ = n, lda_ = lda, ldb_ = ldb, ldc_ = ldc
+    cdef char side = b'L'
+    cdef char uplo = b'U' if lower else b'L'
+    # Fortran sees C^T (n x m) = A B^T: a left-side symm on the transposed views.
+    _dsymm(&side, &uplo, &n_, &m_, &alpha, <double*>a, &lda_, <double*>b, &ldb_, &beta, c, &ldc_)
