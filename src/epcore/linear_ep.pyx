@@ -103,9 +103,15 @@ from fastep._epcore._blas cimport (
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
 
-# Row block used by the refresh / evidence BLAS-3 passes (scratch of this many rows).
-cdef enum:
-    _SCRATCH_ROWS = 256
+# Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
+# doubles (fewer, larger syrk/symm calls for small d), at most n rows.
+cdef int _scratch_rows(int n, int d):
+    cdef int rows = 131072 // d
+    if rows < 256:
+        rows = 256
+    if rows > n:
+        rows = n
+    return rows if rows > 0 else 1
 
 # Module-level integer constants (UPDATE_MOMENT, ..., ALGORITHM_BLOCKED) for Python callers;
 # Cython exposes the cpdef enums of linear_ep.pxd only as classes.
@@ -220,6 +226,50 @@ cdef inline void _reset(SweepStats* stats) noexcept nogil:
     stats.n_failed = 0
 
 
+cdef enum:
+    # Below this dimension site_update uses plain loops instead of BLAS-2 calls: the call
+    # overhead (and OpenBLAS threading) dominates the O(d^2) work for tiny matrices.
+    _SMALL_D = 32
+
+
+cdef inline double _small_dot(int d, const double* a, const double* b) noexcept nogil:
+    cdef int k
+    cdef double acc = 0.0
+    for k in range(d):
+        acc += a[k] * b[k]
+    return acc
+
+
+cdef inline void _small_symv_lower(int d, const double* a, const double* x, double* out) noexcept nogil:
+    """out = A x with only the lower triangle of row-major A referenced."""
+    cdef int j, k
+    cdef double acc, xj, ajk
+    cdef const double* row
+    for j in range(d):
+        out[j] = 0.0
+    for j in range(d):
+        row = a + <Py_ssize_t>j * d
+        xj = x[j]
+        acc = 0.0
+        for k in range(j):
+            ajk = row[k]
+            acc += ajk * x[k]
+            out[k] += ajk * xj
+        out[j] += acc + row[j] * xj
+
+
+cdef inline void _small_syr_lower(int d, double alpha, const double* u, double* a) noexcept nogil:
+    """A += alpha u u^T on the lower triangle of row-major A."""
+    cdef int j, k
+    cdef double auj
+    cdef double* row
+    for j in range(d):
+        row = a + <Py_ssize_t>j * d
+        auj = alpha * u[j]
+        for k in range(j + 1):
+            row[k] += auj * u[k]
+
+
 cdef int site_update(const SiteModel* model, double y, const double* x, int d,
                      double* post_cov, double* post_mean, double* work,
                      double* site_precision_i, double* site_natural_mean_i,
@@ -227,19 +277,32 @@ cdef int site_update(const SiteModel* model, double y, const double* x, int d,
     """One full rank-1 site update on (lower triangle of) ``post_cov`` and ``post_mean``.
 
     ``work`` (d doubles) receives ``V x`` before the update.  Returns a ``SiteStepResult``.
+    BLAS symv/syr/axpy for ``d >= 32``, plain loops below (call overhead dominates there).
     """
     cdef double xVx, xm, cov_coef = 0.0, mean_coef = 0.0
     cdef int result
-    symv(True, d, 1.0, post_cov, d, x, 0.0, work)
-    xVx = ddot(d, work, 1, x, 1)
-    xm = ddot(d, post_mean, 1, x, 1)
+    cdef int k
+    if d < _SMALL_D:
+        _small_symv_lower(d, post_cov, x, work)
+        xVx = _small_dot(d, work, x)
+        xm = _small_dot(d, post_mean, x)
+    else:
+        symv(True, d, 1.0, post_cov, d, x, 0.0, work)
+        xVx = ddot(d, work, 1, x, 1)
+        xm = ddot(d, post_mean, 1, x, 1)
     result = site_step(model, y, xVx, xm, site_precision_i, site_natural_mean_i, opts,
                        &cov_coef, &mean_coef)
     if result == STEP_APPLIED or result == STEP_CLIPPED:
-        if cov_coef != 0.0:
-            syr(True, d, cov_coef, work, post_cov, d)
-        if mean_coef != 0.0:
-            daxpy(d, mean_coef, work, 1, post_mean, 1)
+        if d < _SMALL_D:
+            if cov_coef != 0.0:
+                _small_syr_lower(d, cov_coef, work, post_cov)
+            for k in range(d):
+                post_mean[k] += mean_coef * work[k]
+        else:
+            if cov_coef != 0.0:
+                syr(True, d, cov_coef, work, post_cov, d)
+            if mean_coef != 0.0:
+                daxpy(d, mean_coef, work, 1, post_mean, 1)
     return result
 
 
@@ -488,7 +551,8 @@ def refresh_posterior(const double[:, ::1] X, const double[::1] prior_mean,
                          post_mean, post_cov)
     cdef double[:, ::1] prior_precision = np.empty((d, d))
     cdef double[::1] prior_precision_mean = np.empty(d)
-    cdef double[:, ::1] scratch = np.empty((_SCRATCH_ROWS, d))
+    cdef int scratch_rows = _scratch_rows(n, d)
+    cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
     cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
     cdef const double* tau_ptr = &site_precision[0] if n > 0 else NULL
     cdef const double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
@@ -498,7 +562,7 @@ def refresh_posterior(const double[:, ::1] X, const double[::1] prior_mean,
         if prior_info == 0:
             info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
                                  &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
-                                 &scratch[0, 0], _SCRATCH_ROWS)
+                                 &scratch[0, 0], scratch_rows)
             if info == 0:
                 symmetrize(True, d, &post_cov[0, 0], d)
     if prior_info != 0:
@@ -612,7 +676,8 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
 
     cdef double[:, ::1] prior_precision = np.empty((d, d))
     cdef double[::1] prior_precision_mean = np.empty(d)
-    cdef double[:, ::1] scratch = np.empty((_SCRATCH_ROWS, d))
+    cdef int scratch_rows = _scratch_rows(n, d)
+    cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
     cdef int block_rows = block_size if algorithm == ALGORITHM_BLOCKED else 1
     cdef double[:, ::1] cross = np.empty((block_rows, d))
     cdef double[:, ::1] scaled = np.empty((block_rows, d))
@@ -635,7 +700,7 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
         if prior_info == 0:
             info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
                                  &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
-                                 &scratch[0, 0], _SCRATCH_ROWS)
+                                 &scratch[0, 0], scratch_rows)
             if info == 0:
                 for sweep in range(1, max_sweeps + 1):
                     if algorithm == ALGORITHM_BLOCKED:
@@ -657,7 +722,7 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
                     if refreshing and (sweep % refresh_every == 0 or converged or sweep == max_sweeps):
                         info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
                                              &prior_precision_mean[0], &post_cov[0, 0],
-                                             &post_mean[0], &scratch[0, 0], _SCRATCH_ROWS)
+                                             &post_mean[0], &scratch[0, 0], scratch_rows)
                         refreshed_last = True
                         if info != 0:
                             failed_sweep = sweep
@@ -716,7 +781,8 @@ def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] 
     cdef double[::1] prior_precision_mean = np.empty(d)
     cdef double[:, ::1] chol = np.empty((d, d))
     cdef double[::1] rhs = np.empty(d)
-    cdef double[:, ::1] scratch = np.empty((_SCRATCH_ROWS, d))
+    cdef int scratch_rows = _scratch_rows(n, d)
+    cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
     cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
     cdef const double* tau_ptr = &site_precision[0] if n > 0 else NULL
     cdef const double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
@@ -730,7 +796,7 @@ def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] 
                                    &prior_precision_mean[0], &log_det_prior, &prior_quad)
         if prior_info == 0:
             info = posterior_precision_cholesky(x_ptr, n, d, tau_ptr, &prior_precision[0, 0],
-                                                &chol[0, 0], &scratch[0, 0], _SCRATCH_ROWS)
+                                                &chol[0, 0], &scratch[0, 0], scratch_rows)
         if prior_info == 0 and info == 0:
             for j in range(d):
                 log_det_post -= 2.0 * log(chol[j, j])                 # log|V| = -log|V^-1|
@@ -741,7 +807,7 @@ def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] 
             total = 0.5 * (log_det_post - log_det_prior) + 0.5 * (post_quad - prior_quad)
             b0 = 0
             while b0 < n and bad_site < 0:
-                kk = _SCRATCH_ROWS if n - b0 > _SCRATCH_ROWS else n - b0
+                kk = scratch_rows if n - b0 > scratch_rows else n - b0
                 symm_right(True, kk, d, 1.0, &post_cov[0, 0], d, x_ptr + <Py_ssize_t>b0 * d, d,
                            0.0, &scratch[0, 0], d)
                 for t in range(kk):
