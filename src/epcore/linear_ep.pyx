@@ -71,8 +71,10 @@ no site failed during that sweep.
 
 Algorithms
 ----------
-``ALGORITHM_RANK1``: per site one ``symv`` (``u = V x_i``), one ``syr`` and one
-``axpy`` on the lower triangle -- the plain BLAS-2 path, kept as cross-check.
+``ALGORITHM_RANK1`` (default for ``d < 32``): per site one ``symv``
+(``u = V x_i``), one ``syr`` and one ``axpy`` on the lower triangle -- the plain
+BLAS-2 path, kept as cross-check; for ``d < 32`` the same operations are plain
+loops (BLAS call overhead dominates there).
 
 ``ALGORITHM_BLOCKED`` (default for ``d >= 32``): the rank-1 updates of a block of
 ``b`` consecutive sites are delayed.  At the start of a block ``G = X_blk V``
@@ -80,8 +82,9 @@ Algorithms
 ``V x_t = G_t + sum_{r<t} a_r u_r (u_r^T x_t)`` (two small ``gemv`` against the
 stored ``sqrt|a_r| u_r``), and at the end of the block the accumulated
 ``sum_r a_r u_r u_r^T`` is added with two ``syrk`` (positive and negative
-coefficients).  Same arithmetic up to rounding, about 2x faster than ``n`` bare
-``dsyr`` at ``d = 1000``.
+coefficients).  Same arithmetic up to rounding.  Measured (single BLAS thread,
+n = 10 000, d = 1000, probit): one sweep 0.78 s vs 1.75 s for n bare ``dsyr``
+and 3.5 s for symv + syr.
 
 Refresh
 -------
