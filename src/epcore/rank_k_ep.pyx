@@ -65,13 +65,14 @@ from fastep._epcore.sites cimport (
     LIK_PROBIT, LIK_LOGISTIC_MACKAY, LIK_LOGISTIC_GH, LIK_GAUSSIAN,
 )
 
-__all__ = ["RankKLikelihood", "run_rank_k_ep", "rank_k_log_evidence", "MAX_QUADRATURE_POINTS"]
+__all__ = ["RankKLikelihood", "run_rank_k_ep", "rank_k_log_evidence", "tilted_moments", "MAX_QUADRATURE_POINTS"]
 
 cdef double LOG_2PI = 1.8378770664093453
 # Off-diagonal entries of the cavity covariance below this fraction of
 # sqrt(Lambda_jj Lambda_ll) are treated as zero (exactly separable PRODUCT moments).
 cdef double DIAGONAL_REL_TOL = 1e-14
 MAX_QUADRATURE_POINTS = 1_000_000
+MAX_NODES_PER_DIM = 256
 _IPIV_DTYPE = np.intc if sizeof(blas_int) == sizeof(int) else np.int64
 # Factors per chunk in the refresh (bounds the scratch to CHUNK * k * d doubles).
 cdef int REFRESH_CHUNK = 256
@@ -142,10 +143,11 @@ cdef class RankKLikelihood:
         site : SiteSpec
             The 1-D likelihood applied to every output.
         n_nodes : int, default 20
-            Gauss-Hermite nodes per output dimension (``n_nodes**k <= 10**6``).
+            Gauss-Hermite nodes per output dimension, at most 256
+            (and ``n_nodes**k <= 10**6`` is checked when k is known).
         """
-        if n_nodes < 1:
-            raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+        if not (1 <= n_nodes <= MAX_NODES_PER_DIM):
+            raise ValueError(f"n_nodes must be in [1, {MAX_NODES_PER_DIM}], got {n_nodes}")
         cdef RankKLikelihood self = RankKLikelihood.__new__(RankKLikelihood)
         self.kind = RANKK_PRODUCT
         self.k = -1
@@ -155,6 +157,8 @@ cdef class RankKLikelihood:
         self.gh_points = np.ascontiguousarray(np.sqrt(2.0) * t)
         with np.errstate(divide='ignore'):
             self.gh_log_weights = np.ascontiguousarray(np.log(w) - 0.5 * np.log(np.pi))
+        if not (np.all(np.isfinite(self.gh_points)) and not np.any(np.isnan(self.gh_log_weights))):
+            raise ValueError(f"Gauss-Hermite rule with {n_nodes} nodes is not finite")
         self.gh_points.setflags(write=False)
         self.gh_log_weights.setflags(write=False)
         self._fill_model()
@@ -971,3 +975,47 @@ def rank_k_log_evidence(X, y, prior_mean, prior_cov, RankKLikelihood likelihood,
     if not isfinite(total):
         raise FloatingPointError("log evidence is not finite")
     return float(total)
+
+
+def tilted_moments(RankKLikelihood likelihood not None, y, cavity_mean, cavity_cov):
+    """Moments of t(z) N(z; h, Lambda) for one factor (eqs 95-97): ``(log_z, a, B)``.
+
+    Python-level access to the compiled moment kernels (for tests and diagnostics).
+    ``cavity_cov`` must be symmetric positive definite.
+    """
+    h = np.ascontiguousarray(cavity_mean, dtype=np.float64)
+    if h.ndim != 1 or h.shape[0] < 1:
+        raise ValueError(f"cavity_mean must be a non-empty 1-D array, got shape {h.shape}")
+    k = h.shape[0]
+    yy = _input(y, "y", (k,))
+    lam = _input(cavity_cov, "cavity_cov", (k, k))
+    _input(h, "cavity_mean", (k,))
+    if np.max(np.abs(lam - lam.T)) > 1e-12 * np.max(np.abs(lam)):
+        raise ValueError("cavity_cov must be symmetric")
+    if likelihood.kind == RANKK_MVGAUSSIAN and likelihood.k != k:
+        raise ValueError(f"likelihood noise_cov is {likelihood.k}x{likelihood.k} but the cavity has k = {k}")
+    if likelihood.kind == RANKK_PRODUCT and k > 1 and likelihood.n_nodes ** k > MAX_QUADRATURE_POINTS:
+        raise ValueError(f"n_nodes**k exceeds {MAX_QUADRATURE_POINTS} quadrature points")
+    chol = lam.copy()
+    if _potrf_py(chol) != 0:
+        raise LinAlgError("cavity_cov is not positive definite")
+    a = np.empty(k)
+    b_mat = np.empty((k, k))
+    work = np.empty(2 * k * k + 8 * k)
+    iwork = np.empty(k, dtype=np.intc)
+    cdef const double[::1] y_v = yy, h_v = h
+    cdef const double[:, ::1] lam_v = lam, chol_v = chol
+    cdef double[::1] a_v = a, work_v = work
+    cdef double[:, ::1] bm_v = b_mat
+    cdef int[::1] iw_v = iwork
+    cdef double log_z = 0.0
+    cdef int st, k_ = k
+    with nogil:
+        st = rank_k_moments(&likelihood.model, k_, &y_v[0], &h_v[0], &lam_v[0, 0], &chol_v[0, 0], &log_z,
+                            &a_v[0], &bm_v[0, 0], &work_v[0], &iw_v[0])
+    if st != RANKK_OK:
+        err = _status_error(st, 0)
+        if err is not None:
+            raise err
+        raise FloatingPointError(f"tilted moments failed (status {st})")
+    return float(log_z), a, b_mat
