@@ -18,9 +18,11 @@ from fastep._epcore.sites import SiteSpec
 __all__ = ["RankKEP", "ConvergenceWarning"]
 
 
-class ConvergenceWarning(UserWarning):
-    """EP stopped at ``max_sweeps`` before the site parameters converged."""
-    # TODO(lead): move to fastep.exceptions and import it from there.
+try:  # TODO(lead): fastep.exceptions owns ConvergenceWarning on main; drop the fallback after the merge.
+    from fastep.exceptions import ConvergenceWarning
+except ImportError:  # pragma: no cover - branch without fastep.exceptions
+    class ConvergenceWarning(UserWarning):
+        """EP stopped at ``max_sweeps`` before the site parameters converged."""
 
 
 def _as_float_array(value, name, ndim):
@@ -208,6 +210,11 @@ class RankKEP:
         self.converged_ = info['converged']
         self.n_skipped_ = info['n_skipped']
         if not self.converged_:
-            warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps (last max change "
-                          f"{info['max_change']:.3g} > tol={self.tol})", ConvergenceWarning, stacklevel=2)
+            if info['n_skipped_last_sweep'] > 0:
+                reason = (f"{info['n_skipped_last_sweep']} factor update(s) skipped in the last sweep "
+                          "because they would make a cavity or the posterior improper")
+            else:
+                reason = f"last max change {info['max_change']:.3g} > tol={self.tol}"
+            warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
+                          ConvergenceWarning, stacklevel=2)
         return self

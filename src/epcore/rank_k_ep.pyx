@@ -783,8 +783,9 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
     damping : float in (0, 1]
         Fraction of the natural-parameter step taken per update.
     tol : float >= 0
-        Converged when the largest absolute change of any site natural parameter in a
-        sweep is below ``tol``.
+        Sweeps stop when the largest absolute change of any site natural parameter in
+        a sweep is below ``tol``; ``converged`` is True only if, in addition, no factor
+        update was skipped in that sweep (a skipped factor is not at a fixed point).
     max_sweeps : int >= 0
         0 only rebuilds ``post_mean``/``post_cov`` from the sites.
     refresh_every : int >= 0
@@ -804,6 +805,8 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
         If prior_cov is not PD, or the sites give a non-PD posterior precision at a rebuild.
     ValueError
         Bad shapes / values, a label the likelihood rejects, or an unsupported quadrature.
+        Input checks run before any state changes; a label error found during a sweep
+        leaves the sites and V, m as they were after the last completed factor update.
     """
     if not (0.0 < damping <= 1.0):
         raise ValueError(f"damping must be in (0, 1], got {damping}")
@@ -842,7 +845,7 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
     cdef Py_ssize_t bad_i = -1
     cdef int sweep, n_sweeps = 0, n_skip_sweep = 0
     cdef long n_skipped = 0
-    cdef bint converged = False, refreshed_last = True
+    cdef bint converged = False, stalled = False, refreshed_last = True
     _work_layout(&w, &work_v[0], &ipiv_v[0], &iwork_v[0], k_, d_)
 
     with nogil:
@@ -869,9 +872,12 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
             raise _status_error(bad_status, bad_i)
         n_sweeps += 1
         n_skipped += n_skip_sweep
-        converged = max_change < tol
+        # Stop once a sweep changes nothing (the next would repeat it); it is only a
+        # fixed point if no factor was skipped in that sweep.
+        stalled = max_change < tol
+        converged = stalled and n_skip_sweep == 0
         refreshed_last = False
-        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or converged or sweep == max_sweeps - 1):
+        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or stalled or sweep == max_sweeps - 1):
             with nogil:
                 info = _refresh(n_, k_, d_, &x_v[0, 0, 0], &p_v[0, 0, 0], &b_v[0, 0], &v0i_v[0, 0],
                                 &v0im0_v[0], &v_v[0, 0], &m_v[0], &rhs_v[0], &chunk_v[0], &log_det_prec)
@@ -879,7 +885,7 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
                 raise LinAlgError("posterior precision lost positive definiteness at a refresh "
                                   f"after sweep {n_sweeps}")
             refreshed_last = True
-        if converged:
+        if stalled:
             break
     if not refreshed_last:
         symmetrize(True, d_, &v_v[0, 0], d_)
