@@ -1,9 +1,28 @@
-"""fastep: fast, trustworthy Expectation Propagation."""
+"""fastep: fast, trustworthy Expectation Propagation.
+
+Public API
+----------
+LinearEPClassifier, LinearEPRegressor
+    Bayesian linear models fitted by weight-space Gaussian EP (Minka §1).
+fastep.likelihoods
+    Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
+fastep.reference
+    Plain-numpy twins of the compiled kernels, for cross-checking.
+"""
 from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import likelihoods
+from .exceptions import ConvergenceWarning, NotFittedError
+from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
+from .linear import LinearEPClassifier, LinearEPRegressor
 
 try:
     __version__ = _version("fastep")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__", "likelihoods", "ConvergenceWarning", "NotFittedError",
+    "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
+    "LinearEPClassifier", "LinearEPRegressor",
+]

@@ -23,7 +23,13 @@ cdef enum SiteStatus:
     SITE_OK = 0
     SITE_BAD_CAVITY = 1      # cavity variance not > 0 (or not finite) where the likelihood needs it
     SITE_BAD_LABEL = 2       # label outside the likelihood's support
-    SITE_ZERO_MASS = 3       # Z underflowed to 0 even in log space (cannot happen for finite input)
+    SITE_ZERO_MASS = 3       # Z underflowed to 0 even in log space (only when |standardised z| > ~1e154)
+    SITE_BAD_PARAMS = 4      # SiteModel inconsistent (unknown code, wrong n_params, missing nodes, ...)
+    SITE_OVERFLOW = 5        # alpha or beta not representable in float64 (e.g. cavity variance ~1e-320)
+
+# Largest Gauss-Hermite rule the LIK_LOGISTIC_GH kernel accepts (it keeps per-node work on the stack).
+cdef enum:
+    GH_MAX_NODES = 256
 
 cdef struct SiteModel:
     int code

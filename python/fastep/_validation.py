@@ -1,0 +1,200 @@
+"""Input validation shared by every estimator: shapes, finiteness, dtypes, labels.
+
+Every check raises ``ValueError`` (bad value or shape) or ``TypeError`` (wrong
+kind of object) whose message names the argument and what was expected.
+Validation never modifies its inputs.
+"""
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
+    "encode_binary_labels", "check_choice", "check_positive", "check_in_range",
+    "check_int", "check_prior",
+]
+
+
+def _as_float_array(value, name):
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name} could not be converted to an array: {exc}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} must hold real numbers, got complex values")
+    return arr.astype(np.float64, copy=False)
+
+
+def _check_finite(arr, name):
+    if not np.all(np.isfinite(arr)):
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        where = tuple(int(i) for i in bad)
+        raise ValueError(f"{name} must be finite; found {arr[tuple(bad)]} at index {where if len(where) > 1 else where[0]}")
+
+
+def as_float_matrix(value, name, *, min_rows=1, min_cols=1):
+    """Return a C-contiguous float64 copy-if-needed 2-D array, checked finite and non-empty."""
+    arr = _as_float_array(value, name)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features), got shape {arr.shape}")
+    if arr.shape[0] < min_rows or arr.shape[1] < min_cols:
+        raise ValueError(
+            f"{name} must have at least {min_rows} row(s) and {min_cols} column(s), got shape {arr.shape}")
+    _check_finite(arr, name)
+    return np.ascontiguousarray(arr)
+
+
+def as_float_vector(value, name, *, length=None):
+    """Return a C-contiguous float64 1-D array, checked finite (and of ``length`` if given)."""
+    arr = _as_float_array(value, name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
+    if length is not None and arr.shape[0] != length:
+        raise ValueError(f"{name} must have length {length}, got {arr.shape[0]}")
+    _check_finite(arr, name)
+    return np.ascontiguousarray(arr)
+
+
+def check_X_y(X, y, *, y_numeric=False):
+    """Validate a design matrix and a target vector of matching length.
+
+    Returns ``(X, y)`` with ``X`` float64 C-contiguous and ``y`` a 1-D array
+    (float64 if ``y_numeric``, otherwise as given, for label encoding).
+    """
+    X = as_float_matrix(X, "X")
+    if y is None:
+        raise TypeError("y must be an array of targets, got None")
+    y_arr = np.asarray(y)
+    if y_arr.ndim == 2 and y_arr.shape[1] == 1:
+        y_arr = y_arr[:, 0]
+    if y_arr.ndim != 1:
+        raise ValueError(f"y must be a 1-D array of length n_samples, got shape {y_arr.shape}")
+    if y_arr.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"X and y have inconsistent numbers of samples: X has {X.shape[0]} rows, y has {y_arr.shape[0]} entries")
+    if y_numeric:
+        y_arr = as_float_vector(y_arr, "y")
+    elif y_arr.dtype.kind == "f":
+        _check_finite(y_arr, "y")
+    elif y_arr.dtype == object:
+        if any(v is None or (isinstance(v, float) and not np.isfinite(v)) for v in y_arr):
+            raise ValueError("y must not contain None or non-finite labels")
+    return X, y_arr
+
+
+def check_n_features(X, n_features, name="X"):
+    """Validate a prediction-time matrix against the number of features seen in ``fit``."""
+    X = as_float_matrix(X, name)
+    if X.shape[1] != n_features:
+        raise ValueError(
+            f"{name} has {X.shape[1]} features, but the estimator was fitted with {n_features} features")
+    return X
+
+
+def encode_binary_labels(y):
+    """Map two arbitrary class labels to -1/+1 (sorted order: classes_[1] is the positive class).
+
+    Returns ``(classes, y_pm)``. Raises ``ValueError`` for one class or more than two.
+    """
+    try:
+        classes, inverse = np.unique(y, return_inverse=True)
+    except TypeError as exc:
+        raise TypeError(f"y labels must be mutually comparable: {exc}") from None
+    if classes.shape[0] < 2:
+        raise ValueError(
+            f"y must contain two classes for a binary classifier; got only one class: {classes.tolist()}")
+    if classes.shape[0] > 2:
+        raise ValueError(
+            f"y must contain exactly two classes for a binary classifier; got {classes.shape[0]}: "
+            f"{classes.tolist()[:10]}")
+    return classes, np.where(inverse.reshape(-1) == 1, 1.0, -1.0)
+
+
+def check_choice(value, name, choices):
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def _check_real(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if np.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    return value
+
+
+def check_positive(value, name, *, allow_inf=False):
+    """Raise unless ``value`` is a real number > 0 (finite unless ``allow_inf``)."""
+    value = _check_real(value, name)
+    if not value > 0 or (not allow_inf and not np.isfinite(value)):
+        raise ValueError(f"{name} must be {'> 0' if allow_inf else 'finite and > 0'}, got {value!r}")
+    return value
+
+
+def check_in_range(value, name, low, high, *, low_inclusive=True, high_inclusive=True):
+    """Raise unless ``low <= value <= high`` (strictness per flag)."""
+    value = _check_real(value, name)
+    ok_low = value >= low if low_inclusive else value > low
+    ok_high = value <= high if high_inclusive else value < high
+    if not (ok_low and ok_high):
+        lb = "[" if low_inclusive else "("
+        hb = "]" if high_inclusive else ")"
+        raise ValueError(f"{name} must be in {lb}{low}, {high}{hb}, got {value!r}")
+    return value
+
+
+def check_int(value, name, *, minimum=None):
+    """Raise unless ``value`` is an integer (not bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_prior(prior_mean, prior_cov, n_features):
+    """Validate a Gaussian prior N(prior_mean, prior_cov) on R^n_features.
+
+    ``prior_mean``: None (zeros), a scalar, or a vector of length n_features.
+    ``prior_cov``: a positive scalar (isotropic), a vector of positive variances
+    (diagonal), or a symmetric positive-definite matrix.
+    Returns ``(mean, cov)`` as a float64 vector and a C-contiguous matrix.
+    """
+    d = n_features
+    if prior_mean is None:
+        mean = np.zeros(d)
+    elif np.ndim(prior_mean) == 0:
+        mean = np.full(d, _check_real(prior_mean, "prior_mean"))
+        _check_finite(mean, "prior_mean")
+    else:
+        mean = as_float_vector(prior_mean, "prior_mean", length=d)
+    if prior_cov is None:
+        raise TypeError("prior_cov must be a positive scalar, a vector of variances or a matrix, got None")
+    if np.ndim(prior_cov) == 0:
+        cov = np.eye(d) * check_positive(prior_cov, "prior_cov")
+    elif np.ndim(prior_cov) == 1:
+        var = as_float_vector(prior_cov, "prior_cov", length=d)
+        if np.any(var <= 0):
+            raise ValueError("prior_cov given as a vector of variances must be > 0 everywhere")
+        cov = np.diag(var)
+    else:
+        cov = as_float_matrix(prior_cov, "prior_cov")
+        if cov.shape != (d, d):
+            raise ValueError(f"prior_cov must have shape ({d}, {d}), got {cov.shape}")
+        scale = max(np.max(np.abs(cov)), np.finfo(float).tiny)
+        if np.max(np.abs(cov - cov.T)) > 1e-10 * scale:
+            raise ValueError("prior_cov must be symmetric")
+        cov = np.ascontiguousarray(0.5 * (cov + cov.T))
+        try:
+            np.linalg.cholesky(cov)
+        except np.linalg.LinAlgError:
+            raise ValueError("prior_cov must be positive definite (its Cholesky factorisation failed)") from None
+    return mean, np.ascontiguousarray(cov)

@@ -1,0 +1,284 @@
+"""Bayesian linear models fitted by weight-space Gaussian EP (Minka §1, rank-1 sites).
+
+The compiled engine :mod:`fastep._epcore.linear_ep` runs the sweeps; this module
+validates input, encodes labels, and exposes scikit-learn style estimators.
+"""
+import warnings
+
+import numpy as np
+from scipy.special import expit
+
+from . import _validation as v
+from ._base import BaseEstimator, check_is_fitted
+from ._epcore import linear_ep as _engine
+from .exceptions import ConvergenceWarning
+from .likelihoods import Gaussian, Logistic, Probit, Step
+
+__all__ = ["LinearEPClassifier", "LinearEPRegressor"]
+
+_UPDATE_FORMS = {"natural": _engine.UPDATE_NATURAL, "moment": _engine.UPDATE_MOMENT}
+_NEGATIVE_POLICIES = {
+    "clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP, "allow": _engine.NEGATIVE_ALLOW,
+}
+
+
+class _LinearEPBase(BaseEstimator):
+    """Shared fitting machinery: prior handling, the engine call, fitted attributes."""
+
+    def _check_options(self):
+        v.check_choice(self.update_form, "update_form", _UPDATE_FORMS)
+        v.check_choice(self.negative_precision, "negative_precision", _NEGATIVE_POLICIES)
+        v.check_positive(self.tol, "tol")
+        v.check_int(self.max_sweeps, "max_sweeps", minimum=1)
+        v.check_int(self.refresh_every, "refresh_every", minimum=1)
+        v.check_in_range(self.damping, "damping", 0.0, 1.0, low_inclusive=False)
+        if not isinstance(self.fit_intercept, (bool, np.bool_)):
+            raise TypeError(f"fit_intercept must be a bool, got {type(self.fit_intercept).__name__}")
+        if self.fit_intercept:
+            v.check_positive(self.intercept_prior_var, "intercept_prior_var")
+
+    def _design(self, X):
+        if self.fit_intercept:
+            return np.ascontiguousarray(np.hstack([X, np.ones((X.shape[0], 1))]))
+        return X
+
+    def _prior(self, n_features):
+        mean, cov = v.check_prior(self.prior_mean, self.prior_cov, n_features)
+        if self.fit_intercept:
+            d = n_features
+            big = np.zeros((d + 1, d + 1))
+            big[:d, :d] = cov
+            big[d, d] = float(self.intercept_prior_var)
+            mean = np.append(mean, 0.0)
+            cov = big
+        return mean, cov
+
+    def _run_ep(self, design, targets, likelihood):
+        prior_mean, prior_cov = self._prior(design.shape[1] - int(bool(self.fit_intercept)))
+        n, d = design.shape
+        spec = likelihood.site_spec()
+        site_precision = np.zeros(n)
+        site_natural_mean = np.zeros(n)
+        post_mean = np.empty(d)
+        post_cov = np.empty((d, d))
+        info = _engine.run_linear_ep(
+            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+            post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
+            tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+            negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
+        log_evidence = _engine.log_evidence(
+            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+            post_mean, post_cov)
+        if not info["converged"]:
+            warnings.warn(
+                f"EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "
+                f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
+                f"> tol={self.tol:g}. Increase max_sweeps, lower damping, or check the model.",
+                ConvergenceWarning, stacklevel=3)
+        if not np.isfinite(log_evidence) or not np.all(np.isfinite(post_mean)):
+            raise FloatingPointError(
+                "EP produced a non-finite posterior or evidence; this is a bug, please report it")
+        # Everything computed: only now set fitted attributes (no half-fitted state on error).
+        self.posterior_mean_ = post_mean
+        self.posterior_cov_ = post_cov
+        self.site_precision_ = site_precision
+        self.site_natural_mean_ = site_natural_mean
+        self.log_evidence_ = float(log_evidence)
+        self.n_sweeps_ = int(info["n_sweeps"])
+        self.converged_ = bool(info["converged"])
+        self.n_skipped_updates_ = int(info["n_skipped"])
+        self.n_clipped_updates_ = int(info["n_clipped"])
+        self.n_features_in_ = design.shape[1] - int(bool(self.fit_intercept))
+        return self
+
+    @property
+    def coef_(self):
+        """Posterior mean of the feature weights (without the intercept)."""
+        check_is_fitted(self, "posterior_mean_")
+        return self.posterior_mean_[: self.n_features_in_]
+
+    @property
+    def intercept_(self):
+        """Posterior mean of the intercept (0.0 when ``fit_intercept=False``)."""
+        check_is_fitted(self, "posterior_mean_")
+        return float(self.posterior_mean_[-1]) if self.fit_intercept else 0.0
+
+    def predict_latent(self, X):
+        """Posterior mean and variance of the latent ``f(x) = x^T w`` at each row of ``X``.
+
+        Returns
+        -------
+        mean, var : ndarray of shape (n_samples,)
+        """
+        check_is_fitted(self, "posterior_mean_")
+        design = self._design(v.check_n_features(X, self.n_features_in_))
+        mean = design @ self.posterior_mean_
+        var = np.einsum("ij,ij->i", design @ self.posterior_cov_, design)
+        return mean, np.maximum(var, 0.0)
+
+
+class LinearEPClassifier(_LinearEPBase):
+    """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
+
+    Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
+    for a binary likelihood ``t`` (probit, step with flip noise, or logistic).
+    EP (Minka 2001, §1.1, eqs 23–49) approximates the posterior by
+    ``N(posterior_mean_, posterior_cov_)`` and gives the evidence ``log_evidence_``.
+
+    Parameters
+    ----------
+    likelihood : fastep.likelihoods.Probit, Step or Logistic, default Probit()
+    prior_mean : None, float or array of shape (n_features,), default None (zero)
+    prior_cov : float, array of shape (n_features,) or (n_features, n_features), default 1.0
+        Isotropic variance, diagonal variances, or a positive-definite matrix.
+    update_form : {'natural', 'moment'}, default 'natural'
+        Site update equations: natural parameters (eqs 39–45) or the (v_i, m_i) form (eqs 23–38).
+    tol : float, default 1e-8
+        Convergence threshold on the largest change of the site parameters in a sweep.
+    max_sweeps : int, default 100
+    damping : float in (0, 1], default 1.0
+        Fraction of each site change applied (in natural parameters); 1 is undamped EP.
+    refresh_every : int, default 1
+        Recompute V and m from the invariant (eqs 46–47) every this many sweeps.
+    negative_precision : {'clip', 'skip', 'allow'}, default 'clip'
+        What to do when a site update asks for a negative site precision (only possible for
+        non-log-concave likelihoods such as the step with flip noise): 'clip' keeps the mean
+        matched with zero site precision, 'skip' leaves the site unchanged, 'allow' accepts it
+        while the posterior stays proper.
+    fit_intercept : bool, default False
+        Append a constant feature whose weight has prior N(0, intercept_prior_var).
+    intercept_prior_var : float, default 1.0
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (2,)
+        The two labels; ``classes_[1]`` is the positive class.
+    posterior_mean_, posterior_cov_ : ndarray
+    site_precision_, site_natural_mean_ : ndarray of shape (n_samples,)
+        Site parameters v_i^-1 and v_i^-1 m_i (eq 20 onward).
+    log_evidence_ : float
+    n_sweeps_ : int
+    converged_ : bool
+    """
+
+    def __init__(self, likelihood=None, *, prior_mean=None, prior_cov=1.0, update_form="natural",
+                 tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
+                 fit_intercept=False, intercept_prior_var=1.0):
+        self.likelihood = likelihood
+        self.prior_mean = prior_mean
+        self.prior_cov = prior_cov
+        self.update_form = update_form
+        self.tol = tol
+        self.max_sweeps = max_sweeps
+        self.damping = damping
+        self.refresh_every = refresh_every
+        self.negative_precision = negative_precision
+        self.fit_intercept = fit_intercept
+        self.intercept_prior_var = intercept_prior_var
+
+    def _likelihood(self):
+        lik = Probit() if self.likelihood is None else self.likelihood
+        if not isinstance(lik, (Probit, Step, Logistic)):
+            raise TypeError(
+                "likelihood must be a binary classification likelihood (fastep.likelihoods.Probit, Step "
+                f"or Logistic), got {lik!r}")
+        return lik
+
+    def fit(self, X, y):
+        """Fit the EP posterior to training data.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+            Exactly two distinct labels (any type numpy can sort).
+
+        Returns
+        -------
+        self
+        """
+        self._check_options()
+        likelihood = self._likelihood()
+        X, y = v.check_X_y(X, y)
+        classes, targets = v.encode_binary_labels(y)
+        self._run_ep(self._design(X), targets, likelihood)
+        self.classes_ = classes
+        self.likelihood_ = likelihood
+        return self
+
+    def decision_function(self, X):
+        """Log-odds ``log p(y=classes_[1] | x) - log p(y=classes_[0] | x)`` under the EP predictive.
+
+        Positive values predict ``classes_[1]``.
+        """
+        mean, var = self.predict_latent(X)
+        lik = self.likelihood_
+        log_p_pos = lik.moments(np.ones_like(mean), mean, var)[0]
+        log_p_neg = lik.moments(-np.ones_like(mean), mean, var)[0]
+        return log_p_pos - log_p_neg
+
+    def predict_proba(self, X):
+        """Predictive class probabilities ``∫ p(y | f) N(f; mean, var) df``, columns ordered as ``classes_``.
+
+        For the probit likelihood this is Φ(λ(μ* + b) / sqrt(1 + λ² σ*²)).
+        """
+        p_pos = expit(self.decision_function(X))
+        return np.column_stack([1.0 - p_pos, p_pos])
+
+    def predict(self, X):
+        """Most probable class label for each row of ``X``."""
+        return self.classes_[(self.decision_function(X) > 0).astype(int)]
+
+    def score(self, X, y):
+        """Mean accuracy on ``(X, y)``."""
+        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+
+class LinearEPRegressor(_LinearEPBase):
+    """Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
+
+    With a Gaussian likelihood EP is exact: one sweep gives the conjugate
+    posterior and the evidence ``log N(y; X m0, X V0 X^T + σ² I)``; this
+    estimator exists so that the EP engine's answer can be used (and checked)
+    as ordinary Bayesian linear regression.
+
+    Parameters are those of :class:`LinearEPClassifier` except ``likelihood``:
+    ``noise_variance`` (float > 0, default 1.0) sets σ².
+    """
+
+    def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
+                 tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
+                 fit_intercept=False, intercept_prior_var=1.0):
+        self.noise_variance = noise_variance
+        self.prior_mean = prior_mean
+        self.prior_cov = prior_cov
+        self.update_form = update_form
+        self.tol = tol
+        self.max_sweeps = max_sweeps
+        self.damping = damping
+        self.refresh_every = refresh_every
+        self.negative_precision = negative_precision
+        self.fit_intercept = fit_intercept
+        self.intercept_prior_var = intercept_prior_var
+
+    def fit(self, X, y):
+        """Fit the posterior over weights; returns ``self``."""
+        self._check_options()
+        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        X, y = v.check_X_y(X, y, y_numeric=True)
+        self._run_ep(self._design(X), y, likelihood)
+        self.noise_variance_ = likelihood.noise_variance
+        return self
+
+    def predict(self, X, return_std=False):
+        """Posterior predictive mean (and standard deviation including the noise if ``return_std``)."""
+        mean, var = self.predict_latent(X)
+        if return_std:
+            return mean, np.sqrt(var + self.noise_variance_)
+        return mean
+
+    def score(self, X, y):
+        """Coefficient of determination R² of the predictive mean."""
+        y = np.asarray(y, dtype=float)
+        resid = y - self.predict(X)
+        return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))

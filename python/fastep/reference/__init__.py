@@ -1,0 +1,9 @@
+"""Plain numpy/scipy reference implementations of the compiled kernels.
+
+Written for clarity, not speed or extreme-range robustness; the test suite uses
+them as an independent check of ``fastep._epcore``. Modules here must never
+import the compiled core.
+"""
+from . import sites
+
+__all__ = ["sites"]
