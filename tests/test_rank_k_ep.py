@@ -18,7 +18,10 @@ from fastep._epcore.sites import SiteSpec
 from fastep.multioutput import ConvergenceWarning, RankKEP
 from fastep.reference import rank_k_ep as ref
 
-LIK_PROBIT, LIK_STEP, LIK_LOGISTIC_MACKAY, LIK_LOGISTIC_GH, LIK_GAUSSIAN = 0, 1, 2, 3, 4
+from fastep._epcore.sites import LIKELIHOOD_CODES
+from fastep.likelihoods import Logistic, Probit
+
+LIK_PROBIT, LIK_STEP, LIK_GAUSSIAN = (LIKELIHOOD_CODES[c] for c in ("probit", "step", "gaussian"))
 
 
 # ---------------------------------------------------------------------------
@@ -63,16 +66,6 @@ def run(X, Y, m0, V0, lik, P=None, b=None, **kw):
 
 def gaussian_site(noise_var):
     return SiteSpec(LIK_GAUSSIAN, [noise_var])
-
-
-def _has_real_probit():
-    """True once the real site kernels are merged (the placeholder only knows LIK_GAUSSIAN)."""
-    lik = RankKLikelihood.product(SiteSpec(LIK_PROBIT, [1.0, 0.0]))
-    log_z, _, _ = tilted_moments(lik, [1.0], [0.0], [[1.0]])
-    return abs(log_z - np.log(0.5)) < 1e-12
-
-
-needs_probit = pytest.mark.skipif(not _has_real_probit(), reason="real probit site kernel not merged yet")
 
 
 def probit_log_lik(slope, bias):
@@ -188,7 +181,6 @@ def test_product_gaussian_equals_rank1_and_closed_form(damping):
     assert abs(ev - evc) < 1e-9 * max(1, abs(evc))
 
 
-@needs_probit
 @pytest.mark.parametrize("damping", [1.0, 0.5])
 def test_product_probit_equals_rank1(damping):
     rng, X, m0, V0 = block_problem(4)
@@ -260,7 +252,6 @@ def test_product_gaussian_quadrature_converges_to_exact():
     assert abs(ev - evc) < 1e-6
 
 
-@needs_probit
 def test_compiled_vs_reference_probit_correlated():
     """Probit outputs with correlated cavities (quadrature path), trajectory and evidence."""
     X, Y, m0, V0, _ = problem(22, n=6, k=2, d=3)
@@ -367,7 +358,6 @@ def test_gaussian_product_quadrature_vs_dblquad():
     np.testing.assert_allclose(B_r, B_c, atol=1e-10)
 
 
-@needs_probit
 @pytest.mark.parametrize("y", [(1.0, -1.0), (1.0, 1.0)])
 def test_probit_product_quadrature_vs_dblquad(y):
     h, Lam = CORRELATED_CAVITY
@@ -384,6 +374,18 @@ def test_probit_product_quadrature_vs_dblquad(y):
     assert abs(lz_r - lz_c) < 1e-10
     np.testing.assert_allclose(a_r, a_c, atol=1e-9)
     np.testing.assert_allclose(B_r, B_c, atol=1e-8)
+
+
+def test_logistic_gh_product_quadrature_vs_dblquad():
+    h, Lam = CORRELATED_CAVITY
+    y = np.array([-1.0, 1.0])
+    log_lik = lambda yj, z: -np.logaddexp(0.0, -yj * z)
+    lik = RankKLikelihood.product(Logistic(method="gauss-hermite").site_spec(), n_nodes=40)
+    lz_c, a_c, B_c = tilted_moments(lik, y, h, Lam)
+    lz_b, a_b, B_b = brute_force_moments(y, h, Lam, log_lik)
+    assert abs(lz_c - lz_b) < 1e-8
+    np.testing.assert_allclose(a_c, a_b, atol=1e-8)
+    np.testing.assert_allclose(B_c, B_b, atol=1e-7)
 
 
 def test_mvgaussian_moments_vs_reference():
@@ -535,6 +537,15 @@ def test_engine_input_errors():
     assert np.all(P == 0) and np.all(b == 0)    # nothing ran
 
 
+def test_bad_label_raises_with_factor_index():
+    rng, X, m0, V0 = block_problem(82)
+    n, k, d = X.shape
+    Y = np.ones((n, k))
+    Y[3, 1] = 0.5
+    with pytest.raises(ValueError, match=r"y\[3\] holds a label"):
+        run(X, Y, m0, V0, RankKLikelihood.product(SiteSpec(LIK_PROBIT, [1.0, 0.0])))
+
+
 def test_product_without_quadrature_raises_on_correlated_cavity():
     X, Y, m0, V0, _ = problem(81, n=3, k=2, d=4)
     Y = np.sign(Y)
@@ -585,6 +596,20 @@ def test_rankkep_product_and_warning():
         warnings.simplefilter("error")
         est = RankKEP(gaussian_site(1.0), n_nodes=6, prior_cov=2.0).fit(X, Y)
     assert est.converged_
+
+
+def test_rankkep_probit_likelihood_object():
+    rng, X, m0, V0 = block_problem(93)
+    n, k, d = X.shape
+    Y = np.where(rng.uniform(size=(n, k)) < 0.5, -1.0, 1.0)
+    est = RankKEP(Probit(slope=1.3, bias=0.2), prior_cov=np.diag(V0), prior_mean=m0).fit(X, Y)
+    m, V, P, b, info = run(X, Y, m0, V0, RankKLikelihood.product(SiteSpec(LIK_PROBIT, [1.3, 0.2])))
+    np.testing.assert_array_equal(est.posterior_mean_, m)
+    np.testing.assert_array_equal(est.site_precision_, P)
+    Ybad = Y.copy()
+    Ybad[1, 2] = 0.0
+    with pytest.raises(ValueError, match=r"Y \(flattened row-major\): binary targets"):
+        RankKEP(Probit()).fit(X, Ybad)
 
 
 @pytest.mark.parametrize("kwargs,fit_args,exc,match", [

@@ -14,6 +14,7 @@ import numpy as np
 
 from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore.sites import SiteSpec
+from fastep.likelihoods import Likelihood
 
 __all__ = ["RankKEP", "ConvergenceWarning"]
 
@@ -59,11 +60,13 @@ class RankKEP:
 
     Parameters
     ----------
-    likelihood : {'gaussian'} or SiteSpec or RankKLikelihood, default 'gaussian'
+    likelihood : {'gaussian'} or fastep.likelihoods.Likelihood or SiteSpec or RankKLikelihood
         ``'gaussian'``: ``t_i(z) = N(y_i | z, noise_cov)`` (exact, EP equals the
-        conjugate posterior).  A ``SiteSpec``: product of that 1-D likelihood over the
-        k outputs (moments exact for diagonal cavities, else Gauss-Hermite with
-        ``n_nodes`` per output).  A ready ``RankKLikelihood`` is used as is.
+        conjugate posterior).  A 1-D ``Likelihood`` (e.g. ``Probit()``) or ``SiteSpec``:
+        product of that likelihood over the k outputs (moments exact for diagonal
+        cavities, else Gauss-Hermite with ``n_nodes`` per output; the quadrature
+        supports probit, logistic and Gaussian).  A ready ``RankKLikelihood`` is used
+        as is.
     noise_cov : array_like (k, k), optional
         Noise covariance for ``'gaussian'``; identity when omitted.
     n_nodes : int, default 20
@@ -117,14 +120,17 @@ class RankKEP:
             if lik.kind == 0 and lik.k != k:
                 raise ValueError(f"likelihood has k = {lik.k} outputs but Y has {k} columns")
             return lik
-        if isinstance(lik, SiteSpec):
+        if isinstance(lik, (SiteSpec, Likelihood)):
+            if isinstance(lik, Likelihood):
+                lik = lik.site_spec()
             n_nodes = self.n_nodes
             if isinstance(n_nodes, bool) or not isinstance(n_nodes, (int, np.integer)) or n_nodes < 1:
                 raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
             return RankKLikelihood.product(lik, int(n_nodes))
         if isinstance(lik, str):
             if lik != 'gaussian':
-                raise ValueError(f"likelihood must be 'gaussian', a SiteSpec or a RankKLikelihood, got {lik!r}")
+                raise ValueError(f"likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
+                                 f"got {lik!r}")
             if self.noise_cov is None:
                 R = np.eye(k)
             else:
@@ -133,7 +139,7 @@ class RankKEP:
                     raise ValueError(f"noise_cov must have shape ({k}, {k}), got {R.shape}")
                 R = _check_spd(R, "noise_cov")
             return RankKLikelihood.mvgaussian(R)
-        raise TypeError("likelihood must be 'gaussian', a SiteSpec or a RankKLikelihood, "
+        raise TypeError("likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
                         f"got {type(lik).__name__}")
 
     def _check_options(self):
@@ -191,6 +197,11 @@ class RankKEP:
                 raise ValueError(f"prior_cov must have shape ({d}, {d}), got {V0.shape}")
             V0 = _check_spd(V0, "prior_cov")
         likelihood = self._build_likelihood(k)
+        if isinstance(self.likelihood, Likelihood):
+            try:
+                Y = np.ascontiguousarray(self.likelihood.encode_targets(Y.ravel()).reshape(n, k))
+            except ValueError as exc:
+                raise ValueError(f"Y (flattened row-major): {exc}") from None
 
         site_precision = np.zeros((n, k, k))
         site_natural_mean = np.zeros((n, k))
