@@ -12,7 +12,6 @@ import pytest
 from numpy.linalg import LinAlgError
 from scipy import integrate, special, stats
 
-from fastep._epcore import rank_k_ep as ck
 from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep, tilted_moments
 from fastep._epcore.sites import SiteSpec
 from fastep.multioutput import ConvergenceWarning, RankKEP

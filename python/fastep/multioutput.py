@@ -14,16 +14,10 @@ import numpy as np
 
 from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore.sites import SiteSpec
+from fastep.exceptions import ConvergenceWarning
 from fastep.likelihoods import Likelihood
 
 __all__ = ["RankKEP", "ConvergenceWarning"]
-
-
-try:  # TODO(lead): fastep.exceptions owns ConvergenceWarning on main; drop the fallback after the merge.
-    from fastep.exceptions import ConvergenceWarning
-except ImportError:  # pragma: no cover - branch without fastep.exceptions
-    class ConvergenceWarning(UserWarning):
-        """EP stopped at ``max_sweeps`` before the site parameters converged."""
 
 
 def _as_float_array(value, name, ndim):
