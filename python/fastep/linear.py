@@ -211,6 +211,7 @@ class LinearEPClassifier(_LinearEPBase):
 
         Positive values predict ``classes_[1]``.
         """
+        check_is_fitted(self, "classes_")
         mean, var = self.predict_latent(X)
         lik = self.likelihood_
         log_p_pos = lik.moments(np.ones_like(mean), mean, var)[0]
@@ -227,6 +228,7 @@ class LinearEPClassifier(_LinearEPBase):
 
     def predict(self, X):
         """Most probable class label for each row of ``X``."""
+        check_is_fitted(self, "classes_")
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
 
     def score(self, X, y):
