@@ -4,6 +4,8 @@ Public API
 ----------
 LinearEPClassifier, LinearEPRegressor
     Bayesian linear models fitted by weight-space Gaussian EP (Minka §1).
+RankKEP
+    Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3).
 fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
@@ -15,6 +17,7 @@ from . import likelihoods
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 from .linear import LinearEPClassifier, LinearEPRegressor
+from .multioutput import RankKEP
 
 try:
     __version__ = _version("fastep")
@@ -24,5 +27,5 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "__version__", "likelihoods", "ConvergenceWarning", "NotFittedError",
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
-    "LinearEPClassifier", "LinearEPRegressor",
+    "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
 ]

@@ -11,6 +11,7 @@ from scipy.special import expit
 from . import _validation as v
 from ._base import BaseEstimator, check_is_fitted
 from ._epcore import linear_ep as _engine
+from ._threading import sweep_blas_threads
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
@@ -61,14 +62,15 @@ class _LinearEPBase(BaseEstimator):
         site_natural_mean = np.zeros(n)
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        info = _engine.run_linear_ep(
-            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-            post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
-            tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-            negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
-        log_evidence = _engine.log_evidence(
-            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-            post_mean, post_cov)
+        with sweep_blas_threads(d):
+            info = _engine.run_linear_ep(
+                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+                post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
+                tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+                negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
+            log_evidence = _engine.log_evidence(
+                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+                post_mean, post_cov)
         if not info["converged"]:
             warnings.warn(
                 f"EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "
@@ -211,6 +213,7 @@ class LinearEPClassifier(_LinearEPBase):
 
         Positive values predict ``classes_[1]``.
         """
+        check_is_fitted(self, "classes_")
         mean, var = self.predict_latent(X)
         lik = self.likelihood_
         log_p_pos = lik.moments(np.ones_like(mean), mean, var)[0]
@@ -227,6 +230,7 @@ class LinearEPClassifier(_LinearEPBase):
 
     def predict(self, X):
         """Most probable class label for each row of ``X``."""
+        check_is_fitted(self, "classes_")
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
 
     def score(self, X, y):

@@ -126,3 +126,108 @@ cdef inline void symmetrize(bint from_lower, int n, double* a, int lda) noexcept
         for i in range(n):
             for j in range(i):
                 a[i * lda + j] = a[j * lda + i]
+
+
+cdef inline void symm_right(bint lower, int m, int n, double alpha, const double* a, int lda,
+                            const double* b, int ldb, double beta, double* c, int ldc) noexcept nogil:
+    """C = alpha * B A + beta * C for symmetric row-major A (n x n, one triangle referenced).
+
+    B and C are row-major (m x n).  With B = rows of a data matrix this gives the
+    products x_i^T A for a block of rows at BLAS-3 speed.
+    """
+    cdef blas_int m_ = m, n_ = n, lda_ = lda, ldb_ = ldb, ldc_ = ldc
+    cdef char side = b'L'
+    cdef char uplo = b'U' if lower else b'L'
+    # Fortran sees C^T (n x m) = A B^T: a left-side symm on the transposed views.
+    _dsymm(&side, &uplo, &n_, &m_, &alpha, <double*>a, &lda_, <double*>b, &ldb_, &beta, c, &ldc_)
+
+# ---------------------------------------------------------------------------
+# Rank-k additions (helper C, rank_k_ep): BLAS-3 and small LU wrappers.
+# Same row-major conventions as above.  Everything below this line belongs to
+# this block; other additions should go in their own block.
+# ---------------------------------------------------------------------------
+from scipy.linalg.cython_blas cimport dsyr2k as _dsyr2k
+from scipy.linalg.cython_lapack cimport dgetrf as _dgetrf, dgetrs as _dgetrs
+from libc.math cimport log as _log_rk, INFINITY as _INF_rk
+
+
+cdef inline void gemm(bint trans_a, bint trans_b, int m, int n, int k, double alpha,
+                      const double* a, int lda, const double* b, int ldb,
+                      double beta, double* c, int ldc) noexcept nogil:
+    """C = alpha * op(A) op(B) + beta * C for row-major arrays; C is m x n, op(A) m x k, op(B) k x n."""
+    cdef blas_int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc
+    # Column-major sees C^T = op(B)^T op(A)^T; the memory of a row-major A is A^T.
+    cdef char ta = b'T' if trans_a else b'N'
+    cdef char tb = b'T' if trans_b else b'N'
+    _dgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <double*>b, &ldb_, <double*>a, &lda_, &beta, c, &ldc_)
+
+
+cdef inline void symm(bint right, bint lower, int m, int n, double alpha, const double* a, int lda,
+                      const double* b, int ldb, double beta, double* c, int ldc) noexcept nogil:
+    """C = alpha * A B + beta * C (right=False, A m x m symmetric) or alpha * B A + beta * C
+    (right=True, A n x n symmetric) for row-major arrays; C and B are m x n; one triangle of A is referenced."""
+    cdef blas_int m_ = n, n_ = m, lda_ = lda, ldb_ = ldb, ldc_ = ldc
+    # Column-major sees C^T = B^T A (left) or A B^T (right): the side flips.
+    cdef char side = b'L' if right else b'R'
+    cdef char uplo = b'U' if lower else b'L'
+    _dsymm(&side, &uplo, &m_, &n_, &alpha, <double*>a, &lda_, <double*>b, &ldb_, &beta, c, &ldc_)
+
+
+cdef inline void syr2k(bint lower, int n, int k, double alpha, const double* a, int lda,
+                       const double* b, int ldb, double beta, double* c, int ldc) noexcept nogil:
+    """C = alpha * (A^T B + B^T A) + beta * C on one triangle of symmetric row-major C (n x n); A, B are k x n."""
+    cdef blas_int n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc
+    cdef char uplo = b'U' if lower else b'L'
+    cdef char trans = b'N'
+    _dsyr2k(&uplo, &trans, &n_, &k_, &alpha, <double*>a, &lda_, <double*>b, &ldb_, &beta, c, &ldc_)
+
+
+cdef inline void trsm(bint lower, bint transpose, int n, int nrhs, double alpha, const double* a, int lda,
+                      double* b, int ldb) noexcept nogil:
+    """Solve op(A) X = alpha * B in place (X overwrites B); A n x n triangular row-major (non-unit
+    diagonal), B n x nrhs row-major."""
+    cdef blas_int m_ = nrhs, n_ = n, lda_ = lda, ldb_ = ldb
+    # Column-major: X^T op(A)^T = alpha B^T with the memory of A read as A^T.
+    cdef char side = b'R'
+    cdef char uplo = b'U' if lower else b'L'
+    cdef char trans = b'T' if transpose else b'N'
+    cdef char diag = b'N'
+    _dtrsm(&side, &uplo, &trans, &diag, &m_, &n_, &alpha, <double*>a, &lda_, b, &ldb_)
+
+
+cdef inline int lu_factor(int n, double* a, int lda, blas_int* ipiv) noexcept nogil:
+    """LU factorisation with partial pivoting in place of a general row-major A (n x n).
+
+    LAPACK factorises the column-major view A^T; use ``lu_solve`` to solve with A itself.
+    Returns LAPACK's info (0 on success, j > 0 if U[j-1, j-1] is exactly zero).
+    """
+    cdef blas_int n_ = n, lda_ = lda, info = 0
+    _dgetrf(&n_, &n_, a, &lda_, ipiv, &info)
+    return <int>info
+
+
+cdef inline void lu_solve(int n, const double* lu, int lda, const blas_int* ipiv, double* x) noexcept nogil:
+    """Solve A x = b in place for one right-hand side, from ``lu_factor`` of row-major A."""
+    cdef blas_int n_ = n, lda_ = lda, one = 1, info = 0
+    cdef char trans = b'T'   # (A^T)^T x = b
+    _dgetrs(&trans, &n_, &one, <double*>lu, &lda_, <blas_int*>ipiv, x, &n_, &info)
+
+
+cdef inline double lu_log_abs_det(int n, const double* lu, int lda, const blas_int* ipiv,
+                                  int* sign) noexcept nogil:
+    """log |det A| and its sign (written to ``sign``: +1, -1, or 0 if singular) from ``lu_factor``."""
+    cdef int j, s = 1
+    cdef double total = 0.0, u
+    for j in range(n):
+        u = lu[j * lda + j]
+        if u == 0.0:
+            sign[0] = 0
+            return -_INF_rk
+        if u < 0.0:
+            s = -s
+            u = -u
+        if ipiv[j] != j + 1:
+            s = -s
+        total += _log_rk(u)
+    sign[0] = s
+    return total

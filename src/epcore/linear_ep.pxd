@@ -1,1 +1,71 @@
 # cython: language_level=3
+"""Weight-space Gaussian EP with rank-1 sites: nogil building blocks (see linear_ep.pyx).
+
+State: posterior covariance V (d x d, row-major, only the LOWER triangle is kept
+current during sweeps), posterior mean m (d), and per-site natural parameters
+site_precision[i] = 1/v_i and site_natural_mean[i] = m_i/v_i (Minka eqs 20-22).
+"""
+from fastep._epcore.sites cimport SiteModel
+
+
+cpdef enum UpdateForm:
+    UPDATE_MOMENT = 0        # (v_i, m_i) form, Minka eqs 34, 36, 38
+    UPDATE_NATURAL = 1       # natural-parameter form, Minka eqs 39-45
+
+cpdef enum NegativePrecisionPolicy:
+    NEGATIVE_CLIP = 0        # clip a negative site precision to 0, keep the tilted mean matched
+    NEGATIVE_SKIP = 1        # leave the site unchanged
+    NEGATIVE_ALLOW = 2       # accept it unless V or the site's cavity would become improper
+
+cpdef enum SweepAlgorithm:
+    ALGORITHM_AUTO = 0       # RANK1 for small d, BLOCKED otherwise
+    ALGORITHM_RANK1 = 1      # symv + syr per site (plain BLAS-2 path, the cross-check)
+    ALGORITHM_BLOCKED = 2    # delayed rank-1 updates flushed every block_size sites as BLAS-3
+
+cdef enum SiteStepResult:
+    STEP_APPLIED = 0         # site moved to the (damped) moment-matched value
+    STEP_CLIPPED = 1         # applied with its precision clipped at 0 (NEGATIVE_CLIP)
+    STEP_SKIPPED = 2         # left unchanged by the negative-precision policy / PD guard
+    STEP_FAILED = 3          # left unchanged: improper cavity, kernel status != 0 or non-finite moments
+
+cdef struct SiteUpdateOptions:
+    int update_form          # UpdateForm
+    double damping           # in (0, 1]
+    int negative_precision   # NegativePrecisionPolicy
+
+cdef struct SweepStats:
+    double max_change_precision      # max_i |Δτ_i| / max(1, |τ_i new|)
+    double max_change_natural_mean   # max_i |Δν_i| / max(1, |ν_i new|)
+    int n_skipped                    # STEP_SKIPPED + STEP_FAILED
+    int n_clipped
+    int n_failed
+
+
+cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
+                   double* site_precision_i, double* site_natural_mean_i,
+                   const SiteUpdateOptions* opts, double* cov_coef, double* mean_coef) noexcept nogil
+
+cdef int site_update(const SiteModel* model, double y, const double* x, int d,
+                     double* post_cov, double* post_mean, double* work,
+                     double* site_precision_i, double* site_natural_mean_i,
+                     const SiteUpdateOptions* opts) noexcept nogil
+
+cdef void sweep_rank1(const SiteModel* model, const double* X, const double* y, int n, int d,
+                      double* site_precision, double* site_natural_mean,
+                      double* post_cov, double* post_mean, double* work,
+                      const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+
+cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y, int n, int d,
+                        double* site_precision, double* site_natural_mean,
+                        double* post_cov, double* post_mean, int block_size,
+                        double* cross, double* scaled, double* small,
+                        const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+
+cdef int posterior_precision_cholesky(const double* X, int n, int d, const double* site_precision,
+                                      const double* prior_precision, double* chol,
+                                      double* scratch, int scratch_rows) noexcept nogil
+
+cdef int refresh_lower(const double* X, int n, int d, const double* site_precision,
+                       const double* site_natural_mean, const double* prior_precision,
+                       const double* prior_precision_mean, double* post_cov, double* post_mean,
+                       double* scratch, int scratch_rows) noexcept nogil

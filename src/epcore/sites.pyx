@@ -17,8 +17,10 @@ Numerical policy
 * Everything that can underflow is handled in log space; the Gaussian hazard
   ``r(z) = N(z)/Phi(z)`` and the difference ``r(z) + z`` (which cancels for
   ``z -> -inf``) come from the Laplace continued fraction of the Mills ratio for
-  ``z <= -2`` (``_mills_tail``), accurate to a few ulp for every ``|z|`` up to
-  ~1e154, beyond which ``log Phi(z) = -z²/2`` itself overflows float64.
+  ``z <= -5`` (``_mills_tail``) and from the scaled complementary error function
+  ``erfcx`` for ``-5 < z <= -1`` (see ``_cdf_terms``), accurate to a few ulp
+  for every ``|z|`` up to ~1e154, beyond which ``log Phi(z) = -z²/2`` itself
+  overflows float64.
 * Probit and ordinal sites share one routine for ``Phi(hi) - Phi(lo)`` over an
   interval (``_interval_moments``); it never subtracts two tail probabilities
   directly (see its docstring).
@@ -34,12 +36,13 @@ import numpy as np
 
 from libc.math cimport (log, exp, sqrt, log1p, expm1, erf, erfc, fabs, floor, isfinite, isinf,
                         isnan, INFINITY)
-from scipy.special.cython_special cimport log_ndtr
+from scipy.special.cython_special cimport erfcx
 
 
 cdef double _LOG_SQRT_2PI = 0.91893853320467274178   # log(sqrt(2*pi))
 cdef double _SQRT1_2 = 0.70710678118654752440        # 1/sqrt(2)
 cdef double _SQRT_2PI = 2.50662827463100050242
+cdef double _SQRT_2_OVER_PI = 0.79788456080286535588   # sqrt(2/pi)
 cdef double _LOG_2PI = 1.83787706640934548356
 cdef double _PI_OVER_8 = 0.39269908169872415481
 # Below this, products of hazards and scales are formed in log space so that a
@@ -74,22 +77,16 @@ cdef inline double _log_npdf(double z) noexcept nogil:
 
 
 cdef inline double _mills_tail(double x) noexcept nogil:
-    """g(x) = N(x)/Phi(-x) - x for x >= 2 by the Laplace continued fraction.
+    """g(x) = N(x)/Phi(-x) - x for x >= 5 by the Laplace continued fraction.
 
     The Mills ratio R(x) = Phi(-x)/N(x) = 1/(x + 1/(x + 2/(x + 3/(x + ...)))),
     so N(x)/Phi(-x) = x + g(x) with g(x) = 1/(x + 2/(x + 3/(x + ...))). The
     fraction is evaluated backward; the term counts give relative error below
-    2e-16 for every x >= 2 (checked against mpmath in the tests).
+    2e-16 for every x >= 5 (checked against mpmath in the tests).
     """
     cdef int k, n_terms
     cdef double t = x
-    if x < 2.5:
-        n_terms = 120
-    elif x < 3.0:
-        n_terms = 90
-    elif x < 4.0:
-        n_terms = 60
-    elif x < 8.0:
+    if x < 8.0:
         n_terms = 40
     else:
         n_terms = 20
@@ -102,22 +99,40 @@ cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
                             double* hazard_plus_z) noexcept nogil:
     """log Phi(z), the hazard r = N(z)/Phi(z), and r + z, all to full precision.
 
-    For z <= -2 (x = -z): r = x + g(x) from the continued fraction, r + z = g(x)
-    and log Phi(z) = log N(z) - log r (no cancellation, valid while z² is finite).
-    Otherwise scipy's log_ndtr and r = N(z) / (erfc(-z/√2)/2) (both factors to
-    ~1 ulp); r + z cancels by at most a factor ~7 there.
+    * z <= -5 (x = -z): r = x + g(x) with g from the continued fraction, so
+      r + z = g(x) has no cancellation, and log Phi(z) = log N(z) - log r.
+    * -5 < z <= -1: Phi(z) = erfcx(x/√2) exp(-x²/2)/2, so r = √(2/π)/erfcx(x/√2)
+      to ~1 ulp and log Phi(z) = log(erfcx(x/√2)/2) - x²/2; r + z cancels by at
+      most a factor x²+1 <= 26 there (error <~ 30 eps).
+    * z > -1: Phi(z) = erfc(-z/√2)/2 (one erfc), log Phi from it (log1p of the
+      complementary mass for z > 1 so log Phi ≈ 0 keeps its relative precision),
+      r = N(z)/Phi(z); r + z is a sum of positive terms for z > 0 and cancels
+      by at most a factor ~2 for -1 < z <= 0.
     """
-    cdef double x, g, r
-    if z <= -2.0:
+    cdef double x, g, r, t, phi, upper
+    if z <= -5.0:
         x = -z
         g = _mills_tail(x)
         r = x + g
         hazard[0] = r
         hazard_plus_z[0] = g
         log_cdf[0] = -0.5 * x * x - _LOG_SQRT_2PI - log(r)
+    elif z <= -1.0:
+        x = -z
+        t = erfcx(x * _SQRT1_2)
+        r = _SQRT_2_OVER_PI / t
+        hazard[0] = r
+        hazard_plus_z[0] = r + z
+        log_cdf[0] = log(0.5 * t) - 0.5 * x * x
     else:
-        log_cdf[0] = log_ndtr(z)
-        r = exp(-0.5 * z * z) / (_SQRT_2PI * 0.5 * erfc(-z * _SQRT1_2))
+        if z > 1.0:
+            upper = 0.5 * erfc(z * _SQRT1_2)
+            phi = 1.0 - upper
+            log_cdf[0] = log1p(-upper)
+        else:
+            phi = 0.5 * erfc(-z * _SQRT1_2)
+            log_cdf[0] = log(phi)
+        r = exp(-0.5 * z * z - _LOG_SQRT_2PI) / phi
         hazard[0] = r
         hazard_plus_z[0] = r + z
 

@@ -1,0 +1,227 @@
+"""Weight-space EP with k-output factors (Minka, "EP: a quick reference", §3).
+
+``RankKEP`` fits the Gaussian approximation ``N(w; m, V)`` to
+
+    p(w | Y) ∝ N(w; m0, V0) prod_i t_i(X_i^T w),
+
+where each factor sees a k-dimensional projection ``z_i = X[i] @ w`` (``X`` of
+shape (n, k, d)).  The work is done by the compiled engine
+``fastep._epcore.rank_k_ep``.
+"""
+import warnings
+
+import numpy as np
+
+from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
+from fastep._epcore.sites import SiteSpec
+from fastep.exceptions import ConvergenceWarning
+from fastep.likelihoods import Likelihood
+from fastep._threading import sweep_blas_threads
+
+__all__ = ["RankKEP", "ConvergenceWarning"]
+
+
+def _as_float_array(value, name, ndim):
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise TypeError(f"{name} must be array-like of numbers") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} must be real, got complex values")
+    arr = np.array(arr, dtype=np.float64, order='C')   # a copy: never aliases user data
+    if arr.ndim not in ndim:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndim))} dimensions, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+    return arr
+
+
+def _check_spd(mat, name):
+    scale = max(float(np.max(np.abs(mat))), np.finfo(float).tiny)
+    if np.max(np.abs(mat - mat.T)) > 1e-10 * scale:
+        raise ValueError(f"{name} must be symmetric")
+    mat = 0.5 * (mat + mat.T)
+    try:
+        np.linalg.cholesky(mat)
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{name} must be positive definite") from None
+    return mat
+
+
+class RankKEP:
+    """Gaussian EP over weights with rank-k (k-output) likelihood factors.
+
+    Parameters
+    ----------
+    likelihood : {'gaussian'} or fastep.likelihoods.Likelihood or SiteSpec or RankKLikelihood
+        ``'gaussian'``: ``t_i(z) = N(y_i | z, noise_cov)`` (exact, EP equals the
+        conjugate posterior).  A 1-D ``Likelihood`` (e.g. ``Probit()``) or ``SiteSpec``:
+        product of that likelihood over the k outputs (moments exact for diagonal
+        cavities, else Gauss-Hermite with ``n_nodes`` per output; the quadrature
+        supports probit, logistic and Gaussian).  A ready ``RankKLikelihood`` is used
+        as is.
+    noise_cov : array_like (k, k), optional
+        Noise covariance for ``'gaussian'``; identity when omitted.
+    n_nodes : int, default 20
+        Gauss-Hermite nodes per output for a correlated product cavity.
+    prior_mean : array_like (d,), optional
+        Zero when omitted.
+    prior_cov : float or array_like (d,) or (d, d), optional
+        Scalar variance, diagonal, or full SPD matrix; identity when omitted.
+    damping : float in (0, 1], default 1.0
+    tol : float, default 1e-8
+        Largest absolute change of a site natural parameter in a sweep.
+    max_sweeps : int, default 200
+    refresh_every : int, default 1
+        Sweeps between rebuilds of V, m from the sites (0: never).
+
+    Attributes
+    ----------
+    posterior_mean_ : ndarray (d,)
+    posterior_cov_ : ndarray (d, d)
+    site_precision_ : ndarray (n, k, k)
+    site_natural_mean_ : ndarray (n, k)
+    log_evidence_ : float
+        EP approximation of log p(Y) (Minka eqs 48-49, 109-110).
+    n_sweeps_ : int
+    converged_ : bool
+    n_skipped_ : int
+        Factor updates skipped because they would make a cavity or the posterior improper.
+    """
+
+    def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
+                 prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1):
+        self.likelihood = likelihood
+        self.noise_cov = noise_cov
+        self.n_nodes = n_nodes
+        self.prior_mean = prior_mean
+        self.prior_cov = prior_cov
+        self.damping = damping
+        self.tol = tol
+        self.max_sweeps = max_sweeps
+        self.refresh_every = refresh_every
+
+    def get_params(self, deep=True):
+        """Constructor parameters as a dict."""
+        return {name: getattr(self, name) for name in (
+            'likelihood', 'noise_cov', 'n_nodes', 'prior_mean', 'prior_cov', 'damping', 'tol',
+            'max_sweeps', 'refresh_every')}
+
+    def _build_likelihood(self, k):
+        lik = self.likelihood
+        if isinstance(lik, RankKLikelihood):
+            if lik.kind == 0 and lik.k != k:
+                raise ValueError(f"likelihood has k = {lik.k} outputs but Y has {k} columns")
+            return lik
+        if isinstance(lik, (SiteSpec, Likelihood)):
+            if isinstance(lik, Likelihood):
+                lik = lik.site_spec()
+            n_nodes = self.n_nodes
+            if isinstance(n_nodes, bool) or not isinstance(n_nodes, (int, np.integer)) or n_nodes < 1:
+                raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
+            return RankKLikelihood.product(lik, int(n_nodes))
+        if isinstance(lik, str):
+            if lik != 'gaussian':
+                raise ValueError(f"likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
+                                 f"got {lik!r}")
+            if self.noise_cov is None:
+                R = np.eye(k)
+            else:
+                R = _as_float_array(self.noise_cov, "noise_cov", (2,))
+                if R.shape != (k, k):
+                    raise ValueError(f"noise_cov must have shape ({k}, {k}), got {R.shape}")
+                R = _check_spd(R, "noise_cov")
+            return RankKLikelihood.mvgaussian(R)
+        raise TypeError("likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
+                        f"got {type(lik).__name__}")
+
+    def _check_options(self):
+        damping, tol = self.damping, self.tol
+        if not isinstance(damping, (int, float, np.floating)) or not (0.0 < damping <= 1.0):
+            raise ValueError(f"damping must be in (0, 1], got {damping!r}")
+        if not isinstance(tol, (int, float, np.floating)) or not (tol >= 0.0):
+            raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+        for name in ('max_sweeps', 'refresh_every'):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+    def fit(self, X, Y):
+        """Run EP to convergence.
+
+        Parameters
+        ----------
+        X : array_like, shape (n, k, d)
+            ``X[i] = X_i^T``: factor i sees ``z_i = X[i] @ w``.
+        Y : array_like, shape (n, k)
+            Targets / labels (shape (n,) accepted when k = 1).
+
+        Returns
+        -------
+        self
+        """
+        self._check_options()
+        X = _as_float_array(X, "X", (3,))
+        n, k, d = X.shape
+        if n < 1 or k < 1 or d < 1:
+            raise ValueError(f"X must have n, k, d >= 1, got shape {X.shape}")
+        Y = _as_float_array(Y, "Y", (1, 2))
+        if Y.ndim == 1 and k == 1:
+            Y = Y.reshape(-1, 1)
+        if Y.shape != (n, k):
+            raise ValueError(f"Y must have shape ({n}, {k}) to match X, got {Y.shape}")
+        if self.prior_mean is None:
+            m0 = np.zeros(d)
+        else:
+            m0 = _as_float_array(self.prior_mean, "prior_mean", (1,))
+            if m0.shape != (d,):
+                raise ValueError(f"prior_mean must have shape ({d},), got {m0.shape}")
+        if self.prior_cov is None:
+            V0 = np.eye(d)
+        else:
+            V0 = _as_float_array(self.prior_cov, "prior_cov", (0, 1, 2))
+            if V0.ndim == 0:
+                V0 = float(V0) * np.eye(d)
+            elif V0.ndim == 1:
+                if V0.shape != (d,):
+                    raise ValueError(f"prior_cov given as a diagonal must have shape ({d},), got {V0.shape}")
+                V0 = np.diag(V0)
+            elif V0.shape != (d, d):
+                raise ValueError(f"prior_cov must have shape ({d}, {d}), got {V0.shape}")
+            V0 = _check_spd(V0, "prior_cov")
+        likelihood = self._build_likelihood(k)
+        if isinstance(self.likelihood, Likelihood):
+            try:
+                Y = np.ascontiguousarray(self.likelihood.encode_targets(Y.ravel()).reshape(n, k))
+            except ValueError as exc:
+                raise ValueError(f"Y (flattened row-major): {exc}") from None
+
+        site_precision = np.zeros((n, k, k))
+        site_natural_mean = np.zeros((n, k))
+        post_mean = np.empty(d)
+        post_cov = np.empty((d, d))
+        with sweep_blas_threads(d):
+            info = run_rank_k_ep(X, Y, m0, V0, likelihood, site_precision, site_natural_mean, post_mean,
+                                 post_cov, damping=float(self.damping), tol=float(self.tol),
+                                 max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
+            log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
+
+        self.posterior_mean_ = post_mean
+        self.posterior_cov_ = post_cov
+        self.site_precision_ = site_precision
+        self.site_natural_mean_ = site_natural_mean
+        self.log_evidence_ = log_evidence
+        self.n_sweeps_ = info['n_sweeps']
+        self.converged_ = info['converged']
+        self.n_skipped_ = info['n_skipped']
+        if not self.converged_:
+            if info['n_skipped_last_sweep'] > 0:
+                reason = (f"{info['n_skipped_last_sweep']} factor update(s) skipped in the last sweep "
+                          "because they would make a cavity or the posterior improper")
+            else:
+                reason = f"last max change {info['max_change']:.3g} > tol={self.tol}"
+            warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
+                          ConvergenceWarning, stacklevel=2)
+        return self

@@ -1,0 +1,31 @@
+"""The installed .pxd files let downstream Cython code cimport the compiled kernels."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import Cython  # noqa: F401  (part of the test extras: the downstream compiler)
+
+import fastep
+
+
+def test_downstream_cython_can_cimport_the_kernels(tmp_path):
+    package_root = os.path.dirname(os.path.dirname(fastep.__file__))  # site-packages
+    src = tmp_path / "downstream.pyx"
+    src.write_text(textwrap.dedent("""
+        # cython: language_level=3
+        from fastep._epcore._blas cimport syr, symv, potrf
+        from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, LIK_PROBIT, SITE_OK
+
+        def probit_log_z(SiteSpec spec, double y, double mean, double var):
+            cdef double log_z, alpha, beta
+            cdef int status
+            with nogil:
+                status = site_moments(&spec.model, y, mean, var, &log_z, &alpha, &beta)
+            return status, log_z
+    """))
+    res = subprocess.run(
+        [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "out.c").stat().st_size > 0
