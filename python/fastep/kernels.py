@@ -66,7 +66,11 @@ Memory
 ``kernel.diag(X)`` works in O(n d) without forming any n×n array;
 ``kernel(X, eval_gradient=True)`` returns the full (n, n, n_theta) array; for
 O(n²) memory use ``kernel.gradient(X, i)`` (one parameter) or
-``kernel.gradient_iter(X)`` (one n×n derivative at a time).
+``kernel.gradient_iter(X)`` (one n×n derivative at a time). Peak n×n arrays
+alive, besides the result: about 2 for K of RBF/Linear, 4 for K of MLP; while
+differentiating, 3 for RBF and 7 for MLP (shared intermediates P = XAXᵀ,
+sqrt(N), atan2 argument, scale factor, two work buffers), plus, for a product
+of kernels, the product of the other factors.
 
 Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
 takes numpy's syrk path and is exactly symmetric), after subtracting the mean
@@ -251,9 +255,10 @@ def _check_index(index, n_theta):
 class Kernel:
     """Base class of all kernels: the public API, shared by leaves and composites.
 
-    Subclasses implement ``_K(X, Y)``, ``_diag(X)``, ``_grads(X, slots, K)``
-    (a generator of dK/dθ_s for the requested unconstrained indices, each a fresh
-    array) and optionally ``_value_and_gradient(X, dK_out)``.
+    Subclasses implement ``_K(X, Y)``, ``_diag(X)``, ``_grads(X, slots)`` (a
+    generator of dK/dθ_s for the requested unconstrained indices, each a fresh
+    array) and ``_value_and_gradient(X, dK_out)`` (K, with dK written into
+    ``dK_out``, sharing intermediate results between the two).
     """
 
     # ---- public parameter API -------------------------------------------------------------
@@ -326,7 +331,7 @@ class Kernel:
         """∂K(X, X)/∂theta[index] as an (n, n) array (one parameter; O(n²) memory)."""
         X = self._validate_X(X, "X")
         index = _check_index(index, self.n_theta)
-        return next(self._grads(X, [index], None))
+        return next(self._grads(X, [index]))
 
     def gradient_iter(self, X):
         """Iterator over ∂K(X, X)/∂theta[i], i = 0 .. n_theta-1, one fresh (n, n) array at a time.
@@ -335,13 +340,7 @@ class Kernel:
         leaf kernel; the caller may modify or discard each array.
         """
         X = self._validate_X(X, "X")
-        return self._grads(X, list(range(self.n_theta)), None)
-
-    def _value_and_gradient(self, X, dK_out):
-        K = self._K(X, None)
-        for i, g in enumerate(self._grads(X, list(range(dK_out.shape[2])), K)):
-            dK_out[:, :, i] = g
-        return K
+        return self._grads(X, list(range(self.n_theta)))
 
     # ---- input checks ------------------------------------------------------------------------
     @property
@@ -575,15 +574,29 @@ class _Leaf(Kernel):
         return f"{type(self).__name__}({', '.join(parts)})"
 
     # ---- gradients ---------------------------------------------------------------------------
-    def _grads(self, X, slots, K):
+    def _grads(self, X, slots, state=None):
         all_slots = self._slots()
         pairs = [all_slots[s] for s in slots]
-        for (name, j), g in zip(pairs, self._grads_constrained(X, pairs, K)):
+        for (name, j), g in zip(pairs, self._grads_constrained(X, pairs, state)):
             g *= self._dxdt(name, j)
             yield g
 
-    def _grads_constrained(self, X, pairs, K):  # pragma: no cover - abstract
-        """Yield ∂K/∂x for each (name, element) pair: fresh arrays."""
+    def _value_and_gradient(self, X, dK_out):
+        state = self._grad_state(X)
+        K = self._K_from_state(X, state)
+        for i, g in enumerate(self._grads(X, list(range(dK_out.shape[2])), state)):
+            dK_out[:, :, i] = g
+        return K
+
+    def _grad_state(self, X):
+        """Intermediate results shared by K(X, X) and its derivatives (None: nothing to share)."""
+        return None
+
+    def _K_from_state(self, X, state):
+        return self._K(X, None)
+
+    def _grads_constrained(self, X, pairs, state):  # pragma: no cover - abstract
+        """Yield ∂K/∂x for each (name, element) pair: fresh arrays (``state`` may be None)."""
         raise NotImplementedError
 
 
@@ -638,7 +651,7 @@ class Linear(_Leaf):
     def _diag(self, X):
         return self._value("variance") * _row_sq_norms(X)
 
-    def _grads_constrained(self, X, pairs, K):
+    def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
             yield _gram(X)
 
@@ -675,7 +688,7 @@ class LinearARD(_ARDMixin, _Leaf):
     def _diag(self, X):
         return self._value("variance") * (X * X) @ self._column_scales()
 
-    def _grads_constrained(self, X, pairs, K):
+    def _grads_constrained(self, X, pairs, state):
         v = self._value("variance")
         for name, j in pairs:
             if name == "variance":
@@ -726,10 +739,16 @@ class RBF(_Leaf):
     def _diag(self, X):
         return np.full(X.shape[0], self._value("variance"))
 
-    def _grads_constrained(self, X, pairs, K):
-        v, gamma = self._value("variance"), self._value("inverse_width")
+    def _grad_state(self, X):
         D = self._sqdist(X, None)
-        E = np.exp(-0.5 * gamma * D)
+        return D, np.exp(-0.5 * self._value("inverse_width") * D)
+
+    def _K_from_state(self, X, state):
+        return state[1] * self._value("variance")
+
+    def _grads_constrained(self, X, pairs, state):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D, E = self._grad_state(X) if state is None else state
         for name, j in pairs:
             if name == "variance":
                 yield E.copy()
@@ -860,66 +879,63 @@ class MLP(_Leaf):
         s = w * _row_sq_norms(Z) + b
         return _TWO_OVER_PI * self._value("variance") * np.arctan2(s, np.sqrt(2.0 * s + 1.0))
 
-    def _grads_constrained(self, X, pairs, K):
-        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+    def _grad_state(self, X):
+        w, b = self._value("weight_variance"), self._value("bias_variance")
         P, nx, ny, d, e, root = self._parts(X, None)
-        a = w * P + b
+        a = P * w
+        a += b
+        return P, nx, ny, d, e, root, a
+
+    def _K_from_state(self, X, state):
+        a, root = state[6], state[5]
+        K = np.arctan2(a, root)
+        K *= _TWO_OVER_PI * self._value("variance")
+        return K
+
+    def _grads_constrained(self, X, pairs, state):
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, n, _, d, _, root, a = self._grad_state(X) if state is None else state
+        # K(X, X) is symmetric (n = |x|², d = n w + b + 1 for both arguments): each numerator
+        # of the class docstring is M + Mᵀ with M below, which also makes dK exactly symmetric.
         Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
-        Q /= 2.0 * np.multiply.outer(d, e)         # ... / (2 d e)
+        Q /= 2.0 * np.multiply.outer(d, d)         # ... / (2 d d')
+        M = np.empty_like(P)
+        tmp = None
         for name, j in pairs:
             if name == "variance":
                 g = np.arctan2(a, root)
                 g *= _TWO_OVER_PI
-            elif name == "weight_variance":
-                g = P - nx[:, None]
-                g *= b
-                g += P
-                g *= e[None, :]
-                h = P - ny[None, :]
-                h *= b
-                h += P
-                h *= d[:, None]
-                g += h
-                del h
-                g *= Q
-            elif name == "bias_variance":
-                g = ny[None, :] - P
-                g *= w
-                g += 1.0
-                g *= d[:, None]
-                h = nx[:, None] - P
-                h *= w
-                h += 1.0
-                h *= e[None, :]
-                g += h
-                del h
-                g *= Q
-            else:
-                cols = self._columns_of(j)
-                Xg = np.ascontiguousarray(X[:, cols])
-                Pg = _gram(Xg)
+                yield g
+                continue
+            if name == "weight_variance":           # M_ij = d_j (P_ij + b (P_ij - n_i))
+                np.subtract(P, n[:, None], out=M)
+                M *= b
+                M += P
+                M *= d[None, :]
+            elif name == "bias_variance":           # M_ij = d_i (1 + w (n_j - P_ij))
+                np.subtract(n[None, :], P, out=M)
+                M *= w
+                M += 1.0
+                M *= d[:, None]
+            else:                                   # M_ij = w d_j T_ij, T as in the class docstring
+                Pg = _gram(np.ascontiguousarray(X[:, self._columns_of(j)]))
                 ng = np.diag(Pg).copy()
-                g = self._ard_term(P, Pg, nx, ng, w, b)
-                g *= e[None, :]
-                h = self._ard_term(P.T, Pg.T, ny, ng, w, b).T
-                h *= d[:, None]
-                g += h
-                del h
-                g *= w
-                g *= Q
+                if tmp is None:
+                    tmp = np.empty_like(P)
+                np.multiply(Pg, n[:, None], out=M)
+                np.multiply(P, ng[:, None], out=tmp)
+                M -= tmp
+                M *= w
+                np.subtract(Pg, ng[:, None], out=tmp)
+                tmp *= b
+                M += tmp
+                M += Pg
+                del Pg
+                M *= d[None, :]
+                M *= w
+            g = M + M.T
+            g *= Q
             yield g
-
-    @staticmethod
-    def _ard_term(P, Pg, n, ng, w, b):
-        """T = w (n_i Pg - P ng_i) + b (Pg - ng_i) + Pg (row i indexes the first argument)."""
-        T = Pg * n[:, None]
-        T -= P * ng[:, None]
-        T *= w
-        U = Pg - ng[:, None]
-        U *= b
-        T += U
-        T += Pg
-        return T
 
 
 class MLPARD(_ARDMixin, MLP):
@@ -965,7 +981,7 @@ class White(_Leaf):
     def _diag(self, X):
         return np.full(X.shape[0], self._value("variance"))
 
-    def _grads_constrained(self, X, pairs, K):
+    def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
             yield np.eye(X.shape[0])
 
@@ -985,7 +1001,7 @@ class Bias(_Leaf):
     def _diag(self, X):
         return np.full(X.shape[0], self._value("variance"))
 
-    def _grads_constrained(self, X, pairs, K):
+    def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
             yield np.ones((X.shape[0], X.shape[0]))
 
@@ -1114,9 +1130,9 @@ class Sum(_Composite):
             out = out + k._diag(X)
         return out
 
-    def _grads(self, X, slots, K):
+    def _grads(self, X, slots, state=None):
         for c, local in self._runs(slots):
-            yield from self.kernels[c]._grads(X, local, None)
+            yield from self.kernels[c]._grads(X, local)
 
     def _value_and_gradient(self, X, dK_out):
         K = None
@@ -1161,10 +1177,10 @@ class Product(_Composite):
                 other *= k._K(X, None)
         return other
 
-    def _grads(self, X, slots, K):
+    def _grads(self, X, slots, state=None):
         for c, local in self._runs(slots):
             other = self._others(X, c)
-            for g in self.kernels[c]._grads(X, local, None):
+            for g in self.kernels[c]._grads(X, local):
                 if other is not None:
                     g *= other
                 yield g
