@@ -4,6 +4,11 @@ Public API
 ----------
 LinearEPClassifier, LinearEPRegressor
     Bayesian linear models fitted by weight-space Gaussian EP (Minka §1).
+GaussianProcessClassifier, GaussianProcessRegressor
+    Gaussian-process models fitted by dense kernel-space EP (Minka §2), with evidence
+    gradients and hyperparameter learning.
+fastep.kernels
+    Covariance functions with exact gradients.
 RankKEP
     Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3).
 fastep.likelihoods
@@ -13,9 +18,10 @@ fastep.reference
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import likelihoods
+from . import kernels, likelihoods
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
+from .gp import GaussianProcessClassifier, GaussianProcessRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .multioutput import RankKEP
 
@@ -25,7 +31,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
-    "__version__", "likelihoods", "ConvergenceWarning", "NotFittedError",
+    "__version__", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
+    "GaussianProcessClassifier", "GaussianProcessRegressor",
 ]

@@ -79,7 +79,8 @@ def _new_site(y_i, moments, tau_cav, nu_cav, tau_old, nu_old, damping, negative_
         return "failed", tau_old, nu_old, None, None, None
     cav_var = 1.0 / tau_cav
     cav_mean = nu_cav * cav_var
-    log_z, alpha, beta = (float(np.asarray(v)) for v in moments(y_i, cav_mean, cav_var))
+    log_z, alpha, beta = (float(np.asarray(v).reshape(-1)[0])
+                          for v in moments(np.array([y_i]), np.array([cav_mean]), np.array([cav_var])))
     if not (np.isfinite(log_z) and np.isfinite(alpha) and np.isfinite(beta)):
         return "failed", tau_old, nu_old, None, None, None
     var_hat = cav_var - cav_var**2 * beta
