@@ -1,1 +1,76 @@
 # cython: language_level=3
+"""Dense GP EP (Minka §2, eqs 77-88; R&W Alg. 3.5 Σ form): nogil building blocks (see gp_ep.pyx).
+
+State (all row-major, n = number of sites = size of the kernel matrix K):
+
+* ``post_cov`` (n x n): the posterior covariance Σ = (K⁻¹ + S̃)⁻¹; during sweeps only its
+  LOWER triangle is kept current (as in linear_ep).  During a refactorisation it holds the
+  Cholesky factor L of B = I + S̃^½ K S̃^½ until Σ is formed.
+* ``post_mean`` (n): μ = Σ ν̃.
+* ``post_diag`` (n): diag Σ where a routine says so (parallel iterations and entropy order).
+* sites ``site_precision[i] = τ̃_i >= 0`` and ``site_natural_mean[i] = ν̃_i``.
+* ``work`` (n x n): the one scratch matrix: V = L⁻¹ S̃^½ K after a refactorisation, the
+  stored (scaled) columns of a block during a blocked sweep.
+
+Every routine here is ``noexcept nogil`` and does no allocation.
+"""
+from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats
+
+
+cpdef enum GPSchedule:
+    SCHEDULE_SEQUENTIAL = 0  # one dsyr per site (plain rank-1 path, the cross-check)
+    SCHEDULE_PARALLEL = 1    # all sites from one posterior, then refactorise (damping advised)
+    SCHEDULE_BLOCKED = 2     # delayed rank-1 updates folded in with syrk every block_size sites
+
+cpdef enum GPOrder:
+    ORDER_FIXED = 0          # 0, 1, ..., n-1
+    ORDER_RANDOM = 1         # a fresh seeded permutation each sweep (splitmix64 + Fisher-Yates)
+    ORDER_ENTROPY = 2        # greedy: most negative entropy change first (Minka eq 86)
+
+
+# --- order ------------------------------------------------------------------------------
+cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil
+
+cdef void random_permutation(int n, int* perm, unsigned long long* state) noexcept nogil
+
+cdef double entropy_score(const SiteModel* model, double y, double post_var, double post_mean,
+                          double site_precision_i, double site_natural_mean_i) noexcept nogil
+
+cdef int entropy_pick(const SiteModel* model, const double* y, int n,
+                      const double* site_precision, const double* site_natural_mean,
+                      const double* post_diag, const double* post_mean,
+                      const unsigned char* done) noexcept nogil
+
+# --- sweeps -----------------------------------------------------------------------------
+cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
+                              double* site_precision, double* site_natural_mean,
+                              double* post_cov, double* post_mean,
+                              const int* perm, bint entropy, double* post_diag, unsigned char* done,
+                              double* col, const SiteUpdateOptions* opts,
+                              SweepStats* stats) noexcept nogil
+
+cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
+                           double* site_precision, double* site_natural_mean,
+                           double* post_cov, double* post_mean,
+                           const int* perm, bint entropy, double* post_diag, unsigned char* done,
+                           int block_size, double* rows, double* small, double* col,
+                           const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+
+cdef void gp_parallel_update(const SiteModel* model, const double* y, int n,
+                             double* site_precision, double* site_natural_mean,
+                             const double* post_diag, const double* post_mean,
+                             const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+
+# --- refactorisation and evidence -------------------------------------------------------
+cdef int gp_refactor(const double* K, int n, const double* site_precision,
+                     const double* site_natural_mean, double* post_cov, double* post_mean,
+                     double* post_diag, double* work, double* sqrt_prec,
+                     double* log_chol_diag_sum, bint form_cov) noexcept nogil
+
+cdef void gp_form_covariance(const double* K, int n, const double* V, double* post_cov) noexcept nogil
+
+cdef double gp_log_z(const SiteModel* model, const double* y, int n,
+                     const double* site_precision, const double* site_natural_mean,
+                     const double* post_diag, const double* post_mean,
+                     double log_chol_diag_sum, int* bad_site) noexcept nogil

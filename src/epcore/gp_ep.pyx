@@ -1,2 +1,1029 @@
 # cython: language_level=3
-"""Dense GP EP engine (placeholder until it lands)."""
+"""Dense Gaussian-process EP (Minka, "EP: a quick reference", §2; R&W Alg. 3.5, Σ form).
+
+Model
+-----
+Prior ``f ~ N(0, K)`` (``K`` n x n, symmetric PSD), one site per latent value,
+``t~_i(f_i) ∝ exp(-τ_i f_i²/2 + ν_i f_i)``, with
+
+* ``site_precision[i]    = τ_i = 1/v_i``   (Minka's ``v_i``, eq 73),
+* ``site_natural_mean[i] = ν_i = m_i/v_i`` (the natural parameter of eq 83),
+
+zeros meaning "no information yet", so a cold start and a warm start are the
+same code.  The posterior is ``q(f) = N(μ, Σ)`` with the invariant
+
+    Σ = (K⁻¹ + S)⁻¹ = K - K S^½ B⁻¹ S^½ K,   B = I + S^½ K S^½,   μ = Σ ν,
+
+``S = diag(τ)`` (Σ is Minka's ``A`` of eq 74 with ``C = K`` and ``Λ = S⁻¹``;
+``μ`` is eq 77).  Only ``τ >= 0`` is supported (so ``B`` is SPD): the
+negative-precision policies are linear_ep's ``NEGATIVE_CLIP`` (default) and
+``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is rejected.
+
+One site update
+---------------
+The GP site update is linear EP's natural-form update with ``x_i = e_i``,
+``V = Σ``, ``m = μ``, so it reuses ``linear_ep.site_step`` (one code path for the
+site algebra): from ``Σ_ii`` and ``μ_i`` it forms the cavity
+``λ_i = Σ_ii / (1 - Σ_ii τ_i)`` (eq 79) and ``h_i = μ_i + λ_i (τ_i μ_i - ν_i)``
+(eq 78), calls the site kernel for ``(log Ẑ_i, α_i, β_i)``, sets the target
+site ``τ* = β/(1 - λβ)`` (eq 81), ``ν* = (α + β h)/(1 - λβ)`` (eqs 82-83),
+applies damping and the negative-precision policy, and returns the coefficients
+of the rank-1 update with ``u = Σ[:, i]`` (before the update):
+
+    Σ += c u uᵀ,  c = -Δτ / (1 + Σ_ii Δτ)           (eqs 84-85: δ = 1/Δτ)
+    μ += m u,     m = (Δν - μ_i Δτ) / (1 + Σ_ii Δτ).
+
+Schedules (``schedule``)
+------------------------
+``SCHEDULE_SEQUENTIAL`` (the cross-check): per site, read ``Σ_ii`` and ``μ_i``,
+``site_step``, copy column ``i`` out of the lower triangle, one ``dsyr`` on the
+lower triangle and one ``daxpy`` on ``μ``.  O(n²) memory traffic per site.
+
+``SCHEDULE_BLOCKED`` (default): the rank-1 updates of ``k = block_size``
+consecutive sites (in the sweep's order) are delayed.  With ``Σ₀`` the
+covariance at the start of the block and ``U`` the stored columns
+``sqrt|c_r| u_r`` of the block's updated sites (positive coefficients stored
+from the top of the work array, negative ones from the bottom)
+
+    Σ_current[:, i] = Σ₀[:, i] + U_posᵀ U_pos[:, i] - U_negᵀ U_neg[:, i],
+
+so ``Σ_ii`` costs O(k) and the column (needed only if the site changes) one
+small ``gemv`` per sign; ``μ`` is updated at once (``daxpy``).  After ``k``
+sites, ``U C Uᵀ`` is folded into Σ by two BLAS-3 ``syrk`` (positive and
+negative parts).  Same arithmetic as the sequential schedule up to rounding.
+
+``SCHEDULE_PARALLEL``: each iteration computes every cavity from ``diag Σ``
+and ``μ`` of the same posterior, updates all sites (damped; ``site_step`` with
+``xVx = Σ_ii``, ``xm = μ_i``, its coefficients ignored), then refactorises.
+Between iterations only ``diag Σ`` and ``μ`` are formed (no ``syrk``); the full
+Σ is formed once at the end.  Undamped parallel EP can oscillate; damping 0.5
+is the usual choice.
+
+Orders (``order``; the parallel schedule ignores it)
+----------------------------------------------------
+``ORDER_FIXED``: 0..n-1.  ``ORDER_RANDOM``: a fresh permutation every sweep
+(Fisher-Yates driven by a splitmix64 generator seeded with ``seed``; the same
+seed gives the same run).  ``ORDER_ENTROPY``: every site is still updated once
+per sweep; at each step the site, among those not yet updated in this sweep,
+with the most negative differential-entropy change (Minka eq 86, Seeger 2002)
+
+    ΔH_i = ½ log((1 - λ_i β_i) / (1 - Σ_ii τ_i))
+
+is taken next (ties go to the lowest index; sites whose cavity is improper or
+whose kernel fails score +inf).  This costs n site-kernel calls per step, i.e.
+O(n²) kernel calls per sweep, and keeps ``diag Σ`` current in a vector.
+
+Refactorisation (after every sweep / parallel iteration, and at the start)
+--------------------------------------------------------------------------
+``s = sqrt(τ)``; ``B = I + diag(s) K diag(s)`` (lower triangle, in
+``post_cov``); ``L = chol(B)`` (``potrf``); ``V = L⁻¹ diag(s) K`` (``trsm``, in
+the work array); ``diag Σ = diag K - column norms² of V``;
+``μ = K ν - Vᵀ (V ν)``; and, unless only the diagonal is needed (parallel
+iterations), ``Σ = K - VᵀV`` (``syrk``).  About n³/3 + n³ (+ n³) flops.  If
+every ``τ_i = 0`` then ``Σ = K`` and ``μ = K ν`` directly.  This removes the
+drift of the rank-1 updates and gives ``log |B| = 2 Σ_i log L_ii`` for the
+evidence.  A failing ``potrf`` means ``K`` is not PSD (numerically):
+``numpy.linalg.LinAlgError``.
+
+Log marginal likelihood (eqs 87-88, stable form from the Cholesky of B)
+-----------------------------------------------------------------------
+With the cavities ``τ₋ = 1/Σ_ii - τ_i``, ``ν₋ = μ_i/Σ_ii - ν_i`` and
+``log Ẑ_i`` from the site kernel at the cavity ``N(ν₋/τ₋, 1/τ₋)``:
+
+    log Z_EP = Σ_i log Ẑ_i - Σ_i log L_ii + ½ νᵀΣν
+               + ½ Σ_i ν₋_i (τ_i/τ₋_i ν₋_i - 2 ν_i) / (τ_i + τ₋_i)
+               - ½ Σ_i ν_i² / (τ₋_i + τ_i) + ½ Σ_i log(1 + τ_i/τ₋_i)
+
+(R&W eq 3.65 / GPML ``infEP``, = Minka eq 88 with the site scales ``s_i``).
+Given ``Σ log L_ii``, ``diag Σ`` and ``μ`` it is O(n), so it is evaluated at
+every refactorisation.  For a Gaussian likelihood it equals
+``log N(y; 0, K + σ² I)`` at the fixed point.
+
+Convergence
+-----------
+After each sweep (after its refactorisation): ``max_change`` is the larger of
+``max_i |Δτ_i| / max(1, |τ_i|)`` and ``max_i |Δν_i| / max(1, |ν_i|)`` over the
+sites updated in the sweep (linear_ep's SweepStats); the run has converged when
+``max_change < tol``, ``|Δ log Z| < tol max(1, |log Z|)`` and no site failed in
+that sweep.
+
+Memory
+------
+At most three n x n arrays are alive: ``K`` (input), ``post_cov`` and one work
+array owned by the engine (``V`` after a refactorisation, the block's stored
+columns during a blocked sweep).  Everything heavy runs with the GIL released.
+
+Measured cost
+-------------
+(Figures and the choice of the default block size: see ``auto_block_size``.)
+"""
+import numpy as np
+
+from libc.math cimport sqrt, log, log1p, fabs, isfinite, INFINITY, NAN
+from libc.string cimport memset
+from fastep._epcore._blas cimport (
+    daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, potrf, symmetrize,
+)
+from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
+from fastep._epcore.linear_ep cimport (
+    site_step, SiteUpdateOptions, SweepStats, UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
+    NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
+)
+
+# Module-level integer constants (SCHEDULE_*, ORDER_*) and the supported policies for Python
+# callers; Cython exposes the cpdef enums of gp_ep.pxd only as classes.
+for _enum_class in (GPSchedule, GPOrder):
+    for _member in _enum_class:
+        globals()[_member.name] = int(_member)
+del _enum_class, _member
+globals().update(NEGATIVE_CLIP=int(NEGATIVE_CLIP), NEGATIVE_SKIP=int(NEGATIVE_SKIP),
+                 NEGATIVE_ALLOW=int(NEGATIVE_ALLOW))
+
+# Relative asymmetry of K accepted by the input check (|K_ij - K_ji| <= this * max_i K_ii).
+cdef double _SYMMETRY_RTOL = 1e-8
+
+
+# --------------------------------------------------------------------------- #
+# order
+# --------------------------------------------------------------------------- #
+
+cdef unsigned long long _GOLDEN = (<unsigned long long>0x9E3779B9 << 32) | <unsigned long long>0x7F4A7C15
+cdef unsigned long long _MIX1 = (<unsigned long long>0xBF58476D << 32) | <unsigned long long>0x1CE4E5B9
+cdef unsigned long long _MIX2 = (<unsigned long long>0x94D049BB << 32) | <unsigned long long>0x133111EB
+
+
+cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil:
+    """Next output of Steele-Lea-Flood's splitmix64 generator (state advanced in place)."""
+    cdef unsigned long long z
+    state[0] += _GOLDEN
+    z = state[0]
+    z = (z ^ (z >> 30)) * _MIX1
+    z = (z ^ (z >> 27)) * _MIX2
+    return z ^ (z >> 31)
+
+
+cdef void random_permutation(int n, int* perm, unsigned long long* state) noexcept nogil:
+    """A uniformly random permutation of 0..n-1 (Fisher-Yates; modulo bias < n / 2**64)."""
+    cdef int i, j, tmp
+    for i in range(n):
+        perm[i] = i
+    for i in range(n - 1, 0, -1):
+        j = <int>(splitmix64_next(state) % <unsigned long long>(i + 1))
+        tmp = perm[i]
+        perm[i] = perm[j]
+        perm[j] = tmp
+
+
+cdef double entropy_score(const SiteModel* model, double y, double post_var, double post_mean,
+                          double site_precision_i, double site_natural_mean_i) noexcept nogil:
+    """ΔH_i = ½ log((1 - λ_i β_i) / (1 - Σ_ii τ_i)) of updating site i now (Minka eq 86).
+
+    +inf when the cavity is improper, the kernel fails or the tilted variance is not > 0
+    (such sites are not preferred).
+    """
+    cdef double denom = 1.0 - site_precision_i * post_var
+    cdef double lam, cavity_mean, log_z = 0.0, alpha = 0.0, beta = 0.0, num
+    if not (denom > 0.0 and post_var > 0.0 and isfinite(post_var) and isfinite(post_mean)):
+        return INFINITY
+    lam = post_var / denom                                                   # eq 79
+    cavity_mean = post_mean + lam * (site_precision_i * post_mean - site_natural_mean_i)  # eq 78
+    if site_moments(model, y, cavity_mean, lam, &log_z, &alpha, &beta) != 0 or not isfinite(beta):
+        return INFINITY
+    num = 1.0 - lam * beta
+    if not num > 0.0:
+        return INFINITY
+    return 0.5 * log(num / denom)
+
+
+cdef int entropy_pick(const SiteModel* model, const double* y, int n,
+                      const double* site_precision, const double* site_natural_mean,
+                      const double* post_diag, const double* post_mean,
+                      const unsigned char* done) noexcept nogil:
+    """Index of the not-yet-done site with the most negative ``entropy_score`` (lowest on ties).
+
+    Returns -1 only when every site is done.
+    """
+    cdef int j, best = -1
+    cdef double score, best_score = INFINITY
+    for j in range(n):
+        if done[j]:
+            continue
+        score = entropy_score(model, y[j], post_diag[j], post_mean[j], site_precision[j],
+                              site_natural_mean[j])
+        if best < 0 or score < best_score:
+            best = j
+            best_score = score
+    return best
+
+
+# --------------------------------------------------------------------------- #
+# sweep bookkeeping (as linear_ep's SweepStats)
+# --------------------------------------------------------------------------- #
+
+cdef inline void _reset(SweepStats* stats) noexcept nogil:
+    stats.max_change_precision = 0.0
+    stats.max_change_natural_mean = 0.0
+    stats.n_skipped = 0
+    stats.n_clipped = 0
+    stats.n_failed = 0
+
+
+cdef inline void _record(SweepStats* stats, int result, double tau_old, double nu_old,
+                         double tau_new, double nu_new) noexcept nogil:
+    cdef double change, scale
+    if result == STEP_CLIPPED:
+        stats.n_clipped += 1
+    elif result == STEP_SKIPPED:
+        stats.n_skipped += 1
+        return
+    elif result == STEP_FAILED:
+        stats.n_skipped += 1
+        stats.n_failed += 1
+        return
+    scale = fabs(tau_new)
+    change = fabs(tau_new - tau_old) / (scale if scale > 1.0 else 1.0)
+    if change > stats.max_change_precision:
+        stats.max_change_precision = change
+    scale = fabs(nu_new)
+    change = fabs(nu_new - nu_old) / (scale if scale > 1.0 else 1.0)
+    if change > stats.max_change_natural_mean:
+        stats.max_change_natural_mean = change
+
+
+cdef inline void _gather_column(const double* a, int n, int i, double* col) noexcept nogil:
+    """col = column i of the symmetric row-major a of which only the lower triangle is current."""
+    dcopy(i + 1, a + <Py_ssize_t>i * n, 1, col, 1)                              # a[i, 0..i]
+    if i + 1 < n:
+        dcopy(n - i - 1, a + <Py_ssize_t>(i + 1) * n + i, n, col + i + 1, 1)   # a[i+1.., i]
+
+
+cdef inline int _next_site(int t, const int* perm, bint entropy, const SiteModel* model,
+                           const double* y, int n, const double* site_precision,
+                           const double* site_natural_mean, const double* post_diag,
+                           const double* post_mean, unsigned char* done) noexcept nogil:
+    cdef int i
+    if entropy:
+        i = entropy_pick(model, y, n, site_precision, site_natural_mean, post_diag, post_mean, done)
+        done[i] = 1
+        return i
+    if perm != NULL:
+        return perm[t]
+    return t
+
+
+# --------------------------------------------------------------------------- #
+# sweeps
+# --------------------------------------------------------------------------- #
+
+cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
+                              double* site_precision, double* site_natural_mean,
+                              double* post_cov, double* post_mean,
+                              const int* perm, bint entropy, double* post_diag, unsigned char* done,
+                              double* col, const SiteUpdateOptions* opts,
+                              SweepStats* stats) noexcept nogil:
+    """One sequential sweep: site_step, then dsyr (lower triangle) + daxpy per site.
+
+    ``post_cov``: lower triangle current on entry and exit.  Order: ``perm`` (NULL =
+    0..n-1) unless ``entropy``, which needs ``post_diag`` and ``done`` (n each) as
+    workspace; otherwise those may be NULL.  ``col``: n doubles.
+    """
+    cdef int t, i, j, result
+    cdef double tau_old, nu_old, cov_coef, mean_coef
+    _reset(stats)
+    if entropy:
+        for j in range(n):
+            post_diag[j] = post_cov[<Py_ssize_t>j * n + j]
+            done[j] = 0
+    for t in range(n):
+        i = _next_site(t, perm, entropy, model, y, n, site_precision, site_natural_mean,
+                       post_diag, post_mean, done)
+        tau_old = site_precision[i]
+        nu_old = site_natural_mean[i]
+        cov_coef = 0.0
+        mean_coef = 0.0
+        result = site_step(model, y[i], post_cov[<Py_ssize_t>i * n + i], post_mean[i],
+                           &site_precision[i], &site_natural_mean[i], opts, &cov_coef, &mean_coef)
+        _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+        if (result == STEP_APPLIED or result == STEP_CLIPPED) and (cov_coef != 0.0 or mean_coef != 0.0):
+            _gather_column(post_cov, n, i, col)
+            if cov_coef != 0.0:
+                syr(True, n, cov_coef, col, post_cov, n)                         # eq 84
+            if mean_coef != 0.0:
+                daxpy(n, mean_coef, col, 1, post_mean, 1)
+            if entropy and cov_coef != 0.0:
+                for j in range(n):
+                    post_diag[j] += cov_coef * col[j] * col[j]
+
+
+cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
+                           double* site_precision, double* site_natural_mean,
+                           double* post_cov, double* post_mean,
+                           const int* perm, bint entropy, double* post_diag, unsigned char* done,
+                           int block_size, double* rows, double* small, double* col,
+                           const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil:
+    """One sweep with the rank-1 updates of ``block_size`` sites delayed and folded in by syrk.
+
+    Same sequence of site updates as ``gp_sweep_sequential`` (up to rounding).
+    Workspace: ``rows`` block_size x n, ``small`` block_size, ``col`` n doubles;
+    ``post_diag``/``done`` as for the sequential sweep.  ``rows[r]`` holds
+    ``sqrt(c_r) u_r`` for positive coefficients from the top and ``sqrt(-c_r) u_r``
+    for negative ones from the bottom, so that within a block
+    ``Σ = Σ₀ + R_posᵀ R_pos - R_negᵀ R_neg``.
+    """
+    cdef int t = 0, kk, b, i, j, r, n_pos, n_neg, result
+    cdef double tau_old, nu_old, cov_coef, mean_coef, sii, v, scale
+    cdef double* dst
+    cdef double* neg_rows
+    _reset(stats)
+    if entropy:
+        for j in range(n):
+            post_diag[j] = post_cov[<Py_ssize_t>j * n + j]
+            done[j] = 0
+    while t < n:
+        kk = block_size if n - t > block_size else n - t
+        n_pos = 0
+        n_neg = 0
+        for b in range(kk):
+            i = _next_site(t + b, perm, entropy, model, y, n, site_precision, site_natural_mean,
+                           post_diag, post_mean, done)
+            # current Σ_ii = Σ₀_ii + Σ_pos R[r, i]² - Σ_neg R[r, i]²   (O(block) work)
+            sii = post_cov[<Py_ssize_t>i * n + i]
+            for r in range(n_pos):
+                v = rows[<Py_ssize_t>r * n + i]
+                small[r] = v
+                sii += v * v
+            for r in range(block_size - n_neg, block_size):
+                v = rows[<Py_ssize_t>r * n + i]
+                small[r] = v
+                sii -= v * v
+            tau_old = site_precision[i]
+            nu_old = site_natural_mean[i]
+            cov_coef = 0.0
+            mean_coef = 0.0
+            result = site_step(model, y[i], sii, post_mean[i], &site_precision[i],
+                               &site_natural_mean[i], opts, &cov_coef, &mean_coef)
+            _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+            if not ((result == STEP_APPLIED or result == STEP_CLIPPED)
+                    and (cov_coef != 0.0 or mean_coef != 0.0)):
+                continue
+            # current column u = Σ[:, i]
+            _gather_column(post_cov, n, i, col)
+            if n_pos > 0:
+                gemv_t(n_pos, n, 1.0, rows, n, small, 1.0, col)
+            if n_neg > 0:
+                neg_rows = rows + <Py_ssize_t>(block_size - n_neg) * n
+                gemv_t(n_neg, n, -1.0, neg_rows, n, small + block_size - n_neg, 1.0, col)
+            if mean_coef != 0.0:
+                daxpy(n, mean_coef, col, 1, post_mean, 1)
+            if entropy and cov_coef != 0.0:
+                for j in range(n):
+                    post_diag[j] += cov_coef * col[j] * col[j]
+            if cov_coef > 0.0:
+                dst = rows + <Py_ssize_t>n_pos * n
+                n_pos += 1
+                scale = sqrt(cov_coef)
+            elif cov_coef < 0.0:
+                n_neg += 1
+                dst = rows + <Py_ssize_t>(block_size - n_neg) * n
+                scale = sqrt(-cov_coef)
+            else:
+                continue
+            for j in range(n):
+                dst[j] = scale * col[j]
+        # fold the block in: Σ += R_posᵀ R_pos - R_negᵀ R_neg (lower triangle, BLAS-3)
+        if n_pos > 0:
+            syrk(True, n, n_pos, 1.0, rows, n, 1.0, post_cov, n)
+        if n_neg > 0:
+            syrk(True, n, n_neg, -1.0, rows + <Py_ssize_t>(block_size - n_neg) * n, n,
+                 1.0, post_cov, n)
+        t += kk
+
+
+cdef void gp_parallel_update(const SiteModel* model, const double* y, int n,
+                             double* site_precision, double* site_natural_mean,
+                             const double* post_diag, const double* post_mean,
+                             const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil:
+    """Update every site from the same posterior (``diag Σ``, ``μ``); the posterior is not touched."""
+    cdef int i, result
+    cdef double tau_old, nu_old, cov_coef, mean_coef
+    _reset(stats)
+    for i in range(n):
+        tau_old = site_precision[i]
+        nu_old = site_natural_mean[i]
+        result = site_step(model, y[i], post_diag[i], post_mean[i], &site_precision[i],
+                           &site_natural_mean[i], opts, &cov_coef, &mean_coef)
+        _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+
+
+# --------------------------------------------------------------------------- #
+# refactorisation and evidence
+# --------------------------------------------------------------------------- #
+
+cdef void gp_form_covariance(const double* K, int n, const double* V, double* post_cov) noexcept nogil:
+    """Lower triangle of Σ = K - VᵀV into ``post_cov`` (``syrk``)."""
+    cdef int i
+    for i in range(n):
+        dcopy(i + 1, K + <Py_ssize_t>i * n, 1, post_cov + <Py_ssize_t>i * n, 1)
+    syrk(True, n, n, -1.0, V, n, 1.0, post_cov, n)
+
+
+cdef int gp_refactor(const double* K, int n, const double* site_precision,
+                     const double* site_natural_mean, double* post_cov, double* post_mean,
+                     double* post_diag, double* work, double* sqrt_prec,
+                     double* log_chol_diag_sum, bint form_cov) noexcept nogil:
+    """Posterior from the sites through B = I + S^½ K S^½ = L Lᵀ (R&W Alg. 3.5, Σ form).
+
+    Writes ``post_mean`` (μ = Σν), ``post_diag`` (diag Σ), ``log_chol_diag_sum``
+    (Σ log L_ii = ½ log|B|), ``work`` (V = L⁻¹ S^½ K, n x n) and either the lower
+    triangle of Σ = K - VᵀV into ``post_cov`` (``form_cov``) or leaves L there.
+    ``sqrt_prec`` (n doubles) is scratch.  Uses the lower triangle of K for B and μ and
+    full rows of K for V.  Every ``τ_i`` must be >= 0.  Returns potrf's info (0 = ok;
+    ``k > 0``: the leading minor of order k of B is not positive definite).
+    """
+    cdef Py_ssize_t i, j, k
+    cdef Py_ssize_t nn = n
+    cdef bint any_positive = False
+    cdef double si, acc
+    cdef double* row
+    cdef const double* krow
+    cdef int info
+    for i in range(nn):
+        si = sqrt(site_precision[i]) if site_precision[i] > 0.0 else 0.0
+        sqrt_prec[i] = si
+        if si > 0.0:
+            any_positive = True
+    if not any_positive:
+        # B = I, L = I, V = 0: Σ = K, μ = K ν.
+        log_chol_diag_sum[0] = 0.0
+        for i in range(nn):
+            post_diag[i] = K[i * nn + i]
+        symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+        for i in range(nn):
+            memset(work + i * nn, 0, nn * sizeof(double))
+        if form_cov:
+            for i in range(nn):
+                dcopy(<int>(i + 1), K + i * nn, 1, post_cov + i * nn, 1)
+        return 0
+    # B (lower triangle) in post_cov, then its Cholesky factor
+    for i in range(nn):
+        si = sqrt_prec[i]
+        row = post_cov + i * nn
+        krow = K + i * nn
+        for j in range(i):
+            row[j] = si * krow[j] * sqrt_prec[j]
+        row[i] = 1.0 + si * si * krow[i]
+    info = potrf(True, n, post_cov, n)
+    if info != 0:
+        return info
+    acc = 0.0
+    for i in range(nn):
+        acc += log(post_cov[i * nn + i])
+    log_chol_diag_sum[0] = acc
+    # V = L⁻¹ diag(s) K in work
+    for i in range(nn):
+        si = sqrt_prec[i]
+        row = work + i * nn
+        if si == 0.0:
+            memset(row, 0, nn * sizeof(double))
+        else:
+            krow = K + i * nn
+            for j in range(nn):
+                row[j] = si * krow[j]
+    trsm(True, False, n, n, 1.0, post_cov, n, work, n)
+    # diag Σ = diag K - squared column norms of V
+    for i in range(nn):
+        post_diag[i] = K[i * nn + i]
+    for k in range(nn):
+        row = work + k * nn
+        for i in range(nn):
+            post_diag[i] -= row[i] * row[i]
+    # μ = K ν - Vᵀ (V ν)   (sqrt_prec reused for V ν)
+    symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+    gemv(n, n, 1.0, work, n, site_natural_mean, 0.0, sqrt_prec)
+    gemv_t(n, n, -1.0, work, n, sqrt_prec, 1.0, post_mean)
+    if form_cov:
+        gp_form_covariance(K, n, work, post_cov)
+    return 0
+
+
+cdef double gp_log_z(const SiteModel* model, const double* y, int n,
+                     const double* site_precision, const double* site_natural_mean,
+                     const double* post_diag, const double* post_mean,
+                     double log_chol_diag_sum, int* bad_site) noexcept nogil:
+    """log Z_EP of the sites (module docstring; Minka eqs 87-88 in the stable B form).
+
+    ``post_diag``/``post_mean``/``log_chol_diag_sum`` as left by ``gp_refactor`` for these
+    sites.  Returns NaN and the first offending index in ``bad_site`` if a site's cavity
+    is improper or its kernel fails at the cavity (otherwise ``bad_site = -1``).
+    """
+    cdef int i, status
+    cdef double total = -log_chol_diag_sum
+    cdef double sii, mi, tau, nu, denom, tau_cav, nu_cav, cav_var, log_z = 0.0, alpha, beta
+    bad_site[0] = -1
+    for i in range(n):
+        sii = post_diag[i]
+        mi = post_mean[i]
+        tau = site_precision[i]
+        nu = site_natural_mean[i]
+        denom = 1.0 - tau * sii
+        if not (sii > 0.0 and denom > 0.0 and isfinite(sii) and isfinite(mi)):
+            bad_site[0] = i
+            return NAN
+        tau_cav = denom / sii                  # 1/Σ_ii - τ_i
+        nu_cav = mi / sii - nu
+        cav_var = sii / denom                  # λ_i, eq 79
+        status = site_moments(model, y[i], nu_cav * cav_var, cav_var, &log_z, &alpha, &beta)
+        if status != 0 or not isfinite(log_z):
+            bad_site[0] = i
+            return NAN
+        total += (log_z + 0.5 * nu * mi
+                  + 0.5 * nu_cav * (tau * cav_var * nu_cav - 2.0 * nu) / (tau + tau_cav)
+                  - 0.5 * nu * nu / (tau_cav + tau)
+                  + 0.5 * log1p(tau * cav_var))
+    return total
+
+
+# --------------------------------------------------------------------------- #
+# Python API
+# --------------------------------------------------------------------------- #
+
+def auto_block_size(int n):
+    """Default ``block_size`` of the blocked schedule for n sites (placeholder until measured)."""
+    return 64 if n > 64 else max(n, 1)
+
+
+cdef int _scan_kernel(const double* K, int n, double rtol, int* bad_i, int* bad_j) noexcept nogil:
+    """0 if K is finite, has a nonnegative diagonal and is symmetric to ``rtol * max K_ii``;
+    else 1 (non-finite), 2 (negative diagonal) or 3 (asymmetric), with the offending entry."""
+    cdef Py_ssize_t i, j, nn = n
+    cdef double v, a, b, scale = 0.0
+    for i in range(nn):
+        v = K[i * nn + i]
+        if not isfinite(v):
+            bad_i[0] = <int>i
+            bad_j[0] = <int>i
+            return 1
+        if v < 0.0:
+            bad_i[0] = <int>i
+            bad_j[0] = <int>i
+            return 2
+        if v > scale:
+            scale = v
+    for i in range(nn):
+        for j in range(i):
+            a = K[i * nn + j]
+            b = K[j * nn + i]
+            if not (isfinite(a) and isfinite(b)):
+                bad_i[0] = <int>i
+                bad_j[0] = <int>j
+                if isfinite(a):
+                    bad_i[0] = <int>j
+                    bad_j[0] = <int>i
+                return 1
+            if fabs(a - b) > rtol * scale:
+                bad_i[0] = <int>i
+                bad_j[0] = <int>j
+                return 3
+    return 0
+
+
+def _check_vector(name, const double[::1] v, int n, bint nonnegative=False):
+    if v.shape[0] != n:
+        raise ValueError(f"{name} must have length n = K.shape[0] = {n}; got {v.shape[0]}")
+    a = np.asarray(v)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must be finite; {name}[{i}] = {float(a[i])!r}")
+    if nonnegative:
+        bad = a < 0
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name} must be >= 0 (negative site precisions are not supported "
+                             f"by GP EP); {name}[{i}] = {float(a[i])!r}")
+
+
+def _check_kernel_matrix(const double[:, ::1] K):
+    cdef int n = K.shape[0], bad_i = -1, bad_j = -1, code
+    if K.shape[1] != n:
+        raise ValueError(f"K must be square; got shape ({K.shape[0]}, {K.shape[1]})")
+    if n == 0:
+        return 0
+    with nogil:
+        code = _scan_kernel(&K[0, 0], n, _SYMMETRY_RTOL, &bad_i, &bad_j)
+    if code == 1:
+        raise ValueError(f"K must be finite; K[{bad_i}, {bad_j}] = {K[bad_i, bad_j]!r}")
+    if code == 2:
+        raise ValueError(f"K must have a nonnegative diagonal; K[{bad_i}, {bad_i}] = {K[bad_i, bad_i]!r}")
+    if code == 3:
+        raise ValueError(f"K must be symmetric; K[{bad_i}, {bad_j}] = {K[bad_i, bad_j]!r} but "
+                         f"K[{bad_j}, {bad_i}] = {K[bad_j, bad_i]!r}")
+    return n
+
+
+def _check_targets(SiteSpec spec, const double[::1] y, int n):
+    """y finite and in the support of the likelihood (checked with a unit cavity)."""
+    cdef int i, status = 0, bad = -1
+    cdef double log_z, alpha, beta
+    _check_vector("y", y, n)
+    with nogil:
+        for i in range(n):
+            status = site_moments(&spec.model, y[i], 0.0, 1.0, &log_z, &alpha, &beta)
+            if status == SITE_BAD_LABEL or status == SITE_BAD_PARAMS:
+                bad = i
+                break
+    if bad >= 0:
+        if status == SITE_BAD_PARAMS:
+            raise ValueError("spec is inconsistent (site kernel reports bad parameters)")
+        raise ValueError(f"y[{bad}] = {y[bad]!r} is not a valid target for this likelihood")
+
+
+def _check_no_aliasing(inputs, outputs):
+    names = list(outputs)
+    for a_pos, out_name in enumerate(names):
+        out_arr = np.asarray(outputs[out_name])
+        for in_name, in_arr in inputs.items():
+            if np.may_share_memory(out_arr, np.asarray(in_arr)):
+                raise ValueError(f"{out_name} must not share memory with {in_name}")
+        for other in names[a_pos + 1:]:
+            if np.may_share_memory(out_arr, np.asarray(outputs[other])):
+                raise ValueError(f"{out_name} must not share memory with {other}")
+
+
+def _check_outputs(post_cov, post_mean, int n):
+    if post_cov.shape[0] != n or post_cov.shape[1] != n:
+        raise ValueError(f"post_cov must have shape ({n}, {n}); got "
+                         f"({post_cov.shape[0]}, {post_cov.shape[1]})")
+    if post_mean.shape[0] != n:
+        raise ValueError(f"post_mean must have length n = {n}; got {post_mean.shape[0]}")
+
+
+def _check_options(int schedule, int order, double damping, int negative_precision, int block_size):
+    if schedule not in (SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED):
+        raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0), SCHEDULE_PARALLEL (1) or "
+                         f"SCHEDULE_BLOCKED (2); got {schedule}")
+    if order not in (ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY):
+        raise ValueError(f"order must be ORDER_FIXED (0), ORDER_RANDOM (1) or ORDER_ENTROPY (2); got {order}")
+    if not (damping > 0.0 and damping <= 1.0):
+        raise ValueError(f"damping must be in (0, 1]; got {damping}")
+    if negative_precision == NEGATIVE_ALLOW:
+        raise ValueError("negative_precision = NEGATIVE_ALLOW (2) is not supported by GP EP "
+                         "(site precisions must stay >= 0); use NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1)")
+    if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP):
+        raise ValueError("negative_precision must be NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1); "
+                         f"got {negative_precision}")
+    if block_size < 0:
+        raise ValueError(f"block_size must be >= 0 (0 = automatic); got {block_size}")
+
+
+def _refactor_error(int info, where):
+    return np.linalg.LinAlgError(
+        f"Cholesky factorisation of B = I + S^1/2 K S^1/2 failed {where} (leading minor of order "
+        f"{info} is not positive): the kernel matrix is not positive semi-definite; add jitter to "
+        f"its diagonal")
+
+
+def _effective_block_size(int schedule, int block_size, int n):
+    if schedule == SCHEDULE_SEQUENTIAL:
+        return 1
+    if schedule == SCHEDULE_PARALLEL:
+        return 0
+    if block_size == 0:
+        block_size = auto_block_size(n)
+    if block_size > n:
+        block_size = n
+    return block_size if block_size > 0 else 1
+
+
+def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
+              double[::1] site_precision, double[::1] site_natural_mean,
+              double[:, ::1] post_cov, double[::1] post_mean,
+              *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
+              double damping=1.0, double tol=1e-8, int max_sweeps=100,
+              int negative_precision=NEGATIVE_CLIP, int block_size=0):
+    """Run dense GP EP to convergence (Minka §2, eqs 77-88).
+
+    Parameters
+    ----------
+    K : (n, n) float64, C-contiguous
+        Prior covariance of the latent values (symmetric PSD; symmetry is checked to a
+        relative 1e-8 of ``max K_ii``, positive semi-definiteness by the Cholesky of B).
+    y : (n,) float64
+        Targets handed to the site kernel (checked against the likelihood's support).
+    spec : SiteSpec
+        Likelihood (``Likelihood.site_spec()``).
+    site_precision, site_natural_mean : (n,) float64, in/out
+        Sites ``τ_i >= 0`` and ``ν_i`` (zeros: cold start; anything valid: warm start).
+        Updated in place.
+    post_cov : (n, n) float64, out
+        Posterior covariance Σ of the returned sites (full, symmetric).
+    post_mean : (n,) float64, out
+        Posterior mean μ = Σν of the returned sites.
+    schedule : {SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED}
+        See the module docstring.  Default blocked.
+    order : {ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY}
+        Site order within a sweep (ignored by the parallel schedule).
+    seed : int >= 0
+        Seed of ORDER_RANDOM's generator.
+    damping : float in (0, 1]
+        Step in natural parameters (1 = none).
+    tol : float > 0
+        Convergence threshold on the relative site change and the relative change of log Z.
+    max_sweeps : int >= 1
+        Maximum number of sweeps (parallel: iterations).
+    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
+        linear_ep's policy for negative target precisions; NEGATIVE_ALLOW is rejected.
+    block_size : int >= 0
+        Sites per syrk fold of the blocked schedule (0 = ``auto_block_size(n)``; values
+        above n are clipped to n).
+
+    Returns
+    -------
+    dict
+        ``n_sweeps``; ``converged`` (bool); ``max_change`` (last sweep; ``inf`` if none ran);
+        ``log_z`` (log Z_EP of the returned sites; NaN only if some site's cavity is improper
+        or its kernel fails at the returned state, then ``converged`` is False);
+        ``log_z_change`` (``|Δ log Z|`` over the last sweep); ``n_skipped``, ``n_clipped``,
+        ``n_failed`` (totals over all sweeps; as in linear_ep ``n_skipped`` includes the
+        failed sites); ``block_size`` (sites per fold used: k for blocked, 1 for
+        sequential, 0 for parallel).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, non-finite or asymmetric K, non-finite y or sites, a negative site
+        precision, a target outside the likelihood's support, out-of-range options,
+        outputs aliasing inputs.  Nothing is modified.
+    numpy.linalg.LinAlgError
+        The Cholesky of B fails (K not PSD).  The site arrays are restored to their
+        input values; ``post_cov``/``post_mean`` are then undefined.
+    """
+    cdef int n = _check_kernel_matrix(K)
+    _check_targets(spec, y, n)
+    _check_vector("site_precision", site_precision, n, nonnegative=True)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    _check_outputs(post_cov, post_mean, n)
+    _check_options(schedule, order, damping, negative_precision, block_size)
+    if not tol > 0.0:
+        raise ValueError(f"tol must be > 0; got {tol}")
+    if max_sweeps < 1:
+        raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
+    _check_no_aliasing({"K": K, "y": y},
+                       {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+                        "post_cov": post_cov, "post_mean": post_mean})
+    cdef int k_block = _effective_block_size(schedule, block_size, n)
+    if n == 0:
+        return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
+                    n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block)
+
+    cdef SiteUpdateOptions opts
+    opts.update_form = UPDATE_NATURAL
+    opts.damping = damping
+    opts.negative_precision = negative_precision
+    cdef bint parallel = schedule == SCHEDULE_PARALLEL
+    cdef bint entropy = order == ORDER_ENTROPY and not parallel
+    cdef bint shuffled = order == ORDER_RANDOM and not parallel
+
+    cdef double[:, ::1] work = np.empty((n, n))
+    cdef double[::1] scratch = np.empty(n)
+    cdef double[::1] post_diag = np.empty(n)
+    cdef double[::1] col = np.empty(n)
+    cdef double[::1] small = np.empty(max(k_block, 1))
+    cdef int[::1] perm = np.empty(n, dtype=np.intc)
+    cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
+    tau_saved = np.array(site_precision, copy=True)
+    nu_saved = np.array(site_natural_mean, copy=True)
+
+    cdef const SiteModel* model = &spec.model
+    cdef const double* k_ptr = &K[0, 0]
+    cdef const double* y_ptr = &y[0]
+    cdef double* tau_ptr = &site_precision[0]
+    cdef double* nu_ptr = &site_natural_mean[0]
+    cdef double* cov_ptr = &post_cov[0, 0]
+    cdef double* mean_ptr = &post_mean[0]
+    cdef double* diag_ptr = &post_diag[0]
+    cdef double* work_ptr = &work[0, 0]
+    cdef const int* perm_ptr = &perm[0] if shuffled else NULL
+    cdef unsigned long long rng_state = seed
+    cdef SweepStats stats
+    cdef int info = 0, failed_sweep = -1, sweep, n_sweeps = 0, bad_site = -1
+    cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
+    cdef bint converged = False
+    cdef double log_chol = 0.0, log_z = NAN, new_log_z, log_z_change = INFINITY
+    cdef double max_change = INFINITY, scale
+    _reset(&stats)
+
+    with nogil:
+        info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
+                           &scratch[0], &log_chol, not parallel)
+        if info == 0:
+            log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr, log_chol,
+                             &bad_site)
+            for sweep in range(1, max_sweeps + 1):
+                if parallel:
+                    gp_parallel_update(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                       &opts, &stats)
+                else:
+                    if shuffled:
+                        random_permutation(n, &perm[0], &rng_state)
+                    if schedule == SCHEDULE_SEQUENTIAL:
+                        gp_sweep_sequential(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                            perm_ptr, entropy, diag_ptr, &done[0], &col[0],
+                                            &opts, &stats)
+                    else:
+                        gp_sweep_blocked(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                         perm_ptr, entropy, diag_ptr, &done[0], k_block,
+                                         work_ptr, &small[0], &col[0], &opts, &stats)
+                n_sweeps = sweep
+                total_skipped += stats.n_skipped
+                total_clipped += stats.n_clipped
+                total_failed += stats.n_failed
+                max_change = stats.max_change_precision
+                if stats.max_change_natural_mean > max_change:
+                    max_change = stats.max_change_natural_mean
+                info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
+                                   work_ptr, &scratch[0], &log_chol, not parallel)
+                if info != 0:
+                    failed_sweep = sweep
+                    break
+                new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                     log_chol, &bad_site)
+                log_z_change = fabs(new_log_z - log_z)
+                log_z = new_log_z
+                scale = fabs(log_z)
+                if not scale > 1.0:
+                    scale = 1.0
+                converged = (max_change < tol and log_z_change < tol * scale
+                             and stats.n_failed == 0)
+                if converged:
+                    break
+            if info == 0:
+                if parallel:
+                    gp_form_covariance(k_ptr, n, work_ptr, cov_ptr)
+                symmetrize(True, n, cov_ptr, n)
+    if info != 0:
+        np.asarray(site_precision)[:] = tau_saved
+        np.asarray(site_natural_mean)[:] = nu_saved
+        where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
+        raise _refactor_error(info, where)
+    if not isfinite(log_z):
+        converged = False
+    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
+                log_z=float(log_z), log_z_change=float(log_z_change),
+                n_skipped=int(total_skipped), n_clipped=int(total_clipped),
+                n_failed=int(total_failed), block_size=int(k_block))
+
+
+def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
+                            const double[::1] site_precision, const double[::1] site_natural_mean):
+    """log Z_EP of the given sites (module docstring; Minka eqs 87-88, stable B form).
+
+    Refactorises from scratch (O(n³); allocates two n x n arrays).  At an EP fixed point
+    this is the EP approximation of ``log p(y | K)``; for a Gaussian likelihood at its
+    fixed point it equals ``log N(y; 0, K + σ² I)``.
+
+    Raises
+    ------
+    ValueError
+        Bad input (as ``run_gp_ep``), or a site whose cavity is improper or whose kernel
+        fails at its cavity (the sites are then not a valid EP state).
+    numpy.linalg.LinAlgError
+        The Cholesky of B fails (K not PSD).
+    """
+    cdef int n = _check_kernel_matrix(K)
+    _check_targets(spec, y, n)
+    _check_vector("site_precision", site_precision, n, nonnegative=True)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    if n == 0:
+        return 0.0
+    cdef double[:, ::1] chol = np.empty((n, n))
+    cdef double[:, ::1] work = np.empty((n, n))
+    cdef double[::1] mean = np.empty(n)
+    cdef double[::1] diag = np.empty(n)
+    cdef double[::1] scratch = np.empty(n)
+    cdef double log_chol = 0.0, total = NAN
+    cdef int info, bad_site = -1
+    with nogil:
+        info = gp_refactor(&K[0, 0], n, &site_precision[0], &site_natural_mean[0], &chol[0, 0],
+                           &mean[0], &diag[0], &work[0, 0], &scratch[0], &log_chol, False)
+        if info == 0:
+            total = gp_log_z(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
+                             &diag[0], &mean[0], log_chol, &bad_site)
+    if info != 0:
+        raise _refactor_error(info, "in log_marginal_likelihood")
+    if bad_site >= 0:
+        raise ValueError(f"site {bad_site} has an improper cavity or its site kernel fails at the "
+                         f"cavity; log marginal likelihood undefined for these sites")
+    return float(total)
+
+
+def refactor_posterior(const double[:, ::1] K, const double[::1] site_precision,
+                       const double[::1] site_natural_mean, double[:, ::1] post_cov,
+                       double[::1] post_mean):
+    """Recompute Σ = (K⁻¹ + S)⁻¹ and μ = Σν from the sites (the engine's refactorisation).
+
+    Exposed for tests and diagnostics (compare with the incrementally updated posterior of
+    ``incremental_sweep``).  ``post_cov`` is returned full and symmetric.  Allocates one
+    n x n work array.  Returns ``Σ_i log L_ii = ½ log|B|``.
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, non-finite input, negative precisions, aliasing.
+    numpy.linalg.LinAlgError
+        The Cholesky of B fails (K not PSD).
+    """
+    cdef int n = _check_kernel_matrix(K)
+    _check_vector("site_precision", site_precision, n, nonnegative=True)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    _check_outputs(post_cov, post_mean, n)
+    _check_no_aliasing({"K": K, "site_precision": site_precision,
+                        "site_natural_mean": site_natural_mean},
+                       {"post_cov": post_cov, "post_mean": post_mean})
+    if n == 0:
+        return 0.0
+    cdef double[:, ::1] work = np.empty((n, n))
+    cdef double[::1] diag = np.empty(n)
+    cdef double[::1] scratch = np.empty(n)
+    cdef double log_chol = 0.0
+    cdef int info
+    with nogil:
+        info = gp_refactor(&K[0, 0], n, &site_precision[0], &site_natural_mean[0], &post_cov[0, 0],
+                           &post_mean[0], &diag[0], &work[0, 0], &scratch[0], &log_chol, True)
+        if info == 0:
+            symmetrize(True, n, &post_cov[0, 0], n)
+    if info != 0:
+        raise _refactor_error(info, "in refactor_posterior")
+    return float(log_chol)
+
+
+def incremental_sweep(const double[::1] y, SiteSpec spec not None,
+                      double[::1] site_precision, double[::1] site_natural_mean,
+                      double[:, ::1] post_cov, double[::1] post_mean,
+                      *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
+                      double damping=1.0, int negative_precision=NEGATIVE_CLIP, int block_size=0):
+    """One sequential or blocked sweep on the given posterior, WITHOUT refactorisation.
+
+    Exposed for tests and diagnostics: ``post_cov``/``post_mean`` (in/out, must be the
+    posterior of the sites, e.g. from ``refactor_posterior`` or ``run_gp_ep``) are
+    updated by the rank-1 (sequential) or delayed-rank-1 (blocked) updates only, so they
+    can be compared with ``refactor_posterior`` of the new sites.  ``order``/``seed`` as
+    in ``run_gp_ep`` (ORDER_RANDOM uses the permutation of the first sweep of a
+    ``run_gp_ep`` with the same seed).  ``post_cov`` is returned full and symmetric.
+
+    Returns
+    -------
+    dict
+        ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` of the sweep and
+        ``block_size`` used.
+    """
+    cdef int n = post_cov.shape[0]
+    if post_cov.shape[1] != n:
+        raise ValueError(f"post_cov must be square; got shape ({post_cov.shape[0]}, {post_cov.shape[1]})")
+    _check_targets(spec, y, n)
+    _check_vector("site_precision", site_precision, n, nonnegative=True)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    _check_vector("post_mean", post_mean, n)
+    _check_options(schedule, order, damping, negative_precision, block_size)
+    if schedule == SCHEDULE_PARALLEL:
+        raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0) or SCHEDULE_BLOCKED (2) for "
+                         "incremental_sweep (the parallel schedule has no incremental update)")
+    if not np.isfinite(np.asarray(post_cov)).all():
+        raise ValueError("post_cov must be finite")
+    _check_no_aliasing({"y": y},
+                       {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+                        "post_cov": post_cov, "post_mean": post_mean})
+    cdef int k_block = _effective_block_size(schedule, block_size, n)
+    if n == 0:
+        return dict(max_change=0.0, n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block)
+    cdef SiteUpdateOptions opts
+    opts.update_form = UPDATE_NATURAL
+    opts.damping = damping
+    opts.negative_precision = negative_precision
+    cdef bint entropy = order == ORDER_ENTROPY
+    cdef bint shuffled = order == ORDER_RANDOM
+    cdef double[:, ::1] rows = np.empty((k_block, n))
+    cdef double[::1] small = np.empty(k_block)
+    cdef double[::1] col = np.empty(n)
+    cdef double[::1] post_diag = np.empty(n)
+    cdef int[::1] perm = np.empty(n, dtype=np.intc)
+    cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
+    cdef unsigned long long rng_state = seed
+    cdef const int* perm_ptr = &perm[0] if shuffled else NULL
+    cdef SweepStats stats
+    _reset(&stats)
+    with nogil:
+        if shuffled:
+            random_permutation(n, &perm[0], &rng_state)
+        if schedule == SCHEDULE_SEQUENTIAL:
+            gp_sweep_sequential(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
+                                &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
+                                &done[0], &col[0], &opts, &stats)
+        else:
+            gp_sweep_blocked(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
+                             &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
+                             &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats)
+        symmetrize(True, n, &post_cov[0, 0], n)
+    return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
+                n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
+                n_failed=int(stats.n_failed), block_size=int(k_block))
