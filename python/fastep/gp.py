@@ -91,6 +91,12 @@ class _BinaryGPEP:
         K = np.ascontiguousarray(kernel(self.X), dtype=np.float64)
         if self.options["jitter"]:
             K.flat[:: K.shape[0] + 1] += self.options["jitter"]
+        if not np.all(np.isfinite(K)):
+            raise ValueError(f"the kernel {kernel!r} produced non-finite values on X")
+        if not np.all(K.diagonal() > 0):
+            raise np.linalg.LinAlgError(
+                "the kernel matrix has a non-positive diagonal entry, so it is not positive "
+                "semi-definite; increase jitter or add a White kernel term")
         return K
 
     def _run(self, K, likelihood, buffer, warm):
@@ -484,7 +490,8 @@ class GaussianProcessClassifier(_GPEPBase):
 
     def predict(self, X):
         """Most probable class for each row of ``X``."""
-        if len(getattr(self, "_problems", ())) == 1:
+        check_is_fitted(self, "classes_")
+        if len(self._problems) == 1:
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
