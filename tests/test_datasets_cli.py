@@ -39,11 +39,18 @@ def test_ivm_toy_latent_is_a_gp_sample_with_the_right_correlation():
 
 def test_demo_runs_and_reports_accuracy_evidence_time():
     out = io.StringIO()
-    model = demo(n_train=200, n_test=200, out=out)
+    models = demo(n_train=200, n_test=200, out=out)
     text = out.getvalue()
     assert "log evidence" in text and "test accuracy" in text and "fit time" in text
-    assert np.isfinite(model.log_evidence_)
-    assert model.converged_
+    assert np.isfinite(models["linear"].log_evidence_)
+    assert models["linear"].converged_
+    assert "GP classifier" in text
+    for name in ("gp_fixed", "gp_learnt"):
+        assert models[name].converged_
+        assert np.isfinite(models[name].log_marginal_likelihood_value_)
+    # learning the hyperparameters cannot lower the evidence below the starting point's
+    start = models["gp_learnt"].log_marginal_likelihood(np.zeros(2))
+    assert models["gp_learnt"].log_marginal_likelihood_value_ >= start - 1e-6
 
 
 def test_cli_entry_points():
