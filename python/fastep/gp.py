@@ -112,6 +112,11 @@ class _BinaryGPEP:
                 damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
                 negative_precision=opts["negative_precision"], block_size=opts["block_size"])
         if not np.isfinite(info["log_z"]):
+            if info["n_failed"]:
+                raise np.linalg.LinAlgError(
+                    f"EP could not form a proper cavity at {info['n_failed']} site(s) and the log marginal "
+                    "likelihood is not finite: the kernel matrix is probably not positive semi-definite; "
+                    "increase jitter or add a White kernel term")
             raise FloatingPointError("EP produced a non-finite log marginal likelihood; this is a bug")
         return tau, nu, post_mean, info
 
