@@ -141,6 +141,8 @@ globals().update(NEGATIVE_CLIP=int(NEGATIVE_CLIP), NEGATIVE_SKIP=int(NEGATIVE_SK
 
 # Relative asymmetry of K accepted by the input check (|K_ij - K_ji| <= this * max_i K_ii).
 cdef double _SYMMETRY_RTOL = 1e-8
+# A refactorised posterior variance below -this * K_ii means K is not PSD (LinAlgError).
+cdef double _NEGATIVE_VARIANCE_RTOL = 1e-8
 
 
 # --------------------------------------------------------------------------- #
@@ -437,8 +439,10 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
     (Σ log L_ii = ½ log|B|), ``work`` (V = L⁻¹ S^½ K, n x n) and either the lower
     triangle of Σ = K - VᵀV into ``post_cov`` (``form_cov``) or leaves L there.
     ``sqrt_prec`` (n doubles) is scratch.  Uses the lower triangle of K for B and μ and
-    full rows of K for V.  Every ``τ_i`` must be >= 0.  Returns potrf's info (0 = ok;
-    ``k > 0``: the leading minor of order k of B is not positive definite).
+    full rows of K for V.  Every ``τ_i`` must be >= 0.  Returns 0 on success, potrf's info
+    ``k > 0`` if the leading minor of order k of B is not positive definite, or ``-(i+1)``
+    if ``Σ_ii < -1e-8 K_ii`` (impossible for PSD K beyond rounding).  Either failure means
+    K is not (numerically) positive semi-definite.
     """
     cdef Py_ssize_t i, j, k
     cdef Py_ssize_t nn = n
@@ -497,6 +501,10 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
         row = work + k * nn
         for i in range(nn):
             post_diag[i] -= row[i] * row[i]
+    # 0 <= Σ_ii <= K_ii for PSD K; a clearly negative variance means K is not PSD.
+    for i in range(nn):
+        if post_diag[i] < -_NEGATIVE_VARIANCE_RTOL * K[i * nn + i]:
+            return <int>(-(i + 1))
     # μ = K ν - Vᵀ (V ν)   (sqrt_prec reused for V ν)
     symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
     gemv(n, n, 1.0, work, n, site_natural_mean, 0.0, sqrt_prec)
@@ -677,6 +685,10 @@ def _check_options(int schedule, int order, double damping, int negative_precisi
 
 
 def _refactor_error(int info, where):
+    if info < 0:
+        return np.linalg.LinAlgError(
+            f"posterior variance Sigma[{-info - 1}, {-info - 1}] < 0 {where}: the kernel matrix is "
+            f"not positive semi-definite; add jitter to its diagonal")
     return np.linalg.LinAlgError(
         f"Cholesky factorisation of B = I + S^1/2 K S^1/2 failed {where} (leading minor of order "
         f"{info} is not positive): the kernel matrix is not positive semi-definite; add jitter to "
