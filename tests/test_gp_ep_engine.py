@@ -550,3 +550,45 @@ def test_engine_allocates_one_work_matrix(schedule):
     finally:
         tracemalloc.stop()
     assert n * n * 8 <= peak < 1.25 * n * n * 8
+
+
+# --------------------------------------------------------------------------------------------
+# the nogil building blocks are cimportable
+# --------------------------------------------------------------------------------------------
+
+def _pxd_include_dir():
+    import os
+    here = os.path.dirname(engine.__file__)
+    for candidate in (os.path.join(here, "include"), os.path.dirname(os.path.dirname(here))):
+        if os.path.exists(os.path.join(candidate, "fastep", "_epcore", "gp_ep.pxd")):
+            return candidate
+    pytest.skip("gp_ep.pxd not found next to the compiled module")
+
+
+def test_downstream_cython_can_cimport_gp_ep(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    pytest.importorskip("Cython")
+    src = tmp_path / "downstream_gp.pyx"
+    src.write_text(textwrap.dedent("""
+        # cython: language_level=3
+        from fastep._epcore.sites cimport SiteSpec
+        from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats
+        from fastep._epcore.gp_ep cimport (gp_refactor, gp_log_z, gp_sweep_blocked, gp_sweep_sequential,
+                                           gp_parallel_update, gp_form_covariance, entropy_pick,
+                                           random_permutation, SCHEDULE_BLOCKED, ORDER_ENTROPY)
+
+        def refactor(double[:, ::1] K, double[::1] tau, double[::1] nu, double[:, ::1] S, double[::1] m,
+                     double[::1] d, double[:, ::1] work, double[::1] scratch):
+            cdef double log_chol = 0.0
+            cdef int info
+            with nogil:
+                info = gp_refactor(&K[0, 0], K.shape[0], &tau[0], &nu[0], &S[0, 0], &m[0], &d[0],
+                                   &work[0, 0], &scratch[0], &log_chol, True)
+            return info, log_chol
+    """))
+    res = subprocess.run([sys.executable, "-m", "cython", "-3", "-I", _pxd_include_dir(), str(src),
+                          "-o", str(tmp_path / "out.c")], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr

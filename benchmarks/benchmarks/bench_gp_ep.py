@@ -1,0 +1,150 @@
+"""asv: the dense GP EP engine (fastep._epcore.gp_ep) on the issue-3 benchmark problem.
+
+One sweep / iteration per schedule, the refactorisation, and full runs to convergence
+(time, peak memory and the number of sweeps), at n in {500, 2000}, with one BLAS thread and
+with the default.
+"""
+import numpy as np
+
+from fastep import Probit
+from fastep._epcore import gp_ep
+from fastep.kernels import RBF
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
+
+SCHEDULES = {"sequential": gp_ep.SCHEDULE_SEQUENTIAL, "blocked": gp_ep.SCHEDULE_BLOCKED,
+             "parallel": gp_ep.SCHEDULE_PARALLEL}
+
+
+def _problem(n):
+    """The issue-3 benchmark problem (deterministic)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, size=(n, 2))
+    f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
+    y = np.where(f + 0.3 * rng.standard_normal(n) > 0, 1.0, -1.0)
+    K = np.ascontiguousarray(RBF(variance=1.0, inverse_width=1.0)(X))
+    return K, y
+
+
+def _damping(schedule):
+    return 0.5 if schedule == "parallel" else 1.0
+
+
+class _Threads:
+    def _limit(self, threads):
+        self.limits = None
+        if threads == "1":
+            if threadpool_limits is None:
+                raise NotImplementedError("threadpoolctl is needed for single-threaded runs")
+            self.limits = threadpool_limits(1, "blas")
+
+    def teardown(self, *args):
+        if getattr(self, "limits", None) is not None:
+            self.limits.unregister()
+
+
+class GPEPSweep(_Threads):
+    """One sweep (parallel: one iteration) from a warm start two sweeps in, as run_gp_ep does it:
+    the warm-start refactorisation, the sweep, the refactorisation after it and log Z."""
+    params = [list(SCHEDULES), [500, 2000], ["1", "default"]]
+    param_names = ["schedule", "n", "blas_threads"]
+    timeout = 600
+
+    def setup(self, schedule, n, threads):
+        self._limit(threads)
+        self.K, self.y = _problem(n)
+        self.spec = Probit().site_spec()
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
+        gp_ep.run_gp_ep(self.K, self.y, self.spec, self.tau, self.nu, self.post_cov, self.post_mean,
+                        max_sweeps=2)
+
+    def time_run_one_sweep(self, schedule, n, threads):
+        gp_ep.run_gp_ep(self.K, self.y, self.spec, self.tau.copy(), self.nu.copy(), self.post_cov,
+                        self.post_mean, schedule=SCHEDULES[schedule], damping=_damping(schedule),
+                        max_sweeps=1)
+
+    def peakmem_run_one_sweep(self, schedule, n, threads):
+        gp_ep.run_gp_ep(self.K, self.y, self.spec, self.tau.copy(), self.nu.copy(), self.post_cov,
+                        self.post_mean, schedule=SCHEDULES[schedule], damping=_damping(schedule),
+                        max_sweeps=1)
+
+
+class GPEPIncrementalSweep(_Threads):
+    """The sweep alone (rank-1 / delayed rank-1 updates, no refactorisation)."""
+    params = [["sequential", "blocked"], [500, 2000], ["1", "default"]]
+    param_names = ["schedule", "n", "blas_threads"]
+    timeout = 600
+
+    def setup(self, schedule, n, threads):
+        self._limit(threads)
+        self.K, self.y = _problem(n)
+        self.spec = Probit().site_spec()
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
+        gp_ep.run_gp_ep(self.K, self.y, self.spec, self.tau, self.nu, self.post_cov, self.post_mean,
+                        max_sweeps=2)
+        self.work_cov = np.empty_like(self.post_cov)
+
+    def time_incremental_sweep(self, schedule, n, threads):
+        self.work_cov[...] = self.post_cov
+        gp_ep.incremental_sweep(self.y, self.spec, self.tau.copy(), self.nu.copy(), self.work_cov,
+                                self.post_mean.copy(), schedule=SCHEDULES[schedule])
+
+
+class GPEPRefactor(_Threads):
+    """Posterior from the sites (chol of B, trsm, syrk) and the stand-alone log Z."""
+    params = [[500, 2000], ["1", "default"]]
+    param_names = ["n", "blas_threads"]
+    timeout = 300
+
+    def setup(self, n, threads):
+        self._limit(threads)
+        self.K, self.y = _problem(n)
+        self.spec = Probit().site_spec()
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
+        gp_ep.run_gp_ep(self.K, self.y, self.spec, self.tau, self.nu, self.post_cov, self.post_mean,
+                        max_sweeps=2)
+
+    def time_refactor_posterior(self, n, threads):
+        gp_ep.refactor_posterior(self.K, self.tau, self.nu, self.post_cov, self.post_mean)
+
+    def time_log_marginal_likelihood(self, n, threads):
+        gp_ep.log_marginal_likelihood(self.K, self.y, self.spec, self.tau, self.nu)
+
+
+class GPEPConverge(_Threads):
+    """Cold start to convergence at tol 1e-8: time, peak memory, number of sweeps."""
+    params = [list(SCHEDULES) + ["blocked-entropy"], [500, 2000], ["1", "default"]]
+    param_names = ["schedule", "n", "blas_threads"]
+    timeout = 900
+    repeat = (1, 3, 120.0)
+    number = 1
+
+    def setup(self, schedule, n, threads):
+        self._limit(threads)
+        self.K, self.y = _problem(n)
+        self.spec = Probit().site_spec()
+        self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
+        base = schedule.split("-")[0]
+        self.options = dict(schedule=SCHEDULES[base], damping=_damping(base), tol=1e-8, max_sweeps=500,
+                            order=gp_ep.ORDER_ENTROPY if schedule.endswith("entropy") else gp_ep.ORDER_FIXED)
+
+    def _run(self, n):
+        return gp_ep.run_gp_ep(self.K, self.y, self.spec, np.zeros(n), np.zeros(n), self.post_cov,
+                               self.post_mean, **self.options)
+
+    def time_to_convergence(self, schedule, n, threads):
+        self._run(n)
+
+    def peakmem_to_convergence(self, schedule, n, threads):
+        self._run(n)
+
+    def track_sweeps(self, schedule, n, threads):
+        return self._run(n)["n_sweeps"]
+
+    track_sweeps.unit = "sweeps"
