@@ -592,3 +592,17 @@ def test_downstream_cython_can_cimport_gp_ep(tmp_path):
                           "-o", str(tmp_path / "out.c")], capture_output=True, text=True, cwd=tmp_path,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_incremental_sweep_bad_input():
+    K, y = rbf_problem(6, seed=22)
+    spec = fastep.Probit().site_spec()
+    tau, nu = np.zeros(6), np.zeros(6)
+    S, m = refactored(K, tau, nu)
+    S_bad = S.copy()
+    S_bad[4, 2] = np.nan
+    with pytest.raises(ValueError, match=r"post_cov must be finite; post_cov\[4, 2\]"):
+        engine.incremental_sweep(y, spec, tau, nu, S_bad, m)
+    with pytest.raises(ValueError, match="SCHEDULE_SEQUENTIAL"):
+        engine.incremental_sweep(y, spec, tau, nu, S, m, schedule=PAR)
+    np.testing.assert_array_equal(tau, 0.0)

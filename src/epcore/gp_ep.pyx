@@ -654,6 +654,14 @@ cdef int _scan_kernel(const double* K, int n, double rtol, int* bad_i, int* bad_
     return 0
 
 
+cdef Py_ssize_t _first_non_finite(const double* a, Py_ssize_t count) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(count):
+        if not isfinite(a[k]):
+            return k
+    return -1
+
+
 def _check_vector(name, const double[::1] v, int n, bint nonnegative=False):
     if v.shape[0] != n:
         raise ValueError(f"{name} must have length n = K.shape[0] = {n}; got {v.shape[0]}")
@@ -1059,8 +1067,13 @@ def incremental_sweep(const double[::1] y, SiteSpec spec not None,
     if schedule == SCHEDULE_PARALLEL:
         raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0) or SCHEDULE_BLOCKED (2) for "
                          "incremental_sweep (the parallel schedule has no incremental update)")
-    if not np.isfinite(np.asarray(post_cov)).all():
-        raise ValueError("post_cov must be finite")
+    cdef Py_ssize_t bad = -1
+    if n > 0:
+        with nogil:
+            bad = _first_non_finite(&post_cov[0, 0], <Py_ssize_t>n * n)
+    if bad >= 0:
+        raise ValueError(f"post_cov must be finite; post_cov[{bad // n}, {bad % n}] = "
+                         f"{post_cov[bad // n, bad % n]!r}")
     _check_no_aliasing({"y": y},
                        {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
                         "post_cov": post_cov, "post_mean": post_mean})
