@@ -66,7 +66,9 @@ Memory
 ``kernel.diag(X)`` works in O(n d) without forming any n×n array;
 ``kernel(X, eval_gradient=True)`` returns the full (n, n, n_theta) array; for
 O(n²) memory use ``kernel.gradient(X, i)`` (one parameter) or
-``kernel.gradient_iter(X)`` (one n×n derivative at a time). Peak n×n arrays
+``kernel.gradient_iter(X)`` (one n×n derivative at a time). ``kernel.columns(X)``
+returns an oracle for single columns of K(X, X) (O(n d) each, no n×n array;
+used by the IVM). Peak n×n arrays
 alive, besides the result: about 2 for K of RBF/Linear, 4 for K of MLP; while
 differentiating, 3 for RBF and 7 for MLP (shared intermediates P = XAXᵀ,
 sqrt(N), atan2 argument, scale factor, two work buffers), plus, for a product
@@ -87,7 +89,7 @@ from . import _validation as _v
 
 __all__ = [
     "Kernel", "Linear", "RBF", "MLP", "White", "Bias", "LinearARD", "RBFARD", "MLPARD",
-    "Sum", "Product", "Transform", "TRANSFORMS",
+    "Sum", "Product", "Transform", "TRANSFORMS", "KernelColumns",
 ]
 
 _TWO_OVER_PI = 2.0 / np.pi
@@ -342,6 +344,29 @@ class Kernel:
         X = self._validate_X(X, "X")
         return self._grads(X, list(range(self.n_theta)))
 
+    def columns(self, X):
+        """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
+
+        For algorithms that need a few columns of an n×n kernel matrix that is never
+        formed (the IVM includes one point at a time). The setup (validation,
+        centring, row norms, ``diag``) costs O(n d) once; each column then costs
+        O(n d) time and O(n) memory (about one matrix-vector product per leaf
+        kernel). Entry ``j`` of column ``j`` is exactly ``cols.diag[j]`` =
+        ``kernel.diag(X)[j]``, so ``White`` contributes there and nowhere else, as in
+        ``K(X, X)``. The other entries agree with ``kernel(X)`` to rounding.
+        """
+        X = self._validate_X(X, "X")
+        return KernelColumns(self, X)
+
+    def _column_state(self, X):
+        """Per-X intermediates for ``_column`` (default: X itself)."""
+        return X
+
+    def _column(self, state, j):
+        """Column j of K(X, X) except its j-th entry (fresh array); default: one K(X, x_j) call."""
+        X = state
+        return np.ascontiguousarray(self._K(X, X[j:j + 1])[:, 0])
+
     # ---- input checks ------------------------------------------------------------------------
     @property
     def n_features(self):
@@ -374,6 +399,40 @@ def _flatten(cls, kernels):
     for k in kernels:
         out.extend(k.kernels if type(k) is cls else [k])
     return out
+
+
+class KernelColumns:
+    """Columns of K(X, X) one at a time (see :meth:`Kernel.columns`).
+
+    Attributes
+    ----------
+    kernel : Kernel
+        The kernel (not copied: do not change its parameters while using the oracle).
+    X : ndarray (n, d)
+    diag : ndarray (n,)
+        ``kernel.diag(X)``.
+    """
+
+    def __init__(self, kernel, X):
+        self.kernel = kernel
+        self.X = X
+        self.diag = np.array(kernel._diag(X), dtype=float, copy=True).reshape(-1)
+        self._state = kernel._column_state(X)
+
+    @property
+    def n(self):
+        return self.X.shape[0]
+
+    def __call__(self, j):
+        """``K(X, X)[:, j]`` as a fresh float64 array of length n."""
+        if isinstance(j, (bool, np.bool_)) or not isinstance(j, numbers.Integral):
+            raise TypeError(f"j must be an integer, got {type(j).__name__}")
+        j = int(j)
+        if not 0 <= j < self.X.shape[0]:
+            raise ValueError(f"j must be in [0, {self.X.shape[0]}), got {j}")
+        col = self.kernel._column(self._state, j)
+        col[j] = self.diag[j]
+        return col
 
 
 class _Leaf(Kernel):
@@ -655,6 +714,11 @@ class Linear(_Leaf):
         for _ in pairs:
             yield _gram(X)
 
+    def _column(self, X, j):
+        col = X @ X[j]
+        col *= self._value("variance")
+        return col
+
 
 class LinearARD(_ARDMixin, _Leaf):
     """Linear ARD kernel k(x, y) = v Σ_c α_c x_c y_c (IVM §4).
@@ -687,6 +751,14 @@ class LinearARD(_ARDMixin, _Leaf):
 
     def _diag(self, X):
         return self._value("variance") * (X * X) @ self._column_scales()
+
+    def _column_state(self, X):
+        return np.ascontiguousarray(X * np.sqrt(self._column_scales()))
+
+    def _column(self, Z, j):
+        col = Z @ Z[j]
+        col *= self._value("variance")
+        return col
 
     def _grads_constrained(self, X, pairs, state):
         v = self._value("variance")
@@ -738,6 +810,25 @@ class RBF(_Leaf):
 
     def _diag(self, X):
         return np.full(X.shape[0], self._value("variance"))
+
+    def _column_state(self, X):
+        Xc, _ = _centre(X)
+        if self._has_scales:
+            Xc = Xc * np.sqrt(self._column_scales())
+        Xc = np.ascontiguousarray(Xc)
+        return Xc, _row_sq_norms(Xc)
+
+    def _column(self, state, j):
+        Xc, norms = state
+        D = Xc @ Xc[j]
+        D *= -2.0
+        D += norms
+        D += norms[j]
+        np.maximum(D, 0.0, out=D)
+        D *= -0.5 * self._value("inverse_width")
+        np.exp(D, out=D)
+        D *= self._value("variance")
+        return D
 
     def _grad_state(self, X):
         D = self._sqdist(X, None)
@@ -879,6 +970,31 @@ class MLP(_Leaf):
         s = w * _row_sq_norms(Z) + b
         return _TWO_OVER_PI * self._value("variance") * np.arctan2(s, np.sqrt(2.0 * s + 1.0))
 
+    def _column_state(self, X):
+        Z = np.ascontiguousarray(self._scaled(X))
+        return Z, _row_sq_norms(Z)
+
+    def _column(self, state, j):
+        # The single-column case of _parts (same terms, same order).
+        w, b = self._value("weight_variance"), self._value("bias_variance")
+        Z, nx = state
+        ny = nx[j]
+        P = Z @ Z[j]
+        N = nx * ny - P * P
+        np.maximum(N, 0.0, out=N)
+        N *= w * w
+        T = nx + ny - 2.0 * P
+        np.maximum(T, 0.0, out=T)
+        T *= w * b
+        N += T
+        N += (w * nx + b) + (w * ny + b) + 1.0
+        np.sqrt(N, out=N)
+        P *= w
+        P += b
+        K = np.arctan2(P, N, out=P)
+        K *= _TWO_OVER_PI * self._value("variance")
+        return K
+
     def _grad_state(self, X):
         w, b = self._value("weight_variance"), self._value("bias_variance")
         P, nx, ny, d, e, root = self._parts(X, None)
@@ -985,6 +1101,9 @@ class White(_Leaf):
         for _ in pairs:
             yield np.eye(X.shape[0])
 
+    def _column(self, X, j):
+        return np.zeros(X.shape[0])     # the variance sits on the diagonal only
+
 
 class Bias(_Leaf):
     """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
@@ -1004,6 +1123,9 @@ class Bias(_Leaf):
     def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
             yield np.ones((X.shape[0], X.shape[0]))
+
+    def _column(self, X, j):
+        return np.full(X.shape[0], self._value("variance"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1130,6 +1252,15 @@ class Sum(_Composite):
             out = out + k._diag(X)
         return out
 
+    def _column_state(self, X):
+        return [k._column_state(X) for k in self.kernels]
+
+    def _column(self, states, j):
+        col = self.kernels[0]._column(states[0], j)
+        for k, st in zip(self.kernels[1:], states[1:]):
+            col += k._column(st, j)
+        return col
+
     def _grads(self, X, slots, state=None):
         for c, local in self._runs(slots):
             yield from self.kernels[c]._grads(X, local)
@@ -1165,6 +1296,15 @@ class Product(_Composite):
         for k in self.kernels[1:]:
             out = out * k._diag(X)
         return out
+
+    def _column_state(self, X):
+        return [k._column_state(X) for k in self.kernels]
+
+    def _column(self, states, j):
+        col = self.kernels[0]._column(states[0], j)
+        for k, st in zip(self.kernels[1:], states[1:]):
+            col *= k._column(st, j)
+        return col
 
     def _others(self, X, c):
         other = None
