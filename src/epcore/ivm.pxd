@@ -1,0 +1,65 @@
+# cython: language_level=3
+"""Informative Vector Machine selection engine: state and nogil building blocks (see ivm.pyx).
+
+State after k inclusions (Lawrence, Seeger & Herbrich 2005, §3.2; Seeger's notes §2.1),
+n = number of training points, d_max = capacity of the active set:
+
+* ``M`` (d_max x n, row-major): rows 0..k-1 hold the low-rank part of the posterior
+  covariance, Σ = K - MᵀM (IVM eq 29); row i is sqrt(ν_i) s_{i-1,n_i}ᵀ.  Equivalently
+  M = L⁻¹ B_I^½ K[I, :] with B_I = diag(site precisions of the active points).
+* ``L`` (d_max x d_max, row-major, lower triangular): rows/columns 0..k-1 hold the
+  Cholesky factor of I + B_I^½ K_I B_I^½ (Seeger §2.1), one row appended per inclusion.
+* ``post_var`` (n): ς = diag Σ (eq 27);  ``post_mean`` (n): μ (eq 28).
+* ``g``, ``nu``, ``score`` (n): g_n = ∂log Z_n/∂μ_n, ν_n = -∂²log Z_n/∂μ_n² and the
+  selection score of every inactive point at the current posterior (eqs 14-26); stale for
+  active points.
+* ``site_mean`` / ``site_precision`` (n): m_n, β_n of the included points (eqs 22-23), 0
+  for inactive points.
+* ``active`` (d_max): the included indices in inclusion order; ``is_active`` (n): 0/1 flags.
+
+Everything here is ``noexcept nogil`` and allocation free; the arrays are owned by
+``IVMState`` (ivm.pyx).
+"""
+from fastep._epcore.sites cimport SiteModel
+
+
+cpdef enum IVMCriterion:
+    CRITERION_ENTROPY = 0      # ΔH = -½ log(1 - ν ς) (IVM eq 26)
+    CRITERION_INFO_GAIN = 1    # KL(q_new ‖ q_old) = ½ (g² ς - ν ς - log(1 - ν ς))
+    CRITERION_RANDOM = 2       # uniform over eligible points (seeded splitmix64)
+
+cpdef enum IVMStatus:
+    IVM_OK = 0
+    IVM_NO_CANDIDATE = 1       # no inactive point has a finite score (all failed or ν <= 0)
+    IVM_BAD_POINT = 2          # the point to include is active, out of range or not eligible
+    IVM_FULL = 3               # k == d_max
+    IVM_NEGATIVE_VARIANCE = 4  # some ς_i < -1e-8 K_ii after an update: K is not PSD
+    IVM_BAD_COLUMN = 5         # the supplied kernel column is not finite
+
+
+cdef struct IVMArrays:
+    int n
+    int d_max
+    int k                      # number of included points
+    double* M
+    double* L
+    double* post_var
+    double* post_mean
+    double* g
+    double* nu
+    double* score
+    double* site_mean
+    double* site_precision
+    const double* diag_k       # diag K (for the PSD check)
+    int* active
+    unsigned char* is_active
+
+
+cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
+                   int criterion, unsigned long long* rng_state, int* best) noexcept nogil
+
+cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int criterion,
+                  unsigned long long* rng_state, int* best) noexcept nogil
+
+cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
+                     int point, const double* column, double* work) noexcept nogil
