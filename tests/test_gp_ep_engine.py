@@ -301,6 +301,47 @@ def test_blocked_sweep_is_the_sequential_sweep(order):
         assert close(S, results[0][2]) < 1e-12 and close(m, results[0][3]) < 1e-12
 
 
+@pytest.mark.parametrize("schedule", [SEQ, BLK])
+@pytest.mark.parametrize("refactor_every", [2, 5, 1000])
+def test_refactor_every_changes_results_by_rounding_only(schedule, refactor_every):
+    """Refactorising every sweep or only every few (log Z between them from the incremental
+    diag Σ, μ and the determinant-lemma log|B|) gives the same sweeps and the same answer."""
+    K, y = benchmark_problem(150)
+    spec = fastep.Probit().site_spec()
+    base = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=1)
+    other = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=refactor_every)
+    assert other[4]["n_sweeps"] == base[4]["n_sweeps"] and other[4]["converged"]
+    for a, b in zip(other[:4], base[:4]):
+        assert close(a, b) < 1e-10
+    assert abs(other[4]["log_z"] - base[4]["log_z"]) < 1e-10 * abs(base[4]["log_z"])
+    # the returned posterior is a fresh factorisation of the returned sites
+    S_ref, m_ref = refactored(K, other[0], other[1])
+    np.testing.assert_array_equal(other[2], S_ref)
+    np.testing.assert_array_equal(other[3], m_ref)
+
+
+def test_incremental_log_det_tracks_the_factorisation():
+    """Between refactorisations log Z uses the incremental diag Σ, μ and ½ log|B| accumulated by
+    the determinant lemma: the log-Z change reported after sweep k (refactorised, as the last
+    sweep) against the incremental value of sweep k-1 equals the exact change."""
+    K, y = benchmark_problem(120)
+    spec = fastep.Logistic().site_spec()
+    exact = []
+    for sweeps in (1, 2, 3, 4):
+        tau, nu, S, m, info = run(K, y, spec, max_sweeps=sweeps, refactor_every=1000, tol=1e-14)
+        lz = engine.log_marginal_likelihood(K, y, spec, tau, nu)
+        assert abs(info["log_z"] - lz) < 1e-12 * abs(lz)
+        exact.append(lz)
+        if sweeps >= 3:   # sweep k-1 >= 2 was evaluated incrementally
+            assert abs(info["log_z_change"] - abs(exact[-1] - exact[-2])) < 1e-10 * abs(lz)
+
+
+def test_refactor_every_must_be_positive():
+    K, y = benchmark_problem(10)
+    with pytest.raises(ValueError, match="refactor_every"):
+        run(K, y, fastep.Probit().site_spec(), refactor_every=0)
+
+
 # --------------------------------------------------------------------------------------------
 # (d) the EP invariant at return
 # --------------------------------------------------------------------------------------------

@@ -333,6 +333,7 @@ class _Indefinite(Kernel):
     ({"tol": -1.0}, "tol"),
     ({"max_sweeps": 0}, "max_sweeps"),
     ({"block_size": 0}, "block_size"),
+    ({"refactor_every": 0}, "refactor_every"),
     ({"jitter": -1e-3}, "jitter"),
     ({"optimizer": "bfgs"}, "optimizer"),
     ({"n_restarts_optimizer": -1}, "n_restarts_optimizer"),

@@ -47,6 +47,11 @@ _SCHEDULES = {"sequential": 0, "parallel": 1, "blocked": 2}
 _ORDERS = {"fixed": 0, "random": 1, "entropy": 2}
 _POLICIES = {"clip": 0, "skip": 1}
 _PREDICT_BATCH = 1024
+# Sweeps between full refactorisations (the final answer is always refactorised):
+# after every sweep for the plain rank-1 path (the cross-check), every 10 sweeps for the
+# blocked path, where the O(n³) refactorisation costs about twice a sweep
+# (benchmarks/compare_gpc_peers.py; issue 3 closing note).
+_DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
 
 
 def _cholesky_lower_inplace(A):
@@ -110,7 +115,8 @@ class _BinaryGPEP:
                 K, self.y, likelihood.site_spec(), tau, nu, buffer, post_mean,
                 schedule=opts["schedule"], order=opts["order"], seed=opts["seed"],
                 damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-                negative_precision=opts["negative_precision"], block_size=opts["block_size"])
+                negative_precision=opts["negative_precision"], block_size=opts["block_size"],
+                refactor_every=opts["refactor_every"])
         if not np.isfinite(info["log_z"]):
             if info["n_failed"]:
                 raise np.linalg.LinAlgError(
@@ -206,6 +212,10 @@ class _GPEPBase(BaseEstimator):
         max_sweeps = v.check_int(self.max_sweeps, "max_sweeps", minimum=1)
         block_size = 0 if self.block_size is None else v.check_int(self.block_size, "block_size", minimum=1)
         jitter = v.check_in_range(self.jitter, "jitter", 0.0, np.inf)
+        if self.refactor_every is None:
+            refactor_every = _DEFAULT_REFACTOR_EVERY[self.schedule]
+        else:
+            refactor_every = v.check_int(self.refactor_every, "refactor_every", minimum=1)
         if self.optimizer not in (None, "L-BFGS-B"):
             raise ValueError(f"optimizer must be 'L-BFGS-B' or None, got {self.optimizer!r}")
         v.check_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
@@ -221,7 +231,7 @@ class _GPEPBase(BaseEstimator):
         return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "block_size": block_size,
-                "jitter": jitter}
+                "jitter": jitter, "refactor_every": refactor_every}
 
     def _kernel(self):
         kernel = RBF() if self.kernel is None else self.kernel
@@ -323,6 +333,11 @@ class GaussianProcessClassifier(_GPEPBase):
     max_sweeps : int, default 200
     block_size : int or None
         Sites per BLAS-3 block of the 'blocked' schedule (None: the engine's measured default).
+    refactor_every : int or None
+        Sweeps between full refactorisations of the posterior from the Cholesky of
+        B = I + S^½ K S^½ (the returned posterior and log Z always come from a fresh one;
+        between them log Z uses the incremental marginals and the determinant lemma).
+        None: 1 for 'sequential' and 'parallel', 10 for 'blocked'.
     negative_precision : {'clip', 'skip'}, default 'clip'
         Policy for negative site precisions (possible for the step likelihood with
         flip noise): clip to 0 keeping the tilted mean matched, or skip the update.
@@ -355,8 +370,8 @@ class GaussianProcessClassifier(_GPEPBase):
     """
 
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
-                 tol=1e-8, max_sweeps=200, block_size=None, negative_precision="clip",
-                 optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
+                 tol=1e-8, max_sweeps=200, block_size=None, refactor_every=None,
+                 negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
                  random_state=None, warm_start=True):
         self.kernel = kernel
         self.likelihood = likelihood
@@ -366,6 +381,7 @@ class GaussianProcessClassifier(_GPEPBase):
         self.tol = tol
         self.max_sweeps = max_sweeps
         self.block_size = block_size
+        self.refactor_every = refactor_every
         self.negative_precision = negative_precision
         self.optimizer = optimizer
         self.n_restarts_optimizer = n_restarts_optimizer
@@ -523,8 +539,8 @@ class GaussianProcessRegressor(_GPEPBase):
 
     def __init__(self, kernel=None, noise_variance=1.0, *, learn_noise=True, schedule="blocked",
                  order="fixed", damping=None, tol=1e-8, max_sweeps=200, block_size=None,
-                 negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, jitter=0.0,
-                 random_state=None, warm_start=True):
+                 refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
+                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True):
         self.kernel = kernel
         self.noise_variance = noise_variance
         self.learn_noise = learn_noise
@@ -534,6 +550,7 @@ class GaussianProcessRegressor(_GPEPBase):
         self.tol = tol
         self.max_sweeps = max_sweeps
         self.block_size = block_size
+        self.refactor_every = refactor_every
         self.negative_precision = negative_precision
         self.optimizer = optimizer
         self.n_restarts_optimizer = n_restarts_optimizer

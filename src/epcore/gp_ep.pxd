@@ -48,14 +48,15 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
                               double* post_cov, double* post_mean,
                               const int* perm, bint entropy, double* post_diag, unsigned char* done,
                               double* col, const SiteUpdateOptions* opts,
-                              SweepStats* stats) noexcept nogil
+                              SweepStats* stats, double* half_log_det_b) noexcept nogil
 
 cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
                            double* site_precision, double* site_natural_mean,
                            double* post_cov, double* post_mean,
                            const int* perm, bint entropy, double* post_diag, unsigned char* done,
                            int block_size, double* rows, double* small, double* col,
-                           const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+                           const SiteUpdateOptions* opts, SweepStats* stats,
+                           double* half_log_det_b) noexcept nogil
 
 cdef void gp_parallel_update(const SiteModel* model, const double* y, int n,
                              double* site_precision, double* site_natural_mean,

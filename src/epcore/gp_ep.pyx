@@ -330,15 +330,17 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
                               double* post_cov, double* post_mean,
                               const int* perm, bint entropy, double* post_diag, unsigned char* done,
                               double* col, const SiteUpdateOptions* opts,
-                              SweepStats* stats) noexcept nogil:
+                              SweepStats* stats, double* half_log_det_b) noexcept nogil:
     """One sequential sweep: site_step, then dsyr (lower triangle) + daxpy per site.
 
     ``post_cov``: lower triangle current on entry and exit.  Order: ``perm`` (NULL =
     0..n-1) unless ``entropy``, which needs ``post_diag`` and ``done`` (n each) as
-    workspace; otherwise those may be NULL.  ``col``: n doubles.
+    workspace; otherwise those may be NULL.  ``col``: n doubles.  ``half_log_det_b``
+    (may be NULL) accumulates ½ log|B| through the determinant lemma: a site change
+    Δτ_i multiplies |B| by ``1 + Δτ_i Σ_ii`` (Σ before the update).
     """
     cdef int t, i, j, result
-    cdef double tau_old, nu_old, cov_coef, mean_coef
+    cdef double tau_old, nu_old, cov_coef, mean_coef, sii
     _reset(stats)
     if entropy:
         for j in range(n):
@@ -351,10 +353,13 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
         nu_old = site_natural_mean[i]
         cov_coef = 0.0
         mean_coef = 0.0
-        result = site_step(model, y[i], post_cov[<Py_ssize_t>i * n + i], post_mean[i],
+        sii = post_cov[<Py_ssize_t>i * n + i]
+        result = site_step(model, y[i], sii, post_mean[i],
                            &site_precision[i], &site_natural_mean[i], opts, &cov_coef, &mean_coef)
         _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
         if (result == STEP_APPLIED or result == STEP_CLIPPED) and (cov_coef != 0.0 or mean_coef != 0.0):
+            if half_log_det_b != NULL:
+                half_log_det_b[0] += 0.5 * log1p((site_precision[i] - tau_old) * sii)
             _gather_column(post_cov, n, i, col)
             if cov_coef != 0.0:
                 syr(True, n, cov_coef, col, post_cov, n)                         # eq 84
@@ -370,7 +375,8 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
                            double* post_cov, double* post_mean,
                            const int* perm, bint entropy, double* post_diag, unsigned char* done,
                            int block_size, double* rows, double* small, double* col,
-                           const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil:
+                           const SiteUpdateOptions* opts, SweepStats* stats,
+                           double* half_log_det_b) noexcept nogil:
     """One sweep with the rank-1 updates of ``block_size`` sites delayed and folded in by syrk.
 
     Same sequence of site updates as ``gp_sweep_sequential`` (up to rounding).
@@ -378,7 +384,8 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
     ``post_diag``/``done`` as for the sequential sweep.  ``rows[r]`` holds
     ``sqrt(c_r) u_r`` for positive coefficients from the top and ``sqrt(-c_r) u_r``
     for negative ones from the bottom, so that within a block
-    ``Σ = Σ₀ + R_posᵀ R_pos - R_negᵀ R_neg``.
+    ``Σ = Σ₀ + R_posᵀ R_pos - R_negᵀ R_neg``.  ``half_log_det_b`` (may be NULL) as
+    for the sequential sweep.
     """
     cdef int t = 0, kk, b, i, j, r, n_pos, n_neg, result
     cdef double tau_old, nu_old, cov_coef, mean_coef, sii, v, scale
@@ -416,6 +423,8 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
             if not ((result == STEP_APPLIED or result == STEP_CLIPPED)
                     and (cov_coef != 0.0 or mean_coef != 0.0)):
                 continue
+            if half_log_det_b != NULL:
+                half_log_det_b[0] += 0.5 * log1p((site_precision[i] - tau_old) * sii)
             # current column u = Σ[:, i]
             _gather_column(post_cov, n, i, col)
             if n_pos > 0:
@@ -779,7 +788,7 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
               double[:, ::1] post_cov, double[::1] post_mean,
               *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
               double damping=1.0, double tol=1e-8, int max_sweeps=100,
-              int negative_precision=NEGATIVE_CLIP, int block_size=0):
+              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1):
     """Run dense GP EP to convergence (Minka §2, eqs 77-88).
 
     Parameters
@@ -815,6 +824,14 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     block_size : int >= 0
         Sites per syrk fold of the blocked schedule (0 = ``auto_block_size(n)``; values
         above n are clipped to n).
+    refactor_every : int >= 1
+        Sequential and blocked schedules: refactorise from the Cholesky of B every this
+        many sweeps, and always once more after the last sweep (on convergence or at
+        ``max_sweeps``), so the returned posterior and log Z are always from a fresh
+        factorisation.  Between refactorisations, log Z is evaluated from the incremental
+        ``diag Σ``, ``μ`` and ½ log|B| accumulated by the determinant lemma.  Default 1:
+        refactorise after every sweep.  (The parallel schedule refactorises every
+        iteration.)
 
     Returns
     -------
@@ -847,6 +864,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         raise ValueError(f"tol must be > 0; got {tol}")
     if max_sweeps < 1:
         raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
+    if refactor_every < 1:
+        raise ValueError(f"refactor_every must be >= 1; got {refactor_every}")
     _check_no_aliasing({"K": K, "y": y},
                        {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
                         "post_cov": post_cov, "post_mean": post_mean})
@@ -889,7 +908,9 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
     cdef bint converged = False
     cdef double log_chol = 0.0, log_z = NAN, new_log_z, log_z_change = INFINITY
-    cdef double max_change = INFINITY, scale
+    cdef double max_change = INFINITY, scale, prev_log_z = NAN
+    cdef bint refactor_now
+    cdef Py_ssize_t j
     _reset(&stats)
 
     with nogil:
@@ -908,11 +929,11 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     if schedule == SCHEDULE_SEQUENTIAL:
                         gp_sweep_sequential(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
                                             perm_ptr, entropy, diag_ptr, &done[0], &col[0],
-                                            &opts, &stats)
+                                            &opts, &stats, &log_chol)
                     else:
                         gp_sweep_blocked(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
                                          perm_ptr, entropy, diag_ptr, &done[0], k_block,
-                                         work_ptr, &small[0], &col[0], &opts, &stats)
+                                         work_ptr, &small[0], &col[0], &opts, &stats, &log_chol)
                 n_sweeps = sweep
                 total_skipped += stats.n_skipped
                 total_clipped += stats.n_clipped
@@ -920,6 +941,26 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                 max_change = stats.max_change_precision
                 if stats.max_change_natural_mean > max_change:
                     max_change = stats.max_change_natural_mean
+                refactor_now = parallel or sweep % refactor_every == 0 or sweep == max_sweeps
+                if not refactor_now:
+                    # incremental posterior: diag Σ from the (current) lower triangle, μ as
+                    # updated, ½ log|B| accumulated by the determinant lemma
+                    for j in range(n):
+                        diag_ptr[j] = cov_ptr[<Py_ssize_t>j * n + j]
+                    new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                         log_chol, &bad_site)
+                    log_z_change = fabs(new_log_z - log_z)
+                    scale = fabs(new_log_z)
+                    if not scale > 1.0:
+                        scale = 1.0
+                    converged = (max_change < tol and log_z_change < tol * scale
+                                 and stats.n_failed == 0)
+                    if not (converged or not isfinite(new_log_z)):
+                        log_z = new_log_z
+                        continue
+                    # converged (or something needs a fresh factorisation): refactorise and
+                    # report the refactorised posterior and log Z
+                    prev_log_z = log_z
                 info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
                                    work_ptr, &scratch[0], &log_chol, not parallel)
                 if info != 0:
@@ -927,6 +968,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     break
                 new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
                                      log_chol, &bad_site)
+                if not refactor_now:
+                    log_z = prev_log_z
                 log_z_change = fabs(new_log_z - log_z)
                 log_z = new_log_z
                 scale = fabs(log_z)
@@ -1102,11 +1145,11 @@ def incremental_sweep(const double[::1] y, SiteSpec spec not None,
         if schedule == SCHEDULE_SEQUENTIAL:
             gp_sweep_sequential(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
                                 &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
-                                &done[0], &col[0], &opts, &stats)
+                                &done[0], &col[0], &opts, &stats, NULL)
         else:
             gp_sweep_blocked(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
                              &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
-                             &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats)
+                             &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats, NULL)
         symmetrize(True, n, &post_cov[0, 0], n)
     return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
                 n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
