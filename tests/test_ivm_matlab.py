@@ -95,3 +95,19 @@ def test_same_points_same_order_same_sites_as_matlab(name):
         np.testing.assert_array_equal(alt.select(active.shape[0], cols), active)
         np.testing.assert_allclose(alt.site_mean, m, rtol=1e-8, atol=1e-8)
         np.testing.assert_allclose(alt.site_precision, beta, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["Probit", "Gaussian"])
+def test_estimators_with_fixed_parameters_reproduce_matlab(name):
+    from fastep import IVMClassifier, IVMRegressor
+    X, y, kernel, noise, active, _, m, beta = _reference(name)
+    if name == "Probit":
+        model = IVMClassifier(kernel, Probit(slope=float(noise.sigma2) ** -0.5, bias=float(noise.bias)),
+                              active_set_size=50, optimizer=None).fit(X, y)
+        np.testing.assert_array_equal(model.classes_, [-1, 1])
+    else:
+        model = IVMRegressor(kernel, noise_variance=float(noise.sigma2), bias=float(noise.bias),
+                             learn_noise=False, active_set_size=50, optimizer=None).fit(X, y)
+    np.testing.assert_array_equal(model.active_set_, active)
+    np.testing.assert_allclose(model.site_mean_, m[active], rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(model.site_precision_, beta[active], rtol=1e-8, atol=1e-8)

@@ -7,6 +7,9 @@ LinearEPClassifier, LinearEPRegressor
 GaussianProcessClassifier, GaussianProcessRegressor
     Gaussian-process models fitted by dense kernel-space EP (Minka §2), with evidence
     gradients and hyperparameter learning.
+IVMClassifier, IVMRegressor, IVMOrdinalRegressor
+    Informative Vector Machines (Lawrence, Seeger & Herbrich 2005): sparse GP models by
+    greedy entropy-based active-set selection, O(d² n) time, O(d n) memory.
 fastep.kernels
     Covariance functions with exact gradients.
 RankKEP
@@ -22,6 +25,7 @@ from . import kernels, likelihoods
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .multioutput import RankKEP
 
@@ -35,4 +39,5 @@ __all__ = [
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
+    "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor",
 ]

@@ -13,21 +13,30 @@ parameter                   unconstrained t            ∂ log Z / ∂t  (cavity
 ``Probit.slope`` λ (finite) t = log λ                  α (m + b) / (1 + λ² s)
 ``Step.flip_noise`` ε > 0   t = logit(2ε)              ε (1/Z − 2)            (dZ/dε = 1 − 2Φ, Φ = (Z − ε)/(1 − 2ε))
 ``Gaussian.noise_variance`` t = log σ²                 σ² (α² − β) / 2        (∂Z/∂σ² = ½ ∂²Z/∂m²)
+``OrderedCategorical.bias`` t = b                      ∂_hi + ∂_lo            (every threshold moves with b)
+``OrderedCategorical`` w_i  t = log w_i                w_i (∂_hi [i <= k] + ∂_lo [i <= k - 1])
 ==========================  =========================  =======================================================
 
-``Logistic`` has no parameters; ``OrderedCategorical`` is not used by the GP estimators.
+``Logistic`` has no parameters. For the ordinal likelihood (IVM §2.4, used by the
+IVM's noise-parameter updates, eq 34) a site with label k has
+``Z = Φ(c (θ_k - m)) - Φ(c (θ_{k-1} - m))``, ``c = 1/sqrt(λ⁻² + s)``,
+``θ_j = b + w_1 + ... + w_j``, and the threshold derivatives
+``∂_hi = ∂ log Z/∂θ_k = c N(c (θ_k - m))/Z`` (0 for k = C-1) and
+``∂_lo = ∂ log Z/∂θ_{k-1} = -c N(c (θ_{k-1} - m))/Z`` (0 for k = 0), each formed as
+``± c exp(log N(u) - log Z)`` from the site kernel's log Z (so ``∂_hi + ∂_lo = -α``).
+Its slope is not learnt.
 """
 import math
 
 import numpy as np
 from scipy.special import expit, logit
 
-from .likelihoods import Gaussian, Logistic, Probit, Step
+from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 
 __all__ = ["likelihood_theta", "likelihood_with_theta", "likelihood_theta_gradient"]
 
 _BOUNDS = {"bias": (-1e3, 1e3), "log_slope": (-20.0, 20.0), "logit_flip": (-30.0, 30.0),
-           "log_noise": (-30.0, 20.0)}
+           "log_noise": (-30.0, 20.0), "log_width": (-30.0, 20.0)}
 
 
 def _names(likelihood):
@@ -39,6 +48,8 @@ def _names(likelihood):
         return ["log_noise"]
     if isinstance(likelihood, Logistic):
         return []
+    if isinstance(likelihood, OrderedCategorical):
+        return ["bias"] + [f"log_width_{i + 1}" for i in range(likelihood.n_categories - 2)]
     raise TypeError(f"learning the parameters of {type(likelihood).__name__} is not supported")
 
 
@@ -59,7 +70,10 @@ def likelihood_theta(likelihood):
             values.append(float(logit(2.0 * eps)))
         elif name == "log_noise":
             values.append(math.log(likelihood.noise_variance))
-    return names, np.array(values, dtype=float), np.array([_BOUNDS[n] for n in names], dtype=float).reshape(-1, 2)
+        elif name.startswith("log_width_"):
+            values.append(math.log(likelihood.widths[int(name[10:]) - 1]))
+    bounds = [_BOUNDS["log_width" if n.startswith("log_width_") else n] for n in names]
+    return names, np.array(values, dtype=float), np.array(bounds, dtype=float).reshape(-1, 2)
 
 
 def likelihood_with_theta(likelihood, theta):
@@ -75,6 +89,9 @@ def likelihood_with_theta(likelihood, theta):
             params["flip_noise"] = min(0.5 * float(expit(t)), 0.5 - 1e-16)
         elif name == "log_noise":
             params["noise_variance"] = math.exp(t)
+        elif name.startswith("log_width_"):
+            params["widths"] = np.array(params["widths"], dtype=float)
+            params["widths"][int(name[10:]) - 1] = math.exp(t)
     return type(likelihood)(**params)
 
 
@@ -84,6 +101,8 @@ def likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var):
     if not names:
         return np.zeros(0)
     log_z, alpha, beta = likelihood.moments(y, cavity_mean, cavity_var)
+    if isinstance(likelihood, OrderedCategorical):
+        return _ordinal_gradient(likelihood, names, y, cavity_mean, cavity_var, log_z)
     grads = []
     for name in names:
         if name == "bias":
@@ -96,4 +115,34 @@ def likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var):
         elif name == "log_noise":
             g = 0.5 * likelihood.noise_variance * (alpha * alpha - beta)
         grads.append(float(np.sum(g)))
+    return np.array(grads)
+
+
+def _ordinal_gradient(likelihood, names, y, cavity_mean, cavity_var, log_z):
+    """Bias and log-width gradients of ``sum_i log Z_i`` for the ordinal likelihood (module table)."""
+    y = np.asarray(y, dtype=float)
+    k = y.astype(int)
+    n_categories = likelihood.n_categories
+    theta = likelihood.thresholds                                # θ_0 .. θ_{C-2}
+    inv_slope2 = 0.0 if math.isinf(likelihood.slope) else likelihood.slope ** -2
+    c = 1.0 / np.sqrt(inv_slope2 + np.asarray(cavity_var, dtype=float))
+    mean = np.asarray(cavity_mean, dtype=float)
+    log_norm = 0.5 * math.log(2.0 * math.pi)
+    d_hi = np.zeros_like(mean)
+    d_lo = np.zeros_like(mean)
+    has_hi = k < n_categories - 1
+    u = c[has_hi] * (theta[k[has_hi]] - mean[has_hi])
+    d_hi[has_hi] = c[has_hi] * np.exp(-0.5 * u * u - log_norm - log_z[has_hi])
+    has_lo = k > 0
+    u = c[has_lo] * (theta[k[has_lo] - 1] - mean[has_lo])
+    d_lo[has_lo] = -c[has_lo] * np.exp(-0.5 * u * u - log_norm - log_z[has_lo])
+    widths = likelihood.widths
+    grads = []
+    for name in names:
+        if name == "bias":
+            grads.append(float(np.sum(d_hi) + np.sum(d_lo)))
+        else:
+            i = int(name[10:])                                   # w_i enters θ_j for j >= i
+            g = np.sum(d_hi[k >= i]) + np.sum(d_lo[k - 1 >= i])
+            grads.append(float(widths[i - 1] * g))
     return np.array(grads)
