@@ -48,6 +48,8 @@ def test_demo_runs_and_reports_accuracy_evidence_time():
     for name in ("gp_fixed", "gp_learnt"):
         assert models[name].converged_
         assert np.isfinite(models[name].log_marginal_likelihood_value_)
+    assert "Informative Vector Machine" in text
+    assert models["ivm"].active_set_.shape == (40,) and models["ivm"].score(np.zeros((1, 2)), [1.0]) in (0.0, 1.0)
     # learning the hyperparameters cannot lower the evidence below the starting point's
     start = models["gp_learnt"].log_marginal_likelihood(np.zeros(2))
     assert models["gp_learnt"].log_marginal_likelihood_value_ >= start - 1e-6
