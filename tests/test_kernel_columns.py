@@ -9,6 +9,7 @@ KERNELS = [
     LinearARD([0.3, 0.5, 0.9, 0.1]), RBFARD([0.3, 0.5], ard_groups=[0, 1, 1, 0], inverse_width=2.0),
     MLPARD([0.2, 0.6, 0.5, 0.9], 1.0, 5.0, 3.0),
     RBF() + Linear() + Bias(0.1) + White(0.1), RBF() * Linear() + White(0.2), (RBF() + White(0.1)) * Bias(2.0),
+    MLP(1.0, 2.0, 1.0) + Linear(0.5) + RBF(0.7, 0.3) + RBFARD([0.5, 0.2, 0.9, 0.4]),
 ]
 
 

@@ -203,22 +203,29 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     """
     cdef int k = s.k, n = s.n, d_max = s.d_max, j
     cdef Py_ssize_t i, nn = n
-    cdef double var_p, mu_p, g = 0.0, nu = 0.0, beta, m, sq_nu, sq_beta, si
+    cdef double var_p, mu_p, g = 0.0, nu = 0.0, beta, m, sq_nu, sq_beta, si, c
     cdef double* a
     cdef double* col
     cdef double* row
-    cdef bint negative = False
+    cdef double* pv = s.post_var
+    cdef double* pm = s.post_mean
+    cdef bint finite = True
     if k >= d_max:
         return IVM_FULL
     if point < 0 or point >= n or s.is_active[point]:
         return IVM_BAD_POINT
-    var_p = s.post_var[point]
-    mu_p = s.post_mean[point]
+    var_p = pv[point]
+    mu_p = pm[point]
     if not _moments(model, y[point], mu_p, var_p, sigma2, &g, &nu):
         return IVM_BAD_POINT
-    for i in range(nn):
-        if not isfinite(column[i]):
-            return IVM_BAD_COLUMN
+    col = work
+    a = work + nn
+    for i in range(nn):                                          # copy and check K[:, n]
+        c = column[i]
+        finite = finite & isfinite(c)
+        col[i] = c
+    if not finite:
+        return IVM_BAD_COLUMN
     if model.code == LIK_GAUSSIAN:
         beta = 1.0 / (model.params[0] + sigma2)                  # spherical model
         m = y[point]
@@ -226,11 +233,8 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
         beta = nu / (1.0 - nu * var_p)                           # eq 23
         m = mu_p + g / nu                                        # eq 22
     # s = K[:, n] - Mᵀ M[:, n]  (eq 30)
-    col = work
-    a = work + nn
     for j in range(k):
         a[j] = s.M[<Py_ssize_t>j * nn + point]
-    dcopy(n, column, 1, col, 1)
     if k > 0:
         gemv_t(k, n, -1.0, s.M, n, a, 1.0, col)
     # eqs 27-28 and the new row of M
@@ -238,8 +242,8 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     row = s.M + <Py_ssize_t>k * nn
     for i in range(nn):
         si = col[i]
-        s.post_var[i] -= nu * si * si
-        s.post_mean[i] += g * si
+        pv[i] -= nu * si * si
+        pm[i] += g * si
         row[i] = sq_nu * si
     # Cholesky row append: l = sqrt(β) M[:, n], l_kk = sqrt(1 + β ς_n)
     sq_beta = sqrt(beta)
@@ -255,10 +259,9 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     s.is_active[point] = 1
     s.k = k + 1
     for i in range(nn):
-        if s.post_var[i] < -_NEGATIVE_VARIANCE_RTOL * s.diag_k[i]:
-            negative = True
-            break
-    return IVM_NEGATIVE_VARIANCE if negative else IVM_OK
+        if pv[i] < -_NEGATIVE_VARIANCE_RTOL * s.diag_k[i]:
+            return IVM_NEGATIVE_VARIANCE
+    return IVM_OK
 
 
 # --------------------------------------------------------------------------- #
@@ -624,3 +627,36 @@ cdef int* _iptr(arr):
 cdef unsigned char* _bptr(arr):
     cdef unsigned char[::1] v = arr
     return &v[0]
+
+
+# --------------------------------------------------------------------------- #
+# benchmark yardstick
+# --------------------------------------------------------------------------- #
+
+from fastep._epcore._blas cimport trsv
+
+
+def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const int[::1] points,
+                        bint solves=True):
+    """The BLAS work of a d-point selection and nothing else (benchmarks only).
+
+    For k = 0..d-1 (d = len(points)): gather ``a = M[:k, points[k]]``, ``s = -M[:k]ᵀ a``
+    (the M reads of eq 30, one gemv) and, with ``solves``, the Cholesky row-append
+    solve ``L[:k, :k]⁻¹ a`` (one trsv; the engine obtains that row from M without it).
+    ``M`` is (>= d) x n, ``L`` (>= d) x (>= d) lower triangular with a nonzero diagonal.
+    """
+    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j
+    if M.shape[0] < d or L.shape[0] < d or ldl < d:
+        raise ValueError("M and L need at least len(points) rows (and L as many columns)")
+    s_arr = np.empty(n)
+    a_arr = np.empty(max(d, 1))
+    cdef double[::1] s = s_arr
+    cdef double[::1] a = a_arr
+    with nogil:
+        for k in range(d):
+            for j in range(k):
+                a[j] = M[j, points[k]]
+            if k > 0:
+                gemv_t(k, n, -1.0, &M[0, 0], n, &a[0], 0.0, &s[0])
+                if solves:
+                    trsv(True, False, k, &L[0, 0], ldl, &a[0])
