@@ -38,7 +38,10 @@ Each of ``n_iterations`` outer rounds
    bias are learnt in step 2 instead (``IVMRegressor``): its spherical sites
    depend on them directly, and eq 32 is then the exact evidence of the active set.
 
-A final selection at the learnt parameters gives the fitted model. With
+Each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B iterations (a
+fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
+gradient iterations); stopping at that budget is expected and not reported as a
+convergence failure. A final selection at the learnt parameters gives the fitted model. With
 ``optimizer=None`` (or ``n_iterations=0``) only that selection is made.
 
 Prediction
@@ -56,7 +59,7 @@ import time
 import warnings
 
 import numpy as np
-from scipy.linalg import cho_solve, solve_triangular
+from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._base import BaseEstimator, check_is_fitted
@@ -74,13 +77,16 @@ _PREDICT_BATCH = 1024
 _LOG_2PI = np.log(2.0 * np.pi)
 
 
-def _selection_threads():
-    """BLAS threads for the selection loop: one (its gemv is memory bound; see benchmarks/ivm_selection_scaling.py)."""
+def _fit_threads():
+    """One BLAS thread for fitting (the selection's gemv is memory bound, and the small d×d
+    LAPACK calls of eq 32 were measured 30-100x slower with OpenBLAS's two threads on a busy
+    2-core machine: dpotri at d = 500 took 0.75 s instead of 8 ms; see
+    benchmarks/ivm_selection_scaling.py)."""
     return sweep_blas_threads(0)
 
 
-def _active_log_likelihood(K_I, site_mean, site_precision, dK_iter=None):
-    """eq 32, ``log N(m; 0, K_I + B⁻¹)``, and optionally its gradient over the ``dK_iter`` matrices.
+def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
+    """eq 32, ``log N(m; 0, K_I + B⁻¹)``, and optionally its gradient over ``dK`` (d, d, p).
 
     Returns ``(value, grad or None, L, w)`` with ``L`` the Cholesky factor of
     ``A = I + B^½ K_I B^½`` and ``w = (K_I + B⁻¹)⁻¹ m``. Raises LinAlgError when A is
@@ -96,10 +102,17 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK_iter=None):
     value = (-0.5 * float(t @ t) - float(np.sum(np.log(np.diag(L))))
              + 0.5 * float(np.sum(np.log(site_precision))) - 0.5 * d * _LOG_2PI)
     grad = None
-    if dK_iter is not None:
-        R = cho_solve((L, True), np.diag(sb))          # A⁻¹ B^½
-        R *= sb[:, None]                               # C⁻¹ = B^½ A⁻¹ B^½
-        grad = np.array([0.5 * float(w @ dK @ w) - 0.5 * float(np.vdot(R, dK)) for dK in dK_iter])
+    if dK is not None:
+        # C⁻¹ = B^½ A⁻¹ B^½ from the factor (dpotri: one triangle, about d³/3 flops).
+        inv, info = lapack.dpotri(L.T, lower=0)          # L.T: Fortran view of U = Lᵀ, A = UᵀU
+        if info != 0:
+            raise np.linalg.LinAlgError("inverting A = I + B^1/2 K_I B^1/2 failed")
+        R = np.triu(inv)
+        R += np.triu(inv, 1).T
+        R *= sb[:, None]
+        R *= sb[None, :]
+        # ½ wᵀ dK_j w - ½ tr(C⁻¹ dK_j) for every j at once
+        grad = 0.5 * np.einsum("i,ijp,j->p", w, dK, w, optimize=True) - 0.5 * np.einsum("ij,ijp->p", R, dK)
     return value, grad, L, w
 
 
@@ -134,8 +147,7 @@ class _IVMProblem:
                              f"k(x_{bad[0]}, x_{bad[0]}) = {cols.diag[bad[0]]!r}")
         state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag, self.d,
                                  criterion=self.criterion, seed=self.seed)
-        with _selection_threads():
-            state.select(self.d, cols)
+        state.select(self.d, cols)
         self.state = state
         self.active = state.active
         self.site_mean = np.array(state.site_mean)[self.active]
@@ -157,15 +169,17 @@ class _IVMProblem:
         n_kernel = self.kernel.n_theta
         kernel = self.kernel.clone_with_theta(theta[:n_kernel])
         X_I = self.X[self.active]
-        K_I = kernel(X_I)
+        d = self.active.shape[0]
+        if n_kernel:
+            K_I, dK = kernel(X_I, eval_gradient=True)         # shared intermediates (one gram per leaf)
+        else:
+            K_I, dK = kernel(X_I), np.zeros((d, d, 0))
         if not self.joint_noise:
-            value, grad, _, _ = _active_log_likelihood(K_I, self.site_mean, self.site_precision,
-                                                       kernel.gradient_iter(X_I))
+            value, grad, _, _ = _active_log_likelihood(K_I, self.site_mean, self.site_precision, dK)
             return value, grad
         noise = float(np.exp(theta[n_kernel]))
-        d = self.active.shape[0]
         site_mean = self.y[self.active] - float(theta[n_kernel + 1])
-        dK = list(kernel.gradient_iter(X_I)) + [noise * np.eye(d)]
+        dK = np.concatenate([dK, (noise * np.eye(d))[:, :, None]], axis=2)
         value, grad, _, w = _active_log_likelihood(K_I, site_mean, np.full(d, 1.0 / noise), dK)
         return value, np.append(grad, np.sum(w))
 
@@ -278,6 +292,10 @@ class _IVMBase(BaseEstimator):
 
     def _fit_problem(self, problem, options, learn_noise, learn_offset, label=""):
         """Algorithm 2 on one problem; returns the finalized problem and its history."""
+        with _fit_threads():
+            return self._algorithm2(problem, options, learn_noise, learn_offset, label)
+
+    def _algorithm2(self, problem, options, learn_noise, learn_offset, label):
         history = []
         t0 = time.perf_counter()
         prefix = f"[{label}] " if label else ""

@@ -34,7 +34,12 @@ One step of Algorithm 1
 
    A point is eligible when its site kernel succeeds, ``ς_n > 0``, ``ν_n > 0``
    and ``ν_n ς_n < 1`` (a proper, informative update); the highest score wins
-   and ties go to the lowest index.
+   and ties go to the lowest index.  ``IVMState.score`` runs the site kernels
+   through ``sites.site_moments_array`` (the staged, vectorisable site loop; about
+   2x faster than one ``site_moments`` call per point at n = 7291; active points
+   get a dummy proper cavity) and then ``ivm_pick``; if any site fails there it
+   falls back to ``ivm_score`` (one ``site_moments`` call per inactive point,
+   failing sites simply ineligible).  Both give bitwise the same scores.
 2. **Include the winner** ``n = n_i`` (``ivm_include``):
 
    * sites (eqs 22-23): ``β_n = ν_n / (1 - ν_n ς_n)``, ``m_n = μ_n + g_n / ν_n``;
