@@ -70,6 +70,21 @@ def test_learning_is_independent_of_transform_and_warm_start():
     assert abs(a.log_marginal_likelihood_value_ - (-47.6334)) < 1e-3
 
 
+def test_learning_survives_a_wild_first_optimiser_step():
+    """L-BFGS-B's first (unit) step from RBF(1, 1) on the IVM toy lands at variance ~e^26,
+    inverse width ~e^39; EP warm-started from the old sites fails there and must be retried
+    cold instead of ending the search at the starting point."""
+    from fastep.datasets import make_ivm_toy_classification
+    X, y, _ = make_ivm_toy_classification(1000, random_state=0)
+    X, y = X[:300], y[:300]
+    kernel = RBF(variance=1.0, inverse_width=1.0, transforms={"variance": "log", "inverse_width": "log"})
+    clf = GaussianProcessClassifier(kernel, tol=1e-6).fit(X, y)
+    start = clf.log_marginal_likelihood(kernel.theta)
+    assert clf.log_marginal_likelihood_value_ > start + 20
+    _, grad = clf.log_marginal_likelihood(clf.kernel_.theta, eval_gradient=True)
+    assert np.max(np.abs(grad)) < 1e-2
+
+
 # --------------------------------------------------------------------------------------------
 # Gaussian likelihood = exact GP regression
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from ._base import BaseEstimator, check_is_fitted
 from ._epcore import gp_ep as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood
-from ._threading import sweep_blas_threads
+from ._threading import _get_controller
 from .exceptions import ConvergenceWarning
 from .kernels import RBF, Kernel
 from .likelihoods import Gaussian, Logistic, Probit, Step
@@ -52,6 +52,16 @@ _PREDICT_BATCH = 1024
 # blocked path, where the O(n³) refactorisation costs about twice a sweep
 # (benchmarks/compare_gpc_peers.py; issue 3 closing note).
 _DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
+
+
+def _one_blas_thread():
+    """EP sweeps run with one BLAS thread.
+
+    Measured on the 2-core machines (benchmarks/compare_gpc_peers.py, issue 3 note): a
+    blocked fit at n = 2000 took 3.3 s with one OpenBLAS thread and 12.8 s with two, and the
+    refactorisation alone was also slower threaded whenever anything else ran.
+    """
+    return _get_controller().limit(limits=1, user_api="blas")
 
 
 def _cholesky_lower_inplace(A):
@@ -105,12 +115,24 @@ class _BinaryGPEP:
         return K
 
     def _run(self, K, likelihood, buffer, warm):
+        """EP on K; a warm start that fails (improper cavities after a large hyperparameter
+        step, or a failed factorisation) is retried once from a cold start."""
+        if warm and np.any(self.site_precision):
+            try:
+                result = self._run_once(K, likelihood, buffer, warm=True)
+            except (np.linalg.LinAlgError, FloatingPointError):
+                result = None
+            if result is not None and result[3]["n_failed"] == 0:
+                return result
+        return self._run_once(K, likelihood, buffer, warm=False)
+
+    def _run_once(self, K, likelihood, buffer, warm):
         opts = self.options
         n = K.shape[0]
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         post_mean = np.empty(n)
-        with sweep_blas_threads(n):
+        with _one_blas_thread():
             info = _engine.run_gp_ep(
                 K, self.y, likelihood.site_spec(), tau, nu, buffer, post_mean,
                 schedule=opts["schedule"], order=opts["order"], seed=opts["seed"],
@@ -130,7 +152,13 @@ class _BinaryGPEP:
         """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
 
         With ``keep`` the sites and the prediction state (Cholesky factor, weights) are stored.
+        All BLAS work runs with one thread (see ``_one_blas_thread``).
         """
+        with _one_blas_thread():
+            return self._evaluate(kernel, likelihood, gradient=gradient,
+                                  learn_likelihood=learn_likelihood, warm=warm, keep=keep)
+
+    def _evaluate(self, kernel, likelihood, *, gradient, learn_likelihood, warm, keep):
         K = self._kernel_matrix(kernel)
         n = K.shape[0]
         buffer = np.empty((n, n))
