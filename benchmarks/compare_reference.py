@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from fastep import Gaussian, Logistic, OrderedCategorical, Probit, Step
-from fastep._epcore import _bench, linear_ep
+from fastep._epcore import _bench, linear_ep, sites
 from fastep.reference import linear_ep as ref_linear_ep
 from fastep.reference import sites as ref_sites
 
@@ -61,15 +61,20 @@ def site_kernel_cases(n):
 
 
 def bench_sites(n, repeats):
+    threads = sites.max_threads()
     print(f"\n## 1. Site kernels on {n:,} sites (median of {repeats}); target >= 10x")
-    print(f"{'likelihood':<18}{'compiled s':>12}{'reference s':>13}{'ratio':>9}")
+    print(f"compiled: {threads} OpenMP thread(s) (built with OpenMP: {sites.OPENMP}); "
+          f"'1 thread' limits OpenMP to one")
+    print(f"{'likelihood':<18}{'compiled s':>12}{'reference s':>13}{'ratio':>9}{'1 thread s':>12}{'ratio':>9}")
     cases, mean, var = site_kernel_cases(n)
     with np.errstate(all="ignore"):
         for name, lik, y, ref in cases:
             lik.moments(y[:10], mean[:10], var[:10])  # warm the spec cache
             t_c = median_time(lambda: lik.moments(y, mean, var), repeats)
             t_r = median_time(ref, max(1, repeats // 2))
-            print(f"{name:<18}{t_c:>12.4f}{t_r:>13.4f}{t_r / t_c:>8.1f}x")
+            with threadpool_limits(1, "openmp"):
+                t_1 = median_time(lambda: lik.moments(y, mean, var), repeats)
+            print(f"{name:<18}{t_c:>12.4f}{t_r:>13.4f}{t_r / t_c:>8.1f}x{t_1:>12.4f}{t_r / t_1:>8.1f}x")
 
 
 def _problem(n, d, seed=0):

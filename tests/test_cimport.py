@@ -9,8 +9,15 @@ import Cython  # noqa: F401  (part of the test extras: the downstream compiler)
 import fastep
 
 
+def test_get_include_holds_the_pxd_files():
+    include = fastep.get_include()
+    for name in ("__init__.pxd", "_blas.pxd", "sites.pxd", "linear_ep.pxd", "rank_k_ep.pxd"):
+        assert os.path.isfile(os.path.join(include, "fastep", "_epcore", name)), name
+
+
 def test_downstream_cython_can_cimport_the_kernels(tmp_path):
-    package_root = os.path.dirname(os.path.dirname(fastep.__file__))  # site-packages
+    # site-packages for a normal install, the meson build folder's include/ for an editable one
+    package_root = fastep.get_include()
     src = tmp_path / "downstream.pyx"
     src.write_text(textwrap.dedent("""
         # cython: language_level=3

@@ -18,10 +18,13 @@ fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
     Plain-numpy twins of the compiled kernels, for cross-checking.
+get_include
+    Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import kernels, likelihoods
+from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
@@ -39,5 +42,5 @@ __all__ = [
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
-    "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor",
+    "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
 ]

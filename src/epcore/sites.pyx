@@ -16,14 +16,16 @@ Numerical policy
 ----------------
 * Everything that can underflow is handled in log space; the Gaussian hazard
   ``r(z) = N(z)/Phi(z)`` and the difference ``r(z) + z`` (which cancels for
-  ``z -> -inf``) come from the Laplace continued fraction of the Mills ratio for
-  ``z <= -5`` (``_mills_tail``) and from the scaled complementary error function
-  ``erfcx`` for ``-5 < z <= -1`` (see ``_cdf_terms``), accurate to a few ulp
+  ``z -> -inf``) come from ``G(x) = N(x)/Phi(-x) - x`` (x >= 0), evaluated by
+  piecewise polynomials for ``x < 8`` (table generated and checked against
+  mpmath by ``tools/gen_gauss_tail_table.py``, error < 1 ulp) and by the
+  Laplace continued fraction of the Mills ratio for ``x >= 8``
+  (``_mills_tail``); see ``_cdf_terms``. The results are accurate to a few ulp
   for every ``|z|`` up to ~1e154, beyond which ``log Phi(z) = -z²/2`` itself
   overflows float64.
-* Probit and ordinal sites share one routine for ``Phi(hi) - Phi(lo)`` over an
-  interval (``_interval_moments``); it never subtracts two tail probabilities
-  directly (see its docstring).
+* Probit and ordinal sites share the interval formulas of ``_interval_moments``
+  (probit inlines the one-sided case); they never subtract two tail
+  probabilities directly (see its docstring).
 * A kernel never returns NaN/inf with ``SITE_OK``: non-finite results are
   reported as ``SITE_ZERO_MASS`` (log Z = -inf) or ``SITE_OVERFLOW``.
 * ``beta`` is clamped into its theoretical range only where that range is known
@@ -31,23 +33,62 @@ Numerical policy
   noiseless step: ``[0, 1/s2]``; noisy step: ``<= 1/s2``). Away from ulp-level
   rounding the clamp is inactive (tests check the unclamped formulas against
   mpmath).
+
+Speed
+-----
+``site_moments`` (one site, for the engines) dispatches on the likelihood code;
+``site_moments_array`` validates the likelihood once, precomputes its constants
+(``_Prepared``) and picks one loop per likelihood; the array is split into
+chunks of ``_CHUNK`` sites spread over OpenMP threads when the module is built
+with OpenMP. Probit, step, MacKay-logistic and Gaussian sites run in blocks of
+``_BLOCK`` sites, one stage at a time (checks and standardised arguments,
+the Gaussian tail G, the libm calls and outputs), which lets independent sites
+overlap in the CPU. Both entry points call the same per-likelihood stages in
+the same order of operations, so a site's results are bitwise the same
+whichever entry point, blocking, chunking or thread count computed them.
 """
+import os
+
 import numpy as np
 
+from cython.parallel cimport prange
 from libc.math cimport (log, exp, sqrt, log1p, expm1, erf, erfc, fabs, floor, isfinite, isinf,
                         isnan, INFINITY)
-from scipy.special.cython_special cimport erfcx
+
+include "_gauss_tail_table.pxi"
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int fastep_sites_max_threads(void) { return omp_get_max_threads(); }
+    static int fastep_sites_openmp(void) { return 1; }
+    #else
+    static int fastep_sites_max_threads(void) { return 1; }
+    static int fastep_sites_openmp(void) { return 0; }
+    #endif
+    """
+    int fastep_sites_max_threads() noexcept nogil
+    int fastep_sites_openmp() noexcept nogil
 
 
-cdef double _LOG_SQRT_2PI = 0.91893853320467274178   # log(sqrt(2*pi))
-cdef double _SQRT1_2 = 0.70710678118654752440        # 1/sqrt(2)
-cdef double _SQRT_2PI = 2.50662827463100050242
-cdef double _SQRT_2_OVER_PI = 0.79788456080286535588   # sqrt(2/pi)
-cdef double _LOG_2PI = 1.83787706640934548356
-cdef double _PI_OVER_8 = 0.39269908169872415481
-# Below this, products of hazards and scales are formed in log space so that a
-# representable alpha (e.g. c N(40) with c = 1e150) does not underflow to 0.
-cdef double _TINY = 1e-280
+# Constants as C macros, so that the compiler folds them (module-level cdef
+# doubles would be reloaded after every store through a double*).
+cdef extern from *:
+    """
+    #define FASTEP_LOG_SQRT_2PI 0.91893853320467274178
+    #define FASTEP_SQRT1_2 0.70710678118654752440
+    #define FASTEP_LOG_2PI 1.83787706640934548356
+    #define FASTEP_PI_OVER_8 0.39269908169872415481
+    #define FASTEP_TINY 1e-280
+    """
+    const double _LOG_SQRT_2PI "FASTEP_LOG_SQRT_2PI"   # log(sqrt(2*pi))
+    const double _SQRT1_2 "FASTEP_SQRT1_2"             # 1/sqrt(2)
+    const double _LOG_2PI "FASTEP_LOG_2PI"
+    const double _PI_OVER_8 "FASTEP_PI_OVER_8"
+    # Below this, products of hazards and scales are formed in log space so that a
+    # representable alpha (e.g. c N(40) with c = 1e150) does not underflow to 0.
+    const double _TINY "FASTEP_TINY"
 
 # 10-point Gauss-Legendre rule on [-1, 1] (filled at import from numpy), used for
 # truncated-normal moments over narrow intervals in the ordinal kernel.
@@ -76,13 +117,14 @@ cdef inline double _log_npdf(double z) noexcept nogil:
     return -0.5 * z * z - _LOG_SQRT_2PI
 
 
-cdef inline double _mills_tail(double x) noexcept nogil:
+cdef double _mills_tail(double x) noexcept nogil:
     """g(x) = N(x)/Phi(-x) - x for x >= 5 by the Laplace continued fraction.
 
     The Mills ratio R(x) = Phi(-x)/N(x) = 1/(x + 1/(x + 2/(x + 3/(x + ...)))),
     so N(x)/Phi(-x) = x + g(x) with g(x) = 1/(x + 2/(x + 3/(x + ...))). The
     fraction is evaluated backward; the term counts give relative error below
-    2e-16 for every x >= 5 (checked against mpmath in the tests).
+    2e-16 for every x >= 5 (checked against mpmath in the tests). The kernels
+    call it only for x >= 8 (20 terms); below that ``_gauss_tail`` uses the table.
     """
     cdef int k, n_terms
     cdef double t = x
@@ -95,46 +137,104 @@ cdef inline double _mills_tail(double x) noexcept nogil:
     return 1.0 / t
 
 
-cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
-                            double* hazard_plus_z) noexcept nogil:
+cdef inline double _gauss_tail(double x) noexcept nogil:
+    """G(x) = N(x)/Phi(-x) - x for x >= 0, to ~1 ulp (G(0) = sqrt(2/pi), G(x) ~ 1/x).
+
+    Piecewise degree-9 polynomials (``_gauss_tail_table.pxi``) for x < 8, the
+    continued fraction ``_mills_tail`` beyond. One table row lookup and a Horner
+    evaluation: no division, no branch on the interval.
+    """
+    cdef int i, j
+    cdef const double* coef
+    cdef double s, p
+    if x >= _GT_X_MAX:
+        return _mills_tail(x)
+    i = <int>(x * _GT_INV_WIDTH)
+    coef = fastep_gauss_tail_coef + i * (_GT_DEGREE + 1)
+    s = x - (i * _GT_WIDTH + 0.5 * _GT_WIDTH)
+    p = coef[_GT_DEGREE]
+    for j in range(_GT_DEGREE - 1, -1, -1):
+        p = coef[j] + s * p
+    return p
+
+
+cdef inline double _log1p_g(double x) noexcept nogil:
+    """log(1 + x) for -1/2 <= x <= 1 with one ``log`` (cheaper than ``log1p``), to a few ulp.
+
+    Goldberg's form of log1p: with u = fl(1 + x), whose difference u - 1 is
+    exact there (u in [1/2, 2]), log(1 + x) = log(u) * x / (u - 1); the factor
+    x / (u - 1) corrects for the rounding of u, and ln(1 + t)/t varies slowly
+    enough on the interval (|d log(ln(1+t)/t)/dt| < 0.9) that the error stays
+    within a few ulp (D. Goldberg, "What every computer scientist should know
+    about floating-point arithmetic", 1991, Theorem 4, proved there for
+    0 <= x < 3/4; the same argument covers -1/2 <= x <= 1).
+    """
+    cdef double u = 1.0 + x
+    if u == 1.0:
+        return x
+    return log(u) * (x / (u - 1.0))
+
+
+cdef inline double _gauss_tail_at(double z) noexcept nogil:
+    """The G value ``_cdf_terms_g`` needs for z: G(|z|) for z < 8, else 0 (unused there)."""
+    if z >= _GT_X_MAX:
+        return 0.0
+    return _gauss_tail(fabs(z))
+
+
+cdef inline void _cdf_terms_g(double z, double g, double* log_cdf, double* hazard, double* hazard_plus_z,
+                              double* cdf, double* upper_cdf, bint want_log, bint want_mass) noexcept nogil:
     """log Phi(z), the hazard r = N(z)/Phi(z), and r + z, all to full precision.
 
-    * z <= -5 (x = -z): r = x + g(x) with g from the continued fraction, so
-      r + z = g(x) has no cancellation, and log Phi(z) = log N(z) - log r.
-    * -5 < z <= -1: Phi(z) = erfcx(x/√2) exp(-x²/2)/2, so r = √(2/π)/erfcx(x/√2)
-      to ~1 ulp and log Phi(z) = log(erfcx(x/√2)/2) - x²/2; r + z cancels by at
-      most a factor x²+1 <= 26 there (error <~ 30 eps).
-    * z > -1: Phi(z) = erfc(-z/√2)/2 (one erfc), log Phi from it (log1p of the
-      complementary mass for z > 1 so log Phi ≈ 0 keeps its relative precision),
-      r = N(z)/Phi(z); r + z is a sum of positive terms for z > 0 and cancels
-      by at most a factor ~2 for -1 < z <= 0.
+    ``g = _gauss_tail_at(z)``, i.e. G(|z|) with G(x) = N(x)/Phi(-x) - x (passed in
+    so that the array loops can evaluate G for a block of sites in one pass):
+
+    * z <= 0 (x = -z): r = x + G(x), a sum of positive terms, r + z = G(x)
+      exactly as computed (no cancellation), and log Phi(z) = log N(z) - log r
+      (no exp at all).
+    * 0 < z < 8: with n = N(z), the upper mass is Phi(-z) = n / (z + G(z)) (a
+      positive sum again), Phi(z) = 1 - Phi(-z) >= 1/2, log Phi(z) = log(1 - Phi(-z))
+      by ``_log1p_g`` (so log Phi ≈ 0 keeps its relative precision; one log, no
+      branch), r = n/Phi(z) and r + z a sum of positive terms.
+    * z >= 8: Phi(-z) = erfc(z/√2)/2 (< 7e-16), as above.
+
+    ``want_log`` and ``want_mass`` are constants at every call site (the
+    branches fold away): without ``want_log``, log Phi(z) is not computed; with
+    ``want_mass``, also Phi(z) and Phi(-z) (for z <= 0, Phi(z) = N(z)/r, which
+    keeps full relative precision while N(z) is a normal float, z > -37.5).
     """
-    cdef double x, g, r, t, phi, upper
-    if z <= -5.0:
+    cdef double x, r, n, upper, phi
+    if z <= 0.0:
         x = -z
-        g = _mills_tail(x)
         r = x + g
         hazard[0] = r
         hazard_plus_z[0] = g
-        log_cdf[0] = -0.5 * x * x - _LOG_SQRT_2PI - log(r)
-    elif z <= -1.0:
-        x = -z
-        t = erfcx(x * _SQRT1_2)
-        r = _SQRT_2_OVER_PI / t
-        hazard[0] = r
-        hazard_plus_z[0] = r + z
-        log_cdf[0] = log(0.5 * t) - 0.5 * x * x
+        if want_log:
+            log_cdf[0] = -0.5 * x * x - _LOG_SQRT_2PI - log(r)
+        if want_mass:
+            cdf[0] = exp(-0.5 * x * x - _LOG_SQRT_2PI) / r
+            upper_cdf[0] = 1.0 - cdf[0]
     else:
-        if z > 1.0:
-            upper = 0.5 * erfc(z * _SQRT1_2)
-            phi = 1.0 - upper
-            log_cdf[0] = log1p(-upper)
+        n = exp(-0.5 * z * z - _LOG_SQRT_2PI)
+        if z < _GT_X_MAX:
+            upper = n / (z + g)
         else:
-            phi = 0.5 * erfc(-z * _SQRT1_2)
-            log_cdf[0] = log(phi)
-        r = exp(-0.5 * z * z - _LOG_SQRT_2PI) / phi
+            upper = 0.5 * erfc(z * _SQRT1_2)
+        phi = 1.0 - upper
+        if want_log:
+            log_cdf[0] = _log1p_g(-upper)
+        r = n / phi
         hazard[0] = r
         hazard_plus_z[0] = r + z
+        if want_mass:
+            cdf[0] = phi
+            upper_cdf[0] = upper
+
+
+cdef inline void _cdf_terms(double z, double* log_cdf, double* hazard,
+                            double* hazard_plus_z) noexcept nogil:
+    """log Phi(z), r = N(z)/Phi(z) and r + z (see ``_cdf_terms_g``)."""
+    _cdf_terms_g(z, _gauss_tail_at(z), log_cdf, hazard, hazard_plus_z, NULL, NULL, True, False)
 
 
 cdef inline double _log_hazard(double z, double log_cdf, double hazard) noexcept nogil:
@@ -142,29 +242,6 @@ cdef inline double _log_hazard(double z, double log_cdf, double hazard) noexcept
     if hazard > _TINY:
         return log(hazard)
     return _log_npdf(z) - log_cdf
-
-
-cdef inline double _log_sigmoid(double x) noexcept nogil:
-    """log(1/(1 + exp(-x))) without overflow or cancellation."""
-    if x >= 0.0:
-        return -log1p(exp(-x))
-    return x - log1p(exp(x))
-
-
-cdef inline double _sigmoid(double x) noexcept nogil:
-    cdef double e
-    if x >= 0.0:
-        return 1.0 / (1.0 + exp(-x))
-    e = exp(x)
-    return e / (1.0 + e)
-
-
-cdef inline double _log_add_exp(double a, double b) noexcept nogil:
-    cdef double hi = a if a > b else b
-    cdef double lo = b if a > b else a
-    if isinf(hi) and hi < 0:
-        return hi
-    return hi + log1p(exp(lo - hi))
 
 
 cdef inline double _clamp(double v, double lower, double upper) noexcept nogil:
@@ -235,9 +312,10 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
       which keeps ``beta/c² = 1 - Var`` accurate where the endpoint formulas
       below would cancel;
     * ``lo < hi <= 0``: ``Z = Phi(hi) (1 - q)`` with
-      ``log q = log Phi(lo) - log Phi(hi) = e1 + log r(hi) - log r(lo)``
+      ``log q = log Phi(lo) - log Phi(hi) = e1 + log(r(hi)/r(lo))``
       (``e1 = log N(lo) - log N(hi) = width (lo + hi)/2``, and
-      ``|log q| >~ 0.2`` outside the narrow case); then ``D/Z = r(hi)(1 - e^e1)/(1 - q)``,
+      ``|log q| >~ 0.2`` outside the narrow case; ``1 - e^t`` is formed directly
+      when ``e^t < 1/2`` and by expm1 otherwise); then ``D/Z = r(hi)(1 - e^e1)/(1 - q)``,
       ``N(lo)/Z = r(hi) e^e1/(1 - q)`` and
       ``D/Z + hi = (g(hi) - q (width + g(lo)))/(1 - q)`` where ``g = r + t``,
       so ``beta/c² = (D/Z)(D/Z + hi) + width N(lo)/Z``;
@@ -249,7 +327,7 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
     cdef double sign = 1.0, swap
     cdef double log_cdf_hi, hazard_hi, g_hi, log_cdf_lo, hazard_lo, g_lo
     cdef double e1, log_q, q, one_minus_q, d_over_z, d_over_z_plus_hi, n_lo_over_z
-    cdef double z_mass, n_hi, n_lo, n_diff, beta_over_c2, log_hazard_hi
+    cdef double z_mass, n_hi, n_lo, n_diff, beta_over_c2, log_hazard_hi, exp_e1, one_minus_exp_e1
     if isinf(hi) or (not isinf(lo) and lo >= 0.0):
         swap = hi
         hi = -lo
@@ -272,15 +350,19 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
         _narrow_interval(lo, width, log_z, &d_over_z, &beta_over_c2)
     elif hi <= 0.0:
         # Both ends in the lower tail.
-        _cdf_terms(hi, &log_cdf_hi, &hazard_hi, &g_hi)
-        _cdf_terms(lo, &log_cdf_lo, &hazard_lo, &g_lo)
+        # (log Phi(lo) itself is not needed; r(lo) is G(-lo) - lo, no libm call.)
+        _cdf_terms_g(hi, _gauss_tail_at(hi), &log_cdf_hi, &hazard_hi, &g_hi, NULL, NULL, True, False)
+        _cdf_terms_g(lo, _gauss_tail_at(lo), &log_cdf_lo, &hazard_lo, &g_lo, NULL, NULL, False, False)
         e1 = 0.5 * width * (lo + hi)
-        log_q = e1 + log(hazard_hi) - log(hazard_lo)
+        log_q = e1 + log(hazard_hi / hazard_lo)
         q = exp(log_q)
-        one_minus_q = -expm1(log_q)
+        # 1 - e^t directly where e^t < 1/2 (no cancellation), by expm1 above.
+        one_minus_q = 1.0 - q if q < 0.5 else -expm1(log_q)
+        exp_e1 = exp(e1)
+        one_minus_exp_e1 = 1.0 - exp_e1 if exp_e1 < 0.5 else -expm1(e1)
         log_z[0] = log_cdf_hi + log(one_minus_q)
-        d_over_z = hazard_hi * (-expm1(e1)) / one_minus_q
-        n_lo_over_z = hazard_hi * exp(e1) / one_minus_q
+        d_over_z = hazard_hi * one_minus_exp_e1 / one_minus_q
+        n_lo_over_z = hazard_hi * exp_e1 / one_minus_q
         d_over_z_plus_hi = (g_hi - q * (width + g_lo)) / one_minus_q
         beta_over_c2 = d_over_z * d_over_z_plus_hi + width * n_lo_over_z
     else:
@@ -304,109 +386,204 @@ cdef void _interval_moments(double c, double lo, double hi, double width,
     beta[0] = c * c * _clamp(beta_over_c2, 0.0, 1.0)
 
 
+
 # ----------------------------------------------------------------------------
-# Per-likelihood kernels (inputs already validated by site_moments)
+# Per-likelihood kernels. Each ``_<likelihood>_core`` assumes a valid cavity
+# (finite mean, finite variance >= 0, checked by ``_check_site``) and constants
+# prepared from valid parameters; ``site_moments`` and the array loops both call
+# them, then ``_finish_site``.
 # ----------------------------------------------------------------------------
 
-cdef inline double _probit_scale(double slope, double cavity_var) noexcept nogil:
+cdef inline int _check_site(double y, double mu, double s2) noexcept nogil:
+    """SITE_BAD_CAVITY / SITE_BAD_LABEL checks shared by every likelihood (in that order)."""
+    if not isfinite(mu) or not isfinite(s2) or not (s2 >= 0.0):
+        return SITE_BAD_CAVITY
+    if isnan(y):
+        return SITE_BAD_LABEL
+    return SITE_OK
+
+
+cdef inline bint _valid_cavity(double mu, double s2) noexcept nogil:
+    """``_check_site`` passes on the cavity (branch-free, for the array loops)."""
+    return isfinite(mu) & isfinite(s2) & (s2 >= 0.0)
+
+
+cdef inline bint _valid_binary(double y, double mu, double s2) noexcept nogil:
+    """Valid cavity and y in {-1, +1} (branch-free)."""
+    return _valid_cavity(mu, s2) & ((y == 1.0) | (y == -1.0))
+
+
+cdef inline int _finish_site(int status, double* log_z, double* alpha, double* beta) noexcept nogil:
+    """Turn non-finite results into SITE_ZERO_MASS / SITE_OVERFLOW."""
+    if status != SITE_OK:
+        return status
+    if not isfinite(log_z[0]):
+        return SITE_ZERO_MASS if log_z[0] < 0 else SITE_OVERFLOW
+    if not isfinite(alpha[0]) or not isfinite(beta[0]):
+        return SITE_OVERFLOW
+    return SITE_OK
+
+
+cdef inline double _inv_slope2(double slope) noexcept nogil:
+    """1/slope² (0 for an infinite slope), precomputed once per likelihood."""
+    if isinf(slope):
+        return 0.0
+    return 1.0 / (slope * slope)
+
+
+cdef inline double _probit_scale(double inv_slope2, double cavity_var) noexcept nogil:
     """c = 1/sqrt(slope⁻² + s2) (IVM eq 19); +inf when that is not representable."""
-    cdef double total = cavity_var
-    if not isinf(slope):
-        total = total + 1.0 / (slope * slope)
+    cdef double total = cavity_var + inv_slope2
     if total <= 0.0:
         return INFINITY
     return 1.0 / sqrt(total)
 
 
-cdef int _probit(const SiteModel* model, double y, double mu, double s2,
-                 double* log_z, double* alpha, double* beta) noexcept nogil:
-    """t(f) = Phi(slope * y * (f + bias)) as the interval (-bias, inf) (y=+1) or (-inf, -bias) (y=-1)."""
-    cdef double slope = model.params[0]
-    cdef double bias = model.params[1]
-    cdef double c
+cdef inline int _probit_z(double inv_slope2, double bias, double y, double mu, double s2,
+                          double* c, double* z) noexcept nogil:
+    """Probit stage 1: label check, c = 1/sqrt(slope⁻² + s2) and z = y c (mu + bias)."""
     if y != 1.0 and y != -1.0:
         return SITE_BAD_LABEL
-    c = _probit_scale(slope, s2)
-    if isinf(c):
+    c[0] = _probit_scale(inv_slope2, s2)
+    if isinf(c[0]):
         return SITE_BAD_CAVITY
-    if y > 0:
-        _interval_moments(c, c * (-bias - mu), INFINITY, INFINITY, log_z, alpha, beta)
-    else:
-        _interval_moments(c, -INFINITY, c * (-bias - mu), INFINITY, log_z, alpha, beta)
+    z[0] = y * (c[0] * (mu + bias))
     return SITE_OK
 
 
-cdef int _ordinal(const SiteModel* model, double y, double mu, double s2,
-                  double* log_z, double* alpha, double* beta) noexcept nogil:
+cdef inline void _probit_out(double y, double c, double z, double log_cdf, double hazard,
+                             double hazard_plus_z, double* log_z, double* alpha,
+                             double* beta) noexcept nogil:
+    """Probit stage 3: log Z, alpha, beta from the ``_cdf_terms`` of z."""
+    cdef double log_hazard
+    log_z[0] = log_cdf
+    if hazard < _TINY:
+        # z >~ 37: Z ≈ 1 and alpha, beta are tiny; keep them representable.
+        log_hazard = _log_hazard(z, log_cdf, hazard)
+        alpha[0] = y * exp(log(c) + log_hazard)
+        beta[0] = exp(2.0 * log(c) + log_hazard + log(hazard_plus_z))
+        return
+    alpha[0] = y * c * hazard
+    beta[0] = c * c * _clamp(hazard * hazard_plus_z, 0.0, 1.0)
+
+
+cdef inline int _probit_core(double inv_slope2, double bias, double y, double mu, double s2,
+                             double* log_z, double* alpha, double* beta) noexcept nogil:
+    """t(f) = Phi(slope * y * (f + bias)) (IVM eqs 19-21, Minka eqs 57-60).
+
+    With c = 1/sqrt(slope⁻² + s2) and z = y c (mu + bias): Z = Phi(z),
+    alpha = y c r and beta = c² r (r + z), r = N(z)/Phi(z) -- the one-sided
+    case of ``_interval_moments`` (interval (-bias, inf) for y = +1, (-inf, -bias)
+    for y = -1), inlined. Stages ``_probit_z``, ``_cdf_terms``, ``_probit_out``
+    (the array loop runs each stage over a block of sites).
+    """
+    cdef double c, z, log_cdf, hazard, hazard_plus_z
+    cdef int status = _probit_z(inv_slope2, bias, y, mu, s2, &c, &z)
+    if status != SITE_OK:
+        return status
+    _cdf_terms(z, &log_cdf, &hazard, &hazard_plus_z)
+    _probit_out(y, c, z, log_cdf, hazard, hazard_plus_z, log_z, alpha, beta)
+    return SITE_OK
+
+
+cdef inline int _ordinal_core(double inv_slope2, const double* params, int n_categories,
+                              const double* thresholds, double y, double mu, double s2,
+                              double* log_z, double* alpha, double* beta) noexcept nogil:
     """p(y=k|f) = Phi(slope(theta_k - f)) - Phi(slope(theta_{k-1} - f)), theta_k = bias + sum_{i<=k} w_i.
 
     IVM §2.4 eqs 24-25 in the consistent threshold model (theta_{-1} = -inf,
     theta_{C-1} = +inf). The paper's y = 0 case reads Phi(lambda (b + f)), a sign
     typo for Phi(lambda (b - f)), and its nu formula has N(u) where N(u') is
     meant; both are as here once written for a general interval.
+    ``params`` = [slope, bias, w_1, ..., w_{C-2}]; ``thresholds`` (may be NULL)
+    holds theta_0..theta_{C-2} summed left to right as below.
     """
-    cdef int n_categories = model.n_params
-    cdef double slope = model.params[0]
     cdef double theta_lo, width, c
     cdef int k, i
     if not (y >= 0.0 and y <= n_categories - 1 and floor(y) == y):
         return SITE_BAD_LABEL
     k = <int>y
-    c = _probit_scale(slope, s2)
+    c = _probit_scale(inv_slope2, s2)
     if isinf(c):
         return SITE_BAD_CAVITY
     if k == 0:
         # (-inf, theta_0], theta_0 = bias.
-        _interval_moments(c, -INFINITY, c * (model.params[1] - mu), INFINITY, log_z, alpha, beta)
+        _interval_moments(c, -INFINITY, c * (params[1] - mu), INFINITY, log_z, alpha, beta)
         return SITE_OK
     # theta_{k-1} = bias + w_1 + ... + w_{k-1}, with w_i = params[1 + i].
-    theta_lo = model.params[1]
-    for i in range(1, k):
-        theta_lo = theta_lo + model.params[1 + i]
+    if thresholds != NULL:
+        theta_lo = thresholds[k - 1]
+    else:
+        theta_lo = params[1]
+        for i in range(1, k):
+            theta_lo = theta_lo + params[1 + i]
     if k == n_categories - 1:
         _interval_moments(c, c * (theta_lo - mu), INFINITY, INFINITY, log_z, alpha, beta)
     else:
-        width = model.params[1 + k]
+        width = params[1 + k]
         _interval_moments(c, c * (theta_lo - mu), c * (theta_lo + width - mu), c * width,
                           log_z, alpha, beta)
     return SITE_OK
 
 
-cdef int _step(const SiteModel* model, double y, double mu, double s2,
-               double* log_z, double* alpha, double* beta) noexcept nogil:
-    """t(f) = eps + (1 - 2 eps) Theta(y f) (Minka eqs 50-55).
-
-    z = y mu / sqrt(s2), Z = eps + (1 - 2eps) Phi(z). With w = (1-2eps)Phi(z)/Z
-    and hazard r = N(z)/Phi(z): alpha = y w r / sqrt(s2) (eq 54) and
-    beta = alpha (alpha + mu/s2) (eq 55) = (w r / s2) ((r + z) - (1 - w) r),
-    with r + z from the continued fraction (no cancellation for z -> -inf).
-    """
-    cdef double eps = model.params[0]
-    cdef double sd, z, log_cdf, hazard, hazard_plus_z, log_signal, log_noise
-    cdef double signal_frac, noise_frac, log_signal_frac, alpha_abs
+cdef inline int _step_z(double y, double mu, double s2, double* sd, double* z) noexcept nogil:
+    """Step stage 1: label and variance checks, sd = sqrt(s2), z = y mu / sd."""
     if y != 1.0 and y != -1.0:
         return SITE_BAD_LABEL
     if not (s2 > 0.0):
         return SITE_BAD_CAVITY
-    sd = sqrt(s2)
-    z = y * mu / sd
-    _cdf_terms(z, &log_cdf, &hazard, &hazard_plus_z)
+    sd[0] = sqrt(s2)
+    z[0] = y * mu / sd[0]
+    return SITE_OK
+
+
+cdef inline double _log_add_exp(double a, double b) noexcept nogil:
+    cdef double hi = a if a > b else b
+    cdef double lo = b if a > b else a
+    if isinf(hi) and hi < 0:
+        return hi
+    return hi + log1p(exp(lo - hi))
+
+
+cdef inline void _step_out(double eps, double y, double sd, double z, double g, double* log_z,
+                           double* alpha, double* beta) noexcept nogil:
+    """Step stages 2-3: log Z, alpha, beta from z and g = ``_gauss_tail_at(z)``."""
+    cdef double log_cdf, hazard, hazard_plus_z, cdf, upper, one_m2eps, mass, rest
+    cdef double signal_frac, noise_frac, log_signal, log_noise, log_signal_frac, alpha_abs
+    cdef bint have_log_cdf = True
     if eps == 0.0:
+        _cdf_terms_g(z, g, &log_cdf, &hazard, &hazard_plus_z, NULL, NULL, True, False)
         log_z[0] = log_cdf
-        log_signal_frac = 0.0
         signal_frac = 1.0
         noise_frac = 0.0
+    elif z > -37.0:
+        # Z = eps + (1 - 2eps) Phi(z) formed directly (Phi(z) > 1e-300 is a normal float).
+        _cdf_terms_g(z, g, &log_cdf, &hazard, &hazard_plus_z, &cdf, &upper, False, True)
+        have_log_cdf = False
+        one_m2eps = 1.0 - 2.0 * eps
+        mass = eps + one_m2eps * cdf
+        rest = eps + one_m2eps * upper        # 1 - Z
+        if rest <= 0.5:
+            log_z[0] = _log1p_g(-rest)
+        else:
+            log_z[0] = log(mass)
+        signal_frac = one_m2eps * cdf / mass
+        noise_frac = eps / mass
     else:
+        # Far lower tail: Phi(z) < 1e-300 may not be representable; mix in log space.
+        _cdf_terms_g(z, g, &log_cdf, &hazard, &hazard_plus_z, NULL, NULL, True, False)
         log_signal = log1p(-2.0 * eps) + log_cdf
         log_noise = log(eps)
         log_z[0] = _log_add_exp(log_signal, log_noise)
-        log_signal_frac = log_signal - log_z[0]
-        signal_frac = exp(log_signal_frac)
+        signal_frac = exp(log_signal - log_z[0])
         noise_frac = exp(log_noise - log_z[0])
     if signal_frac * hazard > _TINY:
         alpha_abs = signal_frac * hazard / sd
     else:
         # w r underflows (z >~ 37, or eps > 0 and z << 0); alpha may still be representable.
+        if not have_log_cdf:
+            _cdf_terms_g(z, g, &log_cdf, &hazard, &hazard_plus_z, NULL, NULL, True, False)
+        log_signal_frac = 0.0 if eps == 0.0 else log1p(-2.0 * eps) + log_cdf - log_z[0]
         alpha_abs = exp(log_signal_frac + _log_hazard(z, log_cdf, hazard) - log(sd))
     alpha[0] = y * alpha_abs
     # beta = alpha (alpha + mu/s2) = (alpha_abs / sd) ((r + z) - (1 - w) r); s2 beta <= 1.
@@ -415,64 +592,99 @@ cdef int _step(const SiteModel* model, double y, double mu, double s2,
         beta[0] = 0.0
     if beta[0] * sd * sd > 1.0:
         beta[0] = (1.0 / sd) / sd
+
+
+cdef inline int _step_core(double eps, double y, double mu, double s2,
+                           double* log_z, double* alpha, double* beta) noexcept nogil:
+    """t(f) = eps + (1 - 2 eps) Theta(y f) (Minka eqs 50-55).
+
+    z = y mu / sqrt(s2), Z = eps + (1 - 2eps) Phi(z). With w = (1-2eps)Phi(z)/Z
+    and hazard r = N(z)/Phi(z): alpha = y w r / sqrt(s2) (eq 54) and
+    beta = alpha (alpha + mu/s2) (eq 55) = (w r / s2) ((r + z) - (1 - w) r),
+    with r + z = G(-z) for z <= 0 (no cancellation for z -> -inf).
+
+    For eps > 0 and z > -37, Z is a sum of two positive terms formed directly;
+    log Z is ``log(1 - (eps + (1-2eps) Phi(-z)))`` (``_log1p_g``) when Z >= 1/2 so that
+    log Z ≈ 0 keeps its relative precision. Below, and wherever w r underflows,
+    the terms are combined in log space. Stages ``_step_z``, ``_gauss_tail_at``,
+    ``_step_out``.
+    """
+    cdef double sd, z
+    cdef int status = _step_z(y, mu, s2, &sd, &z)
+    if status != SITE_OK:
+        return status
+    _step_out(eps, y, sd, z, _gauss_tail_at(z), log_z, alpha, beta)
     return SITE_OK
 
 
-cdef int _logistic_mackay(const SiteModel* model, double y, double mu, double s2,
-                          double* log_z, double* alpha, double* beta) noexcept nogil:
+cdef inline int _mackay_z(double y, double mu, double s2, double* kappa, double* z) noexcept nogil:
+    """MacKay stage 1: label check, kappa = (1 + pi s2/8)^(-1/2), z = y kappa mu."""
+    if y != 1.0 and y != -1.0:
+        return SITE_BAD_LABEL
+    kappa[0] = 1.0 / sqrt(1.0 + _PI_OVER_8 * s2)
+    z[0] = y * kappa[0] * mu
+    return SITE_OK
+
+
+cdef inline void _mackay_out(double y, double kappa, double z, double e, double* log_z,
+                             double* alpha, double* beta) noexcept nogil:
+    """MacKay stage 3 from e = exp(-|z|) (stage 2)."""
+    cdef double big = 1.0 / (1.0 + e)        # sigma(|z|)
+    cdef double small = e / (1.0 + e)        # sigma(-|z|)
+    cdef double log1p_e = _log1p_g(e)
+    cdef double sig_pos, sig_neg
+    # (no call inside the branches, so the compiler can use selects)
+    if z >= 0.0:
+        log_z[0] = -log1p_e
+        sig_pos = big                 # sigma(z)
+        sig_neg = small               # sigma(-z)
+    else:
+        log_z[0] = z - log1p_e
+        sig_pos = small
+        sig_neg = big
+    alpha[0] = y * kappa * sig_neg
+    beta[0] = kappa * kappa * sig_pos * sig_neg
+
+
+cdef inline int _logistic_mackay_core(double y, double mu, double s2,
+                                      double* log_z, double* alpha, double* beta) noexcept nogil:
     """MacKay's approximation Z ≈ sigma(y kappa mu), kappa = (1 + pi s2/8)^(-1/2) (Minka eqs 62-64).
 
     alpha = y kappa sigma(-z) (eq 64). beta is the exact second derivative of
     this log Z, kappa² sigma(z) sigma(-z); Minka's eq 65 instead uses
     alpha² - 2 d log Z/d s2, which equals -d² log Z/d mu² only for exact Z and
     can be negative here. Ours lies in (0, kappa²/4], so the tilted variance
-    s2 - s2² beta stays positive.
+    s2 - s2² beta stays positive. One exp serves all three: with
+    e = exp(-|z|), sigma(|z|) = 1/(1 + e), sigma(-|z|) = e/(1 + e) and
+    log sigma(z) = min(z, 0) - log1p(e) (``_log1p_g``). Stages ``_mackay_z``, exp, ``_mackay_out``.
     """
     cdef double kappa, z
-    if y != 1.0 and y != -1.0:
-        return SITE_BAD_LABEL
-    kappa = 1.0 / sqrt(1.0 + _PI_OVER_8 * s2)
-    z = y * kappa * mu
-    log_z[0] = _log_sigmoid(z)
-    alpha[0] = y * kappa * _sigmoid(-z)
-    beta[0] = kappa * kappa * _sigmoid(z) * _sigmoid(-z)
+    cdef int status = _mackay_z(y, mu, s2, &kappa, &z)
+    if status != SITE_OK:
+        return status
+    _mackay_out(y, kappa, z, exp(-fabs(z)), log_z, alpha, beta)
     return SITE_OK
 
 
-cdef int _logistic_gh(const SiteModel* model, double y, double mu, double s2,
-                      double* log_z, double* alpha, double* beta) noexcept nogil:
-    """Gauss-Hermite estimate Z ≈ sum_k w_k sigma(y f_k), f_k = mu + sqrt(2 s2) t_k.
-
-    This is Minka's eq 66 with the cavity as the quadrature measure. Instead of
-    eqs 67-70 (tilted moments Z1/Z, Z2/Z, then alpha and beta by dividing by s2
-    and s2², which cancels catastrophically as s2 -> 0) we differentiate the
-    quadrature estimate in mu exactly (the nodes move with mu): with tilted
-    weights p_k = w_k sigma(y f_k) / Z and s_k = sigma(-y f_k),
-
-        alpha = y sum_k p_k s_k,
-        beta  = sum_k p_k s_k (1 - s_k) - Var_p(s),
-
-    which for exact quadrature coincide with eqs 69-70 (Stein's lemma) and stay
-    well conditioned for every s2 >= 0.
-    """
-    cdef int n = model.n_nodes
+cdef int _logistic_gh_log_space(const double* nodes, const double* log_weights, int n,
+                                double y, double mu, double s2,
+                                double* log_z, double* alpha, double* beta) noexcept nogil:
+    """``_logistic_gh_core`` in log space, for sites whose Z underflows in linear space."""
     cdef int k
     cdef double scale, f, e, log_max, total, mean_s, mean_curv, var_s, dev
     cdef double log_terms[GH_MAX_NODES]   # log terms, then scaled terms, then weights p_k
     cdef double tail[GH_MAX_NODES]
-    if y != 1.0 and y != -1.0:
-        return SITE_BAD_LABEL
     scale = sqrt(2.0 * s2)
     log_max = -INFINITY
     for k in range(n):
-        f = y * (mu + scale * model.gh_nodes[k])
+        f = y * (mu + scale * nodes[k])
         # One exp per node: with e = exp(-|f|), log sigma(f) and sigma(-f) follow.
         e = exp(-fabs(f))
         if f >= 0.0:
-            log_terms[k] = model.gh_log_weights[k] - log1p(e)
+            log_terms[k] = log_weights[k] - log1p(e)
             tail[k] = e / (1.0 + e)
         else:
-            log_terms[k] = model.gh_log_weights[k] + f - log1p(e)
+            log_terms[k] = log_weights[k] + f - log1p(e)
             tail[k] = 1.0 / (1.0 + e)
         if log_terms[k] > log_max:
             log_max = log_terms[k]
@@ -496,17 +708,106 @@ cdef int _logistic_gh(const SiteModel* model, double y, double mu, double s2,
     return SITE_OK
 
 
-cdef int _gaussian(const SiteModel* model, double y, double mu, double s2,
-                   double* log_z, double* alpha, double* beta) noexcept nogil:
-    """Z = N(y; mu, s2 + noise_var) (IVM eqs 17-18): alpha = (y-mu)/v, beta = 1/v."""
-    cdef double v
+cdef inline int _logistic_gh_core(const double* nodes, const double* log_weights,
+                                  const double* weights, int n, double y, double mu, double s2,
+                                  double* log_z, double* alpha, double* beta) noexcept nogil:
+    """Gauss-Hermite estimate Z ≈ sum_k w_k sigma(y f_k), f_k = mu + sqrt(2 s2) t_k.
+
+    This is Minka's eq 66 with the cavity as the quadrature measure. Instead of
+    eqs 67-70 (tilted moments Z1/Z, Z2/Z, then alpha and beta by dividing by s2
+    and s2², which cancels catastrophically as s2 -> 0) we differentiate the
+    quadrature estimate in mu exactly (the nodes move with mu): with tilted
+    weights p_k = w_k sigma(y f_k) / Z and s_k = sigma(-y f_k),
+
+        alpha = y sum_k p_k s_k,
+        beta  = sum_k p_k s_k (1 - s_k) - Var_p(s),
+
+    which for exact quadrature coincide with eqs 69-70 (Stein's lemma) and stay
+    well conditioned for every s2 >= 0.
+
+    Evaluated in linear space with the weights w_k = exp(log_weights[k]) (one
+    exp and one division per node); log Z = log1p(-sum_k w_k s_k) when that sum
+    is below 1/4 (the rule's weights sum to 1), so log Z ≈ 0 keeps its relative
+    precision. Sites with Z < 1e-280 (y mu <~ -640) go to the log-space version.
+    """
+    cdef int k
+    cdef double scale, f, e, q, sig, s, total, tail_mass, mean_s, mean_curv, var_s, dev
+    cdef double tail[GH_MAX_NODES]     # s_k
+    cdef double head[GH_MAX_NODES]     # sigma(y f_k) = 1 - s_k
+    cdef double term[GH_MAX_NODES]     # w_k sigma(y f_k)
+    if y != 1.0 and y != -1.0:
+        return SITE_BAD_LABEL
+    scale = sqrt(2.0 * s2)
+    total = 0.0
+    tail_mass = 0.0
+    for k in range(n):
+        f = y * (mu + scale * nodes[k])
+        e = exp(-fabs(f))
+        q = 1.0 / (1.0 + e)
+        if f >= 0.0:
+            sig = q
+            s = e * q
+        else:
+            sig = e * q
+            s = q
+        head[k] = sig
+        tail[k] = s
+        term[k] = weights[k] * sig
+        total += term[k]
+        tail_mass += weights[k] * s
+    if not (total > _TINY):
+        return _logistic_gh_log_space(nodes, log_weights, n, y, mu, s2, log_z, alpha, beta)
+    if tail_mass < 0.25:
+        log_z[0] = log1p(-tail_mass)
+    else:
+        log_z[0] = log(total)
+    mean_s = 0.0
+    mean_curv = 0.0
+    for k in range(n):
+        mean_s += term[k] * tail[k]
+        mean_curv += term[k] * tail[k] * head[k]
+    mean_s = mean_s / total
+    mean_curv = mean_curv / total
+    var_s = 0.0
+    for k in range(n):
+        dev = tail[k] - mean_s
+        var_s += term[k] * dev * dev
+    alpha[0] = y * mean_s
+    beta[0] = mean_curv - var_s / total
+    return SITE_OK
+
+
+cdef inline int _gaussian_pre(double noise_var, double y, double mu, double s2, double* v,
+                              double* alpha, double* beta) noexcept nogil:
+    """Gaussian stage 1: label check, v = s2 + noise_var, alpha and beta."""
     if not isfinite(y):
         return SITE_BAD_LABEL
-    v = s2 + model.params[0]
-    alpha[0] = (y - mu) / v
-    beta[0] = 1.0 / v
-    log_z[0] = -0.5 * (_LOG_2PI + log(v)) - 0.5 * (y - mu) * alpha[0]
+    v[0] = s2 + noise_var
+    alpha[0] = (y - mu) / v[0]
+    beta[0] = 1.0 / v[0]
     return SITE_OK
+
+
+cdef inline double _gaussian_log_z(double y, double mu, double v, double alpha) noexcept nogil:
+    """Gaussian stage 2: log Z = log N(y; mu, v)."""
+    return -0.5 * (_LOG_2PI + log(v)) - 0.5 * (y - mu) * alpha
+
+
+cdef inline int _gaussian_core(double noise_var, double y, double mu, double s2,
+                               double* log_z, double* alpha, double* beta) noexcept nogil:
+    """Z = N(y; mu, s2 + noise_var) (IVM eqs 17-18): alpha = (y-mu)/v, beta = 1/v."""
+    cdef double v
+    cdef int status = _gaussian_pre(noise_var, y, mu, s2, &v, alpha, beta)
+    if status != SITE_OK:
+        return status
+    log_z[0] = _gaussian_log_z(y, mu, v, alpha[0])
+    return SITE_OK
+
+
+cdef inline void _fill_gh_weights(const double* log_weights, int n, double* weights) noexcept nogil:
+    cdef int k
+    for k in range(n):
+        weights[k] = exp(log_weights[k])
 
 
 cdef int site_moments(const SiteModel* model, double y, double cavity_mean, double cavity_var,
@@ -519,42 +820,247 @@ cdef int site_moments(const SiteModel* model, double y, double cavity_mean, doub
     three outputs are finite.
     """
     cdef int status
-    if not isfinite(cavity_mean) or not isfinite(cavity_var) or not (cavity_var >= 0.0):
-        return SITE_BAD_CAVITY
-    if isnan(y):
-        return SITE_BAD_LABEL
+    cdef double weights[GH_MAX_NODES]
+    status = _check_site(y, cavity_mean, cavity_var)
+    if status != SITE_OK:
+        return status
     if model.code == LIK_PROBIT:
         if model.n_params != 2:
             return SITE_BAD_PARAMS
-        status = _probit(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        status = _probit_core(_inv_slope2(model.params[0]), model.params[1], y, cavity_mean,
+                              cavity_var, log_z, alpha, beta)
     elif model.code == LIK_STEP:
         if model.n_params != 1:
             return SITE_BAD_PARAMS
-        status = _step(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        status = _step_core(model.params[0], y, cavity_mean, cavity_var, log_z, alpha, beta)
     elif model.code == LIK_LOGISTIC_MACKAY:
-        status = _logistic_mackay(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        status = _logistic_mackay_core(y, cavity_mean, cavity_var, log_z, alpha, beta)
     elif model.code == LIK_LOGISTIC_GH:
         if model.n_nodes < 1 or model.n_nodes > GH_MAX_NODES or model.gh_nodes == NULL \
                 or model.gh_log_weights == NULL:
             return SITE_BAD_PARAMS
-        status = _logistic_gh(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        _fill_gh_weights(model.gh_log_weights, model.n_nodes, weights)
+        status = _logistic_gh_core(model.gh_nodes, model.gh_log_weights, weights, model.n_nodes,
+                                   y, cavity_mean, cavity_var, log_z, alpha, beta)
     elif model.code == LIK_GAUSSIAN:
         if model.n_params != 1:
             return SITE_BAD_PARAMS
-        status = _gaussian(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        status = _gaussian_core(model.params[0], y, cavity_mean, cavity_var, log_z, alpha, beta)
     elif model.code == LIK_ORDINAL:
         if model.n_params < 2:
             return SITE_BAD_PARAMS
-        status = _ordinal(model, y, cavity_mean, cavity_var, log_z, alpha, beta)
+        status = _ordinal_core(_inv_slope2(model.params[0]), model.params, model.n_params, NULL,
+                               y, cavity_mean, cavity_var, log_z, alpha, beta)
     else:
         return SITE_BAD_PARAMS
+    return _finish_site(status, log_z, alpha, beta)
+
+
+# ----------------------------------------------------------------------------
+# Array loops: constants prepared once per call, one tight loop per likelihood
+# ----------------------------------------------------------------------------
+
+cdef enum:
+    # Sites per work item of the parallel loop (also the minimum per thread).
+    _CHUNK = 8192
+    # Sites per block of the staged loops: each stage runs over the block before
+    # the next starts, so independent sites overlap in the CPU instead of one
+    # site's long dependency chain (scale -> G -> log/exp -> outputs) stalling it.
+    _BLOCK = 64
+
+cdef struct _Prepared:
+    int code
+    const double* params
+    int n_params
+    double inv_slope2               # probit, ordinal
+    const double* thresholds        # ordinal: theta_0 .. theta_{C-2}
+    const double* gh_nodes
+    const double* gh_log_weights
+    const double* gh_weights        # exp(gh_log_weights)
+    int n_nodes
+
+
+cdef inline int _site_one(const _Prepared* p, double y, double mu, double s2,
+                          double* log_z, double* alpha, double* beta) noexcept nogil:
+    """One site with prepared constants; the same kernels as ``site_moments``."""
+    cdef int status = _check_site(y, mu, s2)
     if status != SITE_OK:
         return status
-    if not isfinite(log_z[0]):
-        return SITE_ZERO_MASS if log_z[0] < 0 else SITE_OVERFLOW
-    if not isfinite(alpha[0]) or not isfinite(beta[0]):
-        return SITE_OVERFLOW
-    return SITE_OK
+    if p.code == LIK_PROBIT:
+        status = _probit_core(p.inv_slope2, p.params[1], y, mu, s2, log_z, alpha, beta)
+    elif p.code == LIK_STEP:
+        status = _step_core(p.params[0], y, mu, s2, log_z, alpha, beta)
+    elif p.code == LIK_LOGISTIC_MACKAY:
+        status = _logistic_mackay_core(y, mu, s2, log_z, alpha, beta)
+    elif p.code == LIK_LOGISTIC_GH:
+        status = _logistic_gh_core(p.gh_nodes, p.gh_log_weights, p.gh_weights, p.n_nodes,
+                                   y, mu, s2, log_z, alpha, beta)
+    elif p.code == LIK_GAUSSIAN:
+        status = _gaussian_core(p.params[0], y, mu, s2, log_z, alpha, beta)
+    elif p.code == LIK_ORDINAL:
+        status = _ordinal_core(p.inv_slope2, p.params, p.n_params, p.thresholds,
+                               y, mu, s2, log_z, alpha, beta)
+    else:
+        return SITE_BAD_PARAMS
+    return _finish_site(status, log_z, alpha, beta)
+
+
+cdef Py_ssize_t _run_sites(const _Prepared* p, const double* y, const double* mu, const double* s2,
+                           double* log_z, double* alpha, double* beta,
+                           Py_ssize_t start, Py_ssize_t end, int* status) noexcept nogil:
+    """Site by site (ordinal, Gauss-Hermite, and blocks that contain an invalid site)."""
+    cdef Py_ssize_t i
+    cdef int st
+    for i in range(start, end):
+        st = _site_one(p, y[i], mu[i], s2[i], &log_z[i], &alpha[i], &beta[i])
+        if st != SITE_OK:
+            status[0] = st
+            return i
+    return -1
+
+
+cdef Py_ssize_t _run_staged(const _Prepared* p, const double* y, const double* mu, const double* s2,
+                            double* log_z, double* alpha, double* beta,
+                            Py_ssize_t start, Py_ssize_t end, int* status) noexcept nogil:
+    """Probit, step, MacKay logistic and Gaussian sites in blocks of ``_BLOCK``, stage by stage.
+
+    Stage 1 checks every site of the block and computes its standardised
+    argument; if any site of the block is invalid, the block is redone by
+    ``_run_sites`` (which reports the first failure in order). The stages are
+    the same inline functions the single-site kernels call, in the same order
+    of operations, so results are bitwise those of ``site_moments``.
+    """
+    cdef Py_ssize_t b0, i, j, k, m
+    cdef int st = SITE_OK
+    cdef bint ok
+    cdef Py_ssize_t order[_BLOCK + 1]   # stage-3 visiting order (see below)
+    cdef int code = p.code
+    cdef double inv_slope2 = p.inv_slope2
+    cdef double param0 = p.params[0] if p.n_params > 0 else 0.0
+    cdef double param1 = p.params[1] if p.n_params > 1 else 0.0
+    cdef double scale[_BLOCK]      # probit c, step sd, MacKay kappa, Gaussian v
+    cdef double arg[_BLOCK]        # probit/step/MacKay z
+    cdef double aux[_BLOCK]        # G(|z|), or MacKay exp(-|z|)
+    cdef double log_cdf[_BLOCK]
+    cdef double hazard[_BLOCK]
+    cdef double hazard_plus_z[_BLOCK]
+    b0 = start
+    while b0 < end:
+        m = end - b0
+        if m > _BLOCK:
+            m = _BLOCK
+        # Stage 1: check the whole block (no early exit), then the standardised
+        # arguments in a branch-free loop the compiler can vectorise. The
+        # expressions are those of _probit_z, _step_z, _mackay_z, _gaussian_pre
+        # for valid sites.
+        ok = True
+        if code == LIK_PROBIT:
+            for j in range(m):
+                i = b0 + j
+                ok = ok & _valid_binary(y[i], mu[i], s2[i]) & (s2[i] + inv_slope2 > 0.0)
+            if ok:
+                for j in range(m):
+                    i = b0 + j
+                    scale[j] = 1.0 / sqrt(s2[i] + inv_slope2)
+                    arg[j] = y[i] * (scale[j] * (mu[i] + param1))
+        elif code == LIK_STEP:
+            for j in range(m):
+                i = b0 + j
+                ok = ok & _valid_binary(y[i], mu[i], s2[i]) & (s2[i] > 0.0)
+            if ok:
+                for j in range(m):
+                    i = b0 + j
+                    scale[j] = sqrt(s2[i])
+                    arg[j] = y[i] * mu[i] / scale[j]
+        elif code == LIK_LOGISTIC_MACKAY:
+            for j in range(m):
+                i = b0 + j
+                ok = ok & _valid_binary(y[i], mu[i], s2[i])
+            if ok:
+                for j in range(m):
+                    i = b0 + j
+                    scale[j] = 1.0 / sqrt(1.0 + _PI_OVER_8 * s2[i])
+                    arg[j] = y[i] * scale[j] * mu[i]
+        else:
+            for j in range(m):
+                i = b0 + j
+                ok = ok & _valid_cavity(mu[i], s2[i]) & isfinite(y[i])
+            if ok:
+                for j in range(m):
+                    i = b0 + j
+                    scale[j] = s2[i] + param0
+                    arg[j] = (y[i] - mu[i]) / scale[j]
+                    aux[j] = 1.0 / scale[j]
+                for j in range(m):
+                    i = b0 + j
+                    alpha[i] = arg[j]
+                    beta[i] = aux[j]
+        if not ok:
+            # Some site of the block is invalid: redo it site by site to report the first failure.
+            i = _run_sites(p, y, mu, s2, log_z, alpha, beta, b0, b0 + m, status)
+            if i >= 0:
+                return i
+            b0 += m
+            continue
+        # Stages 2-3: special functions, then the outputs. Stage 3 visits the
+        # sites with z <= 0 first, then those with z > 0 (``order``, built
+        # without branches), so that the kernels' branch on the sign of z is
+        # predictable instead of a coin toss per site.
+        if code != LIK_GAUSSIAN:
+            k = 0
+            for j in range(m):
+                order[k] = j
+                k += arg[j] <= 0.0
+            for j in range(m):
+                order[k] = j
+                k += arg[j] > 0.0
+        if code == LIK_PROBIT:
+            for j in range(m):
+                aux[j] = _gauss_tail_at(arg[j])
+            for k in range(m):
+                j = order[k]
+                _cdf_terms_g(arg[j], aux[j], &log_cdf[j], &hazard[j], &hazard_plus_z[j],
+                             NULL, NULL, True, False)
+            for j in range(m):
+                i = b0 + j
+                _probit_out(y[i], scale[j], arg[j], log_cdf[j], hazard[j], hazard_plus_z[j],
+                            &log_z[i], &alpha[i], &beta[i])
+        elif code == LIK_STEP:
+            for j in range(m):
+                aux[j] = _gauss_tail_at(arg[j])
+            for k in range(m):
+                j = order[k]
+                i = b0 + j
+                _step_out(param0, y[i], scale[j], arg[j], aux[j], &log_z[i], &alpha[i], &beta[i])
+        elif code == LIK_LOGISTIC_MACKAY:
+            for j in range(m):
+                aux[j] = exp(-fabs(arg[j]))
+            for k in range(m):
+                j = order[k]
+                i = b0 + j
+                _mackay_out(y[i], scale[j], arg[j], aux[j], &log_z[i], &alpha[i], &beta[i])
+        else:
+            for j in range(m):
+                i = b0 + j
+                log_z[i] = _gaussian_log_z(y[i], mu[i], scale[j], arg[j])
+        for j in range(m):
+            i = b0 + j
+            st = _finish_site(SITE_OK, &log_z[i], &alpha[i], &beta[i])
+            if st != SITE_OK:
+                status[0] = st
+                return i
+        b0 += m
+    return -1
+
+
+cdef Py_ssize_t _run_range(const _Prepared* p, const double* y, const double* mu, const double* s2,
+                           double* log_z, double* alpha, double* beta,
+                           Py_ssize_t start, Py_ssize_t end, int* status) noexcept nogil:
+    """Sites start..end-1; returns the first failing index (its status in ``status``) or -1."""
+    if p.code == LIK_PROBIT or p.code == LIK_STEP or p.code == LIK_LOGISTIC_MACKAY \
+            or p.code == LIK_GAUSSIAN:
+        return _run_staged(p, y, mu, s2, log_z, alpha, beta, start, end, status)
+    return _run_sites(p, y, mu, s2, log_z, alpha, beta, start, end, status)
 
 
 # ----------------------------------------------------------------------------
@@ -704,7 +1210,11 @@ cdef const double* _ptr(arr):
     return &view[0]
 
 
+
 def _as_input(name, values):
+    if type(values) is np.ndarray and values.dtype == np.float64 and values.ndim == 1 \
+            and values.flags.c_contiguous:
+        return values     # the common case: nothing to convert
     arr = np.asarray(values)
     if arr.dtype.kind not in 'biuf':
         raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
@@ -723,6 +1233,46 @@ def _as_output(name, out, n):
     if out.shape[0] != n:
         raise ValueError(f"{name} has length {out.shape[0]}, expected {n}")
     return out
+
+
+cdef bint _model_ok(const SiteModel* model) noexcept nogil:
+    """The structural checks ``site_moments`` makes per site (SiteSpec guarantees them)."""
+    if model.code == LIK_PROBIT:
+        return model.n_params == 2
+    if model.code == LIK_STEP or model.code == LIK_GAUSSIAN:
+        return model.n_params == 1
+    if model.code == LIK_LOGISTIC_MACKAY:
+        return True
+    if model.code == LIK_LOGISTIC_GH:
+        return 1 <= model.n_nodes <= GH_MAX_NODES and model.gh_nodes != NULL \
+            and model.gh_log_weights != NULL
+    if model.code == LIK_ORDINAL:
+        return model.n_params >= 2
+    return False
+
+
+OPENMP = bool(fastep_sites_openmp())
+
+# GNU libgomp does not survive fork(): a child forked after the parent ran a
+# parallel region deadlocks in its next one. Forked children therefore run the
+# array loops on one thread (they never enter a parallel region).
+cdef bint _parallel_allowed = True
+
+
+def _disable_parallel_after_fork():
+    global _parallel_allowed
+    _parallel_allowed = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disable_parallel_after_fork)
+
+
+def max_threads():
+    """Threads ``site_moments_array`` may use: the OpenMP maximum (``OMP_NUM_THREADS``,
+    ``threadpoolctl.threadpool_limits(n, "openmp")``); 1 when built without OpenMP
+    and in a process forked from one that imported this module."""
+    return fastep_sites_max_threads() if _parallel_allowed else 1
 
 
 def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z=None, alpha=None, beta=None):
@@ -750,6 +1300,15 @@ def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z
         If the lengths differ, or if any site fails; the message names the
         first failing site, its inputs and the reason. Outputs are then only
         partially filled.
+
+    Notes
+    -----
+    Arrays of more than 8192 sites are split into chunks of 8192 that
+    run on up to ``max_threads()`` OpenMP threads (when built with OpenMP).
+    Every site is computed by the same code whatever the chunking, so results
+    are bitwise identical for any thread count, and identical to
+    ``site_moments`` called site by site. Processes forked after import run on
+    one thread (GNU libgomp deadlocks in a forked child otherwise).
     """
     y_arr = _as_input("y", y)
     mean_arr = _as_input("cavity_mean", cavity_mean)
@@ -761,21 +1320,81 @@ def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z
     log_z = _as_output("log_z", log_z, n)
     alpha = _as_output("alpha", alpha, n)
     beta = _as_output("beta", beta, n)
+    if n == 0:
+        return log_z, alpha, beta
     cdef const double[::1] y_view = y_arr
     cdef const double[::1] mean_view = mean_arr
     cdef const double[::1] var_view = var_arr
     cdef double[::1] log_z_view = log_z
     cdef double[::1] alpha_view = alpha
     cdef double[::1] beta_view = beta
+    cdef const double* y_ptr = &y_view[0]
+    cdef const double* mean_ptr = &mean_view[0]
+    cdef const double* var_ptr = &var_view[0]
+    cdef double* log_z_ptr = &log_z_view[0]
+    cdef double* alpha_ptr = &alpha_view[0]
+    cdef double* beta_ptr = &beta_view[0]
+
+    # Constants of the likelihood, once per call.
     cdef const SiteModel* model = &spec.model
-    cdef Py_ssize_t i, failed = -1
+    cdef _Prepared prep
+    cdef double[::1] thresholds_view, weights_view
+    cdef Py_ssize_t k
+    prep.code = model.code if _model_ok(model) else -1
+    prep.params = model.params
+    prep.n_params = model.n_params
+    prep.inv_slope2 = 0.0
+    prep.thresholds = NULL
+    prep.gh_nodes = model.gh_nodes
+    prep.gh_log_weights = model.gh_log_weights
+    prep.gh_weights = NULL
+    prep.n_nodes = model.n_nodes
+    if prep.code == LIK_PROBIT or prep.code == LIK_ORDINAL:
+        prep.inv_slope2 = _inv_slope2(model.params[0])
+    if prep.code == LIK_ORDINAL:
+        thresholds = np.empty(model.n_params - 1)
+        thresholds_view = thresholds
+        thresholds_view[0] = model.params[1]
+        for k in range(1, model.n_params - 1):      # summed left to right, as _ordinal_core does
+            thresholds_view[k] = thresholds_view[k - 1] + model.params[1 + k]
+        prep.thresholds = &thresholds_view[0]
+    if prep.code == LIK_LOGISTIC_GH:
+        weights = np.empty(model.n_nodes)
+        weights_view = weights
+        _fill_gh_weights(model.gh_log_weights, model.n_nodes, &weights_view[0])
+        prep.gh_weights = &weights_view[0]
+
+    cdef Py_ssize_t failed = -1, n_chunks = (n + _CHUNK - 1) // _CHUNK, j, start, end
     cdef int status = SITE_OK
-    with nogil:
-        for i in range(n):
-            status = site_moments(model, y_view[i], mean_view[i], var_view[i],
-                                  &log_z_view[i], &alpha_view[i], &beta_view[i])
-            if status != SITE_OK:
-                failed = i
+    cdef int n_threads = fastep_sites_max_threads() if _parallel_allowed else 1
+    cdef Py_ssize_t[::1] chunk_failed
+    cdef int[::1] chunk_status
+    cdef Py_ssize_t* chunk_failed_ptr
+    cdef int* chunk_status_ptr
+    if n_chunks < 2 or n_threads < 2:
+        with nogil:
+            failed = _run_range(&prep, y_ptr, mean_ptr, var_ptr, log_z_ptr, alpha_ptr, beta_ptr,
+                                0, n, &status)
+    else:
+        if n_threads > n_chunks:
+            n_threads = <int>n_chunks
+        chunk_failed = np.empty(n_chunks, dtype=np.intp)
+        chunk_status = np.zeros(n_chunks, dtype=np.intc)
+        chunk_failed_ptr = &chunk_failed[0]
+        chunk_status_ptr = &chunk_status[0]
+        with nogil:
+            for j in prange(n_chunks, schedule='dynamic', num_threads=n_threads):
+                start = j * _CHUNK
+                end = start + _CHUNK
+                if end > n:
+                    end = n
+                chunk_failed_ptr[j] = _run_range(&prep, y_ptr, mean_ptr, var_ptr, log_z_ptr,
+                                                 alpha_ptr, beta_ptr, start, end, &chunk_status_ptr[j])
+        # Chunks are in site order: the first chunk that failed holds the first failing site.
+        for j in range(n_chunks):
+            if chunk_failed[j] >= 0:
+                failed = chunk_failed[j]
+                status = chunk_status[j]
                 break
     if failed >= 0:
         raise ValueError(
@@ -783,3 +1402,34 @@ def site_moments_array(SiteSpec spec not None, y, cavity_mean, cavity_var, log_z
             f"y={float(y_arr[failed])!r}, cavity_mean={float(mean_arr[failed])!r}, "
             f"cavity_var={float(var_arr[failed])!r}): {status_message(status)}")
     return log_z, alpha, beta
+
+
+def _site_moments_per_site(SiteSpec spec not None, y, cavity_mean, cavity_var):
+    """``site_moments`` (the engines' one-site entry point) called site by site, for tests.
+
+    Returns ``(status, log_z, alpha, beta)`` with one int status per site; the
+    outputs of failed sites are unspecified. Unlike ``site_moments_array`` it
+    does not stop at the first failure.
+    """
+    y_arr = _as_input("y", y)
+    mean_arr = _as_input("cavity_mean", cavity_mean)
+    var_arr = _as_input("cavity_var", cavity_var)
+    cdef Py_ssize_t n = y_arr.shape[0], i
+    if mean_arr.shape[0] != n or var_arr.shape[0] != n:
+        raise ValueError("y, cavity_mean and cavity_var must have the same length")
+    status = np.zeros(n, dtype=np.intc)
+    log_z = np.full(n, np.nan)
+    alpha = np.full(n, np.nan)
+    beta = np.full(n, np.nan)
+    cdef const double[::1] y_view = y_arr
+    cdef const double[::1] mean_view = mean_arr
+    cdef const double[::1] var_view = var_arr
+    cdef int[::1] status_view = status
+    cdef double[::1] log_z_view = log_z
+    cdef double[::1] alpha_view = alpha
+    cdef double[::1] beta_view = beta
+    with nogil:
+        for i in range(n):
+            status_view[i] = site_moments(&spec.model, y_view[i], mean_view[i], var_view[i],
+                                          &log_z_view[i], &alpha_view[i], &beta_view[i])
+    return status, log_z, alpha, beta
