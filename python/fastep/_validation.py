@@ -10,8 +10,8 @@ import numpy as np
 
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
-    "encode_binary_labels", "check_choice", "check_positive", "check_in_range",
-    "check_int", "check_prior",
+    "encode_binary_labels", "encode_one_vs_rest_labels", "check_choice", "check_positive",
+    "check_in_range", "check_int", "check_prior",
 ]
 
 
@@ -112,6 +112,24 @@ def encode_binary_labels(y):
             f"y must contain exactly two classes for a binary classifier; got {classes.shape[0]}: "
             f"{classes.tolist()[:10]}")
     return classes, np.where(inverse.reshape(-1) == 1, 1.0, -1.0)
+
+
+def encode_one_vs_rest_labels(y):
+    """Sorted classes and ±1 targets: one vector for two classes, one per class (one-vs-rest) above.
+
+    Returns ``(classes, targets)`` with ``targets`` a list of float64 vectors; for two
+    classes ``classes[1]`` is the positive class. Raises ``ValueError`` for a single class.
+    """
+    try:
+        classes, inverse = np.unique(y, return_inverse=True)
+    except TypeError as exc:
+        raise TypeError(f"y labels must be mutually comparable: {exc}") from None
+    if classes.shape[0] < 2:
+        raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
+    inverse = inverse.reshape(-1)
+    if classes.shape[0] == 2:
+        return classes, [np.where(inverse == 1, 1.0, -1.0)]
+    return classes, [np.where(inverse == c, 1.0, -1.0) for c in range(classes.shape[0])]
 
 
 def check_choice(value, name, choices):

@@ -439,17 +439,7 @@ class GaussianProcessClassifier(_GPEPBase):
             likelihood_theta(likelihood)        # raises for parameters that cannot be learnt
         X, y = v.check_X_y(X, y)
         kernel._validate_X(X, "X")
-        try:
-            classes, inverse = np.unique(y, return_inverse=True)
-        except TypeError as exc:
-            raise TypeError(f"y labels must be mutually comparable: {exc}") from None
-        if classes.shape[0] < 2:
-            raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
-        inverse = inverse.reshape(-1)
-        if classes.shape[0] == 2:
-            targets = [np.where(inverse == 1, 1.0, -1.0)]
-        else:
-            targets = [np.where(inverse == c, 1.0, -1.0) for c in range(classes.shape[0])]
+        classes, targets = v.encode_one_vs_rest_labels(y)
         problems = [self._fit_binary(X, t, kernel, likelihood, options, bool(self.learn_likelihood))
                     for t in targets]
         # Everything computed: set the fitted attributes.

@@ -461,17 +461,7 @@ class IVMClassifier(_IVMBase):
             raise TypeError(f"learn_likelihood must be a bool, got {type(self.learn_likelihood).__name__}")
         if self.learn_likelihood:
             likelihood_theta(lik)                      # raises for parameters that cannot be learnt
-        try:
-            classes, inverse = np.unique(y, return_inverse=True)
-        except TypeError as exc:
-            raise TypeError(f"y labels must be mutually comparable: {exc}") from None
-        if classes.shape[0] < 2:
-            raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
-        inverse = inverse.reshape(-1)
-        if classes.shape[0] == 2:
-            targets = [np.where(inverse == 1, 1.0, -1.0)]
-        else:
-            targets = [np.where(inverse == c, 1.0, -1.0) for c in range(classes.shape[0])]
+        classes, targets = v.encode_one_vs_rest_labels(y)
         problems, histories = [], []
         for c, t in enumerate(targets):
             problem = _IVMProblem(X, t, copy.deepcopy(kernel), lik, options["d"], options["criterion"],
