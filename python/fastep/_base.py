@@ -1,9 +1,11 @@
 """Estimator plumbing shared by every fastep model (scikit-learn conventions, no dependency on it)."""
 import inspect
 
+import numpy as np
+
 from .exceptions import NotFittedError
 
-__all__ = ["BaseEstimator", "check_is_fitted"]
+__all__ = ["BaseEstimator", "check_is_fitted", "one_vs_rest_proba"]
 
 
 class BaseEstimator:
@@ -70,3 +72,17 @@ def check_is_fitted(estimator, attribute):
     if not hasattr(estimator, attribute):
         raise NotFittedError(
             f"this {type(estimator).__name__} instance is not fitted yet; call 'fit' first")
+
+
+def one_vs_rest_proba(problems, X):
+    """Class probabilities from fitted binary problems (each with ``latent(X)`` and ``likelihood``).
+
+    One problem: columns ``(1 - p, p)`` with ``p = ∫ t(f) N(f; μ*, σ*²) df`` from the
+    likelihood's ``predictive``. Several (one-vs-rest): each class's binary predictive,
+    normalised to sum to one.
+    """
+    p = np.column_stack([prob.likelihood.predictive(*prob.latent(X)) for prob in problems])
+    if p.shape[1] == 1:
+        return np.column_stack([1.0 - p[:, 0], p[:, 0]])
+    total = p.sum(axis=1, keepdims=True)
+    return p / np.where(total > 0, total, 1.0)

@@ -32,7 +32,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted
+from ._base import BaseEstimator, check_is_fitted, one_vs_rest_proba
 from ._epcore import gp_ep as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood
@@ -497,15 +497,6 @@ class GaussianProcessClassifier(_GPEPBase):
             return out[0]
         return np.column_stack([m for m, _ in out]), np.column_stack([s for _, s in out])
 
-    def _positive_probability(self, X):
-        check_is_fitted(self, "classes_")
-        X = v.check_n_features(X, self.n_features_in_)
-        cols = []
-        for p in self._problems:
-            mean, var = p.latent(X)
-            cols.append(p.likelihood.predictive(mean, var))
-        return np.column_stack(cols)
-
     def predict_proba(self, X):
         """Class probabilities, columns ordered as ``classes_``.
 
@@ -513,11 +504,8 @@ class GaussianProcessClassifier(_GPEPBase):
         ``Φ(μ*/sqrt(1 + σ*²))``). One-vs-rest: each class's binary predictive,
         normalised to sum to one.
         """
-        p = self._positive_probability(X)
-        if p.shape[1] == 1:
-            return np.column_stack([1.0 - p[:, 0], p[:, 0]])
-        total = p.sum(axis=1, keepdims=True)
-        return p / np.where(total > 0, total, 1.0)
+        check_is_fitted(self, "classes_")
+        return one_vs_rest_proba(self._problems, v.check_n_features(X, self.n_features_in_))
 
     def decision_function(self, X):
         """Predictive log-odds of each binary problem (shape (n,), or (n, n_classes) one-vs-rest)."""

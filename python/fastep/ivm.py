@@ -62,7 +62,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted
+from ._base import BaseEstimator, check_is_fitted, one_vs_rest_proba
 from ._epcore import ivm as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood
@@ -474,26 +474,14 @@ class IVMClassifier(_IVMBase):
         self._set_common(X, problems, histories)
         return self
 
-    def _positive_probability(self, X):
-        check_is_fitted(self, "active_set_")
-        X = v.check_n_features(X, self.n_features_in_)
-        cols = []
-        for p in self._problems:
-            mean, var = p.latent(X)
-            cols.append(p.likelihood.predictive(mean, var))
-        return np.column_stack(cols)
-
     def predict_proba(self, X):
         """Class probabilities (columns as ``classes_``).
 
         Binary: ``∫ p(y=+1 | f) N(f; μ*, σ*²) df`` (probit: ``Φ((μ* + b)/sqrt(λ⁻² + σ*²))``).
         One-vs-rest: each class's binary probability, normalised to sum to one.
         """
-        p = self._positive_probability(X)
-        if p.shape[1] == 1:
-            return np.column_stack([1.0 - p[:, 0], p[:, 0]])
-        total = p.sum(axis=1, keepdims=True)
-        return p / np.where(total > 0, total, 1.0)
+        check_is_fitted(self, "active_set_")
+        return one_vs_rest_proba(self._problems, v.check_n_features(X, self.n_features_in_))
 
     def decision_function(self, X):
         """Latent mean plus the likelihood's bias (binary: > 0 means ``classes_[1]``); (n, n_classes) one-vs-rest."""

@@ -174,7 +174,8 @@ from fastep._epcore._blas cimport (
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
 from fastep._epcore.linear_ep cimport (
-    site_step, SiteUpdateOptions, SweepStats, UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
+    site_step, SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
+    UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
 
@@ -267,38 +268,8 @@ cdef int entropy_pick(const SiteModel* model, const double* y, int n,
 
 
 # --------------------------------------------------------------------------- #
-# sweep bookkeeping (as linear_ep's SweepStats)
+# column access (sweep bookkeeping: linear_ep.pxd's sweep_stats_reset/record)
 # --------------------------------------------------------------------------- #
-
-cdef inline void _reset(SweepStats* stats) noexcept nogil:
-    stats.max_change_precision = 0.0
-    stats.max_change_natural_mean = 0.0
-    stats.n_skipped = 0
-    stats.n_clipped = 0
-    stats.n_failed = 0
-
-
-cdef inline void _record(SweepStats* stats, int result, double tau_old, double nu_old,
-                         double tau_new, double nu_new) noexcept nogil:
-    cdef double change, scale
-    if result == STEP_CLIPPED:
-        stats.n_clipped += 1
-    elif result == STEP_SKIPPED:
-        stats.n_skipped += 1
-        return
-    elif result == STEP_FAILED:
-        stats.n_skipped += 1
-        stats.n_failed += 1
-        return
-    scale = fabs(tau_new)
-    change = fabs(tau_new - tau_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_precision:
-        stats.max_change_precision = change
-    scale = fabs(nu_new)
-    change = fabs(nu_new - nu_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_natural_mean:
-        stats.max_change_natural_mean = change
-
 
 cdef inline void _gather_column(const double* a, int n, int i, double* col) noexcept nogil:
     """col = column i of the symmetric row-major a of which only the lower triangle is current."""
@@ -341,7 +312,7 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
     """
     cdef int t, i, j, result
     cdef double tau_old, nu_old, cov_coef, mean_coef, sii
-    _reset(stats)
+    sweep_stats_reset(stats)
     if entropy:
         for j in range(n):
             post_diag[j] = post_cov[<Py_ssize_t>j * n + j]
@@ -356,7 +327,7 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
         sii = post_cov[<Py_ssize_t>i * n + i]
         result = site_step(model, y[i], sii, post_mean[i],
                            &site_precision[i], &site_natural_mean[i], opts, &cov_coef, &mean_coef)
-        _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+        sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
         if (result == STEP_APPLIED or result == STEP_CLIPPED) and (cov_coef != 0.0 or mean_coef != 0.0):
             if half_log_det_b != NULL:
                 half_log_det_b[0] += 0.5 * log1p((site_precision[i] - tau_old) * sii)
@@ -391,7 +362,7 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
     cdef double tau_old, nu_old, cov_coef, mean_coef, sii, v, scale
     cdef double* dst
     cdef double* neg_rows
-    _reset(stats)
+    sweep_stats_reset(stats)
     if entropy:
         for j in range(n):
             post_diag[j] = post_cov[<Py_ssize_t>j * n + j]
@@ -419,7 +390,7 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
             mean_coef = 0.0
             result = site_step(model, y[i], sii, post_mean[i], &site_precision[i],
                                &site_natural_mean[i], opts, &cov_coef, &mean_coef)
-            _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+            sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
             if not ((result == STEP_APPLIED or result == STEP_CLIPPED)
                     and (cov_coef != 0.0 or mean_coef != 0.0)):
                 continue
@@ -465,13 +436,13 @@ cdef void gp_parallel_update(const SiteModel* model, const double* y, int n,
     """Update every site from the same posterior (``diag Σ``, ``μ``); the posterior is not touched."""
     cdef int i, result
     cdef double tau_old, nu_old, cov_coef, mean_coef
-    _reset(stats)
+    sweep_stats_reset(stats)
     for i in range(n):
         tau_old = site_precision[i]
         nu_old = site_natural_mean[i]
         result = site_step(model, y[i], post_diag[i], post_mean[i], &site_precision[i],
                            &site_natural_mean[i], opts, &cov_coef, &mean_coef)
-        _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+        sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
 
 
 # --------------------------------------------------------------------------- #
@@ -911,7 +882,7 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     cdef double max_change = INFINITY, scale, prev_log_z = NAN
     cdef bint refactor_now
     cdef Py_ssize_t j
-    _reset(&stats)
+    sweep_stats_reset(&stats)
 
     with nogil:
         info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
@@ -1138,7 +1109,7 @@ def incremental_sweep(const double[::1] y, SiteSpec spec not None,
     cdef unsigned long long rng_state = seed
     cdef const int* perm_ptr = &perm[0] if shuffled else NULL
     cdef SweepStats stats
-    _reset(&stats)
+    sweep_stats_reset(&stats)
     with nogil:
         if shuffled:
             random_permutation(n, &perm[0], &rng_state)

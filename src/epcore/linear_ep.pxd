@@ -5,6 +5,7 @@ State: posterior covariance V (d x d, row-major, only the LOWER triangle is kept
 current during sweeps), posterior mean m (d), and per-site natural parameters
 site_precision[i] = 1/v_i and site_natural_mean[i] = m_i/v_i (Minka eqs 20-22).
 """
+from libc.math cimport fabs
 from fastep._epcore.sites cimport SiteModel
 
 
@@ -39,6 +40,37 @@ cdef struct SweepStats:
     int n_skipped                    # STEP_SKIPPED + STEP_FAILED
     int n_clipped
     int n_failed
+
+
+# Sweep bookkeeping shared by the rank-1 engines (linear_ep, gp_ep).
+cdef inline void sweep_stats_reset(SweepStats* stats) noexcept nogil:
+    stats.max_change_precision = 0.0
+    stats.max_change_natural_mean = 0.0
+    stats.n_skipped = 0
+    stats.n_clipped = 0
+    stats.n_failed = 0
+
+
+cdef inline void sweep_stats_record(SweepStats* stats, int result, double tau_old, double nu_old,
+                                    double tau_new, double nu_new) noexcept nogil:
+    cdef double change, scale
+    if result == STEP_CLIPPED:
+        stats.n_clipped += 1
+    elif result == STEP_SKIPPED:
+        stats.n_skipped += 1
+        return
+    elif result == STEP_FAILED:
+        stats.n_skipped += 1
+        stats.n_failed += 1
+        return
+    scale = fabs(tau_new)
+    change = fabs(tau_new - tau_old) / (scale if scale > 1.0 else 1.0)
+    if change > stats.max_change_precision:
+        stats.max_change_precision = change
+    scale = fabs(nu_new)
+    change = fabs(nu_new - nu_old) / (scale if scale > 1.0 else 1.0)
+    if change > stats.max_change_natural_mean:
+        stats.max_change_natural_mean = change
 
 
 cdef int site_step(const SiteModel* model, double y, double xVx, double xm,

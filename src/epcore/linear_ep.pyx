@@ -199,36 +199,6 @@ cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
     return result
 
 
-cdef inline void _record(SweepStats* stats, int result, double tau_old, double nu_old,
-                         double tau_new, double nu_new) noexcept nogil:
-    cdef double change, scale
-    if result == STEP_CLIPPED:
-        stats.n_clipped += 1
-    elif result == STEP_SKIPPED:
-        stats.n_skipped += 1
-        return
-    elif result == STEP_FAILED:
-        stats.n_skipped += 1
-        stats.n_failed += 1
-        return
-    scale = fabs(tau_new)
-    change = fabs(tau_new - tau_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_precision:
-        stats.max_change_precision = change
-    scale = fabs(nu_new)
-    change = fabs(nu_new - nu_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_natural_mean:
-        stats.max_change_natural_mean = change
-
-
-cdef inline void _reset(SweepStats* stats) noexcept nogil:
-    stats.max_change_precision = 0.0
-    stats.max_change_natural_mean = 0.0
-    stats.n_skipped = 0
-    stats.n_clipped = 0
-    stats.n_failed = 0
-
-
 cdef enum:
     # Below this dimension site_update uses plain loops instead of BLAS-2 calls: the call
     # overhead (and OpenBLAS threading) dominates the O(d^2) work for tiny matrices.
@@ -316,13 +286,13 @@ cdef void sweep_rank1(const SiteModel* model, const double* X, const double* y, 
     """One sequential sweep with a symv + syr per site (lower triangle of post_cov kept)."""
     cdef int i, result
     cdef double tau_old, nu_old
-    _reset(stats)
+    sweep_stats_reset(stats)
     for i in range(n):
         tau_old = site_precision[i]
         nu_old = site_natural_mean[i]
         result = site_update(model, y[i], X + <Py_ssize_t>i * d, d, post_cov, post_mean, work,
                              &site_precision[i], &site_natural_mean[i], opts)
-        _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+        sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
 
 
 cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y, int n, int d,
@@ -343,7 +313,7 @@ cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y
     cdef double* neg_rows
     cdef const double* x
     cdef double xVx, xm, cov_coef, mean_coef, tau_old, nu_old
-    _reset(stats)
+    sweep_stats_reset(stats)
     while b0 < n:
         kk = block_size if n - b0 > block_size else n - b0
         # rows of X_blk V = (V x_i)^T for the whole block (BLAS-3)
@@ -369,7 +339,7 @@ cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y
             mean_coef = 0.0
             result = site_step(model, y[i], xVx, xm, &site_precision[i], &site_natural_mean[i],
                                opts, &cov_coef, &mean_coef)
-            _record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
+            sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
             if result == STEP_APPLIED or result == STEP_CLIPPED:
                 if mean_coef != 0.0:
                     daxpy(d, mean_coef, u, 1, post_mean, 1)
@@ -695,7 +665,7 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
     cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
     cdef bint converged = False, refreshed_last = True
     cdef double log_det_prior = 0.0, prior_quad = 0.0, max_change = INFINITY
-    _reset(&stats)
+    sweep_stats_reset(&stats)
 
     with nogil:
         prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
