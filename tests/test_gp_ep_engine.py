@@ -343,6 +343,83 @@ def test_refactor_every_must_be_positive():
 
 
 # --------------------------------------------------------------------------------------------
+# output=OUTPUT_FACTOR: L = chol(B) instead of Σ, and the diag-Σ-only refactorisation
+# --------------------------------------------------------------------------------------------
+
+def _chol_b(K, tau):
+    s = np.sqrt(tau)
+    return np.linalg.cholesky(np.eye(len(tau)) + s[:, None] * K * s[None, :])
+
+
+@pytest.mark.parametrize("options", [dict(schedule=SEQ), dict(schedule=BLK),
+                                     dict(schedule=BLK, refactor_every=1000),
+                                     dict(schedule=BLK, refactor_every=3, order=ENTROPY),
+                                     dict(schedule=PAR, damping=0.5),
+                                     dict(schedule=BLK, max_sweeps=2), dict(schedule=PAR, max_sweeps=2)])
+def test_output_factor_gives_the_same_run_and_the_cholesky_of_b(options):
+    """The factor output changes what post_cov holds at return, nothing else: same sweeps, sites,
+    μ and log Z as the covariance output; post_cov = chol(I + S^½ K S^½) (upper triangle zero);
+    post_var = diag Σ of the covariance output."""
+    n = 120
+    K, y = benchmark_problem(n)
+    spec = fastep.Probit().site_spec()
+    var_cov, var_fac = np.empty(n), np.empty(n)
+    base = run(K, y, spec, tol=1e-10, post_var=var_cov, **options)
+    fac = run(K, y, spec, tol=1e-10, post_var=var_fac, output=engine.OUTPUT_FACTOR, **options)
+    assert fac[4]["n_sweeps"] == base[4]["n_sweeps"] and fac[4]["converged"] == base[4]["converged"]
+    assert close(fac[0], base[0]) < 1e-12 and close(fac[1], base[1]) < 1e-12
+    assert close(fac[3], base[3]) < 1e-10
+    assert abs(fac[4]["log_z"] - base[4]["log_z"]) < 1e-10 * abs(base[4]["log_z"])
+    L = fac[2]
+    assert np.all(np.triu(L, 1) == 0.0)
+    assert close(L, _chol_b(K, fac[0])) < 1e-12
+    assert np.max(np.abs(var_cov - np.diag(base[2])) / var_cov) < 1e-12
+    assert np.max(np.abs(var_fac - var_cov) / var_cov) < 1e-10
+    mu_ref, Sigma_ref = ref.posterior_from_sites(K, fac[0], fac[1])
+    assert np.max(np.abs(var_fac - np.diag(Sigma_ref)) / np.diag(Sigma_ref)) < 1e-10
+    assert close(fac[3], mu_ref) < 1e-10
+
+
+@pytest.mark.parametrize("case", ["mixed", "all_tiny", "all_zero", "huge"])
+def test_diag_only_refactorisation_on_adversarial_sites(case):
+    """The parallel schedule's refactorisation forms diag Σ from diag(B⁻¹) where that is
+    accurate and from V = L⁻¹ S^½ K elsewhere (τ_i = 0, τ_i Σ_ii tiny); μ by triangular solves.
+    One damped-to-nothing iteration (damping 1e-300 keeps the sites) checks it against the
+    reference posterior on sites mixing zero, tiny and huge precisions."""
+    n = 80
+    K, y = rbf_problem(n, seed=31)
+    rng = np.random.default_rng(5)
+    tau = {"mixed": rng.choice([0.0, 1e-12, 1e-6, 1e-3, 0.3, 5.0, 1e6], size=n),
+           "all_tiny": np.full(n, 1e-10), "all_zero": np.zeros(n),
+           "huge": 10.0 ** rng.uniform(3, 8, size=n)}[case]
+    nu = rng.standard_normal(n) * np.sqrt(tau + 1e-3)
+    spec = fastep.Gaussian(noise_variance=1.0).site_spec()
+    for output in (engine.OUTPUT_COVARIANCE, engine.OUTPUT_FACTOR):
+        var = np.empty(n)
+        t, v, S, m, info = run(K, y, spec, tau0=tau, nu0=nu, schedule=PAR, damping=1e-300, max_sweeps=1,
+                               output=output, post_var=var)
+        assert np.max(np.abs(t - tau)) < 1e-299          # zero sites become ~1e-300, the rest stay
+        mu_ref, Sigma_ref = ref.posterior_from_sites(K, t, v)
+        d_ref = np.diag(Sigma_ref)
+        # the reference loses ~eps K_ii absolutely where Σ_ii << K_ii (τ = 1e6: Σ_ii ≈ 1e-6)
+        assert np.all(np.abs(var - d_ref) <= 1e-9 * d_ref + 1e-14 * np.diag(K))
+        assert close(m, mu_ref) < 1e-9
+        if output == engine.OUTPUT_COVARIANCE:
+            assert close(S, Sigma_ref) < 1e-9
+        else:
+            assert close(S, _chol_b(K, t)) < 1e-10     # B has entries up to ~1e8 here
+
+
+def test_output_option_checked():
+    K, y = benchmark_problem(10)
+    spec = fastep.Probit().site_spec()
+    with pytest.raises(ValueError, match="output"):
+        run(K, y, spec, output=2)
+    with pytest.raises(ValueError, match="post_var"):
+        run(K, y, spec, post_var=np.empty(9))
+
+
+# --------------------------------------------------------------------------------------------
 # (d) the EP invariant at return
 # --------------------------------------------------------------------------------------------
 

@@ -132,13 +132,18 @@ class _BinaryGPEP:
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         post_mean = np.empty(n)
+        post_var = np.empty(n)
         with _one_blas_thread():
+            # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
+            # all the evidence gradient and prediction need (Σ itself is never formed at the end)
             info = _engine.run_gp_ep(
                 K, self.y, likelihood.site_spec(), tau, nu, buffer, post_mean,
                 schedule=opts["schedule"], order=opts["order"], seed=opts["seed"],
                 damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
                 negative_precision=opts["negative_precision"], block_size=opts["block_size"],
-                refactor_every=opts["refactor_every"])
+                refactor_every=opts["refactor_every"], output=_engine.OUTPUT_FACTOR,
+                post_var=post_var)
+        info["post_var"] = post_var
         if not np.isfinite(info["log_z"]):
             if info["n_failed"]:
                 raise np.linalg.LinAlgError(
@@ -165,26 +170,21 @@ class _BinaryGPEP:
         tau, nu, post_mean, info = self._run(K, likelihood, buffer, warm)
         self.site_precision, self.site_natural_mean = tau, nu
         grad = None
-        post_var = None
-        if gradient and learn_likelihood:
-            post_var = buffer.diagonal().copy()
-        # B = I + s s^T ∘ K, factorised in the posterior-covariance buffer.
+        post_var = info.pop("post_var")
         s = np.sqrt(tau)
-        np.multiply(K, s[:, None], out=buffer)
-        buffer *= s[None, :]
-        buffer.flat[:: n + 1] += 1.0
-        L = _cholesky_lower_inplace(buffer)
+        L = buffer                      # chol(B), B = I + S^½ K S^½, from the engine
         weights = nu - s * solve_triangular(L, solve_triangular(L, s * (K @ nu), lower=True),
                                             lower=True, trans="T")
         if gradient:
             grads = []
             if kernel.n_theta:
-                # R = S^½ B⁻¹ S^½ in the same buffer (dpotri on the factor).
-                inv, info_inv = lapack.dpotri(L, lower=1, overwrite_c=1)
+                # R = S^½ B⁻¹ S^½ in the same buffer (dpotri on the factor).  The C-ordered
+                # lower triangle L is, read in Fortran order, the upper factor U = Lᵀ.
+                inv, info_inv = lapack.dpotri(L.T, lower=0, overwrite_c=1)
                 if info_inv != 0:
                     raise np.linalg.LinAlgError("inverting B failed")
-                R = inv.T                          # C-ordered view; lower triangle of inv = upper of R
-                _symmetrize_from_upper(R)
+                R = inv.T                          # C-ordered view of the buffer; lower triangle valid
+                _symmetrize_from_lower(R)
                 R *= s[:, None]
                 R *= s[None, :]
                 for dK in kernel.gradient_iter(self.X):
@@ -218,11 +218,6 @@ class _BinaryGPEP:
             Vt = solve_triangular(self.chol, (self.sqrt_precision[:, None] * Ks.T), lower=True)
             var[z] = self.kernel.diag(X[z]) - np.einsum("ij,ij->j", Vt, Vt)
         return mean, np.maximum(var, 0.0)
-
-
-def _symmetrize_from_upper(A, block=256):
-    """Copy the upper triangle of square ``A`` onto its lower triangle (blockwise)."""
-    _symmetrize_from_lower(A.T, block)
 
 
 class _GPEPBase(BaseEstimator):

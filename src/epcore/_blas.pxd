@@ -15,7 +15,9 @@ from scipy.linalg.cython_blas cimport (
     dsymv as _dsymv, dgemv as _dgemv, dsyr as _dsyr, dger as _dger, dtrsv as _dtrsv,
     dsyrk as _dsyrk, dgemm as _dgemm, dsymm as _dsymm, dtrsm as _dtrsm, dsyr2 as _dsyr2,
 )
-from scipy.linalg.cython_lapack cimport dpotrf as _dpotrf, dpotri as _dpotri, dpotrs as _dpotrs
+from scipy.linalg.cython_lapack cimport (
+    dpotrf as _dpotrf, dpotri as _dpotri, dpotrs as _dpotrs, dtrtri as _dtrtri,
+)
 
 
 cdef inline double ddot(int n, const double* x, int incx, const double* y, int incy) noexcept nogil:
@@ -112,6 +114,19 @@ cdef inline int potri(bint lower, int n, double* a, int lda) noexcept nogil:
     cdef blas_int n_ = n, lda_ = lda, info = 0
     cdef char uplo = b'U' if lower else b'L'
     _dpotri(&uplo, &n_, a, &lda_, &info)
+    return <int>info
+
+
+cdef inline int trtri(bint lower, int n, double* a, int lda) noexcept nogil:
+    """Inverse in place of a triangular row-major A (non-unit diagonal); lower=True: the lower
+    triangle of the C array is inverted (the other triangle is not referenced).
+
+    Returns LAPACK's info (0 on success, k > 0 if A[k-1, k-1] is exactly zero).
+    """
+    cdef blas_int n_ = n, lda_ = lda, info = 0
+    cdef char uplo = b'U' if lower else b'L'
+    cdef char diag = b'N'
+    _dtrtri(&uplo, &diag, &n_, a, &lda_, &info)
     return <int>info
 
 

@@ -28,6 +28,10 @@ cpdef enum GPOrder:
     ORDER_RANDOM = 1         # a fresh seeded permutation each sweep (splitmix64 + Fisher-Yates)
     ORDER_ENTROPY = 2        # greedy: most negative entropy change first (Minka eq 86)
 
+cpdef enum GPOutput:
+    OUTPUT_COVARIANCE = 0    # run_gp_ep returns Σ in post_cov
+    OUTPUT_FACTOR = 1        # run_gp_ep returns L = chol(I + S^½ K S^½) in post_cov
+
 
 # --- order ------------------------------------------------------------------------------
 cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil
@@ -68,6 +72,17 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
                      const double* site_natural_mean, double* post_cov, double* post_mean,
                      double* post_diag, double* work, double* sqrt_prec,
                      double* log_chol_diag_sum, bint form_cov) noexcept nogil
+
+cdef int gp_refactor_marginals(const double* K, int n, const double* site_precision,
+                               const double* site_natural_mean, double* post_cov,
+                               double* post_mean, double* post_diag, double* work,
+                               double* sqrt_prec, double* log_chol_diag_sum) noexcept nogil
+
+cdef void gp_covariance_from_factor(const double* K, int n, const double* site_precision,
+                                    double* post_cov, double* work, double* sqrt_prec) noexcept nogil
+
+cdef int gp_factor_only(const double* K, int n, const double* site_precision, double* post_cov,
+                        double* sqrt_prec) noexcept nogil
 
 cdef void gp_form_covariance(const double* K, int n, const double* V, double* post_cov) noexcept nogil
 

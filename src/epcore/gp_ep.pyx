@@ -55,8 +55,8 @@ negative parts).  Same arithmetic as the sequential schedule up to rounding.
 ``SCHEDULE_PARALLEL``: each iteration computes every cavity from ``diag Σ``
 and ``μ`` of the same posterior, updates all sites (damped; ``site_step`` with
 ``xVx = Σ_ii``, ``xm = μ_i``, its coefficients ignored), then refactorises.
-Between iterations only ``diag Σ`` and ``μ`` are formed (no ``syrk``); the full
-Σ is formed once at the end.  Undamped parallel EP can oscillate; damping 0.5
+Between iterations only ``diag Σ`` and ``μ`` are formed (``gp_refactor_marginals``,
+below); the full Σ is formed once at the end (unless ``output=OUTPUT_FACTOR``).  Undamped parallel EP can oscillate; damping 0.5
 is the usual choice.
 
 Orders (``order``; the parallel schedule ignores it)
@@ -84,6 +84,16 @@ every ``τ_i = 0`` then ``Σ = K`` and ``μ = K ν`` directly.  This removes the
 drift of the rank-1 updates and gives ``log |B| = 2 Σ_i log L_ii`` for the
 evidence.  A failing ``potrf`` means ``K`` is not PSD (numerically):
 ``numpy.linalg.LinAlgError``.
+
+When Σ itself is not needed (parallel iterations, the last refactorisation with
+``output=OUTPUT_FACTOR``, ``log_marginal_likelihood``), ``gp_refactor_marginals``
+forms only ``diag Σ`` and ``μ``: ``potrf``, then ``trtri`` of a copy of L and
+``b = diag(B⁻¹)`` (squared column norms of L⁻¹), so that
+``Σ_ii = (1 - b_i) / τ_i`` (from ``Σ = S^-½ (I - B⁻¹) S^-½``); where
+``1 - b_i < 1e-4`` (every ``τ_i = 0`` included) that difference has lost digits
+and ``Σ_ii = K_ii - |L⁻¹ S^½ K e_i|²`` is used instead, one ``trsm`` over just
+those columns; ``μ = K ν - K S^½ B⁻¹ S^½ K ν`` by two triangular solves.  About
+2n³/3 flops (plus n² per fallback column) instead of 4n³/3.
 
 Log marginal likelihood (eqs 87-88, stable form from the Cholesky of B)
 -----------------------------------------------------------------------
@@ -170,7 +180,7 @@ import numpy as np
 from libc.math cimport sqrt, log, log1p, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset
 from fastep._epcore._blas cimport (
-    daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, potrf, symmetrize,
+    daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, trsv, potrf, trtri, symmetrize,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
 from fastep._epcore.linear_ep cimport (
@@ -179,9 +189,9 @@ from fastep._epcore.linear_ep cimport (
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
 
-# Module-level integer constants (SCHEDULE_*, ORDER_*) and the supported policies for Python
+# Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
 # callers; Cython exposes the cpdef enums of gp_ep.pxd only as classes.
-for _enum_class in (GPSchedule, GPOrder):
+for _enum_class in (GPSchedule, GPOrder, GPOutput):
     for _member in _enum_class:
         globals()[_member.name] = int(_member)
 del _enum_class, _member
@@ -542,6 +552,145 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
     return 0
 
 
+# Diagonal entries of B⁻¹ closer to 1 than this are recomputed from V = L⁻¹ S^½ K in
+# gp_refactor_marginals: there Σ_ii = (1 - (B⁻¹)_ii) / τ_i loses about
+# eps / (τ_i Σ_ii) relative accuracy (measured ≲ 1e-12 at τ_i Σ_ii = 1e-4).
+cdef double _INVERSE_DIAG_CUTOFF = 1e-4
+
+
+cdef void _fill_b_lower(const double* K, int n, const double* sqrt_prec, double* out) noexcept nogil:
+    """Lower triangle of B = I + S^½ K S^½ into ``out`` (row-major n x n)."""
+    cdef Py_ssize_t i, j, nn = n
+    cdef double si
+    cdef double* row
+    cdef const double* krow
+    for i in range(nn):
+        si = sqrt_prec[i]
+        row = out + i * nn
+        krow = K + i * nn
+        for j in range(i):
+            row[j] = si * krow[j] * sqrt_prec[j]
+        row[i] = 1.0 + si * si * krow[i]
+
+
+cdef void _sqrt_precisions(int n, const double* site_precision, double* sqrt_prec) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        sqrt_prec[i] = sqrt(site_precision[i]) if site_precision[i] > 0.0 else 0.0
+
+
+cdef int gp_refactor_marginals(const double* K, int n, const double* site_precision,
+                               const double* site_natural_mean, double* post_cov,
+                               double* post_mean, double* post_diag, double* work,
+                               double* sqrt_prec, double* log_chol_diag_sum) noexcept nogil:
+    """diag Σ, μ and ½ log|B| of the sites without forming Σ; L = chol(B) is left in ``post_cov``.
+
+    Same outputs as ``gp_refactor(..., form_cov=False)`` except that ``work`` is scratch
+    (not V), at about half the cost: ``potrf`` (n³/3) and ``trtri`` of a copy of L
+    (n³/3) instead of ``potrf`` and an n x n ``trsm`` (n³).  With ``b = diag(B⁻¹)``
+    (squared column norms of L⁻¹), ``Σ = S^-½ (I - B⁻¹) S^-½`` on the sites with
+    ``τ_i > 0`` gives ``Σ_ii = (1 - b_i) / τ_i``; where ``1 - b_i < 1e-4`` (including
+    every ``τ_i = 0``) that difference is inaccurate and ``Σ_ii = K_ii - |L⁻¹ S^½ K e_i|²``
+    is computed instead, by one ``trsm`` on just those columns.  ``μ = K ν - K S^½ B⁻¹
+    S^½ K ν`` by two triangular solves (O(n²)).  The strict upper triangle of
+    ``post_cov`` is left undefined.  Return codes as ``gp_refactor``.
+    """
+    cdef Py_ssize_t i, j, k, nn = n, q, n_fallback = 0
+    cdef double bi, acc
+    cdef double* row
+    cdef const double* krow
+    cdef int info
+    _sqrt_precisions(n, site_precision, sqrt_prec)
+    _fill_b_lower(K, n, sqrt_prec, post_cov)
+    info = potrf(True, n, post_cov, n)
+    if info != 0:
+        return info
+    acc = 0.0
+    for i in range(nn):
+        acc += log(post_cov[i * nn + i])
+    log_chol_diag_sum[0] = acc
+    # b = diag(B⁻¹): column norms² of L⁻¹ (rows k >= i of column i)
+    for i in range(nn):
+        dcopy(<int>(i + 1), post_cov + i * nn, 1, work + i * nn, 1)
+    info = trtri(True, n, work, n)
+    if info != 0:                      # impossible after a successful potrf
+        return info
+    memset(post_diag, 0, nn * sizeof(double))
+    for k in range(nn):
+        row = work + k * nn
+        for i in range(k + 1):
+            post_diag[i] += row[i] * row[i]
+    # Σ_ii where accurate; mark the rest (-1 is never a valid variance here)
+    for i in range(nn):
+        bi = post_diag[i]
+        if 1.0 - bi >= _INVERSE_DIAG_CUTOFF and site_precision[i] > 0.0:
+            post_diag[i] = (1.0 - bi) / site_precision[i]
+        else:
+            post_diag[i] = -1.0
+            n_fallback += 1
+    if n_fallback > 0:
+        # panel P (n x n_fallback) with P[:, q] = S^½ K e_i in work, then L⁻¹ P
+        q = 0
+        for i in range(nn):
+            if post_diag[i] == -1.0:
+                krow = K + i * nn
+                for j in range(nn):
+                    work[j * n_fallback + q] = sqrt_prec[j] * krow[j]
+                q += 1
+        trsm(True, False, n, <int>n_fallback, 1.0, post_cov, n, work, <int>n_fallback)
+        q = 0
+        for i in range(nn):
+            if post_diag[i] == -1.0:
+                acc = K[i * nn + i]
+                for j in range(nn):
+                    acc -= work[j * n_fallback + q] * work[j * n_fallback + q]
+                post_diag[i] = acc
+                q += 1
+    for i in range(nn):
+        if post_diag[i] < -_NEGATIVE_VARIANCE_RTOL * K[i * nn + i]:
+            return <int>(-(i + 1))
+    # μ = t - K (s ∘ B⁻¹ (s ∘ t)) with t = K ν   (work row 0 as the vector scratch)
+    symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+    for i in range(nn):
+        work[i] = sqrt_prec[i] * post_mean[i]
+    trsv(True, False, n, post_cov, n, work)
+    trsv(True, True, n, post_cov, n, work)
+    for i in range(nn):
+        work[i] *= sqrt_prec[i]
+    symv(True, n, -1.0, K, n, work, 1.0, post_mean)
+    return 0
+
+
+cdef void gp_covariance_from_factor(const double* K, int n, const double* site_precision,
+                                    double* post_cov, double* work, double* sqrt_prec) noexcept nogil:
+    """Σ = K - VᵀV (lower triangle) over L = chol(B) held in ``post_cov``; V = L⁻¹ S^½ K in ``work``.
+
+    Completes ``gp_refactor_marginals`` to the state ``gp_refactor(..., form_cov=True)``
+    leaves (``trsm`` + ``syrk``, 2 n³ flops); ``sqrt_prec`` is scratch.
+    """
+    cdef Py_ssize_t i, j, nn = n
+    cdef double si
+    cdef double* row
+    cdef const double* krow
+    _sqrt_precisions(n, site_precision, sqrt_prec)
+    for i in range(nn):
+        si = sqrt_prec[i]
+        row = work + i * nn
+        krow = K + i * nn
+        for j in range(nn):
+            row[j] = si * krow[j]
+    trsm(True, False, n, n, 1.0, post_cov, n, work, n)
+    gp_form_covariance(K, n, work, post_cov)
+
+
+cdef int gp_factor_only(const double* K, int n, const double* site_precision, double* post_cov,
+                        double* sqrt_prec) noexcept nogil:
+    """L = chol(B) into the lower triangle of ``post_cov`` (``potrf``); potrf's info."""
+    _sqrt_precisions(n, site_precision, sqrt_prec)
+    _fill_b_lower(K, n, sqrt_prec, post_cov)
+    return potrf(True, n, post_cov, n)
+
+
 cdef double gp_log_z(const SiteModel* model, const double* y, int n,
                      const double* site_precision, const double* site_natural_mean,
                      const double* post_diag, const double* post_mean,
@@ -759,7 +908,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
               double[:, ::1] post_cov, double[::1] post_mean,
               *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
               double damping=1.0, double tol=1e-8, int max_sweeps=100,
-              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1):
+              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
+              int output=OUTPUT_COVARIANCE, double[::1] post_var=None):
     """Run dense GP EP to convergence (Minka §2, eqs 77-88).
 
     Parameters
@@ -803,6 +953,15 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         ``diag Σ``, ``μ`` and ½ log|B| accumulated by the determinant lemma.  Default 1:
         refactorise after every sweep.  (The parallel schedule refactorises every
         iteration.)
+    output : {OUTPUT_COVARIANCE, OUTPUT_FACTOR}
+        What ``post_cov`` holds on return.  OUTPUT_COVARIANCE (default): Σ, full and
+        symmetric.  OUTPUT_FACTOR: the lower-triangular Cholesky factor L of
+        B = I + S^½ K S^½ (strict upper triangle zero), which is all that prediction and
+        the evidence gradient need; the final refactorisation then skips forming Σ
+        (``gp_refactor_marginals``: about n³ + 2n³/3 flops fewer than refactorising and
+        factorising B again).
+    post_var : (n,) float64, out, optional
+        If given, receives diag Σ of the returned sites.
 
     Returns
     -------
@@ -837,9 +996,15 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
     if refactor_every < 1:
         raise ValueError(f"refactor_every must be >= 1; got {refactor_every}")
-    _check_no_aliasing({"K": K, "y": y},
-                       {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
-                        "post_cov": post_cov, "post_mean": post_mean})
+    if output != OUTPUT_COVARIANCE and output != OUTPUT_FACTOR:
+        raise ValueError(f"output must be OUTPUT_COVARIANCE (0) or OUTPUT_FACTOR (1); got {output}")
+    outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+               "post_cov": post_cov, "post_mean": post_mean}
+    if post_var is not None:
+        if post_var.shape[0] != n:
+            raise ValueError(f"post_var must have shape ({n},); got ({post_var.shape[0]},)")
+        outputs["post_var"] = post_var
+    _check_no_aliasing({"K": K, "y": y}, outputs)
     cdef int k_block = _effective_block_size(schedule, block_size, n)
     if n == 0:
         return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
@@ -880,13 +1045,21 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     cdef bint converged = False
     cdef double log_chol = 0.0, log_z = NAN, new_log_z, log_z_change = INFINITY
     cdef double max_change = INFINITY, scale, prev_log_z = NAN
-    cdef bint refactor_now
+    cdef bint refactor_now, use_marginals, have_factor = False
+    cdef bint want_factor = output == OUTPUT_FACTOR
     cdef Py_ssize_t j
     sweep_stats_reset(&stats)
 
     with nogil:
-        info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
-                           &scratch[0], &log_chol, not parallel)
+        # the parallel schedule works from diag Σ and μ alone (L kept in post_cov); the
+        # sweeps need Σ itself
+        if parallel:
+            info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
+                                         work_ptr, &scratch[0], &log_chol)
+        else:
+            info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
+                               &scratch[0], &log_chol, True)
+        have_factor = parallel
         if info == 0:
             log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr, log_chol,
                              &bad_site)
@@ -932,8 +1105,17 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     # converged (or something needs a fresh factorisation): refactorise and
                     # report the refactorised posterior and log Z
                     prev_log_z = log_z
-                info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
-                                   work_ptr, &scratch[0], &log_chol, not parallel)
+                    # probably the last refactorisation: without Σ if only L is wanted
+                    use_marginals = want_factor
+                else:
+                    use_marginals = parallel
+                if use_marginals:
+                    info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                                 diag_ptr, work_ptr, &scratch[0], &log_chol)
+                else:
+                    info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
+                                       work_ptr, &scratch[0], &log_chol, True)
+                have_factor = use_marginals
                 if info != 0:
                     failed_sweep = sweep
                     break
@@ -950,10 +1132,23 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                              and stats.n_failed == 0)
                 if converged:
                     break
+                if have_factor and not parallel and sweep < max_sweeps:
+                    # not converged after all: the next sweep needs Σ
+                    gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
+                    have_factor = False
             if info == 0:
-                if parallel:
-                    gp_form_covariance(k_ptr, n, work_ptr, cov_ptr)
-                symmetrize(True, n, cov_ptr, n)
+                if want_factor:
+                    if not have_factor:
+                        info = gp_factor_only(k_ptr, n, tau_ptr, cov_ptr, &scratch[0])
+                    if info == 0:
+                        for j in range(n):
+                            memset(cov_ptr + j * n + j + 1, 0, (n - 1 - j) * sizeof(double))
+                else:
+                    if have_factor:
+                        gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
+                    symmetrize(True, n, cov_ptr, n)
+    if info == 0 and post_var is not None:
+        np.asarray(post_var)[:] = np.asarray(post_diag)
     if info != 0:
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
@@ -997,8 +1192,9 @@ def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpe
     cdef double log_chol = 0.0, total = NAN
     cdef int info, bad_site = -1
     with nogil:
-        info = gp_refactor(&K[0, 0], n, &site_precision[0], &site_natural_mean[0], &chol[0, 0],
-                           &mean[0], &diag[0], &work[0, 0], &scratch[0], &log_chol, False)
+        info = gp_refactor_marginals(&K[0, 0], n, &site_precision[0], &site_natural_mean[0],
+                                     &chol[0, 0], &mean[0], &diag[0], &work[0, 0], &scratch[0],
+                                     &log_chol)
         if info == 0:
             total = gp_log_z(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
                              &diag[0], &mean[0], log_chol, &bad_site)
