@@ -528,7 +528,7 @@ cdef int _exchange_apply(const SiteModel* model, const double* y, IVMArrays* s, 
     This is the notes' update with Δ^{-½}(I + Δ^{-½} A_ij Δ^{-½})⁻¹ Δ^{-½} rewritten as G,
     which stays real although Δ_j⁻¹ = -β_j < 0.  S (= A[I, :]), ς and μ get the rank-2
     update; then slot r is removed (later slots move up one) and i takes the last slot, so
-    ``active`` stays in order of entry.  ``work``: 3n + 2k doubles.  Returns 0, or 1 when
+    ``active`` stays in order of entry.  ``work``: 3n + 3k doubles.  Returns 0, or 1 when
     i's new site is not proper or the 2x2 system is singular (nothing changed).
     """
     cdef int k = s.k, n = s.n, j = s.active[r], q
@@ -1125,7 +1125,7 @@ cdef class IVMState:
             return {"moves": moves, "n_moves": 0, "converged": True, "best_gain": -np.inf}
         KI = self._kernel_rows(column_fn)
         S_arr = np.empty((k, n))
-        work = np.empty(max(k * k + k, 3 * n + 2 * k))
+        work = np.empty(max(k * k + k, 3 * n + 3 * k))
         perm_arr = np.empty(k, dtype=np.intc)
         cdef double* ki = _ptr2(KI)
         cdef int* ki_idx = _iptr(self._ki_idx)
