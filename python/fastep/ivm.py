@@ -38,6 +38,11 @@ Each of ``n_iterations`` outer rounds
    bias are learnt in step 2 instead (``IVMRegressor``): its spherical sites
    depend on them directly, and eq 32 is then the exact evidence of the active set.
 
+Every selection can be followed by refinement on the fixed-size active set
+(``refine_sweeps``, ``exchange``; Seeger's notes §2.1 and §2.3): EP deletion-inclusion
+sweeps over the active points (eq 7), exchange moves scored by eqs (8)-(9) and the
+entropy criterion, and the sweeps again after any exchange. Off by default.
+
 Each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B iterations (a
 fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
 gradient iterations); stopping at that budget is expected and not reported as a

@@ -69,6 +69,21 @@ What the rest of fastep uses (and later refinement/exchange code can build on)
   (``IVMState.log_likelihood``);
 * prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I = B_I^½ L⁻ᵀ L⁻¹ B_I^½ m_I`` and
   ``σ*² = k** - |L⁻¹ B_I^½ k*|²`` (``IVMState.weights``; Seeger §2.2).
+
+Refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
+-----------------------------------------------------------------
+* ``IVMState.refine``: EP deletion-inclusion sweeps over the active points
+  (cavity from the marginal, moment matching with the site kernel, eq 7 and the h
+  update on Σ[I, I] and μ_I; sites that change by <= tol are skipped), then L, M,
+  ς and μ are rebuilt from the site parameters (``IVMState.refactorize``).
+* ``IVMState.exchange``: exchange moves (j ∈ I out, i ∉ I in) scored by eqs (8)-(9)
+  and the entropy criterion, applied by the 2x2 Woodbury update of A and h on
+  Σ[I, :], ς and μ; greedy or seeded random search; ``IVMState.entropy_reduction``
+  is the criterion ``½ log|I + B_I^½ K_I B_I^½|``.
+Both keep the active set size; they need K[I, :] (fetched through the same
+``column_fn`` as ``select`` and cached per column_fn) and one k x k or k x n work
+array, so memory stays O(d n). Details in the section "Refinement on a fixed-size
+active set" below.
 """
 import numpy as np
 
