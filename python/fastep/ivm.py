@@ -38,6 +38,11 @@ Each of ``n_iterations`` outer rounds
    bias are learnt in step 2 instead (``IVMRegressor``): its spherical sites
    depend on them directly, and eq 32 is then the exact evidence of the active set.
 
+Every selection can be followed by refinement on the fixed-size active set
+(``refine_sweeps``, ``exchange``; Seeger's notes §2.1 and §2.3): EP deletion-inclusion
+sweeps over the active points (eq 7), exchange moves scored by eqs (8)-(9) and the
+entropy criterion, and the sweeps again after any exchange. Off by default.
+
 Each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B iterations (a
 fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
 gradient iterations); stopping at that budget is expected and not reported as a
@@ -126,8 +131,11 @@ class _IVMProblem:
     only what prediction needs and drops the O(d n) state.
     """
 
-    def __init__(self, X, y, kernel, likelihood, d, criterion, seed, offset=0.0, joint_noise=False):
+    def __init__(self, X, y, kernel, likelihood, d, criterion, seed, offset=0.0, joint_noise=False,
+                 refine=None):
         self.X = X
+        self.refine = refine
+        self.refinement = None
         self.joint_noise = joint_noise
         self.y = y
         self.kernel = kernel
@@ -148,12 +156,49 @@ class _IVMProblem:
         state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag, self.d,
                                  criterion=self.criterion, seed=self.seed)
         state.select(self.d, cols)
+        self.refinement = self._refine(state, cols)
         self.state = state
         self.active = state.active
         self.site_mean = np.array(state.site_mean)[self.active]
         self.site_precision = np.array(state.site_precision)[self.active]
         self.marginals = None
         return state
+
+    def _refine(self, state, cols):
+        """Refinement on the fixed-size active set after Algorithm 1 (Seeger's notes §2.1, §2.3).
+
+        ``refine_sweeps`` EP deletion-inclusion sweeps (``IVMState.refine``), then exchange
+        moves (``IVMState.exchange``), then, if any exchange was made, the EP sweeps again
+        (the entering points carry ADF sites). Returns the engine's reports, or None.
+        """
+        opts = self.refine
+        if not opts or (not opts["sweeps"] and opts["exchange"] is None):
+            return None
+        info = {}
+        if opts["sweeps"]:
+            info["ep"] = state.refine(cols, opts["sweeps"])
+        if opts["exchange"] is not None:
+            info["exchange"] = state.exchange(cols, opts["exchange"], tol=opts["exchange_tol"],
+                                              max_moves=opts["max_exchanges"], seed=self.seed)
+            if opts["sweeps"] and info["exchange"]["n_moves"]:
+                info["ep_after_exchange"] = state.refine(cols, opts["sweeps"])
+        return info
+
+    def refinement_warnings(self):
+        """Messages for a refinement that stopped before convergence (final selection only)."""
+        out = []
+        info = self.refinement or {}
+        for key in ("ep", "ep_after_exchange"):
+            ep = info.get(key)
+            if ep is not None and not ep["converged"]:
+                out.append(f"EP refinement of the active set did not converge in {ep['n_sweeps']} sweep(s) "
+                           f"(largest site change {ep['max_change']:.3g}, {ep['n_rejected']} improper "
+                           "update(s) rejected); increase refine_sweeps")
+        ex = info.get("exchange")
+        if ex is not None and not ex["converged"]:
+            out.append(f"exchange moves stopped after {ex['n_moves']} move(s) with an exchange still gaining "
+                       f"{ex['best_gain']:.3g} nats; increase max_exchanges")
+        return out
 
     # -- Algorithm 2 objectives --------------------------------------------------------------
     def kernel_objective(self, theta):
@@ -286,7 +331,16 @@ class _IVMBase(BaseEstimator):
             seed = int(rs)
         else:
             raise ValueError(f"random_state must be None or a non-negative integer, got {rs!r}")
-        return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion],
+        refine_sweeps = v.check_int(self.refine_sweeps, "refine_sweeps", minimum=0)
+        if self.exchange is not None and (not isinstance(self.exchange, str)
+                                          or self.exchange not in ("greedy", "random")):
+            raise ValueError(f"exchange must be None, 'greedy' or 'random', got {self.exchange!r}")
+        exchange_tol = v.check_in_range(self.exchange_tol, "exchange_tol", 0.0, np.inf, high_inclusive=False)
+        max_exchanges = None if self.max_exchanges is None else v.check_int(self.max_exchanges, "max_exchanges",
+                                                                            minimum=0)
+        refine = {"sweeps": refine_sweeps, "exchange": self.exchange, "exchange_tol": exchange_tol,
+                  "max_exchanges": max_exchanges}
+        return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
                 "n_iterations": n_iterations if self.optimizer is not None else 0,
                 "max_iter": max_iter, "seed": seed, "verbose": bool(self.verbose)}
 
@@ -342,6 +396,8 @@ class _IVMBase(BaseEstimator):
                         problem.offset = float(theta[n_lik])
                 report(iteration, "noise")
         problem.select()
+        for message in problem.refinement_warnings():
+            warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
         problem.finalize()
         if options["verbose"]:
             print(f"{prefix}IVM final selection: log likelihood (eq 32) {problem.log_lik:.6g}, "
@@ -368,6 +424,7 @@ class _IVMBase(BaseEstimator):
         self.likelihood_ = problems[0].likelihood if binary else [p.likelihood for p in problems]
         self.log_likelihood_ = float(sum(p.log_lik for p in problems))
         self.history_ = histories[0] if binary else histories
+        self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
     def predict_latent(self, X):
         """Latent predictive mean and variance (O(d) kernel evaluations per row of ``X``).
@@ -396,9 +453,29 @@ _COMMON_DOC = """
     max_optimizer_iter : int, default 100
         L-BFGS-B iterations per optimisation of eq 32 or eq 34.
     random_state : int or None
-        Seed of the random criterion.
+        Seed of the random criterion and of the random exchange search.
     verbose : bool, default False
         Print iteration, log likelihood (eq 32), active-set size and elapsed time.
+    refine_sweeps : int >= 0, default 0
+        EP deletion-inclusion sweeps over the active set after every selection (Seeger's
+        notes §2.1: cavity from the marginal, moment matching (eq 5), eq (7) and the h
+        update), stopping early once no site changes by more than 1e-9 (relative precision
+        change; mean change in site standard deviations); L, M, ς and μ are then rebuilt
+        from the site parameters. 0 keeps the ADF sites of Algorithm 1 (eqs 22-23).
+    exchange : {None, 'greedy', 'random'}, default None
+        Exchange moves on the fixed-size active set after the sweeps (Seeger's notes §2.3):
+        swap an active point j for an inactive point i, scored by eqs (8)-(9) and the
+        entropy criterion (eq 4), applied by the 2x2 Woodbury update of A and h. 'greedy'
+        takes the best of all pairs at each move; 'random' visits the active points in a
+        seeded random order (``random_state``) and swaps the first one that has an
+        improving partner. With ``refine_sweeps`` > 0 the sweeps are repeated after the
+        exchanges.
+    exchange_tol : float >= 0, default 1e-6
+        Exchanges stop when no move reduces the posterior entropy by more than this (nats).
+    max_exchanges : int >= 0 or None, default None
+        Maximum number of exchange moves per selection; None means the active set size.
+        Stopping there (or after ``refine_sweeps`` sweeps without convergence) at the final
+        selection warns with ``ConvergenceWarning``.
 """
 
 
@@ -431,11 +508,20 @@ class IVMClassifier(_IVMBase):
         eq 32 at the fitted parameters (summed over one-vs-rest problems).
     history_ : list of dict (per class one-vs-rest)
         Algorithm 2 progress: iteration, stage, log_likelihood, n_active, elapsed.
+    refinement_ : dict or None (list one-vs-rest)
+        Reports of the refinement after the final selection (keys 'ep', 'exchange',
+        'ep_after_exchange' as run; see ``IVMState.refine`` and ``IVMState.exchange``);
+        None without refinement.
     """
 
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
-                 random_state=None, verbose=False):
+                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None):
+        self.refine_sweeps = refine_sweeps
+        self.exchange = exchange
+        self.exchange_tol = exchange_tol
+        self.max_exchanges = max_exchanges
         self.kernel = kernel
         self.likelihood = likelihood
         self.active_set_size = active_set_size
@@ -465,7 +551,7 @@ class IVMClassifier(_IVMBase):
         problems, histories = [], []
         for c, t in enumerate(targets):
             problem = _IVMProblem(X, t, copy.deepcopy(kernel), lik, options["d"], options["criterion"],
-                                  options["seed"])
+                                  options["seed"], refine=options["refine"])
             label = "" if len(targets) == 1 else f"class {classes[c]!r}"
             problem, history = self._fit_problem(problem, options, bool(self.learn_likelihood), False, label)
             problems.append(problem)
@@ -526,14 +612,19 @@ class IVMRegressor(_IVMBase):
     """ + _COMMON_DOC + """
     Attributes
     ----------
-    active_set_, site_mean_, site_precision_, kernel_, log_likelihood_, history_
+    active_set_, site_mean_, site_precision_, kernel_, log_likelihood_, history_, refinement_
         As :class:`IVMClassifier`.
     noise_variance_, bias_ : float
     """
 
     def __init__(self, kernel=None, noise_variance=1.0, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=False):
+                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None):
+        self.refine_sweeps = refine_sweeps
+        self.exchange = exchange
+        self.exchange_tol = exchange_tol
+        self.max_exchanges = max_exchanges
         self.kernel = kernel
         self.noise_variance = noise_variance
         self.bias = bias
@@ -558,7 +649,8 @@ class IVMRegressor(_IVMBase):
         if not isinstance(self.learn_noise, (bool, np.bool_)):
             raise TypeError(f"learn_noise must be a bool, got {type(self.learn_noise).__name__}")
         problem = _IVMProblem(X, y, copy.deepcopy(options["kernel"]), lik, options["d"], options["criterion"],
-                              options["seed"], offset=bias, joint_noise=bool(self.learn_noise))
+                              options["seed"], offset=bias, joint_noise=bool(self.learn_noise),
+                              refine=options["refine"])
         problem, history = self._fit_problem(problem, options, False, False)
         self._set_common(X, [problem], [history])
         self.noise_variance_ = float(problem.likelihood.noise_variance)
@@ -599,13 +691,18 @@ class IVMOrdinalRegressor(_IVMBase):
     Attributes
     ----------
     classes_ : ndarray (C,)
-    active_set_, site_mean_, site_precision_, kernel_, likelihood_, log_likelihood_, history_
+    active_set_, site_mean_, site_precision_, kernel_, likelihood_, log_likelihood_, history_, refinement_
         As :class:`IVMClassifier`.
     """
 
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=False):
+                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None):
+        self.refine_sweeps = refine_sweeps
+        self.exchange = exchange
+        self.exchange_tol = exchange_tol
+        self.max_exchanges = max_exchanges
         self.kernel = kernel
         self.likelihood = likelihood
         self.learn_likelihood = learn_likelihood
@@ -642,7 +739,7 @@ class IVMOrdinalRegressor(_IVMBase):
             raise TypeError(f"learn_likelihood must be a bool, got {type(self.learn_likelihood).__name__}")
         targets = inverse.reshape(-1).astype(float)
         problem = _IVMProblem(X, targets, copy.deepcopy(options["kernel"]), lik, options["d"],
-                              options["criterion"], options["seed"])
+                              options["criterion"], options["seed"], refine=options["refine"])
         problem, history = self._fit_problem(problem, options, bool(self.learn_likelihood), False)
         self.classes_ = classes
         self._set_common(X, [problem], [history])
