@@ -350,12 +350,17 @@ class GaussianProcessClassifier(_GPEPBase):
     damping : float in (0, 1] or None, default None
         Fraction of each site change applied (natural parameters); None means 1
         for the sequential schedules and 0.5 for 'parallel'.
-    tol : float, default 1e-6
+    tol : float, default 1e-4
         Convergence threshold on the largest relative site-parameter change of a
-        sweep and on the relative change of log Z. log Z is stationary at the fixed
-        point, so its error is quadratic in the site error (on the issue-3 benchmark at
-        n = 2000 it is exact to ~1e-10 at tol = 1e-6); gradients and predictions are
-        accurate to about ``tol``.
+        sweep and on the relative change of log Z.  Sequential EP converges linearly
+        (each sweep shrinks the site error about 8-fold on the issue-3 benchmark), so the
+        site error at stop is several times below ``tol``; log Z is stationary at the
+        fixed point, so its error is quadratic in the site error.  Measured on the
+        issue-3 benchmark at n = 2000 (blocked, cold start): tol 1e-4 stops after 7
+        sweeps with site error 3e-6, posterior-mean error 3e-6 and log Z error 3e-11;
+        tol 1e-6 after 9 sweeps with 4e-8, 5e-8 and 1e-13.  For comparison, GPML's
+        ``infEP`` stops on an absolute log-Z change of 1e-4.  Gradients and predictions
+        are accurate to about the site error; lower ``tol`` for tighter answers.
     max_sweeps : int, default 200
     block_size : int or None
         Sites per BLAS-3 block of the 'blocked' schedule (None: the engine's measured default).
@@ -396,7 +401,7 @@ class GaussianProcessClassifier(_GPEPBase):
     """
 
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
-                 tol=1e-6, max_sweeps=200, block_size=None, refactor_every=None,
+                 tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
                  random_state=None, warm_start=True):
         self.kernel = kernel
@@ -542,7 +547,7 @@ class GaussianProcessRegressor(_GPEPBase):
     """
 
     def __init__(self, kernel=None, noise_variance=1.0, *, learn_noise=True, schedule="blocked",
-                 order="fixed", damping=None, tol=1e-6, max_sweeps=200, block_size=None,
+                 order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
                  n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True):
         self.kernel = kernel
