@@ -146,7 +146,13 @@ class _BinarySparseEP:
     def _prior(self, kernel, Z):
         opts = self.options
         Kmm = np.ascontiguousarray(kernel(Z), dtype=np.float64)
-        Knm = np.ascontiguousarray(kernel(self.X, Z), dtype=np.float64)
+        # K(X, Z) by blocks of rows into one n x m buffer (the kernel's temporaries stay
+        # O(block x m)); the engine then turns it into Vt in place
+        n, m = self.X.shape[0], Z.shape[0]
+        Knm = np.empty((n, m))
+        rows = max(1, _GRADIENT_BLOCK_ELEMENTS // max(m, 1))
+        for s in range(0, n, rows):
+            Knm[s:s + rows] = kernel(self.X[s:s + rows], Z)
         kdiag = np.ascontiguousarray(kernel.diag(self.X), dtype=np.float64)
         for name, arr in (("K(Z, Z)", Kmm), ("K(X, Z)", Knm), ("diag K(X, X)", kdiag)):
             if not np.all(np.isfinite(arr)):
