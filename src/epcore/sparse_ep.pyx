@@ -60,12 +60,15 @@ that a Gaussian rule resolves poorly.  Raise ``n_quadrature`` (<= 256) for such 
 
 Sequential sweep (``sparse_sweep_sequential``): O(m²) per site
 --------------------------------------------------------------
-``w = R⁻ᵀ v_i`` (trsv), ``s = |w|²``, ``h = v_iᵀ μ_w``, the site step, then with
-``Δτ, Δν`` and ``c = 1 + Δτ s``: ``μ_w += (Δν - Δτ h)/c · A⁻¹ v_i`` (``A⁻¹ v_i = R⁻¹ w``, a
-second trsv) and ``R`` by a rank-1 Cholesky update (Δτ > 0) or downdate (Δτ < 0) with
-``x = sqrt|Δτ| v_i`` (``cholesky_rank1``: Givens / hyperbolic rotations on the rows of R).  If
-a downdate fails through rounding (A >= I in exact arithmetic, so this is a symptom of drift),
-R and μ_w are rebuilt at once and the event is counted (``n_rebuilds``).
+During a sweep the mean is carried as ``β = R⁻ᵀ Vtᵀ ν`` (μ_w = R⁻¹ β).  Per site:
+``w = R⁻ᵀ v_i`` (one trsv), ``s = Var[g_i] = |w|²``, ``h = E[g_i] = wᵀβ``, the site step, then
+with ``Δτ, Δν``: ``β += Δν w`` (the new ``b = Vtᵀ ν`` under the old R) and ``R`` by a rank-1
+Cholesky update (Δτ > 0) or downdate (Δτ < 0) with ``x = sqrt|Δτ| v_i``
+(``cholesky_rank1``: Givens / hyperbolic rotations on the rows of R), the same rotations
+applied to ``[β; 0]`` so that ``Rᵀβ`` (= b) is preserved.  One triangular solve and one
+rotation pass per site, about 3m² flops.  If a downdate fails through rounding (A >= I in exact
+arithmetic, so this is a symptom of drift), R and β are rebuilt at once and the event is
+counted (``n_rebuilds``).
 
 Rebuild (``sparse_rebuild``): O(nm² + m³), after every sweep / parallel iteration
 --------------------------------------------------------------------------------------
@@ -128,6 +131,24 @@ globals().update(NEGATIVE_CLIP=int(NEGATIVE_CLIP), NEGATIVE_SKIP=int(NEGATIVE_SK
                  ORDER_RANDOM=ORDER_RANDOM)
 
 cdef double _LOG_2PI = 1.8378770664093454836
+
+# The inner loop of one rotation in ``cholesky_rank1`` as C with restrict pointers, so that the
+# compiler vectorises it without a runtime aliasing check (row and x never overlap).
+cdef extern from *:
+    """
+    static inline void fastep_sparse_rotate_row(double* __restrict row, double* __restrict x,
+                                                Py_ssize_t count, double ss, double inv_c,
+                                                double c, double s) {
+        for (Py_ssize_t j = 0; j < count; ++j) {
+            double xj = x[j];
+            double rkj = (row[j] + ss * xj) * inv_c;
+            row[j] = rkj;
+            x[j] = c * xj - s * rkj;
+        }
+    }
+    """
+    void fastep_sparse_rotate_row(double* row, double* x, Py_ssize_t count, double ss, double inv_c,
+                                  double c, double s) noexcept nogil
 
 #: Default number of Gauss-Hermite nodes of the powered site moments (α < 1).
 DEFAULT_N_QUADRATURE = 32
@@ -278,15 +299,18 @@ cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y
 # factor updates, sweeps, rebuild, evidence
 # --------------------------------------------------------------------------- #
 
-cdef int cholesky_rank1(double* R, int m, double* x, bint downdate) noexcept nogil:
+cdef int cholesky_rank1(double* R, int m, double* x, bint downdate, double* beta) noexcept nogil:
     """R ← chol(RᵀR ± x xᵀ) in place for upper-triangular row-major R; ``x`` is destroyed.
 
-    Rotations on the rows of R (Givens for an update, hyperbolic for a downdate), O(m²).
+    Rotations on the rows of R (Givens for an update, hyperbolic for a downdate), O(m²).  If
+    ``beta`` is not NULL the same rotations are applied to the column ``[beta; 0]`` appended to
+    ``[R; xᵀ]``, which keeps ``Rᵀ beta`` unchanged: afterwards ``beta = R_new⁻ᵀ (R_oldᵀ beta)``.
     Returns 0, or k + 1 if the downdate makes the leading (k+1) x (k+1) block not positive
     definite (R is then partly modified and must be rebuilt).
     """
-    cdef Py_ssize_t k, j, mm = m
-    cdef double rkk, xk, r2, r, c, s, sign = -1.0 if downdate else 1.0, rkj
+    cdef Py_ssize_t k, mm = m
+    cdef double rkk, xk, r2, r, c, inv_c, s, ss, eta = 0.0, bk
+    cdef double sign = -1.0 if downdate else 1.0
     cdef double* row
     for k in range(mm):
         row = R + k * mm
@@ -299,42 +323,43 @@ cdef int cholesky_rank1(double* R, int m, double* x, bint downdate) noexcept nog
             return <int>(k + 1)
         r = sqrt(r2)
         c = r / rkk
+        inv_c = rkk / r
         s = xk / rkk
+        ss = sign * s
         row[k] = r
-        for j in range(k + 1, mm):
-            rkj = (row[j] + sign * s * x[j]) / c
-            row[j] = rkj
-            x[j] = c * x[j] - s * rkj
+        fastep_sparse_rotate_row(row + k + 1, x + k + 1, mm - k - 1, ss, inv_c, c, s)
+        if beta != NULL:
+            bk = (beta[k] + ss * eta) * inv_c
+            beta[k] = bk
+            eta = c * eta - s * bk
     return 0
-
-
-cdef inline void _site_marginal(const double* v, int m, const double* R, const double* w_mean,
-                                double* w, double* s, double* h) noexcept nogil:
-    dcopy(m, v, 1, w, 1)
-    trsv(False, True, m, R, m, w)            # Rᵀ w = v
-    s[0] = ddot(m, w, 1, w, 1)
-    h[0] = ddot(m, v, 1, w_mean, 1)
 
 
 cdef int sparse_sweep_sequential(const SiteModel* model, const PowerRule* rule, const double* y,
                                  const double* Vt, const double* d, int n, int m,
                                  double* site_precision, double* site_natural_mean,
-                                 double* R, double* w_mean, const int* perm,
+                                 double* R, double* beta, const int* perm,
                                  double* w, double* z, double* scratch, int scratch_rows,
                                  const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil:
-    """One sequential sweep (module docstring).  ``w``, ``z``: m doubles each; ``scratch``
-    (scratch_rows x m) is used only to rebuild after a failed downdate.
+    """One sequential sweep (module docstring) on ``R`` and ``beta = R⁻ᵀ Vtᵀ ν`` (so that
+    ``E[g_i] = wᵀ beta`` with ``w = R⁻ᵀ v_i``, and μ_w = R⁻¹ beta).  ``w``, ``z``: m doubles
+    each; ``scratch`` (scratch_rows x m) is used only to rebuild after a failed downdate.
 
-    Returns the number of such rebuilds, or -(potrf info) if one of them failed.
+    Per site: one trsv (w), the site step, ``beta += Δν w`` (beta = R⁻ᵀ of the new Vtᵀ ν) and
+    the rank-1 Cholesky update/downdate of R carrying beta along (``cholesky_rank1``).
+    Returns the number of rebuilds after failed downdates, or -(potrf info) if one failed.
     """
     cdef int t, i, result, n_rebuilds = 0, info
-    cdef double tau_old, nu_old, s, h, d_tau, d_nu, c, dummy1, dummy2
+    cdef double tau_old, nu_old, s, h, d_tau, d_nu, dummy1, dummy2
     cdef const double* v
     sweep_stats_reset(stats)
     for t in range(n):
         i = perm[t] if perm != NULL else t
         v = Vt + <Py_ssize_t>i * m
-        _site_marginal(v, m, R, w_mean, w, &s, &h)
+        dcopy(m, v, 1, w, 1)
+        trsv(False, True, m, R, m, w)            # Rᵀ w = v
+        s = ddot(m, w, 1, w, 1)                  # Var[g_i] = vᵀ A⁻¹ v
+        h = ddot(m, w, 1, beta, 1)               # E[g_i] = vᵀ A⁻¹ b
         tau_old = site_precision[i]
         nu_old = site_natural_mean[i]
         result = power_site_step(model, rule, y[i], h, s, d[i], &site_precision[i],
@@ -344,22 +369,25 @@ cdef int sparse_sweep_sequential(const SiteModel* model, const PowerRule* rule, 
             continue
         d_tau = site_precision[i] - tau_old
         d_nu = site_natural_mean[i] - nu_old
-        if d_tau == 0.0 and d_nu == 0.0:
-            continue
-        c = 1.0 + d_tau * s
-        dcopy(m, w, 1, z, 1)
-        trsv(False, False, m, R, m, z)           # R z = w: z = A⁻¹ v
-        daxpy(m, (d_nu - d_tau * h) / c, z, 1, w_mean, 1)
+        if d_nu != 0.0:
+            daxpy(m, d_nu, w, 1, beta, 1)        # b += Δν v
         if d_tau != 0.0:
             dcopy(m, v, 1, z, 1)
             dscal(m, sqrt(fabs(d_tau)), z, 1)
-            if cholesky_rank1(R, m, z, d_tau < 0.0) != 0:
+            if cholesky_rank1(R, m, z, d_tau < 0.0, beta) != 0:
                 n_rebuilds += 1
-                info = sparse_rebuild(Vt, n, m, site_precision, site_natural_mean, R, w_mean,
-                                      NULL, NULL, scratch, scratch_rows, &dummy1, &dummy2)
+                info = sparse_rebuild(Vt, n, m, site_precision, site_natural_mean, R, z,
+                                      NULL, NULL, scratch, scratch_rows, &dummy1, &dummy2, beta)
                 if info != 0:
                     return -info
     return n_rebuilds
+
+
+cdef void _beta_from_w_mean(const double* R, int m, const double* w_mean, double* beta) noexcept nogil:
+    """beta = R μ_w (upper-triangular row-major R)."""
+    cdef Py_ssize_t i, mm = m
+    for i in range(mm):
+        beta[i] = ddot(<int>(mm - i), R + i * mm + i, 1, w_mean + i, 1)
 
 
 cdef void sparse_parallel_update(const SiteModel* model, const PowerRule* rule, const double* y,
@@ -382,8 +410,8 @@ cdef void sparse_parallel_update(const SiteModel* model, const PowerRule* rule, 
 cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_precision,
                         const double* site_natural_mean, double* R, double* w_mean,
                         double* g_mean, double* g_var, double* scratch, int scratch_rows,
-                        double* half_log_det_a, double* quad_b) noexcept nogil:
-    """R, μ_w (and, unless NULL, E[g], Var[g]) from the sites; ½ log|A| and bᵀA⁻¹b.
+                        double* half_log_det_a, double* quad_b, double* beta) noexcept nogil:
+    """R, μ_w (and, unless NULL, E[g], Var[g] and beta = R⁻ᵀ b) from the sites; ½ log|A| and bᵀA⁻¹b.
 
     ``scratch``: scratch_rows x m doubles.  Returns 0 or potrf's info (A is SPD in exact
     arithmetic, so a failure means non-finite input).
@@ -420,6 +448,8 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
     gemv_t(n, m, 1.0, Vt, m, site_natural_mean, 0.0, w_mean)      # b = Vtᵀ ν
     trsv(False, True, m, R, m, w_mean)                              # R⁻ᵀ b
     quad_b[0] = ddot(m, w_mean, 1, w_mean, 1)
+    if beta != NULL:
+        dcopy(m, w_mean, 1, beta, 1)
     trsv(False, False, m, R, m, w_mean)                             # A⁻¹ b
     if g_mean != NULL:
         gemv(n, m, 1.0, Vt, m, w_mean, 0.0, g_mean)
@@ -729,6 +759,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double[::1] w = np.empty(m)
     cdef double[::1] z = np.empty(m)
+    cdef double[::1] beta = np.empty(m)
     cdef int[::1] perm = np.empty(max(n, 1), dtype=np.intc)
     tau_saved = np.array(site_precision, copy=True)
     nu_saved = np.array(site_natural_mean, copy=True)
@@ -759,7 +790,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
     sweep_stats_reset(&stats)
     with nogil:
         info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
-                              &scratch[0, 0], rows, &half_log_det, &quad_b)
+                              &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
         if info == 0:
             log_z = sparse_log_z(model, &rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr, gv_ptr,
                                  half_log_det, quad_b, &bad_site)
@@ -771,7 +802,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
                     if shuffled:
                         random_permutation(n, &perm[0], &rng_state)
                     rebuilt = sparse_sweep_sequential(model, &rule, y_ptr, vt_ptr, d_ptr, n, m,
-                                                      tau_ptr, nu_ptr, r_ptr, wm_ptr, perm_ptr,
+                                                      tau_ptr, nu_ptr, r_ptr, &beta[0], perm_ptr,
                                                       &w[0], &z[0], &scratch[0, 0], rows, &opts,
                                                       &stats)
                     if rebuilt < 0:
@@ -787,7 +818,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
                 if stats.max_change_natural_mean > max_change:
                     max_change = stats.max_change_natural_mean
                 info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
-                                      &scratch[0, 0], rows, &half_log_det, &quad_b)
+                                      &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
                 if info != 0:
                     failed_sweep = sweep
                     break
@@ -843,7 +874,7 @@ def rebuild(const double[:, ::1] Vt, const double[::1] site_precision,
     with nogil:
         info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
                               &post_factor[0, 0], &post_w_mean[0], gm_ptr, gv_ptr,
-                              &scratch[0, 0], rows, &half_log_det, &quad_b)
+                              &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
     if info != 0:
         raise np.linalg.LinAlgError(f"Cholesky factorisation of A failed (leading minor of order {info})")
     return float(half_log_det), float(quad_b)
@@ -885,15 +916,19 @@ def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double[::1] w = np.empty(m)
     cdef double[::1] z = np.empty(m)
+    cdef double[::1] beta = np.empty(m)
     cdef SweepStats stats
     cdef int rebuilt = 0
     sweep_stats_reset(&stats)
     if n > 0:
         with nogil:
+            _beta_from_w_mean(&post_factor[0, 0], m, &post_w_mean[0], &beta[0])
             rebuilt = sparse_sweep_sequential(&spec.model, &rule, &y[0], &Vt[0, 0], &d[0], n, m,
                                               &site_precision[0], &site_natural_mean[0],
-                                              &post_factor[0, 0], &post_w_mean[0], NULL, &w[0],
+                                              &post_factor[0, 0], &beta[0], NULL, &w[0],
                                               &z[0], &scratch[0, 0], rows, &opts, &stats)
+            dcopy(m, &beta[0], 1, &post_w_mean[0], 1)
+            trsv(False, False, m, &post_factor[0, 0], m, &post_w_mean[0])    # μ_w = R⁻¹ beta
     return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
                 n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
                 n_failed=int(stats.n_failed), n_rebuilds=int(rebuilt))
@@ -932,7 +967,8 @@ def log_marginal_likelihood(const double[:, ::1] Vt, const double[::1] d, const 
     cdef double half_log_det = 0.0, quad_b = 0.0, total = NAN
     with nogil:
         info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0], &R[0, 0],
-                              &wm[0], &gm[0], &gv[0], &scratch[0, 0], rows, &half_log_det, &quad_b)
+                              &wm[0], &gm[0], &gv[0], &scratch[0, 0], rows, &half_log_det, &quad_b,
+                              NULL)
         if info == 0:
             total = sparse_log_z(&spec.model, &rule, &y[0], &d[0], n, &site_precision[0],
                                  &site_natural_mean[0], &gm[0], &gv[0], half_log_det, quad_b,
@@ -985,19 +1021,23 @@ def power_moments_array(SiteSpec spec not None, y, mean, var, *, double power=1.
     return log_z, alpha, beta
 
 
-def cholesky_rank1_update(double[:, ::1] R, x, bint downdate=False):
+def cholesky_rank1_update(double[:, ::1] R, x, bint downdate=False, double[::1] beta=None):
     """R ← chol(RᵀR ± x xᵀ) in place (upper-triangular row-major R; a test hook for
-    ``cholesky_rank1``).  Returns 0, or k + 1 when the downdate leaves the leading
-    (k+1) x (k+1) block not positive definite (R is then partly modified)."""
+    ``cholesky_rank1``); ``beta`` (optional, in/out) becomes ``R_new⁻ᵀ R_oldᵀ beta``.  Returns 0,
+    or k + 1 when the downdate leaves the leading (k+1) x (k+1) block not positive definite (R is
+    then partly modified)."""
     cdef int m = R.shape[0]
     if R.shape[1] != m:
         raise ValueError(f"R must be square; got shape ({R.shape[0]}, {R.shape[1]})")
     cdef double[::1] xv = np.array(x, dtype=np.float64, copy=True).reshape(-1)
     if xv.shape[0] != m:
         raise ValueError(f"x must have length {m}; got {xv.shape[0]}")
+    if beta is not None and beta.shape[0] != m:
+        raise ValueError(f"beta must have length {m}; got {beta.shape[0]}")
     if m == 0:
         return 0
     cdef int info
+    cdef double* beta_ptr = NULL if beta is None else &beta[0]
     with nogil:
-        info = cholesky_rank1(&R[0, 0], m, &xv[0], downdate)
+        info = cholesky_rank1(&R[0, 0], m, &xv[0], downdate, beta_ptr)
     return info
