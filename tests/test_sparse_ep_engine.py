@@ -250,6 +250,16 @@ def test_cholesky_rank1_update_and_downdate_against_recomputation():
         R_down = R_up.copy()
         assert engine.cholesky_rank1_update(R_down, x, downdate=True) == 0
         np.testing.assert_allclose(R_down, R, rtol=rtol, atol=rtol * 10)
+    # the carried vector: R_newᵀ beta_new = R_oldᵀ beta_old for updates and downdates
+    m = 30
+    B = rng.standard_normal((m, m))
+    R = np.linalg.cholesky(B @ B.T + m * np.eye(m)).T.copy()
+    beta = rng.standard_normal(m)
+    b = R.T @ beta
+    x = rng.standard_normal(m)
+    for downdate in (False, True):
+        assert engine.cholesky_rank1_update(R, x, downdate=downdate, beta=beta) == 0
+        np.testing.assert_allclose(R.T @ beta, b, rtol=rtol, atol=rtol * 10)
     # a downdate that destroys positive definiteness is reported
     R = np.eye(3)
     assert engine.cholesky_rank1_update(R, np.array([0.0, 2.0, 0.0]), downdate=True) == 2
