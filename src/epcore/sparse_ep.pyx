@@ -556,7 +556,11 @@ def _check_projection(const double[:, ::1] Vt, const double[::1] d):
     if not np.all(np.isfinite(a)):
         i, j = np.argwhere(~np.isfinite(a))[0]
         raise ValueError(f"Vt must be finite; Vt[{i}, {j}] = {a[i, j]!r}")
-    _check_vector("d", d, <int>n, nonnegative=True)
+    _check_vector("d", d, <int>n)
+    bad = np.asarray(d) < 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"d must be >= 0 (the FITC diagonal K_ii - Q_ii); d[{i}] = {float(d[i])!r}")
     return <int>n, <int>Vt.shape[1]
 
 
