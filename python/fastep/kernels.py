@@ -74,6 +74,14 @@ differentiating, 3 for RBF and 7 for MLP (shared intermediates P = XAXᵀ,
 sqrt(N), atan2 argument, scale factor, two work buffers), plus, for a product
 of kernels, the product of the other factors.
 
+Sparse GPs (inducing inputs Z) need derivatives of cross-covariances and of the
+diagonal: ``kernel.cross_gradient_iter(Z, X)`` yields ∂K(Z, X)/∂θ_i one (m, n) array at a
+time, ``kernel.diag_gradient(X)`` is the (n, n_theta) array of ∂k(x_i, x_i)/∂θ_j, and
+``kernel.input_gradient(Z, X, W)`` is the (m, d) gradient of Σ_ij W_ij k(z_i, x_j) with respect
+to Z (X fixed): for RBF/RBFARD ``G_i = -γ a ∘ Σ_j W_ij k(z_i, x_j) (z_i - x_j)``, for
+Linear/LinearARD ``G = v (W X) A``, zero for White and Bias, and by the sum and product rules
+for composites. MLP and MLPARD do not provide them (``NotImplementedError``).
+
 Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
 takes numpy's syrk path and is exactly symmetric), after subtracting the mean
 of ``X`` from both inputs (distances are translation invariant; centring removes
@@ -394,6 +402,55 @@ class Kernel:
         """Per-X intermediates for ``_column`` (default: X itself)."""
         return X
 
+    # ---- cross-covariance and input gradients (sparse GPs with inducing inputs) ---------------
+    def cross_gradient_iter(self, X, Y):
+        """Iterator over ∂K(X, Y)/∂theta[i], i = 0 .. n_theta-1, one fresh (n_x, n_y) array at a time.
+
+        For sparse GPs (K_mn = K(Z, X) with inducing inputs Z). ``White`` contributes zeros
+        (its cross-covariance is 0 for any second argument).
+        """
+        X, Y = self._validate_pair(X, Y)
+        return self._cross_grads(X, Y, list(range(self.n_theta)))
+
+    def diag_gradient(self, X):
+        """∂k(x_i, x_i)/∂theta[j] as an (n, n_theta) array, in O(n d) without forming K."""
+        X = self._validate_X(X, "X")
+        cols = list(self._diag_grads(X, list(range(self.n_theta))))
+        if not cols:
+            return np.zeros((X.shape[0], 0))
+        return np.column_stack(cols)
+
+    def input_gradient(self, X, Y, weights):
+        """Gradient with respect to the rows of X of ``Σ_ij weights_ij k(x_i, y_j)`` with Y held fixed.
+
+        Returns an (n_x, d) array ``G[i] = Σ_j weights_ij ∂k(x_i, y_j)/∂x_i``. For the gradient of
+        ``Σ_ij W_ij k(z_i, z_j)`` with respect to Z (both arguments moving) pass ``Y = Z`` and
+        ``W + Wᵀ``. Available for Linear, LinearARD, RBF, RBFARD, White, Bias and their sums and
+        products (``NotImplementedError`` otherwise).
+        """
+        X, Y = self._validate_pair(X, Y)
+        W = _v.as_float_matrix(weights, "weights", min_rows=0, min_cols=0)
+        if W.shape != (X.shape[0], Y.shape[0]):
+            raise ValueError(f"weights must have shape ({X.shape[0]}, {Y.shape[0]}) = (rows of X, rows of Y), "
+                             f"got {W.shape}")
+        return self._input_grad(X, Y, W)
+
+    def _validate_pair(self, X, Y):
+        X = self._validate_X(X, "X")
+        Y = self._validate_X(Y, "Y")
+        if Y.shape[1] != X.shape[1]:
+            raise ValueError(f"Y must have the same number of columns as X ({X.shape[1]}), got {Y.shape[1]}")
+        return X, Y
+
+    def _cross_grads(self, X, Y, slots):
+        raise NotImplementedError(f"{type(self).__name__} does not provide cross-covariance gradients")
+
+    def _diag_grads(self, X, slots):
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients of its diagonal")
+
+    def _input_grad(self, X, Y, W):
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients with respect to its inputs")
+
     def _column(self, state, j):
         """Column j of K(X, X) except its j-th entry (fresh array); default: one K(X, x_j) call."""
         X = state
@@ -690,6 +747,28 @@ class _Leaf(Kernel):
         """Yield ∂K/∂x for each (name, element) pair: fresh arrays (``state`` may be None)."""
         raise NotImplementedError
 
+    def _cross_grads(self, X, Y, slots):
+        all_slots = self._slots()
+        pairs = [all_slots[s] for s in slots]
+        for (name, j), g in zip(pairs, self._cross_grads_constrained(X, Y, pairs)):
+            g *= self._dxdt(name, j)
+            yield g
+
+    def _diag_grads(self, X, slots):
+        all_slots = self._slots()
+        pairs = [all_slots[s] for s in slots]
+        for (name, j), g in zip(pairs, self._diag_grads_constrained(X, pairs)):
+            g *= self._dxdt(name, j)
+            yield g
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        """Yield ∂K(X, Y)/∂x for each (name, element) pair (fresh arrays)."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide cross-covariance gradients")
+
+    def _diag_grads_constrained(self, X, pairs):
+        """Yield ∂diag K(X, X)/∂x for each (name, element) pair (fresh arrays)."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients of its diagonal")
+
 
 class _ARDMixin:
     """Per-column scales α_col = scales[ard_groups[col]] and the column sets of each scale."""
@@ -756,6 +835,19 @@ class Linear(_Leaf):
         col *= self._value("variance")
         return col
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield _gram(X, Y)
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield _row_sq_norms(X)
+
+    def _input_grad(self, X, Y, W):
+        G = W @ Y
+        G *= self._value("variance")
+        return G
+
 
 class LinearARD(_ARDMixin, _Leaf):
     """Linear ARD kernel k(x, y) = v Σ_c α_c x_c y_c (IVM §4).
@@ -806,6 +898,32 @@ class LinearARD(_ARDMixin, _Leaf):
                 g = _gram(np.ascontiguousarray(X[:, self._columns_of(j)]))
                 g *= v
                 yield g
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        v = self._value("variance")
+        for name, j in pairs:
+            if name == "variance":
+                r = np.sqrt(self._column_scales())
+                yield _gram(X * r, Y * r)
+            else:
+                cols = self._columns_of(j)
+                g = _gram(np.ascontiguousarray(X[:, cols]), np.ascontiguousarray(Y[:, cols]))
+                g *= v
+                yield g
+
+    def _diag_grads_constrained(self, X, pairs):
+        v = self._value("variance")
+        for name, j in pairs:
+            if name == "variance":
+                yield (X * X) @ self._column_scales()
+            else:
+                cols = self._columns_of(j)
+                yield v * np.sum(X[:, cols] ** 2, axis=1)
+
+    def _input_grad(self, X, Y, W):
+        G = W @ Y
+        G *= self._value("variance") * self._column_scales()
+        return G
 
 
 class RBF(_Leaf):
@@ -890,6 +1008,36 @@ class RBF(_Leaf):
             else:
                 yield self._ard_grad(X, j, E, v, gamma)
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D = self._sqdist(X, Y)
+        E = np.exp(-0.5 * gamma * D)
+        for name, j in pairs:
+            if name == "variance":
+                yield E.copy()
+            elif name == "inverse_width":
+                g = D * E
+                g *= -0.5 * v
+                yield g
+            else:
+                yield self._ard_grad_cross(X, Y, j, E, v, gamma)
+
+    def _diag_grads_constrained(self, X, pairs):
+        for name, _ in pairs:
+            yield np.ones(X.shape[0]) if name == "variance" else np.zeros(X.shape[0])
+
+    def _input_scales(self, d):
+        return np.ones(d)
+
+    def _input_grad(self, X, Y, W):
+        # ∂k(x, y)/∂x_c = -γ a_c (x_c - y_c) k(x, y); differences from centred inputs
+        Xc, Yc = _centre(X, Y)
+        P = W * self._K(X, Y)
+        G = Xc * P.sum(axis=1)[:, None]
+        G -= P @ Yc
+        G *= -self._value("inverse_width") * self._input_scales(X.shape[1])
+        return G
+
 
 class RBFARD(_ARDMixin, RBF):
     """RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
@@ -923,6 +1071,17 @@ class RBFARD(_ARDMixin, RBF):
         g *= E
         g *= -0.5 * gamma * v
         return g
+
+    def _ard_grad_cross(self, X, Y, j, E, v, gamma):
+        Xc, Yc = _centre(X, Y)
+        cols = self._columns_of(j)
+        g = _sqdist_centred(Xc[:, cols], Yc[:, cols])
+        g *= E
+        g *= -0.5 * gamma * v
+        return g
+
+    def _input_scales(self, d):
+        return self._column_scales()
 
 
 class MLP(_Leaf):
@@ -1148,6 +1307,17 @@ class White(_Leaf):
     def _column(self, X, j):
         return np.zeros(X.shape[0])     # the variance sits on the diagonal only
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.zeros((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
+
 
 class Bias(_Leaf):
     """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
@@ -1170,6 +1340,17 @@ class Bias(_Leaf):
 
     def _column(self, X, j):
         return np.full(X.shape[0], self._value("variance"))
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.ones((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1329,6 +1510,20 @@ class Sum(_Composite):
         for c, local in self._runs(slots):
             yield from self.kernels[c]._grads(X, local)
 
+    def _cross_grads(self, X, Y, slots):
+        for c, local in self._runs(slots):
+            yield from self.kernels[c]._cross_grads(X, Y, local)
+
+    def _diag_grads(self, X, slots):
+        for c, local in self._runs(slots):
+            yield from self.kernels[c]._diag_grads(X, local)
+
+    def _input_grad(self, X, Y, W):
+        G = self.kernels[0]._input_grad(X, Y, W)
+        for k in self.kernels[1:]:
+            G = G + k._input_grad(X, Y, W)
+        return G
+
     def _value_and_gradient(self, X, dK_out):
         K = None
         for k, rng in self._child_ranges():
@@ -1389,6 +1584,38 @@ class Product(_Composite):
                 if other is not None:
                     g *= other
                 yield g
+
+    def _others_cross(self, X, Y, c):
+        other = None
+        for o, k in enumerate(self.kernels):
+            if o != c:
+                other = k._K(X, Y) if other is None else other * k._K(X, Y)
+        return other
+
+    def _cross_grads(self, X, Y, slots):
+        for c, local in self._runs(slots):
+            other = self._others_cross(X, Y, c)
+            for g in self.kernels[c]._cross_grads(X, Y, local):
+                if other is not None:
+                    g *= other
+                yield g
+
+    def _diag_grads(self, X, slots):
+        for c, local in self._runs(slots):
+            other = None
+            for o, k in enumerate(self.kernels):
+                if o != c:
+                    other = k._diag(X) if other is None else other * k._diag(X)
+            for g in self.kernels[c]._diag_grads(X, local):
+                yield g if other is None else g * other
+
+    def _input_grad(self, X, Y, W):
+        G = None
+        for c, k in enumerate(self.kernels):
+            other = self._others_cross(X, Y, c)
+            Gc = k._input_grad(X, Y, W if other is None else W * other)
+            G = Gc if G is None else G + Gc
+        return G
 
     def _value_and_gradient(self, X, dK_out):
         ranges = list(self._child_ranges())
