@@ -68,7 +68,7 @@ from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, lik
 from ._optimize import maximize_log_likelihood
 from ._threading import sweep_blas_threads
 from .exceptions import ConvergenceWarning
-from .kernels import RBF, Kernel
+from .kernels import RBF, ColumnProductCache, Kernel
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 
 __all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor"]
@@ -137,10 +137,20 @@ class _IVMProblem:
         self.seed = seed
         self.offset = float(offset)
         self.state = None
+        self.product_cache = None
+
+    def _columns(self):
+        """Kernel column oracle; the parameter-free products ``Xc x̃_j`` of the non-ARD
+        Linear/RBF/MLP terms are kept between the selections of Algorithm 2 (which mostly
+        reselect the same points under new parameters), at most 2d of them (O(d n) memory,
+        like M), dropped by ``finalize``."""
+        if self.product_cache is None:
+            self.product_cache = ColumnProductCache(self.X, max_columns=2 * self.d)
+        return self.kernel.columns(self.X, product_cache=self.product_cache)
 
     # -- Algorithm 1 ---------------------------------------------------------------------
     def select(self):
-        cols = self.kernel.columns(self.X)
+        cols = self._columns()
         bad = np.flatnonzero(~(cols.diag > 0))
         if bad.size:
             raise ValueError(f"kernel must have a positive diagonal on X; {self.kernel!r} gives "
@@ -243,6 +253,7 @@ class _IVMProblem:
             K_I, self.site_mean, self.site_precision)
         self.sqrt_precision = np.sqrt(self.site_precision)
         self.state = None
+        self.product_cache = None
         self.X = None
 
     def latent(self, X):
