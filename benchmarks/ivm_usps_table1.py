@@ -113,16 +113,20 @@ def ard_groups(mode="patches"):
     return (r // 4) * 4 + c // 4
 
 
-def make_kernel(name, p, blocks="patches"):
-    base = Linear(1.0 / p) + White(np.exp(-2.0)) + Bias(np.exp(-2.0))
+def make_kernel(name, p, blocks="patches", init="scaled"):
+    """The row's kernel at its starting values: ``scaled`` (inner products divided by the input
+    dimension p, the default) or ``toolbox`` (the MATLAB toolbox's defaults: every variance,
+    inverse width and weight variance 1, MLP bias variance 1, Bias and White e⁻²)."""
+    s = 1.0 / p if init == "scaled" else 1.0
+    base = Linear(s) + White(np.exp(-2.0)) + Bias(np.exp(-2.0))
     if name == "rbf":
-        return RBF(1.0, 1.0 / p) + base
+        return RBF(1.0, s) + base
     if name == "mlp":
-        return MLP(variance=1.0, weight_variance=1.0 / p, bias_variance=1.0) + base
+        return MLP(variance=1.0, weight_variance=s, bias_variance=1.0) + base
     if name == "ard":
         groups = ard_groups(blocks)
         n_scales = int(groups.max()) + 1
-        return RBFARD(np.full(n_scales, 0.5), variance=1.0, inverse_width=2.0 / p, ard_groups=groups) + base
+        return RBFARD(np.full(n_scales, 0.5), variance=1.0, inverse_width=2.0 * s, ard_groups=groups) + base
     raise ValueError(f"unknown kernel {name!r}; choose from rbf, mlp, ard")
 
 
@@ -211,7 +215,7 @@ def install_reference_selection():
 def fit_digit(X, y, Xt, yt, digit, kernel, args):
     """Fit digit-vs-rest; returns a dict of errors, latent test means and timings."""
     t = np.where(y == digit, 1, -1)
-    clf = fastep.IVMClassifier(kernel, Probit(), active_set_size=args.active_size,
+    clf = fastep.IVMClassifier(kernel, Probit(slope=args.probit_slope), active_set_size=args.active_size,
                                n_iterations=args.iterations, learn_likelihood=True,
                                max_optimizer_iter=args.max_optimizer_iter, verbose=args.verbose)
     before = TIMER.snapshot()
@@ -256,7 +260,7 @@ def _worker_init(X, y, Xt, yt, args):
 def _worker_fit(job):
     digit, name = job
     w = _WORKER
-    kernel = make_kernel(name, w["X"].shape[1], w["args"].ard_blocks)
+    kernel = make_kernel(name, w["X"].shape[1], w["args"].ard_blocks, w["args"].init)
     return fit_digit(w["X"], w["y"], w["Xt"], w["yt"], digit, kernel, w["args"])
 
 
@@ -274,7 +278,7 @@ def run_row(name, X, y, Xt, yt, args):
     else:
         results = []
         for dg in digits:
-            kernel = make_kernel(name, X.shape[1], args.ard_blocks)
+            kernel = make_kernel(name, X.shape[1], args.ard_blocks, args.init)
             res = fit_digit(X, y, Xt, yt, dg, kernel, args)
             results.append(res)
             if not args.quiet:
@@ -349,6 +353,10 @@ def main(argv=None):
     parser.add_argument("--max-optimizer-iter", type=int, default=100,
                         help="L-BFGS-B iterations per optimisation (IVMClassifier.max_optimizer_iter)")
     parser.add_argument("--ard-blocks", choices=["patches", "rows"], default="patches")
+    parser.add_argument("--init", choices=["scaled", "toolbox"], default="scaled",
+                        help="kernel starting values (see make_kernel)")
+    parser.add_argument("--probit-slope", type=float, default=1.0,
+                        help="starting probit slope (learnt with the bias); inf: a step, only the bias learnt")
     parser.add_argument("--engine", choices=["fastep", "reference"], default="fastep")
     parser.add_argument("--train-size", type=int, default=None,
                         help="use a seeded class-stratified subset of the training set")

@@ -66,3 +66,19 @@ def test_ard_kernel_still_matches_uncached_selection(monkeypatch):
     plain = IVMClassifier(kernel, **kwargs).fit(X, y)
     np.testing.assert_array_equal(cached.active_set_, plain.active_set_)
     np.testing.assert_allclose(cached.site_mean_, plain.site_mean_, rtol=1e-10, atol=1e-12)
+
+
+def test_one_vs_rest_prediction_includes_the_learnt_bias():
+    # With learn_likelihood each binary problem learns its own probit bias; predict must rank
+    # the classes by μ* + b (what each binary classifier thresholds), not by μ* alone.
+    rng = np.random.default_rng(7)
+    centres = np.array([[0.0, 0.0], [2.5, 0.0], [0.0, 2.5]])
+    labels = rng.integers(0, 3, size=240)
+    X = centres[labels] + rng.normal(size=(240, 2))
+    model = IVMClassifier(RBF(1.0, 0.5) + Bias(0.5), active_set_size=30, n_iterations=1,
+                          learn_likelihood=True, max_optimizer_iter=20).fit(X[:180], labels[:180])
+    biases = np.array([lik.bias for lik in model.likelihood_])
+    assert np.ptp(biases) > 0                          # the classes learnt different biases
+    mean, _ = model.predict_latent(X[180:])
+    np.testing.assert_array_equal(model.decision_function(X[180:]), mean + biases)
+    np.testing.assert_array_equal(model.predict(X[180:]), np.argmax(mean + biases, axis=1))

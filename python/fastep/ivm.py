@@ -4,7 +4,7 @@ Estimators
 ----------
 IVMClassifier
     Binary probit (or other binary likelihood) classification; more classes one-vs-rest,
-    combined by the largest latent mean as in the paper's USPS experiment (§4.2).
+    combined by the largest latent mean plus probit bias, as in the paper's USPS experiment (§4.2).
 IVMRegressor
     Gaussian noise with a bias (the "spherical" model: sites ``m = y - bias``,
     ``β = 1/σ²``).
@@ -420,8 +420,8 @@ class IVMClassifier(_IVMBase):
     the ADF posterior (Algorithm 1) and kernel (and optionally likelihood)
     parameters are learnt by Algorithm 2. More than two classes are handled
     one-vs-rest (one binary IVM per class, each with its own kernel and active set);
-    ``predict`` takes the class with the largest latent mean (the paper's USPS
-    rule), ``predict_proba`` normalises the binary probabilities.
+    ``predict`` takes the class with the largest latent mean plus probit bias
+    (the paper's USPS rule), ``predict_proba`` normalises the binary probabilities.
 
     Parameters
     ----------
@@ -502,12 +502,19 @@ class IVMClassifier(_IVMBase):
         return mean + np.array([p.likelihood.get_params().get("bias", 0.0) for p in self._problems])
 
     def predict(self, X):
-        """Binary: the sign of μ* + b; one-vs-rest: the class with the largest latent mean (paper §4.2)."""
+        """Binary: the sign of μ* + b; one-vs-rest: the class with the largest μ* + b (paper §4.2).
+
+        ``b`` is each binary problem's probit bias (0 unless ``learn_likelihood`` or the
+        likelihood sets it): the latent mean shifted by it is the value each binary classifier
+        thresholds at 0, and the largest one wins, as in the authors' USPS experiment
+        (their toolbox adds ``noise.bias`` to the posterior mean before taking the maximum).
+        Without the shift, learnt biases (about -0.3 to -2 on USPS) decide the class: the
+        overall USPS error was 17.9 % by the raw latent mean and 5.0 % with the bias.
+        """
         check_is_fitted(self, "active_set_")
         if len(self._problems) == 1:
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
-        mean, _ = self.predict_latent(X)
-        return self.classes_[np.argmax(mean, axis=1)]
+        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
 
     def score(self, X, y):
         """Mean accuracy on ``(X, y)``."""
