@@ -86,7 +86,7 @@ def main():
     parser.add_argument("--digits", default="0")
     parser.add_argument("--active-size", type=int, default=500)
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--max-optimizer-iter", type=int, default=100)
+    parser.add_argument("--max-optimizer-iter", type=int, default=10)
     parser.add_argument("--max-sweeps", type=int, default=200, help="dense GP: EP sweeps per evaluation")
     parser.add_argument("--only", default="fastep,reference,dense-gp")
     parser.add_argument("--json", default=None)

@@ -155,6 +155,7 @@ class _IVMProblem:
         if bad.size:
             raise ValueError(f"kernel must have a positive diagonal on X; {self.kernel!r} gives "
                              f"k(x_{bad[0]}, x_{bad[0]}) = {cols.diag[bad[0]]!r}")
+        self.state = None                       # release the previous M (d x n) before allocating the next
         state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag, self.d,
                                  criterion=self.criterion, seed=self.seed)
         state.select(self.d, cols)

@@ -959,9 +959,9 @@ class RBF(_Leaf):
         return np.full(X.shape[0], self._value("variance"))
 
     def _column_state(self, X):
-        Xc, _ = _centre(X)
+        Xc, _ = _centre(X)                      # a fresh array: scale it in place (one n x p copy, not two)
         if self._has_scales:
-            Xc = Xc * np.sqrt(self._column_scales())
+            Xc *= np.sqrt(self._column_scales())
         Xc = np.ascontiguousarray(Xc)
         return Xc, _row_sq_norms(Xc)
 
