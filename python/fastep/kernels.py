@@ -87,6 +87,7 @@ takes numpy's syrk path and is exactly symmetric), after subtracting the mean
 of ``X`` from both inputs (distances are translation invariant; centring removes
 the cancellation for data far from the origin), and clamped at 0.
 """
+import collections
 import copy
 import numbers
 
@@ -97,7 +98,7 @@ from . import _validation as _v
 
 __all__ = [
     "Kernel", "Linear", "RBF", "MLP", "White", "Bias", "LinearARD", "RBFARD", "MLPARD",
-    "Sum", "Product", "Transform", "TRANSFORMS", "KernelColumns",
+    "Sum", "Product", "Transform", "TRANSFORMS", "KernelColumns", "ColumnProductCache",
 ]
 
 _TWO_OVER_PI = 2.0 / np.pi
@@ -257,24 +258,107 @@ class _CentredColumns:
     ``x_iᵀx_j = x̃_iᵀx̃_j + x̃_iᵀμ + x̃_jᵀμ + μᵀμ``. One gemv over Xc per column therefore
     serves every non-ARD leaf of a sum or product (the column is memory bound: this halves
     the reads of X for RBF + Linear).
+
+    With ``max_columns > 0`` the products are also kept (least recently used first out,
+    read-only arrays) so that a later request for the same j skips the gemv: the product
+    does not depend on any kernel parameter, so it can be reused across parameter values
+    (see :class:`ColumnProductCache`).
     """
 
-    def __init__(self, X):
+    def __init__(self, X, max_columns=0):
         mu = X.mean(axis=0)
         self.Xc = np.ascontiguousarray(X - mu)
         self.norms_c = _row_sq_norms(self.Xc)
         self.xc_mu = self.Xc @ mu
         self.mu2 = float(mu @ mu)
         self.norms = _row_sq_norms(X)
+        self.max_columns = int(max_columns)
+        self._stored = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
 
     def centred_product(self, j):
-        return self.Xc @ self.Xc[j]
+        if self.max_columns <= 0:
+            return self.Xc @ self.Xc[j]
+        pc = self._stored.get(j)
+        if pc is not None:
+            self._stored.move_to_end(j)
+            self.hits += 1
+            return pc
+        self.misses += 1
+        pc = self.Xc @ self.Xc[j]
+        pc.flags.writeable = False
+        self._stored[j] = pc
+        if len(self._stored) > self.max_columns:
+            self._stored.popitem(last=False)
+        return pc
 
     def inner_product(self, pc, j):
         """x_iᵀx_j for all i from pc = Xc x̃_j."""
         out = pc + self.xc_mu
         out += self.xc_mu[j] + self.mu2
         return out
+
+
+class ColumnProductCache:
+    """Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
+
+    The columns of the non-ARD ``Linear``, ``RBF`` and ``MLP`` kernels are built from one
+    product of the centred inputs with the chosen row, ``Xc x̃_j`` (an O(n p) memory-bound
+    gemv), which does not depend on the kernel's parameters. An algorithm that asks for
+    columns of the same points again under new parameters (the IVM's Algorithm 2
+    reselects mostly the same active set after each optimisation) can keep those
+    products: ``cache = ColumnProductCache(X, max_columns)``, then
+    ``kernel.columns(X, product_cache=cache)`` for every parameter value (see
+    :meth:`Kernel.columns` for when the columns are bitwise identical to uncached ones).
+
+    Parameters
+    ----------
+    X : array (n, p)
+        The inputs (the same values must be passed to ``columns``).
+    max_columns : int >= 1
+        At most this many products are kept (n floats each; least recently used
+        dropped first).
+
+    Attributes
+    ----------
+    hits, misses : int
+        Products served from the cache / computed.
+    """
+
+    def __init__(self, X, max_columns):
+        X = _v.as_float_matrix(X, "X")
+        max_columns = _v.check_int(max_columns, "max_columns", minimum=1)
+        self.X = X
+        self._shared = _CentredColumns(X, max_columns)
+
+    @property
+    def max_columns(self):
+        return self._shared.max_columns
+
+    @property
+    def n_stored(self):
+        return len(self._shared._stored)
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self._shared._stored.values())
+
+    @property
+    def hits(self):
+        return self._shared.hits
+
+    @property
+    def misses(self):
+        return self._shared.misses
+
+    def clear(self):
+        self._shared._stored.clear()
+
+    def _for(self, X):
+        if X is not self.X and (X.shape != self.X.shape or not np.array_equal(X, self.X)):
+            raise ValueError("product_cache was built for different inputs X")
+        return self._shared
 
 
 def _shares_centred(kernel):
@@ -384,7 +468,7 @@ class Kernel:
         X = self._validate_X(X, "X")
         return self._grads(X, list(range(self.n_theta)))
 
-    def columns(self, X):
+    def columns(self, X, product_cache=None):
         """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
 
         For algorithms that need a few columns of an n×n kernel matrix that is never
@@ -394,9 +478,20 @@ class Kernel:
         kernel). Entry ``j`` of column ``j`` is exactly ``cols.diag[j]`` =
         ``kernel.diag(X)[j]``, so ``White`` contributes there and nowhere else, as in
         ``K(X, X)``. The other entries agree with ``kernel(X)`` to rounding.
+
+        ``product_cache`` (a :class:`ColumnProductCache` built on the same X) supplies
+        and keeps the parameter-free product ``Xc x̃_j`` of the non-ARD Linear, RBF and
+        MLP terms of this kernel (the kernel itself or the terms of sums and products),
+        so that columns requested again under other parameters skip the O(n p) gemv.
+        Columns are bitwise identical to the uncached ones when every sum or product
+        has at least two such terms (as the IVM paper's RBF + Linear + ...) or the
+        kernel is a lone RBF; otherwise (a lone Linear or MLP term, which uncached uses
+        ``X x_j`` directly) they agree to rounding.
         """
         X = self._validate_X(X, "X")
-        return KernelColumns(self, X)
+        if product_cache is not None and not isinstance(product_cache, ColumnProductCache):
+            raise TypeError(f"product_cache must be a ColumnProductCache, got {type(product_cache).__name__}")
+        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
     def _column_state(self, X):
         """Per-X intermediates for ``_column`` (default: X itself)."""
@@ -502,11 +597,17 @@ class KernelColumns:
         ``kernel.diag(X)``.
     """
 
-    def __init__(self, kernel, X):
+    def __init__(self, kernel, X, shared=None):
         self.kernel = kernel
         self.X = X
         self.diag = np.array(kernel._diag(X), dtype=float, copy=True).reshape(-1)
-        self._state = kernel._column_state(X)
+        self._leaf_shared = None
+        if shared is not None and _shares_centred(kernel):
+            self._leaf_shared = shared
+        elif shared is not None and isinstance(kernel, _Composite):
+            self._state = kernel._shared_column_state(X, shared)
+        else:
+            self._state = kernel._column_state(X)
 
     @property
     def n(self):
@@ -519,7 +620,10 @@ class KernelColumns:
         j = int(j)
         if not 0 <= j < self.X.shape[0]:
             raise ValueError(f"j must be in [0, {self.X.shape[0]}), got {j}")
-        col = self.kernel._column(self._state, j)
+        if self._leaf_shared is not None:
+            col = self.kernel._column_centred(self._leaf_shared, j, self._leaf_shared.centred_product(j))
+        else:
+            col = self.kernel._column(self._state, j)
         col[j] = self.diag[j]
         return col
 
@@ -821,9 +925,15 @@ class Linear(_Leaf):
     def _diag(self, X):
         return self._value("variance") * _row_sq_norms(X)
 
+    def _grad_state(self, X):
+        return _gram(X)                         # shared by K and ∂K/∂v (one syrk instead of two)
+
+    def _K_from_state(self, X, state):
+        return state * self._value("variance")
+
     def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
-            yield _gram(X)
+            yield _gram(X) if state is None else state.copy()
 
     def _column(self, X, j):
         col = X @ X[j]
@@ -967,9 +1077,9 @@ class RBF(_Leaf):
         return np.full(X.shape[0], self._value("variance"))
 
     def _column_state(self, X):
-        Xc, _ = _centre(X)
+        Xc, _ = _centre(X)                      # a fresh array: scale it in place (one n x p copy, not two)
         if self._has_scales:
-            Xc = Xc * np.sqrt(self._column_scales())
+            Xc *= np.sqrt(self._column_scales())
         Xc = np.ascontiguousarray(Xc)
         return Xc, _row_sq_norms(Xc)
 
@@ -1424,12 +1534,24 @@ class _Composite(Kernel):
             yield k, slice(pos, pos + k.n_theta)
             pos += k.n_theta
 
-    def _shared_column_state(self, X):
-        """Child column states; leaves that can share one centred product (``_CentredColumns``) get None."""
+    def _shared_column_state(self, X, shared=None):
+        """Child column states; leaves that can share one centred product (``_CentredColumns``) get None.
+
+        ``shared``: a caching ``_CentredColumns`` of X (from a ColumnProductCache) to use
+        even for a single sharing leaf, and in nested sums and products.
+        """
         sharing = [_shares_centred(k) for k in self.kernels]
-        shared = _CentredColumns(X) if sum(sharing) >= 2 else None
-        states = [None if (share and shared is not None) else k._column_state(X)
-                  for k, share in zip(self.kernels, sharing)]
+        cache = shared
+        if shared is None and sum(sharing) >= 2:
+            shared = _CentredColumns(X)
+        states = []
+        for k, share in zip(self.kernels, sharing):
+            if share and shared is not None:
+                states.append(None)
+            elif cache is not None and isinstance(k, _Composite):
+                states.append(k._shared_column_state(X, cache))
+            else:
+                states.append(k._column_state(X))
         return shared, states
 
     def _child_columns(self, state, j):
