@@ -546,8 +546,8 @@ class SparseGPClassifier(_SparseGPBase):
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
         Must provide ``cross_gradient_iter``/``diag_gradient`` (and ``input_gradient`` to learn
-        Z) when an optimiser is used: Linear, RBF and their ARD variants, White, Bias, sums and
-        products.
+        Z) when an optimiser is used: every kernel of :mod:`fastep.kernels` (Linear, RBF, MLP
+        and their ARD variants, White, Bias, sums and products) does.
     likelihood : Probit, Step or Logistic, default Probit()
     """ + _COMMON_PARAMS + """    learn_likelihood : bool, default False
         Also learn the likelihood's parameters (as the dense classifier; power = 1 only).
