@@ -204,6 +204,42 @@ def test_inducing_initialisation():
     assert kmeans_plus_plus(Xd, 5, np.random.default_rng(0)).shape == (5, 2)
 
 
+def test_ivm_inducing_inputs_are_the_ivm_active_set():
+    # inducing_init='ivm': Z = X[active set] of an IVM run at the fixed initial kernel and likelihood
+    X, y, f = toy(120, seed=14)
+    kernel = RBF(variance=1.5, inverse_width=2.0) + White(0.01)
+    lik = fastep.Probit(bias=0.1)
+    ivm = fastep.IVMClassifier(kernel, lik, active_set_size=9, optimizer=None).fit(X, y)
+    fixed = SparseGPClassifier(kernel, lik, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, y)
+    np.testing.assert_array_equal(fixed.inducing_inputs_, X[ivm.active_set_])
+    # learning starts from the same selection (made before the kernel moves); a fit works
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        learnt = SparseGPClassifier(kernel, lik, n_inducing=9, inducing_init="ivm", learn_inducing=False,
+                                    random_state=0).fit(X, y)
+    np.testing.assert_array_equal(learnt.inducing_inputs_, X[ivm.active_set_])
+    assert learnt.log_marginal_likelihood_value_ > fixed.log_marginal_likelihood_value_
+    assert learnt.score(X, y) > 0.8
+    # regression: IVMRegressor with the initial noise variance, no learning
+    reg_ivm = fastep.IVMRegressor(kernel, noise_variance=0.05, bias=0.0, learn_noise=False, active_set_size=9,
+                                  optimizer=None).fit(X, f)
+    reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, f)
+    np.testing.assert_array_equal(reg.inducing_inputs_, X[reg_ivm.active_set_])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm",
+                                random_state=0).fit(X, f)
+    assert reg.score(X, f) > 0.9
+    # one-vs-rest: each binary problem gets its own selection
+    X3, y3, _ = toy(90, seed=11, classes=3)
+    ivm3 = fastep.IVMClassifier(RBF(variance=2.0), active_set_size=6, optimizer=None).fit(X3, y3)
+    clf3 = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, inducing_init="ivm", optimizer=None).fit(X3, y3)
+    assert clf3.inducing_inputs_.shape == (3, 6, 2)
+    for c in range(3):
+        np.testing.assert_array_equal(clf3.inducing_inputs_[c], X3[ivm3.active_set_[c]])
+    assert not np.array_equal(clf3.inducing_inputs_[0], clf3.inducing_inputs_[1])
+
+
 def test_one_vs_rest():
     X, y, _ = toy(90, seed=11, classes=3)
     clf = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, optimizer=None, random_state=0).fit(X, y)
@@ -269,7 +305,10 @@ class NoSparseGradients(Kernel):
     ({"inducing_init": np.zeros((3, 3))}, X_BAD, ValueError, "inducing_init must have 2 columns"),
     ({"inducing_init": np.zeros((21, 2))}, X_BAD, ValueError, "inducing_init must have at most"),
     ({"inducing_init": np.array([[0.0, np.nan]])}, X_BAD, ValueError, "inducing_init must be finite"),
-    ({"inducing_init": "grid"}, X_BAD, ValueError, "inducing_init must be one of"),
+    ({"inducing_init": "grid"}, X_BAD, ValueError, r"inducing_init must be one of \['ivm', 'kmeans\+\+', 'random'\]"),
+    ({"inducing_init": "ivm", "n_inducing": 21}, X_BAD, ValueError, "n_inducing must be <= n_samples = 20"),
+    ({"inducing_init": "ivm", "n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
+    ({"inducing_init": "ivm", "n_inducing": None}, X_BAD, TypeError, "n_inducing must be an integer"),
     ({"approximation": "vfe"}, X_BAD, ValueError, "approximation must be one of"),
     ({"power": 0.0}, X_BAD, ValueError, "power must be in"),
     ({"power": 1.5}, X_BAD, ValueError, "power must be in"),
