@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fastep.kernels import MLP, RBF, Bias, Linear, LinearARD, RBFARD, White
+from fastep.kernels import MLP, MLPARD, RBF, Bias, Kernel, Linear, LinearARD, RBFARD, White
 
 KERNELS = {
     "rbf": lambda: RBF(variance=1.3, inverse_width=0.7),
@@ -15,6 +15,12 @@ KERNELS = {
     "bias": lambda: Bias(variance=0.4),
     "sum": lambda: RBF(variance=1.2, inverse_width=0.5) + Linear(variance=0.3) + White(0.1),
     "product": lambda: RBFARD(scales=[0.3, 0.8, 0.5], inverse_width=1.1) * Linear(variance=0.5) + Bias(0.2),
+    "mlp": lambda: MLP(variance=1.3, weight_variance=0.7, bias_variance=2.0),
+    "mlp_log": lambda: MLP(variance=0.8, weight_variance=3.0, bias_variance=0.3, transforms={"bias_variance": "log"}),
+    "mlpard": lambda: MLPARD(scales=[0.3, 0.8, 0.5], variance=1.1, weight_variance=2.0, bias_variance=0.6),
+    "mlpard_groups": lambda: MLPARD(scales=[0.3, 0.8], ard_groups=[0, 1, 0], variance=0.9, weight_variance=5.0,
+                                    bias_variance=1.5),
+    "mlp_product": lambda: MLP(variance=1.2, weight_variance=0.5) * RBF(inverse_width=0.3) + MLPARD([0.4, 0.6, 0.9]),
 }
 
 
@@ -85,7 +91,7 @@ def test_input_gradient_matches_finite_differences(name):
     np.testing.assert_allclose(G, fd, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["rbf", "rbfard", "linearard", "product"])
+@pytest.mark.parametrize("name", ["rbf", "rbfard", "linearard", "product", "mlp", "mlpard_groups", "mlp_product"])
 def test_input_gradient_of_a_symmetric_form_in_z(name):
     # d/dZ Σ_ij W_ij k(z_i, z_j) = input_gradient(Z, Z, W + Wᵀ) (both arguments move)
     k = KERNELS[name]()
@@ -114,7 +120,26 @@ def test_bad_input_and_unsupported_kernels():
         W2 = W.copy()
         W2[0, 0] = np.nan
         k.input_gradient(X, Y, W2)
-    with pytest.raises(NotImplementedError, match="MLP"):
-        list(MLP().cross_gradient_iter(X, Y))
-    with pytest.raises(NotImplementedError, match="MLP"):
-        MLP().input_gradient(X, Y, W)
+    k = NoSparseGradients()
+    with pytest.raises(NotImplementedError, match="NoSparseGradients"):
+        list(k.cross_gradient_iter(X, Y))
+    with pytest.raises(NotImplementedError, match="NoSparseGradients"):
+        k.diag_gradient(X)
+    with pytest.raises(NotImplementedError, match="NoSparseGradients"):
+        k.input_gradient(X, Y, W)
+
+
+class NoSparseGradients(Kernel):
+    """A user-defined kernel with only K and its diagonal (k(x, y) = 1 + xᵀy)."""
+
+    hyperparameter_names = []
+
+    def _get_theta(self):
+        return np.empty(0)
+
+    def _K(self, X, Y):
+        return 1.0 + X @ (X if Y is None else Y).T
+
+    def _diag(self, X):
+        return 1.0 + np.sum(X * X, axis=1)
+

@@ -8,7 +8,7 @@ from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep import ConvergenceWarning, SparseGPClassifier, SparseGPRegressor
-from fastep.kernels import MLP, RBF, Linear, RBFARD, White
+from fastep.kernels import MLP, MLPARD, RBF, Kernel, Linear, RBFARD, White
 from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
 from fastep.sparse import kmeans_plus_plus
@@ -75,6 +75,25 @@ def test_regressor_gradient_matches_finite_differences(approximation, power):
     _, grad = reg.log_marginal_likelihood(theta, eval_gradient=True)
     fd = central_differences(reg.log_marginal_likelihood, theta)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-7)
+
+
+def test_classifier_learns_with_an_mlp_kernel_and_its_gradient_matches_finite_differences():
+    # MLP/MLPARD provide cross-covariance, diagonal and input gradients, so kernel and Z can be
+    # learnt; the full evidence gradient (kernel theta, Z) is then checked at the starting kernel
+    # (the learnt one runs to extreme values on this nearly separable toy) and near the learnt Z
+    X, y, _ = toy(40, seed=4)
+    kernel = MLPARD(scales=[0.7, 0.5], variance=1.5, weight_variance=2.0, bias_variance=0.5)
+    start = SparseGPClassifier(kernel, n_inducing=5, optimizer=None, random_state=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = SparseGPClassifier(kernel, n_inducing=5, random_state=0).fit(X, y)
+    assert clf.log_marginal_likelihood_value_ > start.log_marginal_likelihood_value_ + 1.0
+    assert not np.allclose(clf.inducing_inputs_, start.inducing_inputs_)
+    theta = np.concatenate([kernel.theta, clf.inducing_inputs_.ravel() - 0.05])
+    value, grad = clf.log_marginal_likelihood(theta, eval_gradient=True)
+    fd = central_differences(clf.log_marginal_likelihood, theta)
+    assert np.isfinite(value) and grad.shape == (kernel.n_theta + 10,)
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6)
 
 
 def test_gradient_matches_the_dense_reference_formula():
@@ -185,6 +204,42 @@ def test_inducing_initialisation():
     assert kmeans_plus_plus(Xd, 5, np.random.default_rng(0)).shape == (5, 2)
 
 
+def test_ivm_inducing_inputs_are_the_ivm_active_set():
+    # inducing_init='ivm': Z = X[active set] of an IVM run at the fixed initial kernel and likelihood
+    X, y, f = toy(120, seed=14)
+    kernel = RBF(variance=1.5, inverse_width=2.0) + White(0.01)
+    lik = fastep.Probit(bias=0.1)
+    ivm = fastep.IVMClassifier(kernel, lik, active_set_size=9, optimizer=None).fit(X, y)
+    fixed = SparseGPClassifier(kernel, lik, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, y)
+    np.testing.assert_array_equal(fixed.inducing_inputs_, X[ivm.active_set_])
+    # learning starts from the same selection (made before the kernel moves); a fit works
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        learnt = SparseGPClassifier(kernel, lik, n_inducing=9, inducing_init="ivm", learn_inducing=False,
+                                    random_state=0).fit(X, y)
+    np.testing.assert_array_equal(learnt.inducing_inputs_, X[ivm.active_set_])
+    assert learnt.log_marginal_likelihood_value_ > fixed.log_marginal_likelihood_value_
+    assert learnt.score(X, y) > 0.8
+    # regression: IVMRegressor with the initial noise variance, no learning
+    reg_ivm = fastep.IVMRegressor(kernel, noise_variance=0.05, bias=0.0, learn_noise=False, active_set_size=9,
+                                  optimizer=None).fit(X, f)
+    reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, f)
+    np.testing.assert_array_equal(reg.inducing_inputs_, X[reg_ivm.active_set_])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm",
+                                random_state=0).fit(X, f)
+    assert reg.score(X, f) > 0.9
+    # one-vs-rest: each binary problem gets its own selection
+    X3, y3, _ = toy(90, seed=11, classes=3)
+    ivm3 = fastep.IVMClassifier(RBF(variance=2.0), active_set_size=6, optimizer=None).fit(X3, y3)
+    clf3 = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, inducing_init="ivm", optimizer=None).fit(X3, y3)
+    assert clf3.inducing_inputs_.shape == (3, 6, 2)
+    for c in range(3):
+        np.testing.assert_array_equal(clf3.inducing_inputs_[c], X3[ivm3.active_set_[c]])
+    assert not np.array_equal(clf3.inducing_inputs_[0], clf3.inducing_inputs_[1])
+
+
 def test_one_vs_rest():
     X, y, _ = toy(90, seed=11, classes=3)
     clf = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, optimizer=None, random_state=0).fit(X, y)
@@ -228,6 +283,21 @@ def test_params_roundtrip():
 X_BAD, Y_BAD, _ = toy(20, seed=13)
 
 
+class NoSparseGradients(Kernel):
+    """A user-defined kernel without cross-covariance, diagonal or input gradients (k = 1 + xᵀy)."""
+
+    hyperparameter_names = []
+
+    def _get_theta(self):
+        return np.empty(0)
+
+    def _K(self, X, Y):
+        return 1.0 + X @ (X if Y is None else Y).T
+
+    def _diag(self, X):
+        return 1.0 + np.sum(X * X, axis=1)
+
+
 @pytest.mark.parametrize("params, X, exc, message", [
     ({"n_inducing": 21}, X_BAD, ValueError, "n_inducing must be <= n_samples = 20"),
     ({"n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
@@ -235,7 +305,10 @@ X_BAD, Y_BAD, _ = toy(20, seed=13)
     ({"inducing_init": np.zeros((3, 3))}, X_BAD, ValueError, "inducing_init must have 2 columns"),
     ({"inducing_init": np.zeros((21, 2))}, X_BAD, ValueError, "inducing_init must have at most"),
     ({"inducing_init": np.array([[0.0, np.nan]])}, X_BAD, ValueError, "inducing_init must be finite"),
-    ({"inducing_init": "grid"}, X_BAD, ValueError, "inducing_init must be one of"),
+    ({"inducing_init": "grid"}, X_BAD, ValueError, r"inducing_init must be one of \['ivm', 'kmeans\+\+', 'random'\]"),
+    ({"inducing_init": "ivm", "n_inducing": 21}, X_BAD, ValueError, "n_inducing must be <= n_samples = 20"),
+    ({"inducing_init": "ivm", "n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
+    ({"inducing_init": "ivm", "n_inducing": None}, X_BAD, TypeError, "n_inducing must be an integer"),
     ({"approximation": "vfe"}, X_BAD, ValueError, "approximation must be one of"),
     ({"power": 0.0}, X_BAD, ValueError, "power must be in"),
     ({"power": 1.5}, X_BAD, ValueError, "power must be in"),
@@ -245,7 +318,8 @@ X_BAD, Y_BAD, _ = toy(20, seed=13)
     ({"learn_inducing": "yes"}, X_BAD, TypeError, "learn_inducing must be a bool"),
     ({"likelihood": fastep.Step(), "power": 0.5}, X_BAD, ValueError, "pointwise log density"),
     ({"learn_likelihood": True, "power": 0.5}, X_BAD, ValueError, "power < 1"),
-    ({"kernel": MLP(), "optimizer": "L-BFGS-B"}, X_BAD, TypeError, "cannot be used to learn a sparse GP"),
+    ({"kernel": NoSparseGradients(), "optimizer": "L-BFGS-B"}, X_BAD, TypeError,
+     "cannot be used to learn a sparse GP"),
     ({}, np.where(np.arange(40).reshape(20, 2) == 3, np.nan, 1.0), ValueError, "X must be finite"),
 ])
 def test_bad_input_raises_naming_the_argument_and_changes_nothing(params, X, exc, message):

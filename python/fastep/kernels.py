@@ -79,8 +79,9 @@ diagonal: ``kernel.cross_gradient_iter(Z, X)`` yields ∂K(Z, X)/∂θ_i one (m,
 time, ``kernel.diag_gradient(X)`` is the (n, n_theta) array of ∂k(x_i, x_i)/∂θ_j, and
 ``kernel.input_gradient(Z, X, W)`` is the (m, d) gradient of Σ_ij W_ij k(z_i, x_j) with respect
 to Z (X fixed): for RBF/RBFARD ``G_i = -γ a ∘ Σ_j W_ij k(z_i, x_j) (z_i - x_j)``, for
-Linear/LinearARD ``G = v (W X) A``, zero for White and Bias, and by the sum and product rules
-for composites. MLP and MLPARD do not provide them (``NotImplementedError``).
+Linear/LinearARD ``G = v (W X) A``, for MLP/MLPARD ``G_i = w A Σ_j R_ij (x_j - (a_ij/d_i) z_i)``
+with ``R = (2/π) v W / sqrt(N)`` (notation of ``MLP``), zero for White and Bias, and by the sum
+and product rules for composites. Every kernel here provides all three.
 
 Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
 takes numpy's syrk path and is exactly symmetric), after subtracting the mean
@@ -520,8 +521,8 @@ class Kernel:
 
         Returns an (n_x, d) array ``G[i] = Σ_j weights_ij ∂k(x_i, y_j)/∂x_i``. For the gradient of
         ``Σ_ij W_ij k(z_i, z_j)`` with respect to Z (both arguments moving) pass ``Y = Z`` and
-        ``W + Wᵀ``. Available for Linear, LinearARD, RBF, RBFARD, White, Bias and their sums and
-        products (``NotImplementedError`` otherwise).
+        ``W + Wᵀ``. Available for every kernel of this module and their sums and products
+        (``NotImplementedError`` for a user-defined kernel that does not implement it).
         """
         X, Y = self._validate_pair(X, Y)
         W = _v.as_float_matrix(weights, "weights", min_rows=0, min_cols=0)
@@ -1223,7 +1224,14 @@ class MLP(_Leaf):
       T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g  (T_y likewise),
 
     from d asin z = [da - (a/2)(dd/d + de/e)] / sqrt(N), arranged so that the
-    diagonal has no cancellation.
+    diagonal has no cancellation. The same formulas, with d for the rows of X and e for
+    those of Y, give ∂K(X, Y)/∂θ (``cross_gradient_iter``). For sparse GPs also
+
+    * ∂k(x, x)/∂θ (``diag_gradient``): with s = w|x|² + b, k(x, x) = (2/π) v asin(s/(s + 1))
+      and d asin(s/(s + 1))/ds = 1/((s + 1) sqrt(2s + 1)), so ∂/∂v = (2/π) asin(s/(s + 1)),
+      ∂/∂w = q |x|², ∂/∂b = q, ∂/∂α_g = q w |x_g|² with q = (2/π) v / ((s + 1) sqrt(2s + 1));
+    * ∂k(x, y)/∂x (``input_gradient``) = (2/π) v w A (y - (a/d) x) / sqrt(N) (e does not
+      depend on x).
     """
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
@@ -1365,6 +1373,100 @@ class MLP(_Leaf):
             g = M + M.T
             g *= Q
             yield g
+    # ---- sparse-GP derivatives (cross-covariance, diagonal, inputs) ---------------------------
+    def _input_scales(self, d):
+        """Per-column factor of A (all ones without ARD)."""
+        return self._column_scales() if self._has_scales else np.ones(d)
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        # The class docstring's formulas with separate d (rows, X) and e (columns, Y).
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, nx, ny, d, e, root = self._parts(X, Y)
+        a = P * w
+        a += b
+        Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
+        Q /= 2.0 * np.multiply.outer(d, e)         # ... / (2 d e)
+        for name, j in pairs:
+            if name == "variance":
+                g = np.arctan2(a, root)
+                g *= _TWO_OVER_PI
+                yield g
+                continue
+            if name == "weight_variance":           # e (P + b (P - |x|²)) + d (P + b (P - |y|²))
+                g = P - nx[:, None]
+                g *= b
+                g += P
+                g *= e[None, :]
+                t = P - ny[None, :]
+                t *= b
+                t += P
+                t *= d[:, None]
+            elif name == "bias_variance":           # d (1 + w (|y|² - P)) + e (1 + w (|x|² - P))
+                g = ny[None, :] - P
+                g *= w
+                g += 1.0
+                g *= d[:, None]
+                t = nx[:, None] - P
+                t *= w
+                t += 1.0
+                t *= e[None, :]
+            else:                                   # w (e T_x + d T_y), raw columns of group j
+                cols = self._columns_of(j)
+                Xg = np.ascontiguousarray(X[:, cols])
+                Yg = np.ascontiguousarray(Y[:, cols])
+                Pg = _gram(Xg, Yg)
+                nxg, nyg = _row_sq_norms(Xg), _row_sq_norms(Yg)
+                g = Pg * nx[:, None]                # T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g
+                g -= P * nxg[:, None]
+                g *= w
+                g += b * (Pg - nxg[:, None])
+                g += Pg
+                g *= e[None, :]
+                t = Pg * ny[None, :]                # T_y likewise
+                t -= P * nyg[None, :]
+                t *= w
+                t += b * (Pg - nyg[None, :])
+                t += Pg
+                t *= d[:, None]
+                t *= w
+                g *= w
+            g += t
+            del t
+            g *= Q
+            yield g
+
+    def _diag_grads_constrained(self, X, pairs):
+        # k(x, x) = (2/π) v asin(s/(s + 1)), s = w |x|² + b: d asin/ds = 1/((s + 1) sqrt(2s + 1))
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        n = _row_sq_norms(self._scaled(X))
+        s = w * n + b
+        r = np.sqrt(2.0 * s + 1.0)
+        q = (_TWO_OVER_PI * v) / ((s + 1.0) * r)
+        for name, j in pairs:
+            if name == "variance":
+                yield _TWO_OVER_PI * np.arctan2(s, r)
+            elif name == "weight_variance":
+                yield q * n
+            elif name == "bias_variance":
+                yield q.copy()
+            else:
+                yield q * (w * _row_sq_norms(X[:, self._columns_of(j)]))
+
+    def _input_grad(self, X, Y, W):
+        # ∂k(x, y)/∂x = (2/π) v w A (y - (a/d) x) / sqrt(N)  (e does not depend on x)
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, _, _, d, _, root = self._parts(X, Y)
+        R = W / root
+        R *= _TWO_OVER_PI * v
+        a = P
+        a *= w
+        a += b
+        c = np.einsum("ij,ij->i", R, a)
+        c /= d
+        G = R @ Y
+        G -= c[:, None] * X
+        G *= w * self._input_scales(X.shape[1])
+        return G
 
 
 class MLPARD(_ARDMixin, MLP):

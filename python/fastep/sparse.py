@@ -68,6 +68,7 @@ from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, lik
 from ._optimize import maximize_log_likelihood
 from ._threading import _get_controller
 from .exceptions import ConvergenceWarning
+from .ivm import IVMClassifier, IVMRegressor
 from .kernels import RBF, Kernel
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
@@ -77,6 +78,7 @@ _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARS
 _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
 _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
+_INDUCING_INITS = ("kmeans++", "random", "ivm")
 _PREDICT_BATCH = 4096
 #: Columns (training points) per block of the gradient computation.
 _GRADIENT_BLOCK_ELEMENTS = 1 << 21
@@ -364,40 +366,48 @@ class _SparseGPBase(BaseEstimator):
             raise TypeError(f"kernel must be a fastep.kernels.Kernel, got {type(kernel).__name__}")
         return kernel
 
-    def _check_kernel_gradients(self, kernel, X, Z, learn_inducing):
-        """The kernel must provide the sparse derivatives the optimiser will need."""
+    def _check_kernel_gradients(self, kernel, X, learn_inducing):
+        """The kernel must provide the sparse derivatives the optimiser will need (tried on one row of X)."""
         if self.optimizer is None:
             return
+        x = X[:1]
         try:
-            list(kernel.cross_gradient_iter(Z[:1], X[:1]))
-            kernel.diag_gradient(X[:1])
+            list(kernel.cross_gradient_iter(x, x))
+            kernel.diag_gradient(x)
             if learn_inducing:
-                kernel.input_gradient(Z[:1], X[:1], np.ones((1, 1)))
+                kernel.input_gradient(x, x, np.ones((1, 1)))
         except NotImplementedError as exc:
             raise TypeError(f"kernel {kernel!r} cannot be used to learn a sparse GP: {exc} (use "
                             "optimizer=None, or learn_inducing=False if only input gradients are missing)"
                             ) from None
 
-    def _inducing_inputs(self, X, options):
-        """Initial inducing inputs from ``inducing_init`` / ``n_inducing`` (validated)."""
+    def _inducing_inputs(self, X, options, kernel, likelihood, targets):
+        """Initial inducing inputs from ``inducing_init`` / ``n_inducing`` (validated), one array per
+        problem of ``targets`` (the same array except for ``'ivm'``, which selects per problem)."""
         n, dim = X.shape
         init = self.inducing_init
         if isinstance(init, str):
-            v.check_choice(init, "inducing_init", ("kmeans++", "random"))
+            v.check_choice(init, "inducing_init", _INDUCING_INITS)
             m = v.check_int(self.n_inducing, "n_inducing", minimum=1)
             if m > n:
                 raise ValueError(f"n_inducing must be <= n_samples = {n}, got {m}")
+            if init == "ivm":
+                seed = options["seed"]
+                return [np.ascontiguousarray(X[self._ivm_active_set(X, t, kernel, likelihood, m, seed)])
+                        for t in targets]
             rng = np.random.default_rng(options["seed"])
             if init == "random":
-                return np.ascontiguousarray(X[np.sort(rng.choice(n, size=m, replace=False))])
-            return np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
+                Z = np.ascontiguousarray(X[np.sort(rng.choice(n, size=m, replace=False))])
+            else:
+                Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
+            return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
         if Z.shape[1] != dim:
             raise ValueError(f"inducing_init must have {dim} columns (the number of features of X), got "
                              f"{Z.shape[1]}")
         if Z.shape[0] > n:
             raise ValueError(f"inducing_init must have at most n_samples = {n} rows, got {Z.shape[0]}")
-        return Z.copy()
+        return [Z.copy()] * len(targets)
 
     def _fit_binary(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters (and Z) if asked."""
@@ -502,9 +512,18 @@ _COMMON_PARAMS = """
         (Titsias) bound. For α < 1 the likelihood needs a pointwise log density (probit with a
         finite slope, logistic, Gaussian); non-Gaussian sites then use Gauss-Hermite quadrature
         with ``n_quadrature`` nodes.
-    inducing_init : {'kmeans++', 'random'} or array-like (m, n_features), default 'kmeans++'
+    inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
         Seeded k-means++ (seeding plus 10 Lloyd steps), a seeded random subset of the training
-        inputs, or explicit inducing inputs (then ``n_inducing`` is ignored).
+        inputs, the active set of an IVM selection, or explicit inducing inputs (then
+        ``n_inducing`` is ignored). ``'ivm'`` takes the m training inputs that the Informative
+        Vector Machine includes greedily (Lawrence, Seeger & Herbrich 2005, §2, Algorithm 1),
+        each maximising the entropy reduction of the ADF posterior (eq 26), under the
+        estimator's initial kernel and likelihood held fixed: :class:`fastep.IVMClassifier` /
+        :class:`fastep.IVMRegressor` with ``active_set_size=n_inducing``, ``optimizer=None``
+        (no hyperparameter learning) and, for regression, the initial ``noise_variance`` and
+        bias 0. Rows are in inclusion order. One-vs-rest, each binary problem starts from its
+        own selection. Cost O(m² n) time, O(m n) memory per problem; the kernel must have a
+        positive diagonal on X.
     learn_inducing : bool, default True
         Learn the inducing inputs with the hyperparameters (exact gradient).
     schedule : {'sequential', 'parallel'}, default 'sequential'
@@ -546,8 +565,8 @@ class SparseGPClassifier(_SparseGPBase):
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
         Must provide ``cross_gradient_iter``/``diag_gradient`` (and ``input_gradient`` to learn
-        Z) when an optimiser is used: Linear, RBF and their ARD variants, White, Bias, sums and
-        products.
+        Z) when an optimiser is used: every kernel of :mod:`fastep.kernels` (Linear, RBF, MLP
+        and their ARD variants, White, Bias, sums and products) does.
     likelihood : Probit, Step or Logistic, default Probit()
     """ + _COMMON_PARAMS + """    learn_likelihood : bool, default False
         Also learn the likelihood's parameters (as the dense classifier; power = 1 only).
@@ -590,6 +609,13 @@ class SparseGPClassifier(_SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
+    @staticmethod
+    def _ivm_active_set(X, target, kernel, likelihood, m, seed):
+        """Active set of a binary IVM selection at fixed kernel and likelihood (``inducing_init='ivm'``)."""
+        ivm = IVMClassifier(kernel, likelihood, active_set_size=m, criterion="entropy", optimizer=None,
+                            n_iterations=0, random_state=seed).fit(X, target)
+        return ivm.active_set_
+
     def _likelihood(self):
         lik = Probit() if self.likelihood is None else self.likelihood
         if not isinstance(lik, (Probit, Step, Logistic)):
@@ -610,14 +636,14 @@ class SparseGPClassifier(_SparseGPBase):
         X, y = v.check_X_y(X, y)
         kernel._validate_X(X, "X")
         classes, targets = v.encode_one_vs_rest_labels(y)
-        Z = self._inducing_inputs(X, options)
-        self._check_kernel_gradients(kernel, X, Z, bool(self.learn_inducing))
+        self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
         if options["power"] < 1.0:
             # the same check as the engine, before any work: a pointwise log density is needed
             _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
                                         power=options["power"], n_quadrature=options["n_quadrature"])
+        Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
         problems = [self._fit_binary(X, t, Z, kernel, likelihood, options, bool(self.learn_likelihood))
-                    for t in targets]
+                    for t, Z in zip(targets, Zs)]
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
@@ -726,6 +752,17 @@ class SparseGPRegressor(_SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
+    @staticmethod
+    def _ivm_active_set(X, y, kernel, likelihood, m, seed):
+        """Active set of an IVM regression selection at fixed kernel and noise (``inducing_init='ivm'``).
+
+        The bias is 0, the sparse model's prior mean (the entropy score of Gaussian sites does not
+        depend on y anyway)."""
+        ivm = IVMRegressor(kernel, noise_variance=likelihood.noise_variance, bias=0.0, learn_noise=False,
+                           active_set_size=m, criterion="entropy", optimizer=None, n_iterations=0,
+                           random_state=seed).fit(X, y)
+        return ivm.active_set_
+
     def fit(self, X, y):
         """Fit the posterior (and hyperparameters and Z unless ``optimizer=None``); returns self."""
         options = self._engine_options()
@@ -735,10 +772,10 @@ class SparseGPRegressor(_SparseGPBase):
             raise TypeError(f"learn_noise must be a bool, got {type(self.learn_noise).__name__}")
         X, y = v.check_X_y(X, y, y_numeric=True)
         kernel._validate_X(X, "X")
-        Z = self._inducing_inputs(X, options)
-        self._check_kernel_gradients(kernel, X, Z, bool(self.learn_inducing))
+        self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
         if self.learn_noise:
             _check_likelihood_learnable_with_power(likelihood, options["power"])
+        (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
         problem = self._fit_binary(X, y, Z, kernel, likelihood, options, bool(self.learn_noise))
         self._set_fitted(X, [problem])
         self.noise_variance_ = float(problem.likelihood.noise_variance)
