@@ -12,6 +12,7 @@ cdef struct TiltedMoments:
     double eu2      # E[u_j²], eqs (18), (20)
     double ev2      # E[v_j²], eqs (19), (21)
     double t        # E[a/(a + λ²)] under the tilted λ, a = ν/ξ: E[u²] = 2ν(1 - t), E[v²] = 2ξt
+    double r        # E[λ²/(λ² + η)]: E[w] = r m; the posterior relevance (1 - shrinkage) of feature j
 
 cdef enum HorseshoeStatus:
     HS_OK = 0

@@ -97,7 +97,7 @@ cdef int tilted_moments_one(double m, double eta, double nu, double xi,
     cdef bint a_ok
     if not (isfinite(m) and isfinite(eta) and eta > 0.0 and isfinite(nu) and nu > 0.0
             and isfinite(xi) and xi > 0.0):
-        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN
+        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN; out.r = NAN
         return HS_BAD_CAVITY
     log_a = log(nu) - log(xi)
     hla = 0.5 * log_a
@@ -176,7 +176,7 @@ cdef int tilted_moments_one(double m, double eta, double nu, double xi,
         St += f * t_fac
         Somt += f * omt_fac
     if not (S0 > 0.0 and isfinite(S0)):
-        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN
+        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN; out.r = NAN
         return HS_ZERO_MASS
     mean_dr = S1 / S0
     var_r = S2 / S0 - mean_dr * mean_dr
@@ -184,6 +184,7 @@ cdef int tilted_moments_one(double m, double eta, double nu, double xi,
         var_r = 0.0
     er_r = r0 + mean_dr
     out.log_s = log(S0) + g_ref - HS_LOG_SQRT_2PI + HS_LOG_2_OVER_PI
+    out.r = er_r
     out.mean = m * er_r
     out.var = eta * er_r + m * m * var_r
     out.t = St / S0
@@ -283,7 +284,7 @@ cdef void _site_range(const double* mean, const double* var, const double* var_u
                       const double* pi_w, const double* h_w, const double* pi_u, const double* pi_v,
                       double* out, int* status, Py_ssize_t d, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     # out rows: 0 target pi_w, 1 target h_w, 2 target pi_u, 3 target pi_v, 4 log Z'_j,
-    #           5 residual_j, 6 cav_mean, 7 cav_var, 8 cav_nu, 9 cav_xi
+    #           5 residual_j, 6 cav_mean, 7 cav_var, 8 cav_nu, 9 cav_xi, 10 E[r] (relevance)
     cdef TiltedMoments tm
     cdef Py_ssize_t j
     cdef double cp, eta, mc, nu, xi, tpw, thw, tpu, tpv, res, r
@@ -304,8 +305,9 @@ cdef void _site_range(const double* mean, const double* var, const double* var_u
         status[j] = st
         if st != HS_OK:
             out[j] = NAN; out[d + j] = NAN; out[2 * d + j] = NAN; out[3 * d + j] = NAN
-            out[4 * d + j] = NAN; out[5 * d + j] = NAN
+            out[4 * d + j] = NAN; out[5 * d + j] = NAN; out[10 * d + j] = NAN
             continue
+        out[10 * d + j] = tm.r
         tpw = 1.0 / tm.var - 1.0 / eta                 # eq (22)
         thw = tm.mean / tm.var - mc / eta              # eq (23)
         tpu = 1.0 / tm.eu2 - 1.0 / nu                  # eq (24)
@@ -344,10 +346,11 @@ def site_step(mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *, n_threads=None)
 
     Returns
     -------
-    out : ndarray (10, d)
+    out : ndarray (11, d)
         Rows: target ``pi_w``, ``h_w``, ``pi_u``, ``pi_v``; ``log Z̃'_j`` (eq 26 for the
         current sites without the ``m̃²/η̃`` term, which cancels in eq 27); the scaled
-        residual ``max(|Δπ_w|η, |Δh_w|√η, |Δπ_u|ν, |Δπ_v|ξ)``; the cavity ``m, η, ν, ξ``.
+        residual ``max(|Δπ_w|η, |Δh_w|√η, |Δπ_u|ν, |Δπ_v|ξ)``; the cavity ``m, η, ν, ξ``;
+        the tilted ``E[λ²/(λ² + η)]`` (the relevance of feature j: ``E[w_j] = r_j m_j``).
     n_bad : int
         Number of features whose cavity was improper (their rows 0-5 are NaN).
     """
@@ -356,7 +359,7 @@ def site_step(mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *, n_threads=None)
     cdef const double[::1] a2 = _vec(var_u, d, "var_u"), a3 = _vec(var_v, d, "var_v")
     cdef const double[::1] a4 = _vec(pi_w, d, "pi_w"), a5 = _vec(h_w, d, "h_w")
     cdef const double[::1] a6 = _vec(pi_u, d, "pi_u"), a7 = _vec(pi_v, d, "pi_v")
-    out = np.empty((10, d))
+    out = np.empty((11, d))
     cdef double[:, ::1] o = out
     cdef int[::1] status = np.zeros(max(d, 1), dtype=np.intc)
     cdef Py_ssize_t c, n_chunks = (d + CHUNK - 1) // CHUNK

@@ -315,7 +315,7 @@ def _state(X, y, sigma2, rho2, gamma2, P, D, sites):
 
 
 def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping_decay=0.99,
-           min_damping=0.0, tol=1e-8, max_iter=1000, max_halvings=30):
+           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30):
     """Parallel EP with damping for one task (supplement §1).
 
     Each iteration computes all marginals (eqs 2-13), all cavities (eq 14), the tilted
