@@ -14,6 +14,9 @@ fastep.kernels
     Covariance functions with exact gradients.
 RankKEP
     Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3).
+HorseshoeRegression, MultiTaskHorseshoeRegression
+    Sparse linear regression with horseshoe priors by parallel EP, with feature-selection
+    dependencies learnt across tasks (Hernández-Lobato & Hernández-Lobato).
 fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
@@ -28,6 +31,7 @@ from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
 from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .multioutput import RankKEP
@@ -43,4 +47,5 @@ __all__ = [
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
+    "HorseshoeRegression", "MultiTaskHorseshoeRegression",
 ]

@@ -112,9 +112,18 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         rr = float(resid @ resid)
         log_z = (-0.5 * n * np.log(2 * np.pi * sigma2) + 0.5 * d * _LOG_2PI - np.sum(np.log(np.diag(L)))
                  - 0.5 * rr / sigma2 - 0.5 * float(mean @ (pi * mean)) + float(h @ mean))
-        tr_xvx = float(np.sum(V * task.XtX))
+        VXtX = np.einsum("ij,ij->i", V, task.XtX)
+        tr_xvx = float(np.sum(VXtX))
         grad = (rr + tr_xvx) / (2 * sigma2 ** 2) - n / (2 * sigma2)
-        out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad)}
+        # cavities (eq 14) without forming 1/V_jj - π_j: 1 - π_j V_jj = (V XᵀX)_jj/σ² =: e_j,
+        # cavity precision e_j/V_jj, cavity mean (μ_j - V_jj h_j)/e_j
+        e = VXtX / sigma2
+        V_off = V.copy()
+        V_off[np.diag_indices(d)] = 0.0
+        cav_prec = e / var
+        cav_mean = (V @ task.Xty / sigma2 + V_off @ h) / e
+        out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad),
+               "cav_prec": cav_prec, "cav_mean": cav_mean}
         if keep_factors:
             out["factors"] = ("dense", V)
         return out
@@ -136,7 +145,7 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
     m_b = h * inv_pi_b                                                 # prior means of B features
     r0 = task.y - X @ m_b
     alpha = sla.solve_triangular(L, r0, lower=True, check_finite=False)
-    var = inv_pi_b - w_sq * inv_pi_b ** 2                              # diag A_B⁻¹ (0 on S)
+    var = inv_pi_b * (1.0 - w_sq * inv_pi_b)                           # diag A_B⁻¹ (0 on S)
     log_z = (0.5 * (d - k) * _LOG_2PI + 0.5 * np.sum(np.log(pi[~in_s])) * -1.0
              + 0.5 * float(np.sum(h * m_b)) - 0.5 * n * _LOG_2PI - np.sum(np.log(np.diag(L))))
     if k:
@@ -151,7 +160,8 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         beta = alpha - WS @ mu_s
         # V_BB correction: diag(G Q⁻¹ Gᵀ), G = Π_B⁻¹ W_Bᵀ W_S
         T = sla.solve_triangular(LQ, WS.T @ W, lower=True, check_finite=False)   # (k, d)
-        var += np.einsum("ij,ij->j", T, T) * inv_pi_b ** 2
+        e = w_sq - np.einsum("ij,ij->j", T, T)
+        var = inv_pi_b * (1.0 - e * inv_pi_b)
         LQinv = sla.solve_triangular(LQ, np.eye(k), lower=True, check_finite=False)
         var[S] = np.einsum("ij,ij->j", LQinv, LQinv)
         # -½‖α‖² + ½ b_SᵀQ⁻¹b_S = -½‖β‖² - ½ μ_SᵀΠ_Sμ_S + h_Sᵀμ_S (no cancellation)
@@ -159,10 +169,20 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
                   - 0.5 * float(mu_s @ (pi[S] * mu_s)) + float(h[S] @ mu_s))
     else:
         beta = alpha
+        e = w_sq
         log_z += -0.5 * float(beta @ beta)
-    mean = m_b + (W.T @ beta) * inv_pi_b
+    Wb = W.T @ beta
+    mean = m_b + Wb * inv_pi_b
+    # cavities (eq 14) for B without the cancellation of 1/V_jj - π_j: with
+    # V_jj = (1 - e_j/π_j)/π_j, the cavity precision is e_j/(1 - e_j/π_j) and the cavity
+    # mean m_B,j + (Wᵀβ)_j/e_j
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cav_prec = e / (1.0 - e * inv_pi_b)
+        cav_mean = m_b + Wb / e
     if k:
         mean[S] = mu_s
+        cav_prec[S] = 1.0 / var[S] - pi[S]
+        cav_mean[S] = (mu_s / var[S] - h[S]) / cav_prec[S]
     # σ² gradient: -½tr M_B⁻¹ + ½‖M_B⁻¹(r₀ - X_Sμ_S)‖² + ½tr(Q⁻¹ X_Sᵀ M_B⁻² X_S)
     Linv = sla.solve_triangular(L, np.eye(n), lower=True, check_finite=False)
     Mb = Linv.T @ beta                                                 # M_B⁻¹(r₀ - X_Sμ_S)
@@ -171,7 +191,8 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         Zs = Linv.T @ WS                                               # M_B⁻¹ X_S  (n, k)
         Y = sla.solve_triangular(LQ, Zs.T, lower=True, check_finite=False)
         grad += 0.5 * float(np.sum(Y * Y))
-    out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad)}
+    out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad),
+           "cav_prec": cav_prec, "cav_mean": cav_mean}
     if keep_factors:
         out["factors"] = ("split", in_s, inv_pi_b, L, WS if k else None, LQ if k else None)
     return out
@@ -215,7 +236,7 @@ def latent_marginals(cf, scale2, pi, *, gradients=False):
     if cf.m == 0:
         var = G
         log_z = -0.5 * float(np.sum(np.log(g)))
-        out = {"var": var, "log_z": log_z}
+        out = {"var": var, "log_z": log_z, "cav_var": scale2 * cf.a}      # cavity = prior marginal
         if gradients:
             out["grad_scale2"] = -float(var @ pi) / (2.0 * scale2)
             out["grad_P"] = np.zeros_like(cf.P)
@@ -229,7 +250,15 @@ def latent_marginals(cf, scale2, pi, *, gradients=False):
     T = sla.solve_triangular(R, Lm.T, lower=True, check_finite=False)   # R⁻¹Lᵀ (m, d)
     var = G + np.einsum("ij,ij->j", T, T)
     log_z = -0.5 * float(np.sum(np.log(g))) - float(np.sum(np.log(np.diag(R))))
-    out = {"var": var, "log_z": log_z}
+    # cavity (eq 14) without 1/V_jj - π_j: u_j = ρ(√a_j z_j + U_j ζ) with ζ ~ N(0, I_m) and the
+    # other sites acting on ζ only, so ν_j = scale2 (a_j + U_j M_{-j}⁻¹ U_jᵀ) with
+    # M_{-j} = M - c_j U_jᵀU_j, c_j = scale2 π_j/g_j: by Sherman-Morrison
+    # U_j M_{-j}⁻¹ U_jᵀ = s_j/(1 - c_j s_j), s_j = U_j M⁻¹ U_jᵀ, and 1 - c_j s_j >= 1/(1 + ‖P_j‖²/D_j).
+    sj = np.einsum("ij,ij->j", T, T) * g * g / scale2
+    cj = scale2 * pi / g
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cav_var = scale2 * (cf.a + sj / (1.0 - cj * sj))
+    out = {"var": var, "log_z": log_z, "cav_var": cav_var}
     if gradients:
         out["grad_scale2"] = -float(var @ pi) / (2.0 * scale2)
         Zp = (pi * cf.delta)[:, None] * cf.P                          # ΠΔP
@@ -253,17 +282,20 @@ def _marginals(task, sigma2, rho2, gamma2, cf, sites, *, gradients=False, keep_f
     vm = latent_marginals(cf, gamma2, sites["pi_v"], gradients=gradients)
     if vm is None:
         return None
-    # every cavity (eq 14) must be proper
-    if not (np.all(wm["var"] > 0) and np.all(1.0 / wm["var"] > sites["pi_w"])
-            and np.all(um["var"] > 0) and np.all(1.0 / um["var"] > sites["pi_u"])
-            and np.all(vm["var"] > 0) and np.all(1.0 / vm["var"] > sites["pi_v"])
+    # every marginal and cavity (eq 14) must be proper
+    cav_prec = wm["cav_prec"]
+    if not (np.all(wm["var"] > 0) and np.all(um["var"] > 0) and np.all(vm["var"] > 0)
+            and np.all(cav_prec > 0) and np.all(np.isfinite(cav_prec)) and np.all(np.isfinite(wm["cav_mean"]))
+            and np.all(um["cav_var"] > 0) and np.all(np.isfinite(um["cav_var"]))
+            and np.all(vm["cav_var"] > 0) and np.all(np.isfinite(vm["cav_var"]))
             and np.all(np.isfinite(wm["mean"]))):
         return None
-    return {"w": wm, "u": um, "v": vm}
+    return {"w": wm, "u": um, "v": vm, "cav_var": 1.0 / cav_prec}
 
 
 def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_decay=0.99,
-                min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, n_threads=None):
+                min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
+                n_threads=None):
     """Parallel damped EP for one task (supplement §1); the sites are updated in place.
 
     Iteration ``k`` (from 0): marginals (eqs 2-13) → cavities, tilted moments and target
@@ -271,21 +303,33 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     ``ε_k = max(damping · damping_decay^k, min_damping)`` towards its target in natural
     parameters (``g̃ ← g̃_new^ε g̃_old^{1-ε}``; the supplement's schedule is 0.5 and 1%).
 
-    Negative site variances are accepted when the resulting state is valid (posterior
-    proper and every cavity variance positive); otherwise the step is halved up to
-    ``max_halvings`` times, after which EP stops (``status='stuck'``).
+    Negative site variances. u- and v-sites: accepted (eqs 18-21 make one of the two
+    negative for almost every feature). w-sites: ``negative_precision='clip'`` (default)
+    replaces a negative target precision by 0 (a flat site) with the mean still matched;
+    ``'allow'`` keeps it. Allowing them is exact EP but unstable when many features are
+    ambiguous (bimodal tilted w): the negative sites make the posterior nearly improper
+    along some direction, other features' cavity variances blow up and the iteration
+    diverges (seen at small σ² with n = 60, d = 200). In both cases a step is accepted only
+    if the new state is valid (posterior proper, every cavity variance positive); otherwise
+    it is halved up to ``max_halvings`` times, after which EP stops (``status='stuck'``).
+    The evidence gradient is exact at fixed points where no w-site is clipped (``n_clipped``).
 
-    Converged when the largest scaled site residual
-    ``max_j max(|Δπ_w|η, |Δh_w|√η, |Δπ_u|ν, |Δπ_v|ξ)`` (target minus current, undamped) is
-    below ``tol``.
+    Converged when the largest scaled site residual (target minus current, undamped)
+    ``max_j max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)``, ``p_w = 1/η + |π_w|``,
+    ``p_u = 1/ν + |π_u|``, ``p_v = 1/ξ + |π_v|`` (relative changes of the marginals; a
+    plain ``|Δπ|η`` stalls at rounding level for the huge v-site precisions of relevant
+    features under strong global shrinkage) is below ``tol``.
 
     Returns
     -------
     dict with ``converged``, ``status`` ('converged', 'max_iter', 'stuck'), ``n_iter``,
-    ``residual``, ``state`` (marginals with gradients and prediction factors) and ``site``
+    ``residual``, ``n_clipped`` (w-site targets clipped in the last iteration), ``state`` (marginals with gradients and prediction factors) and ``site``
     (the last :func:`fastep._epcore.horseshoe.site_step` output, evaluated at ``state``).
     Raises ``ValueError`` if the starting sites are not valid.
     """
+    if negative_precision not in ("clip", "allow"):
+        raise ValueError(f"negative_precision must be 'clip' or 'allow', got {negative_precision!r}")
+    clip = negative_precision == "clip"
     state = _marginals(task, sigma2, rho2, gamma2, cf, sites)
     if state is None:
         raise ValueError("the starting sites give an improper posterior or cavity")
@@ -293,9 +337,10 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     it = 0
     residual = np.inf
     while True:
-        out, n_bad = _core.site_step(state["w"]["mean"], state["w"]["var"], state["u"]["var"],
-                                     state["v"]["var"], sites["pi_w"], sites["h_w"], sites["pi_u"],
-                                     sites["pi_v"], n_threads=n_threads)
+        out, n_bad, n_clipped = _core.site_step(
+            state["w"]["cav_mean"], state["cav_var"], state["u"]["cav_var"], state["v"]["cav_var"],
+            state["w"]["mean"], state["w"]["var"], state["u"]["var"], state["v"]["var"], sites["pi_w"],
+            sites["h_w"], sites["pi_u"], sites["pi_v"], clip_w=clip, n_threads=n_threads)
         if n_bad:  # cannot happen for a validated state; never continue with NaN
             raise FloatingPointError("EP produced an improper cavity; this is a bug, please report it")
         residual = float(np.max(out[5])) if task.d else 0.0
@@ -322,4 +367,4 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     final = _marginals(task, sigma2, rho2, gamma2, cf, sites, gradients=True, keep_factors=True)
     log_z = float(np.sum(out[4]) + final["w"]["log_z"] + final["u"]["log_z"] + final["v"]["log_z"])
     return {"converged": status == "converged", "status": status, "n_iter": it, "residual": residual,
-            "state": final, "site": out, "log_z": log_z}
+            "state": final, "site": out, "log_z": log_z, "n_clipped": n_clipped}

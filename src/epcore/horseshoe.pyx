@@ -280,36 +280,37 @@ cdef void _moments_range(const double[::1] mv, const double[::1] ev, const doubl
         o[3, j] = tm.eu2; o[4, j] = tm.ev2; o[5, j] = tm.t
 
 
-cdef void _site_range(const double* mean, const double* var, const double* var_u, const double* var_v,
-                      const double* pi_w, const double* h_w, const double* pi_u, const double* pi_v,
-                      double* out, int* status, Py_ssize_t d, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+cdef void _site_range(const double* cav_mean, const double* cav_var, const double* cav_nu,
+                      const double* cav_xi, const double* mean, const double* var, const double* var_u,
+                      const double* var_v, const double* pi_w, const double* h_w, const double* pi_u,
+                      const double* pi_v, double* out, int* status, Py_ssize_t d, Py_ssize_t start,
+                      Py_ssize_t end, bint clip_w) noexcept nogil:
     # out rows: 0 target pi_w, 1 target h_w, 2 target pi_u, 3 target pi_v, 4 log Z'_j,
-    #           5 residual_j, 6 cav_mean, 7 cav_var, 8 cav_nu, 9 cav_xi, 10 E[r] (relevance)
+    #           5 residual_j, 6 E[r] (relevance)
     cdef TiltedMoments tm
     cdef Py_ssize_t j
-    cdef double cp, eta, mc, nu, xi, tpw, thw, tpu, tpv, res, r
+    cdef double eta, mc, nu, xi, tpw, thw, tpu, tpv, res, r
     cdef int st
     for j in range(start, end):
-        cp = 1.0 / var[j] - pi_w[j]
-        eta = 1.0 / cp if cp > 0.0 else NAN
-        mc = eta * (mean[j] / var[j] - h_w[j])
-        cp = 1.0 / var_u[j] - pi_u[j]
-        nu = 1.0 / cp if cp > 0.0 else NAN
-        cp = 1.0 / var_v[j] - pi_v[j]
-        xi = 1.0 / cp if cp > 0.0 else NAN
-        out[6 * d + j] = mc
-        out[7 * d + j] = eta
-        out[8 * d + j] = nu
-        out[9 * d + j] = xi
+        mc = cav_mean[j]
+        eta = cav_var[j]
+        nu = cav_nu[j]
+        xi = cav_xi[j]
         st = tilted_moments_one(mc, eta, nu, xi, &tm)
+        if st == HS_OK and not (var[j] > 0.0 and var_u[j] > 0.0 and var_v[j] > 0.0 and isfinite(mean[j])):
+            st = HS_BAD_CAVITY
         status[j] = st
         if st != HS_OK:
             out[j] = NAN; out[d + j] = NAN; out[2 * d + j] = NAN; out[3 * d + j] = NAN
-            out[4 * d + j] = NAN; out[5 * d + j] = NAN; out[10 * d + j] = NAN
+            out[4 * d + j] = NAN; out[5 * d + j] = NAN; out[6 * d + j] = NAN
             continue
-        out[10 * d + j] = tm.r
         tpw = 1.0 / tm.var - 1.0 / eta                 # eq (22)
         thw = tm.mean / tm.var - mc / eta              # eq (23)
+        if clip_w and tpw < 0.0:
+            # policy 'clip': a flat site instead of a negative precision, mean still matched
+            tpw = 0.0
+            thw = (tm.mean - mc) / eta
+            status[j] = -1
         tpu = 1.0 / tm.eu2 - 1.0 / nu                  # eq (24)
         tpv = 1.0 / tm.ev2 - 1.0 / xi                  # eq (25)
         out[j] = tpw
@@ -319,61 +320,79 @@ cdef void _site_range(const double* mean, const double* var, const double* var_u
         # log Z'_j (eq 26 for the current sites, without the m̃²/η̃ term)
         out[4 * d + j] = (tm.log_s - 0.5 * log(var[j] / eta) - 0.5 * mean[j] * mean[j] / var[j]
                           + 0.5 * mc * mc / eta - 0.5 * log(var_u[j] / nu) - 0.5 * log(var_v[j] / xi))
-        res = fabs(tpw - pi_w[j]) * eta
-        r = fabs(thw - h_w[j]) * sqrt(eta)
+        # residual: site changes relative to cavity + |site| precision (the marginal's scale)
+        r = 1.0 / eta + fabs(pi_w[j])
+        res = fabs(tpw - pi_w[j]) / r
+        r = fabs(thw - h_w[j]) / sqrt(r)
         if r > res:
             res = r
-        r = fabs(tpu - pi_u[j]) * nu
+        r = fabs(tpu - pi_u[j]) / (1.0 / nu + fabs(pi_u[j]))
         if r > res:
             res = r
-        r = fabs(tpv - pi_v[j]) * xi
+        r = fabs(tpv - pi_v[j]) / (1.0 / xi + fabs(pi_v[j]))
         if r > res:
             res = r
         out[5 * d + j] = res
+        out[6 * d + j] = tm.r
 
 
-def site_step(mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *, n_threads=None):
-    """Cavities (eq 14), tilted moments (eqs 15-21) and undamped site targets (eqs 22-25) for all features.
+def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *,
+              clip_w=True, n_threads=None):
+    """Tilted moments (eqs 15-21), undamped site targets (eqs 22-25) and site normalisers (eq 26) for all features.
 
     Parameters
     ----------
-    mean, var : ndarray (d,)
-        Marginal mean and variance of ``w`` under ``q``.
-    var_u, var_v : ndarray (d,)
-        Marginal variances of ``u`` and ``v``.
+    cav_mean, cav_var, cav_nu, cav_xi : ndarray (d,)
+        Cavities ``m_j, η_j, ν_j, ξ_j`` (eq 14; the engine computes them from the
+        marginals without the cancellation of ``1/V_jj - 1/η̃_j``).
+    mean, var, var_u, var_v : ndarray (d,)
+        Marginal mean and variance of ``w`` and marginal variances of ``u``, ``v`` under ``q``.
     pi_w, h_w, pi_u, pi_v : ndarray (d,)
         Current sites in natural form (``1/η̃``, ``m̃/η̃``, ``1/ν̃``, ``1/ξ̃``).
+    clip_w : bool, default True
+        Negative-precision policy for the w-sites: a target ``1/η̃_j < 0`` (tilted variance
+        above the cavity variance) becomes 0 with ``m̃_j/η̃_j`` set so that the marginal
+        mean still matches ``E[w_j]``. False keeps negative targets (the u- and v-sites
+        always keep theirs: eqs 18-21 make one of them negative for almost every feature).
 
     Returns
     -------
-    out : ndarray (11, d)
+    out : ndarray (7, d)
         Rows: target ``pi_w``, ``h_w``, ``pi_u``, ``pi_v``; ``log Z̃'_j`` (eq 26 for the
         current sites without the ``m̃²/η̃`` term, which cancels in eq 27); the scaled
-        residual ``max(|Δπ_w|η, |Δh_w|√η, |Δπ_u|ν, |Δπ_v|ξ)``; the cavity ``m, η, ν, ξ``;
-        the tilted ``E[λ²/(λ² + η)]`` (the relevance of feature j: ``E[w_j] = r_j m_j``).
+        residual ``max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)`` with
+        ``p_w = 1/η + |π_w|``, ``p_u = 1/ν + |π_u|``, ``p_v = 1/ξ + |π_v|``; the tilted
+        ``E[λ²/(λ² + η)]`` (the relevance of feature j: ``E[w_j] = r_j m_j``).
     n_bad : int
-        Number of features whose cavity was improper (their rows 0-5 are NaN).
+        Number of features with an improper cavity or marginal (their rows are NaN).
+    n_clipped : int
+        Number of w-site targets clipped to zero precision.
     """
-    cdef Py_ssize_t d = np.asarray(mean).shape[0]
+    cdef Py_ssize_t d = np.asarray(cav_mean).shape[0]
+    cdef bint clip = bool(clip_w)
+    cdef const double[::1] c0 = _vec(cav_mean, d, "cav_mean"), c1 = _vec(cav_var, d, "cav_var")
+    cdef const double[::1] c2 = _vec(cav_nu, d, "cav_nu"), c3 = _vec(cav_xi, d, "cav_xi")
     cdef const double[::1] a0 = _vec(mean, d, "mean"), a1 = _vec(var, d, "var")
     cdef const double[::1] a2 = _vec(var_u, d, "var_u"), a3 = _vec(var_v, d, "var_v")
     cdef const double[::1] a4 = _vec(pi_w, d, "pi_w"), a5 = _vec(h_w, d, "h_w")
     cdef const double[::1] a6 = _vec(pi_u, d, "pi_u"), a7 = _vec(pi_v, d, "pi_v")
-    out = np.empty((11, d))
+    out = np.empty((7, d))
     cdef double[:, ::1] o = out
     cdef int[::1] status = np.zeros(max(d, 1), dtype=np.intc)
     cdef Py_ssize_t c, n_chunks = (d + CHUNK - 1) // CHUNK
     cdef int nt = fastep_hs_max_threads() if n_threads is None else max(1, int(n_threads))
     if d == 0:
-        return out, 0
+        return out, 0, 0
     if nt > n_chunks:
         nt = <int>n_chunks
     with nogil:
         if nt <= 1:
-            _site_range(&a0[0], &a1[0], &a2[0], &a3[0], &a4[0], &a5[0], &a6[0], &a7[0],
-                        &o[0, 0], &status[0], d, 0, d)
+            _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0], &a5[0],
+                        &a6[0], &a7[0], &o[0, 0], &status[0], d, 0, d, clip)
         else:
             for c in prange(n_chunks, schedule='dynamic', num_threads=nt):
-                _site_range(&a0[0], &a1[0], &a2[0], &a3[0], &a4[0], &a5[0], &a6[0], &a7[0],
-                            &o[0, 0], &status[0], d, c * CHUNK, min((c + 1) * CHUNK, d))
-    return out, int(np.count_nonzero(np.asarray(status)))
+                _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0],
+                            &a5[0], &a6[0], &a7[0], &o[0, 0], &status[0], d, c * CHUNK,
+                            min((c + 1) * CHUNK, d), clip)
+    st = np.asarray(status)
+    return out, int(np.count_nonzero(st > 0)), int(np.count_nonzero(st < 0))

@@ -261,15 +261,21 @@ def cavities(var, pi, mean=None, h=None):
     return cav_var, cav_mean
 
 
-def site_targets(cav_mean, cav_var, cav_nu, cav_xi):
+def site_targets(cav_mean, cav_var, cav_nu, cav_xi, *, clip_w=True):
     """Undamped site updates (eqs 22-25) from the tilted moments, in natural form.
 
-    Returns ``(pi_w, h_w, pi_u, pi_v, log_s, moments)``, where ``moments`` is the tuple of
-    :func:`tilted_moments`.
+    With ``clip_w`` a negative w-site precision becomes 0 (a flat site) and ``h_w`` is set
+    so that the marginal mean still equals ``E[w_j]``: ``h_w = (E[w_j] - m_j)/η_j``.
+
+    Returns ``(pi_w, h_w, pi_u, pi_v, log_s)``.
     """
     log_s, mean, var, Eu2, Ev2, t = tilted_moments(cav_mean, cav_var, cav_nu, cav_xi)
     pi_w = 1.0 / var - 1.0 / cav_var                       # eq (22)
     h_w = mean / var - cav_mean / cav_var                  # eq (23)
+    if clip_w:
+        clipped = pi_w < 0
+        pi_w = np.where(clipped, 0.0, pi_w)
+        h_w = np.where(clipped, (mean - cav_mean) / cav_var, h_w)
     pi_u = 1.0 / Eu2 - 1.0 / cav_nu                        # eq (24)
     pi_v = 1.0 / Ev2 - 1.0 / cav_xi                        # eq (25)
     return pi_w, h_w, pi_u, pi_v, log_s
@@ -315,7 +321,7 @@ def _state(X, y, sigma2, rho2, gamma2, P, D, sites):
 
 
 def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping_decay=0.99,
-           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30):
+           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip"):
     """Parallel EP with damping for one task (supplement §1).
 
     Each iteration computes all marginals (eqs 2-13), all cavities (eq 14), the tilted
@@ -324,12 +330,16 @@ def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping
     ``ε = damping · damping_decay^k`` at iteration ``k`` (the supplement's 0.5 and 1%),
     never below ``min_damping``.
 
-    Policy for negative site variances: accepted, provided the new state is valid
-    (proper posterior, every cavity variance positive); otherwise the step is halved
-    (at most ``max_halvings`` times) and, if still invalid, EP stops with a warning.
+    Policy for negative site variances: u- and v-sites keep them; w-sites are clipped to
+    zero precision (mean matched) when ``negative_precision='clip'`` and keep them with
+    ``'allow'``. A step is accepted only if the new state is valid (proper posterior, every
+    cavity variance positive); otherwise it is halved (at most ``max_halvings`` times) and,
+    if still invalid, EP stops with a warning.
 
     Convergence: the largest scaled distance between current and target sites,
-    ``max(|Δπ_w| η, |Δh_w| √η, |Δπ_u| ν, |Δπ_v| ξ)`` over features, below ``tol``.
+    ``max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)`` over features with
+    ``p_w = 1/η + |π_w|`` etc. (cavity plus site precision: relative changes of the
+    marginals), below ``tol``.
 
     Returns
     -------
@@ -349,12 +359,14 @@ def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping
     it = 0
     for it in range(1, max_iter + 1):
         target = dict(zip(("pi_w", "h_w", "pi_u", "pi_v"),
-                          site_targets(state["cav_mean"], state["cav_var"], state["cav_nu"], state["cav_xi"])[:4]))
+                          site_targets(state["cav_mean"], state["cav_var"], state["cav_nu"], state["cav_xi"],
+                                       clip_w=negative_precision == "clip")[:4]))
+        p_w = 1.0 / state["cav_var"] + np.abs(sites["pi_w"])
         residual = max(
-            np.max(np.abs(target["pi_w"] - sites["pi_w"]) * state["cav_var"]),
-            np.max(np.abs(target["h_w"] - sites["h_w"]) * np.sqrt(state["cav_var"])),
-            np.max(np.abs(target["pi_u"] - sites["pi_u"]) * state["cav_nu"]),
-            np.max(np.abs(target["pi_v"] - sites["pi_v"]) * state["cav_xi"]),
+            np.max(np.abs(target["pi_w"] - sites["pi_w"]) / p_w),
+            np.max(np.abs(target["h_w"] - sites["h_w"]) / np.sqrt(p_w)),
+            np.max(np.abs(target["pi_u"] - sites["pi_u"]) / (1.0 / state["cav_nu"] + np.abs(sites["pi_u"]))),
+            np.max(np.abs(target["pi_v"] - sites["pi_v"]) / (1.0 / state["cav_xi"] + np.abs(sites["pi_v"]))),
         )
         if residual < tol:
             converged = True
