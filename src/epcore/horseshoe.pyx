@@ -86,20 +86,14 @@ cdef inline double _log_g(double s, double m2h, double eta, double hla) noexcept
     return -0.5 * log(q) - m2h / q + log(_hc_part(s - hla))
 
 
-cdef int tilted_moments_one(double m, double eta, double nu, double xi,
-                            TiltedMoments* out) noexcept nogil:
-    """Moments of ``g_j q^{\\j}`` (eqs 15-21) by the mapped trapezoidal rule (module docstring)."""
-    cdef double log_a, hla, hle, m2h, A, B, lm, h, g_ref, g, s_ref, s_try
+cdef int _tilted_core(double m, double eta, double log_a, double* res) noexcept nogil:
+    """The quadrature for scaled inputs: res = (log s, E[r], Var[r], t, 1 - t), r = λ²/(λ² + η)."""
+    cdef double hla, hle, m2h, A, B, lm, h, g_ref, g, s_ref, s_try
     cdef double q_ref, iq_ref, hc_ref, x0, r0, a, t0, tk, el, er, el_step, er_step
     cdef double s, wk, z, ez, ez2, inv1, hc, t_fac, omt_fac, x, q, iq, expo, f, dr
     cdef double S0 = 0.0, S1 = 0.0, S2 = 0.0, St = 0.0, Somt = 0.0, mean_dr, var_r, er_r
     cdef int k, n_nodes
     cdef bint a_ok
-    if not (isfinite(m) and isfinite(eta) and eta > 0.0 and isfinite(nu) and nu > 0.0
-            and isfinite(xi) and xi > 0.0):
-        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN; out.r = NAN
-        return HS_BAD_CAVITY
-    log_a = log(nu) - log(xi)
     hla = 0.5 * log_a
     hle = 0.5 * log(eta)
     m2h = 0.5 * m * m
@@ -176,20 +170,58 @@ cdef int tilted_moments_one(double m, double eta, double nu, double xi,
         St += f * t_fac
         Somt += f * omt_fac
     if not (S0 > 0.0 and isfinite(S0)):
-        out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN; out.r = NAN
         return HS_ZERO_MASS
     mean_dr = S1 / S0
     var_r = S2 / S0 - mean_dr * mean_dr
     if var_r < 0.0:
         var_r = 0.0
-    er_r = r0 + mean_dr
-    out.log_s = log(S0) + g_ref - HS_LOG_SQRT_2PI + HS_LOG_2_OVER_PI
-    out.r = er_r
-    out.mean = m * er_r
-    out.var = eta * er_r + m * m * var_r
-    out.t = St / S0
-    out.eu2 = 2.0 * nu * (Somt / S0)
-    out.ev2 = 2.0 * xi * out.t
+    res[0] = log(S0) + g_ref - HS_LOG_SQRT_2PI + HS_LOG_2_OVER_PI
+    res[1] = r0 + mean_dr
+    res[2] = var_r
+    res[3] = St / S0
+    res[4] = Somt / S0
+    return HS_OK
+
+
+cdef int tilted_moments_one(double m, double eta, double nu, double xi,
+                            TiltedMoments* out) noexcept nogil:
+    """Moments of ``g_j q^{\\j}`` (eqs 15-21) by the mapped trapezoidal rule (module docstring).
+
+    The problem is scale-equivariant (``w → cw`` maps ``m, √η, √a`` to ``c·`` themselves,
+    ``s`` to ``s/c``, the moments of ``w`` by ``c, c²`` and leaves ``t``, ``r`` unchanged), so
+    it is solved for ``c = e^{-k}``, ``k`` the midpoint of the log-scales, which keeps every
+    ``λ²`` on the grid representable; cavities whose scales ``√η, √a, |m|`` span more than
+    ``e^{250}`` are rejected (``HS_BAD_CAVITY``).
+    """
+    cdef double log_a, hla, hle, hi, lo, k, c, res[5]
+    cdef int st
+    out.log_s = NAN; out.mean = NAN; out.var = NAN; out.eu2 = NAN; out.ev2 = NAN; out.t = NAN; out.r = NAN
+    if not (isfinite(m) and isfinite(eta) and eta > 0.0 and isfinite(nu) and nu > 0.0
+            and isfinite(xi) and xi > 0.0):
+        return HS_BAD_CAVITY
+    log_a = log(nu) - log(xi)
+    hla = 0.5 * log_a
+    hle = 0.5 * log(eta)
+    lo = hla if hla < hle else hle
+    hi = hla if hla > hle else hle
+    if m != 0.0 and log(fabs(m)) > hi:
+        hi = log(fabs(m))
+    if hi - lo > 500.0:
+        return HS_BAD_CAVITY
+    k = 0.0
+    if hi > 200.0 or lo < -200.0:
+        k = 0.5 * (hi + lo)
+    c = exp(-k)
+    st = _tilted_core(m * c, eta * c * c, log_a - 2.0 * k, res)
+    if st != HS_OK:
+        return st
+    out.log_s = res[0] - k
+    out.r = res[1]
+    out.mean = m * res[1]
+    out.var = eta * res[1] + m * m * res[2]
+    out.t = res[3]
+    out.eu2 = 2.0 * nu * res[4]
+    out.ev2 = 2.0 * xi * res[3]
     return HS_OK
 
 
@@ -266,7 +298,8 @@ def tilted_moments(m, eta, nu, xi, *, n_threads=None):
         j = bad[0]
         raise ValueError(
             f"invalid cavity for feature {j}: m={m_arr[j]!r}, eta={ev[j]!r}, nu={nv[j]!r}, xi={xv[j]!r} "
-            "(variances must be finite and > 0, the mean finite)")
+            "(variances must be finite and > 0, the mean finite, and the scales √eta, √(nu/xi), |m| "
+            "within a factor e^250 of each other)")
     return tuple(out)
 
 
