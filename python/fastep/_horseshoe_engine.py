@@ -295,7 +295,7 @@ def _marginals(task, sigma2, rho2, gamma2, cf, sites, *, gradients=False, keep_f
 
 def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_decay=0.99,
                 min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
-                n_threads=None):
+                w_floor=-0.1, n_threads=None):
     """Parallel damped EP for one task (supplement §1); the sites are updated in place.
 
     Iteration ``k`` (from 0): marginals (eqs 2-13) → cavities, tilted moments and target
@@ -305,14 +305,18 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
 
     Negative site variances. u- and v-sites: accepted (eqs 18-21 make one of the two
     negative for almost every feature). w-sites: ``negative_precision='clip'`` (default)
-    replaces a negative target precision by 0 (a flat site) with the mean still matched;
-    ``'allow'`` keeps it. Allowing them is exact EP but unstable when many features are
-    ambiguous (bimodal tilted w): the negative sites make the posterior nearly improper
-    along some direction, other features' cavity variances blow up and the iteration
-    diverges (seen at small σ² with n = 60, d = 200). In both cases a step is accepted only
-    if the new state is valid (posterior proper, every cavity variance positive); otherwise
-    it is halved up to ``max_halvings`` times, after which EP stops (``status='stuck'``).
-    The evidence gradient is exact at fixed points where no w-site is clipped (``n_clipped``).
+    keeps a target precision ``>= w_floor/η_j`` (``η_j`` the cavity variance; default
+    ``w_floor = -0.1``), the mean still matched; ``'allow'`` keeps every target.
+    Unbounded negative w-sites are exact EP but unstable when many features are ambiguous
+    (bimodal tilted w, target precisions of -0.2/η to -0.35/η): together they make the
+    posterior nearly improper along some direction, other features' cavity variances blow
+    up and the iteration diverges (seen at small σ² with n = 60, d = 200, in the reference
+    twin too; floors of -0.2 and -0.5 still diverged there, -0.1 did not). Clearly relevant
+    features have small negative targets (-0.001/η to -0.02/η measured) that pass the
+    floor, so on well-determined problems nothing is clipped. In both cases a step is accepted only if the new state is valid (posterior
+    proper, every cavity variance positive); otherwise it is halved up to ``max_halvings``
+    times, after which EP stops (``status='stuck'``). The evidence gradient is exact at
+    fixed points where no w-site is clipped (``n_clipped == 0``).
 
     Converged when the largest scaled site residual (target minus current, undamped)
     ``max_j max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)``, ``p_w = 1/η + |π_w|``,
@@ -329,7 +333,7 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     """
     if negative_precision not in ("clip", "allow"):
         raise ValueError(f"negative_precision must be 'clip' or 'allow', got {negative_precision!r}")
-    clip = negative_precision == "clip"
+    floor = float(w_floor) if negative_precision == "clip" else -np.inf
     state = _marginals(task, sigma2, rho2, gamma2, cf, sites)
     if state is None:
         raise ValueError("the starting sites give an improper posterior or cavity")
@@ -340,7 +344,7 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
         out, n_bad, n_clipped = _core.site_step(
             state["w"]["cav_mean"], state["cav_var"], state["u"]["cav_var"], state["v"]["cav_var"],
             state["w"]["mean"], state["w"]["var"], state["u"]["var"], state["v"]["var"], sites["pi_w"],
-            sites["h_w"], sites["pi_u"], sites["pi_v"], clip_w=clip, n_threads=n_threads)
+            sites["h_w"], sites["pi_u"], sites["pi_v"], w_floor=floor, n_threads=n_threads)
         if n_bad:  # cannot happen for a validated state; never continue with NaN
             raise FloatingPointError("EP produced an improper cavity; this is a bug, please report it")
         residual = float(np.max(out[5])) if task.d else 0.0

@@ -367,10 +367,11 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         a proper density) and type-II ML can drive the noise to zero; the floor caps the
         fitted R² at ``1 - sigma2_floor``.
     negative_precision : {'clip', 'allow'}, default 'clip'
-        Policy for negative w-site precisions (eq 22): 'clip' replaces them by 0 with the
-        mean matched, 'allow' keeps them (exact EP, but it diverged on ambiguous problems;
-        see :func:`fastep._horseshoe_engine.run_task_ep`). With clipping active the evidence
-        gradient is approximate (the clipped sites are not at an EP fixed point).
+        Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
+        (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
+        (exact EP, but it diverged on ambiguous problems; see
+        :func:`fastep._horseshoe_engine.run_task_ep`). Where a site is clipped the evidence
+        gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.1
         EP step ``ε_k = max(damping · damping_decay^k, min_damping)`` at iteration ``k``
         (the supplement: 0.5, reduced by 1% per iteration; the floor keeps EP moving — the

@@ -317,7 +317,7 @@ cdef void _site_range(const double* cav_mean, const double* cav_var, const doubl
                       const double* cav_xi, const double* mean, const double* var, const double* var_u,
                       const double* var_v, const double* pi_w, const double* h_w, const double* pi_u,
                       const double* pi_v, double* out, int* status, Py_ssize_t d, Py_ssize_t start,
-                      Py_ssize_t end, bint clip_w) noexcept nogil:
+                      Py_ssize_t end, double w_floor) noexcept nogil:
     # out rows: 0 target pi_w, 1 target h_w, 2 target pi_u, 3 target pi_v, 4 log Z'_j,
     #           5 residual_j, 6 E[r] (relevance)
     cdef TiltedMoments tm
@@ -339,10 +339,11 @@ cdef void _site_range(const double* cav_mean, const double* cav_var, const doubl
             continue
         tpw = 1.0 / tm.var - 1.0 / eta                 # eq (22)
         thw = tm.mean / tm.var - mc / eta              # eq (23)
-        if clip_w and tpw < 0.0:
-            # policy 'clip': a flat site instead of a negative precision, mean still matched
-            tpw = 0.0
-            thw = (tm.mean - mc) / eta
+        if tpw * eta < w_floor:
+            # policy 'clip': the w-site precision is kept >= w_floor/η (a bounded negative or a
+            # flat site), with the marginal mean still matching E[w]
+            tpw = w_floor / eta
+            thw = tm.mean * (1.0 + w_floor) / eta - mc / eta
             status[j] = -1
         tpu = 1.0 / tm.eu2 - 1.0 / nu                  # eq (24)
         tpv = 1.0 / tm.ev2 - 1.0 / xi                  # eq (25)
@@ -370,7 +371,7 @@ cdef void _site_range(const double* cav_mean, const double* cav_var, const doubl
 
 
 def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *,
-              clip_w=True, n_threads=None):
+              w_floor=-0.1, n_threads=None):
     """Tilted moments (eqs 15-21), undamped site targets (eqs 22-25) and site normalisers (eq 26) for all features.
 
     Parameters
@@ -382,11 +383,12 @@ def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, 
         Marginal mean and variance of ``w`` and marginal variances of ``u``, ``v`` under ``q``.
     pi_w, h_w, pi_u, pi_v : ndarray (d,)
         Current sites in natural form (``1/η̃``, ``m̃/η̃``, ``1/ν̃``, ``1/ξ̃``).
-    clip_w : bool, default True
-        Negative-precision policy for the w-sites: a target ``1/η̃_j < 0`` (tilted variance
-        above the cavity variance) becomes 0 with ``m̃_j/η̃_j`` set so that the marginal
-        mean still matches ``E[w_j]``. False keeps negative targets (the u- and v-sites
-        always keep theirs: eqs 18-21 make one of them negative for almost every feature).
+    w_floor : float, default -0.1
+        Negative-precision policy for the w-sites (``-inf`` or ``<= -1``: none): a target
+        ``1/η̃_j < w_floor/η_j`` (``η_j`` the cavity variance) is raised to ``w_floor/η_j``,
+        with ``m̃_j/η̃_j`` set so that the marginal mean still matches ``E[w_j]``. The u- and
+        v-sites always keep their targets (eqs 18-21 make one of them negative for almost
+        every feature).
 
     Returns
     -------
@@ -399,10 +401,10 @@ def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, 
     n_bad : int
         Number of features with an improper cavity or marginal (their rows are NaN).
     n_clipped : int
-        Number of w-site targets clipped to zero precision.
+        Number of w-site targets raised to ``w_floor/η``.
     """
     cdef Py_ssize_t d = np.asarray(cav_mean).shape[0]
-    cdef bint clip = bool(clip_w)
+    cdef double floor = float(w_floor)
     cdef const double[::1] c0 = _vec(cav_mean, d, "cav_mean"), c1 = _vec(cav_var, d, "cav_var")
     cdef const double[::1] c2 = _vec(cav_nu, d, "cav_nu"), c3 = _vec(cav_xi, d, "cav_xi")
     cdef const double[::1] a0 = _vec(mean, d, "mean"), a1 = _vec(var, d, "var")
@@ -421,11 +423,11 @@ def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, 
     with nogil:
         if nt <= 1:
             _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0], &a5[0],
-                        &a6[0], &a7[0], &o[0, 0], &status[0], d, 0, d, clip)
+                        &a6[0], &a7[0], &o[0, 0], &status[0], d, 0, d, floor)
         else:
             for c in prange(n_chunks, schedule='dynamic', num_threads=nt):
                 _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0],
                             &a5[0], &a6[0], &a7[0], &o[0, 0], &status[0], d, c * CHUNK,
-                            min((c + 1) * CHUNK, d), clip)
+                            min((c + 1) * CHUNK, d), floor)
     st = np.asarray(status)
     return out, int(np.count_nonzero(st > 0)), int(np.count_nonzero(st < 0))

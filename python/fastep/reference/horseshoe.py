@@ -261,21 +261,20 @@ def cavities(var, pi, mean=None, h=None):
     return cav_var, cav_mean
 
 
-def site_targets(cav_mean, cav_var, cav_nu, cav_xi, *, clip_w=True):
+def site_targets(cav_mean, cav_var, cav_nu, cav_xi, *, w_floor=-0.1):
     """Undamped site updates (eqs 22-25) from the tilted moments, in natural form.
 
-    With ``clip_w`` a negative w-site precision becomes 0 (a flat site) and ``h_w`` is set
-    so that the marginal mean still equals ``E[w_j]``: ``h_w = (E[w_j] - m_j)/η_j``.
+    A w-site precision below ``w_floor/η_j`` is raised to it and ``h_w`` set so that the
+    marginal mean still equals ``E[w_j]``: ``h_w = E[w_j](1 + w_floor)/η_j - m_j/η_j``.
 
     Returns ``(pi_w, h_w, pi_u, pi_v, log_s)``.
     """
     log_s, mean, var, Eu2, Ev2, t = tilted_moments(cav_mean, cav_var, cav_nu, cav_xi)
     pi_w = 1.0 / var - 1.0 / cav_var                       # eq (22)
     h_w = mean / var - cav_mean / cav_var                  # eq (23)
-    if clip_w:
-        clipped = pi_w < 0
-        pi_w = np.where(clipped, 0.0, pi_w)
-        h_w = np.where(clipped, (mean - cav_mean) / cav_var, h_w)
+    clipped = pi_w * cav_var < w_floor
+    pi_w = np.where(clipped, w_floor / cav_var, pi_w)
+    h_w = np.where(clipped, (mean * (1.0 + w_floor) - cav_mean) / cav_var, h_w)
     pi_u = 1.0 / Eu2 - 1.0 / cav_nu                        # eq (24)
     pi_v = 1.0 / Ev2 - 1.0 / cav_xi                        # eq (25)
     return pi_w, h_w, pi_u, pi_v, log_s
@@ -321,7 +320,8 @@ def _state(X, y, sigma2, rho2, gamma2, P, D, sites):
 
 
 def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping_decay=0.99,
-           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip"):
+           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
+           w_floor=-0.1):
     """Parallel EP with damping for one task (supplement §1).
 
     Each iteration computes all marginals (eqs 2-13), all cavities (eq 14), the tilted
@@ -330,8 +330,8 @@ def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping
     ``ε = damping · damping_decay^k`` at iteration ``k`` (the supplement's 0.5 and 1%),
     never below ``min_damping``.
 
-    Policy for negative site variances: u- and v-sites keep them; w-sites are clipped to
-    zero precision (mean matched) when ``negative_precision='clip'`` and keep them with
+    Policy for negative site variances: u- and v-sites keep them; w-site precisions are kept
+    ``>= w_floor/η_j`` (mean matched) when ``negative_precision='clip'`` and unbounded with
     ``'allow'``. A step is accepted only if the new state is valid (proper posterior, every
     cavity variance positive); otherwise it is halved (at most ``max_halvings`` times) and,
     if still invalid, EP stops with a warning.
@@ -360,7 +360,7 @@ def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping
     for it in range(1, max_iter + 1):
         target = dict(zip(("pi_w", "h_w", "pi_u", "pi_v"),
                           site_targets(state["cav_mean"], state["cav_var"], state["cav_nu"], state["cav_xi"],
-                                       clip_w=negative_precision == "clip")[:4]))
+                                       w_floor=w_floor if negative_precision == "clip" else -np.inf)[:4]))
         p_w = 1.0 / state["cav_var"] + np.abs(sites["pi_w"])
         residual = max(
             np.max(np.abs(target["pi_w"] - sites["pi_w"]) / p_w),
