@@ -17,6 +17,9 @@ fastep.kernels
     Covariance functions with exact gradients.
 RankKEP
     Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3).
+HorseshoeRegression, MultiTaskHorseshoeRegression
+    Sparse linear regression with horseshoe priors by parallel EP, with feature-selection
+    dependencies learnt across tasks (Hernández-Lobato & Hernández-Lobato).
 fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
@@ -31,6 +34,7 @@ from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
 from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .sparse import SparseGPClassifier, SparseGPRegressor
@@ -48,4 +52,5 @@ __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
     "SparseGPClassifier", "SparseGPRegressor",
+    "HorseshoeRegression", "MultiTaskHorseshoeRegression",
 ]

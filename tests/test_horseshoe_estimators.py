@@ -1,0 +1,187 @@
+"""fastep.HorseshoeRegression and fastep.MultiTaskHorseshoeRegression: behaviour, task consistency, bad input."""
+import warnings
+
+import numpy as np
+import pytest
+
+import fastep
+from fastep import ConvergenceWarning, HorseshoeRegression, MultiTaskHorseshoeRegression
+from fastep.exceptions import NotFittedError
+
+
+def sparse_task(n, d, seed, coef=(3.0, -2.0, 1.5), noise=0.3, shift=0.0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    w = np.zeros(d)
+    w[: len(coef)] = coef
+    return X, X @ w + noise * rng.normal(size=n) + shift, w
+
+
+FIXED = dict(learn_hyperparameters=False, sigma2=0.1, rho2=0.05, tol=1e-10)
+
+
+def test_single_task_recovers_sparse_coefficients_and_predicts():
+    X, y, w = sparse_task(40, 60, seed=0, shift=2.0)
+    model = HorseshoeRegression(max_opt_iter=30).fit(X, y)
+    assert model.converged_ and np.isfinite(model.log_evidence_)
+    assert model.coef_.shape == model.coef_var_.shape == model.inclusion_.shape == (60,)
+    np.testing.assert_allclose(model.coef_[:3], w[:3], atol=0.3)
+    assert np.max(np.abs(model.coef_[3:])) < 0.2
+    assert np.all(model.inclusion_[:3] > 0.9) and np.median(model.inclusion_[3:]) < 0.3
+    assert np.all(model.coef_var_ > 0)
+    assert abs(model.intercept_ - 2.0) < 0.3
+    Xt, yt, _ = sparse_task(200, 60, seed=1, shift=2.0)
+    mean, std = model.predict(Xt, return_std=True)
+    assert mean.shape == std.shape == (200,)
+    assert np.all(std >= np.sqrt(model.sigma2_))
+    assert np.sqrt(np.mean((mean - yt) ** 2)) < 0.6
+    np.testing.assert_allclose(model.predict(Xt), mean)
+    # predictive variance = x V xᵀ + σ², with V_jj the reported coefficient variances
+    e = np.zeros((1, 60))
+    e[0, 5] = 1.0
+    _, s = model.predict(e + model._x_means[0], return_std=True)
+    np.testing.assert_allclose(s[0] ** 2, model.coef_var_[5] + model.sigma2_, rtol=1e-8)
+
+
+def test_multitask_with_one_task_equals_single_task():
+    X, y, _ = sparse_task(30, 40, seed=2)
+    options = dict(max_opt_iter=10, n_components=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)      # the optimiser budget is small on purpose
+        single = HorseshoeRegression(**options).fit(X, y)
+        multi = MultiTaskHorseshoeRegression(**options).fit([X], [y])
+    np.testing.assert_array_equal(multi.coef_[0], single.coef_)
+    np.testing.assert_array_equal(multi.coef_var_[0], single.coef_var_)
+    np.testing.assert_array_equal(multi.P_, single.P_)
+    assert multi.log_evidence_ == single.log_evidence_
+    assert multi.sigma2_[0] == single.sigma2_ and multi.rho2_ == single.rho2_
+
+
+def test_fixed_hyperparameters_multitask_equals_tasks_one_by_one():
+    """Given σ², ρ², γ², P the tasks' posteriors are independent: tasks of different sizes
+    fitted together equal each fitted alone."""
+    d, m = 30, 2
+    P = 0.5 * np.random.default_rng(9).normal(size=(d, m))
+    tasks = [sparse_task(n, d, seed=10 + n) for n in (12, 25, 40)]
+    multi = MultiTaskHorseshoeRegression(n_components=m, P_init=P, **FIXED).fit(
+        [t[0] for t in tasks], [t[1] for t in tasks])
+    for k, (X, y, _) in enumerate(tasks):
+        alone = HorseshoeRegression(n_components=m, P_init=P, **FIXED).fit(X, y)
+        np.testing.assert_allclose(multi.coef_[k], alone.coef_, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(multi.coef_var_[k], alone.coef_var_, rtol=1e-12)
+        assert abs(multi.log_evidence_per_task_[k] - alone.log_evidence_) < 1e-10
+    assert abs(multi.log_evidence_ - multi.log_evidence_per_task_.sum()) < 1e-12
+    np.testing.assert_array_equal(multi.P_, P)
+    C = multi.correlation_
+    np.testing.assert_allclose(np.diag(C), 1.0, rtol=1e-14)
+    assert np.all(np.linalg.eigvalsh(C) > 0)
+    preds = multi.predict([t[0][:3] for t in tasks])
+    assert [p.shape for p in preds] == [(3,)] * 3
+    np.testing.assert_allclose(multi.predict(tasks[1][0][:3], task=1), preds[1])
+
+
+def test_learnt_dependencies_and_independent_horseshoe():
+    """learn_dependencies=False fixes P = 0 (C = I); learning P raises the evidence and makes
+    the features of a group that is relevant in several tasks dependent (|C_ij| large: λ_j
+    depends on |u_j|/|v_j|, so the sign of C_ij does not matter)."""
+    d = 24
+    groups = np.arange(d) % 4                      # feature j belongs to group j mod 4
+    rng = np.random.default_rng(5)
+    Xs, ys = [], []
+    for t in range(4):                             # group 3 relevant in tasks 0, 1, 2; group 1 in task 3
+        w = np.where(groups == (3 if t < 3 else 1), 2 * rng.normal(size=d), 0.0)
+        X = rng.normal(size=(20, d))
+        Xs.append(X)
+        ys.append(X @ w + 0.3 * rng.normal(size=20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=20).fit(Xs, ys)
+        dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_opt_iter=30).fit(Xs, ys)
+    assert indep.P_.shape == (d, 0)
+    np.testing.assert_allclose(indep.correlation_, np.eye(d), atol=1e-15)
+    assert dep.P_.shape == (d, 2)
+    assert dep.log_evidence_ > indep.log_evidence_ + 5
+    A = np.abs(dep.correlation_)
+    block = groups == 3
+    within = A[np.ix_(block, block)][~np.eye(block.sum(), dtype=bool)].mean()
+    between = A[groups[:, None] != groups[None, :]].mean()
+    assert within > 0.5 and within > 3 * between
+
+
+def test_convergence_warning_and_params():
+    X, y, _ = sparse_task(20, 30, seed=3)
+    with pytest.warns(ConvergenceWarning, match="EP for task 0 stopped"):
+        model = HorseshoeRegression(learn_hyperparameters=False, sigma2=0.1, rho2=0.1, max_iter=2).fit(X, y)
+    assert not model.converged_ and np.all(np.isfinite(model.coef_))
+    params = model.get_params()
+    assert params["max_iter"] == 2 and params["n_components"] == 0
+    model.set_params(max_iter=50)
+    assert "max_iter=50" in repr(model)
+    with pytest.raises(NotFittedError):
+        HorseshoeRegression().predict(X)
+    assert fastep.HorseshoeRegression is HorseshoeRegression
+
+
+BAD_SINGLE = [
+    (dict(), lambda X, y: (X[:, :0], y), ValueError, "X"),
+    (dict(), lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 7, np.nan, X), y), ValueError, "X"),
+    (dict(), lambda X, y: (X, y[:-1]), ValueError, "inconsistent"),
+    (dict(), lambda X, y: (X, np.where(np.arange(y.size) == 3, np.inf, y)), ValueError, "y"),
+    (dict(), lambda X, y: (X, "abc"), (TypeError, ValueError), "y"),
+    (dict(sigma2=-1.0), None, ValueError, "sigma2"),
+    (dict(rho2=0.0), None, ValueError, "rho2"),
+    (dict(gamma2=-2.0), None, ValueError, "gamma2"),
+    (dict(D=-1.0), None, ValueError, "D"),
+    (dict(n_components=12), None, ValueError, "n_components"),
+    (dict(n_components=2, P_init=np.zeros((5, 2))), None, ValueError, "P_init"),
+    (dict(n_components=1.5), None, TypeError, "n_components"),
+    (dict(damping=0.0), None, ValueError, "damping"),
+    (dict(negative_precision="skip"), None, ValueError, "negative_precision"),
+    (dict(fit_intercept="yes"), None, TypeError, "fit_intercept"),
+]
+
+
+@pytest.mark.parametrize("params,mutate,error,match", BAD_SINGLE)
+def test_bad_input_raises_and_changes_no_state(params, mutate, error, match):
+    X, y, _ = sparse_task(10, 12, seed=4)
+    model = HorseshoeRegression(**FIXED).fit(X, y)
+    before = (model.coef_.copy(), model.log_evidence_, model.get_params())
+    model.set_params(**params)
+    Xb, yb = (X, y) if mutate is None else mutate(X, y)
+    with pytest.raises(error, match=match):
+        model.fit(Xb, yb)
+    np.testing.assert_array_equal(model.coef_, before[0])
+    assert model.log_evidence_ == before[1]
+
+
+def test_multitask_bad_input():
+    X1, y1, _ = sparse_task(10, 12, seed=5)
+    X2, y2, _ = sparse_task(14, 12, seed=6)
+    model = MultiTaskHorseshoeRegression(n_components=2, random_state=0, **FIXED).fit([X1, X2], [y1, y2])
+    coef = model.coef_.copy()
+    cases = [
+        (([X1, X2[:, :11]], [y1, y2]), ValueError, r"Xs\[1\] has 11 features"),
+        (([X1, X2], [y1, y2[:-2]]), ValueError, r"ys\[1\]"),
+        (([X1, X2], [y1]), ValueError, "same number of tasks"),
+        ((X1, [y1]), TypeError, "Xs must be a list"),
+        (([X1], y1), TypeError, "ys must be a list"),
+        (([], []), ValueError, "at least one task"),
+        (([X1, np.full_like(X2, np.nan)], [y1, y2]), ValueError, r"Xs\[1\]"),
+        (([X1, X2], [y1, np.where(np.arange(14) == 0, np.nan, y2)]), ValueError, r"ys\[1\]"),
+        (([X1, np.column_stack([X2[:, :-1], np.ones(14)])], [y1, y2]), ValueError, "constant"),
+    ]
+    for (Xs, ys), error, match in cases:
+        with pytest.raises(error, match=match):
+            model.fit(Xs, ys)
+    with pytest.raises(ValueError, match="sigma2"):
+        model.set_params(sigma2=[0.1, -0.1]).fit([X1, X2], [y1, y2])
+    with pytest.raises(ValueError, match="sigma2"):
+        model.set_params(sigma2=[0.1, 0.1, 0.1]).fit([X1, X2], [y1, y2])
+    np.testing.assert_array_equal(model.coef_, coef)
+    model.set_params(sigma2=0.1)
+    with pytest.raises(ValueError, match="task"):
+        model.predict(X1)
+    with pytest.raises(ValueError, match="task"):
+        model.predict(X1, task=2)
+    with pytest.raises(ValueError, match="features"):
+        model.predict(X1[:, :5], task=0)
