@@ -16,8 +16,8 @@ each point when it is included, nothing else.
 
 One step of Algorithm 1
 -----------------------
-1. **Score every inactive point** (one compiled pass, ``ivm_score``).  The site
-   kernel (``sites.site_moments``) gives at the cavity ``N(μ_n, ς_n + sigma2)``
+1. **Score every inactive point** (one compiled pass).  The site kernel gives at the
+   cavity ``N(μ_n, ς_n + sigma2)``
 
        g_n = ∂ log Z_n / ∂μ_n,   ν_n = -∂² log Z_n / ∂μ_n²      (eqs 14-25)
 
@@ -34,12 +34,13 @@ One step of Algorithm 1
 
    A point is eligible when its site kernel succeeds, ``ς_n > 0``, ``ν_n > 0``
    and ``ν_n ς_n < 1`` (a proper, informative update); the highest score wins
-   and ties go to the lowest index.  ``IVMState.score`` runs the site kernels
-   through ``sites.site_moments_array`` (the staged, vectorisable site loop; about
-   2x faster than one ``site_moments`` call per point at n = 7291; active points
-   get a dummy proper cavity) and then ``ivm_pick``; if any site fails there it
-   falls back to ``ivm_score`` (one ``site_moments`` call per inactive point,
-   failing sites simply ineligible).  Both give bitwise the same scores.
+   and ties go to the lowest index.  ``IVMState.score`` (and ``select``) run the
+   fused pass ``_score_pass``: g and ν only (no log Z), probit and Gaussian sites
+   inline in blocks, the entropy criterion ranked by ``ν ς`` with the exact score
+   evaluated only near the maximum (same choice, ties included; section "The fused
+   scoring pass" below).  ``ivm_score`` (``IVMState.score_per_site``) is the plain
+   cross-check: one ``site_moments`` call and one criterion evaluation per point.
+   Both give bitwise the same g, ν, scores and choice.
 2. **Include the winner** ``n = n_i`` (``ivm_include``):
 
    * sites (eqs 22-23): ``β_n = ν_n / (1 - ν_n ς_n)``, ``m_n = μ_n + g_n / ν_n``;
@@ -87,11 +88,11 @@ active set" below.
 """
 import numpy as np
 
-from libc.math cimport sqrt, log, log1p, isfinite, INFINITY
+from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, isinf, INFINITY, NAN
 from fastep._epcore._blas cimport dcopy, gemv_t
-from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN
+from fastep._epcore.sites cimport (SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN,
+                                   LIK_PROBIT)
 from fastep._epcore.gp_ep cimport splitmix64_next
-from fastep._epcore.sites import site_moments_array as _site_moments_array
 
 # Module-level integer constants (CRITERION_*, IVM_*) for Python callers.
 for _enum_class in (IVMCriterion, IVMStatus):
@@ -108,6 +109,13 @@ cdef double _NEGATIVE_VARIANCE_RTOL = 1e-8
 # --------------------------------------------------------------------------- #
 # nogil building blocks
 # --------------------------------------------------------------------------- #
+
+cdef inline bint _site_at(const SiteModel* model, double y, double mean, double var, double sigma2,
+                          double* g, double* nu) noexcept nogil:
+    """g, ν from the site kernel at the cavity N(mean, var + sigma2); False if it fails."""
+    cdef double log_z = 0.0
+    return site_moments(model, y, mean, var + sigma2, &log_z, g, nu) == SITE_OK
+
 
 cdef inline bint _moments(const SiteModel* model, double y, double mean, double var, double sigma2,
                           double* g, double* nu) noexcept nogil:
@@ -155,29 +163,40 @@ cdef inline int _finish_pick(IVMArrays* s, int criterion, unsigned long long* rn
     return IVM_OK
 
 
+cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double g,
+                               double nu) noexcept nogil:
+    """Store g, ν of inactive point i (NaN where its site kernel failed, ``ok`` False);
+    True if the point is eligible: ``ok``, ς > 0, ν > 0 and ν ς < 1."""
+    if not ok:
+        g = NAN
+        nu = NAN
+    s.g[i] = g
+    s.nu[i] = nu
+    return ok and var > 0.0 and nu > 0.0 and var * nu < 1.0
+
+
 cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                    int criterion, unsigned long long* rng_state, int* best) noexcept nogil:
     """Score every inactive point (fills g, nu, score; ineligible points score -inf).
 
     ``best`` receives the chosen point: the highest score, lowest index among ties
     (random criterion: a uniformly drawn eligible point).  Returns IVM_OK or
-    IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point.
+    IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point; g and ν are the site
+    kernel's at N(μ_n, ς_n + sigma2) (NaN where it fails), as in the fused pass.
     """
     cdef int i, n = s.n, chosen = -1, n_eligible = 0
     cdef double gi = 0.0, nui = 0.0, var, sc, best_score = -INFINITY
+    cdef bint ok
     for i in range(n):
         if s.is_active[i]:
             continue
         var = s.post_var[i]
-        if not _moments(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui):
-            s.g[i] = gi
-            s.nu[i] = nui
+        ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
+        if not _store_moments(s, i, var, ok, gi, nui):
             s.score[i] = -INFINITY
             continue
         n_eligible += 1
         sc = _criterion(criterion, var, gi, nui)
-        s.g[i] = gi
-        s.nu[i] = nui
         s.score[i] = sc
         if sc > best_score:
             best_score = sc
@@ -211,6 +230,213 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
     return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
 
 
+# --------------------------------------------------------------------------- #
+# The fused scoring pass (``IVMState.score`` / ``select``)
+# --------------------------------------------------------------------------- #
+#
+# One nogil loop over the inactive points that computes only what the criterion needs:
+#
+# * g and ν (never log Z).  Probit and Gaussian sites are computed inline in blocks of
+#   ``_SCORE_BLOCK`` points, stage by stage as ``sites.site_moments_array`` does, with the
+#   very same operations (so g and ν are bitwise the site kernel's α and β; tested against
+#   ``site_moments_array``); any point outside the inline kernels' range (probit |z| >= 8,
+#   ς <= 0, non-finite values) and every other likelihood goes through ``site_moments``.
+# * Entropy (eq 26) and random: no logarithm per candidate.  ΔH = -½ log(1 - p) with
+#   p = ν ς is increasing in p, so the pass keeps p (``prod``) and the largest p; the
+#   winner is then found among the points with p >= p_max (1 - 1e-9) by their exact
+#   scores (the expression of ``_criterion``), highest score and lowest index first.
+#   That is exactly the choice of the full pass: for p_i < p_max (1 - 1e-9) the true
+#   scores differ by at least ½ (p_max - p_i) >= ½ 1e-9 p_max, while the computed scores
+#   (one log1p or log, a few ulp, |ΔH| <= 18.4 because p <= 1 - 2⁻⁵³) are off by less
+#   than 1e-14 max(p_max, 1) relative; when p_max < 1e-280 (subnormal scores) every
+#   eligible point is scored.  The score array is filled from ``prod`` only when it is
+#   read (``IVMState.score_values``) or a point is included.
+# * Information gain: the score of every eligible point, as ``_criterion``.
+
+cdef extern from *:
+    """
+    #define FASTEP_IVM_LOG_SQRT_2PI 0.91893853320467274178
+    """
+    const double _LOG_SQRT_2PI "FASTEP_IVM_LOG_SQRT_2PI"   # the literal of sites.pyx
+
+include "_gauss_tail_table.pxi"
+
+cdef enum:
+    _SCORE_BLOCK = 64
+
+# Relative width of the window of candidates scored exactly (see above), and the p_max
+# below which every eligible point is scored.
+cdef double _WINDOW = 1e-9
+cdef double _WINDOW_MIN_P = 1e-280
+
+
+cdef struct _Pick:
+    double p_max         # entropy / random: the largest p = ν ς (first index attaining it)
+    double best_score    # information gain: the largest score
+    int chosen
+    int n_eligible
+
+
+cdef inline double _entropy_score(double p) noexcept nogil:
+    """ΔH of an eligible point from p = ν ς (the expression of ``_criterion``)."""
+    return -0.5 * _log1m(p)
+
+
+cdef inline double _gauss_tail_table(double x) noexcept nogil:
+    """G(x) = N(x)/Φ(-x) - x for 0 <= x < 8: the table and Horner loop of ``sites._gauss_tail``."""
+    cdef int i = <int>(x * _GT_INV_WIDTH), j
+    cdef const double* coef = fastep_gauss_tail_coef + i * (_GT_DEGREE + 1)
+    cdef double t = x - (i * _GT_WIDTH + 0.5 * _GT_WIDTH)
+    cdef double p = coef[_GT_DEGREE]
+    for j in range(_GT_DEGREE - 1, -1, -1):
+        p = coef[j] + t * p
+    return p
+
+
+cdef inline void _record(IVMArrays* s, double* prod, int criterion, int i, double var,
+                         bint ok, double g, double nu, _Pick* pk) noexcept nogil:
+    """Store g, ν of inactive point i (``_store_moments``) and score it."""
+    cdef double p, sc
+    if not _store_moments(s, i, var, ok, g, nu):
+        if criterion == CRITERION_INFO_GAIN:
+            s.score[i] = -INFINITY
+        else:
+            prod[i] = -INFINITY
+        return
+    p = var * nu
+    pk.n_eligible += 1
+    if criterion == CRITERION_INFO_GAIN:
+        sc = 0.5 * (g * g * var - p - _log1m(p))
+        s.score[i] = sc
+        if sc > pk.best_score:
+            pk.best_score = sc
+            pk.chosen = i
+    else:
+        prod[i] = p
+        if p > pk.p_max:
+            pk.p_max = p
+            pk.chosen = i
+
+
+cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
+                     int criterion, double* prod, unsigned long long* rng_state,
+                     int* best) noexcept nogil:
+    """The fused scoring pass (see above): fills g, ν of every inactive point, and ``prod``
+    (entropy, random; -inf for ineligible points) or ``score`` (information gain).
+
+    ``best``: the point the full pass (``ivm_score``) chooses.  Returns IVM_OK or
+    IVM_NO_CANDIDATE.
+    """
+    cdef int n = s.n, i = 0, j, m, q, r
+    cdef int code = model.code
+    cdef int idx[_SCORE_BLOCK]
+    cdef double cc[_SCORE_BLOCK]
+    cdef double zz[_SCORE_BLOCK]
+    cdef double gt[_SCORE_BLOCK]
+    cdef double inv_slope2 = 0.0, bias = 0.0, noise = 0.0, slope
+    cdef double var, mu, c, z, x, gq, nuq, r_h, hpz, nrm, upper, v, sc, thr, best_sc
+    cdef bint ok
+    cdef _Pick pk
+    pk.p_max = -INFINITY
+    pk.best_score = -INFINITY
+    pk.chosen = -1
+    pk.n_eligible = 0
+    if code == LIK_PROBIT and model.n_params == 2:
+        slope = model.params[0]
+        inv_slope2 = 0.0 if isinf(slope) else 1.0 / (slope * slope)     # sites._inv_slope2
+        bias = model.params[1]
+    elif code == LIK_GAUSSIAN and model.n_params == 1:
+        noise = model.params[0]
+    else:
+        code = -1                                                       # site by site
+    while i < n:
+        m = 0
+        while i < n and m < _SCORE_BLOCK:
+            if not s.is_active[i]:
+                idx[m] = i
+                m += 1
+            i += 1
+        if code == LIK_PROBIT:
+            # stage 1: c = 1/sqrt(slope⁻² + ς + sigma2), z = y c (μ + bias); stage 2: G(|z|)
+            for j in range(m):
+                q = idx[j]
+                cc[j] = 1.0 / sqrt((s.post_var[q] + sigma2) + inv_slope2)
+                zz[j] = y[q] * (cc[j] * (s.post_mean[q] + bias))
+            for j in range(m):
+                x = fabs(zz[j])
+                gt[j] = _gauss_tail_table(x) if x < _GT_X_MAX else 0.0
+            # stage 3: r = N(z)/Φ(z), g = y c r, ν = c² r (r + z) (sites._cdf_terms_g, _probit_out)
+            for j in range(m):
+                q = idx[j]
+                var = s.post_var[q]
+                z = zz[j]
+                c = cc[j]
+                ok = False
+                if var > 0.0 and fabs(z) < _GT_X_MAX:
+                    if z <= 0.0:
+                        x = -z
+                        r_h = x + gt[j]
+                        hpz = gt[j]
+                    else:
+                        nrm = exp(-0.5 * z * z - _LOG_SQRT_2PI)
+                        upper = nrm / (z + gt[j])
+                        r_h = nrm / (1.0 - upper)
+                        hpz = r_h + z
+                    gq = y[q] * c * r_h
+                    x = r_h * hpz
+                    if x < 0.0:
+                        x = 0.0
+                    elif x > 1.0:
+                        x = 1.0
+                    nuq = c * c * x
+                    ok = isfinite(gq) and isfinite(nuq)
+                if not ok:
+                    ok = _site_at(model, y[q], s.post_mean[q], var, sigma2, &gq, &nuq)
+                _record(s, prod, criterion, q, var, ok, gq, nuq, &pk)
+        elif code == LIK_GAUSSIAN:
+            for j in range(m):
+                q = idx[j]
+                var = s.post_var[q]
+                mu = s.post_mean[q]
+                ok = False
+                if var > 0.0 and isfinite(mu):
+                    v = (var + sigma2) + noise                          # sites._gaussian_pre
+                    gq = (y[q] - mu) / v
+                    nuq = 1.0 / v
+                    ok = isfinite(gq) and isfinite(nuq) and isfinite(0.5 * (y[q] - mu) * gq)
+                if not ok:
+                    ok = _site_at(model, y[q], mu, var, sigma2, &gq, &nuq)
+                _record(s, prod, criterion, q, var, ok, gq, nuq, &pk)
+        else:
+            for j in range(m):
+                q = idx[j]
+                var = s.post_var[q]
+                ok = _site_at(model, y[q], s.post_mean[q], var, sigma2, &gq, &nuq)
+                _record(s, prod, criterion, q, var, ok, gq, nuq, &pk)
+    if pk.n_eligible == 0:
+        best[0] = -1
+        return IVM_NO_CANDIDATE
+    if criterion == CRITERION_RANDOM:
+        r = <int>(splitmix64_next(rng_state) % <unsigned long long>pk.n_eligible)
+        for i in range(n):
+            if not s.is_active[i] and prod[i] > -INFINITY:
+                if r == 0:
+                    pk.chosen = i
+                    break
+                r -= 1
+    elif criterion == CRITERION_ENTROPY:
+        thr = -INFINITY if pk.p_max < _WINDOW_MIN_P else pk.p_max - pk.p_max * _WINDOW
+        best_sc = -INFINITY
+        for i in range(n):
+            if not s.is_active[i] and prod[i] >= thr and prod[i] > -INFINITY:
+                sc = _entropy_score(prod[i])
+                if sc > best_sc:
+                    best_sc = sc
+                    pk.chosen = i
+    best[0] = pk.chosen
+    return IVM_OK
+
+
 cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                      int point, const double* column, double* work) noexcept nogil:
     """Include ``point`` (ADF step, eqs 15-16 and 22-30) given its kernel column ``K[:, point]``.
@@ -229,7 +455,9 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     cdef double* row
     cdef double* pv = s.post_var
     cdef double* pm = s.post_mean
-    cdef bint finite = True
+    cdef const double* dk = s.diag_k
+    cdef double neg_rtol = -_NEGATIVE_VARIANCE_RTOL
+    cdef bint finite = True, negative = False
     if k >= d_max:
         return IVM_FULL
     if point < 0 or point >= n or s.is_active[point]:
@@ -257,12 +485,14 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
         a[j] = s.M[<Py_ssize_t>j * nn + point]
     if k > 0:
         gemv_t(k, n, -1.0, s.M, n, a, 1.0, col)
-    # eqs 27-28 and the new row of M
+    # eqs 27-28, the new row of M and the PSD check, in one pass
     sq_nu = sqrt(nu)
     row = s.M + <Py_ssize_t>k * nn
     for i in range(nn):
         si = col[i]
-        pv[i] -= nu * si * si
+        c = pv[i] - nu * si * si
+        pv[i] = c
+        negative = negative | (c < neg_rtol * dk[i])
         pm[i] += g * si
         row[i] = sq_nu * si
     # Cholesky row append: l = sqrt(β) M[:, n], l_kk = sqrt(1 + β ς_n)
@@ -278,9 +508,8 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     s.active[k] = point
     s.is_active[point] = 1
     s.k = k + 1
-    for i in range(nn):
-        if pv[i] < -_NEGATIVE_VARIANCE_RTOL * s.diag_k[i]:
-            return IVM_NEGATIVE_VARIANCE
+    if negative:
+        return IVM_NEGATIVE_VARIANCE
     return IVM_OK
 
 
@@ -303,7 +532,6 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 #   2x2 Woodbury update of A and h (one rank-2 update, O(k n)).
 # Memory: S and the cached kernel rows K[I, :] are k x n each, so O(d n) in all.
 
-from libc.math cimport fabs
 from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport potrf, trsm, gemm, ger, trsv as _trsv
 from fastep._epcore.gp_ep cimport random_permutation
@@ -686,7 +914,8 @@ cdef class IVMState:
     cdef const double* y_ptr
     cdef double* work_ptr
     cdef object _y, _diag, _M, _L, _var, _mean, _g, _nu, _score, _site_mean, _site_prec
-    cdef object _active, _is_active, _work, _chosen, _cav_var, _log_z_all, _g_all, _nu_all
+    cdef object _active, _is_active, _work, _chosen, _prod
+    cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
     cdef object _KI, _ki_idx, _ki_fn           # refinement: cached K[I, :] (slot order)
 
     def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
@@ -727,10 +956,8 @@ cdef class IVMState:
         self._is_active = np.zeros(n, dtype=np.uint8)
         self._work = np.empty(n + d_max)
         self._chosen = np.full(d_max, np.nan)
-        self._cav_var = np.empty(n)
-        self._log_z_all = np.empty(n)
-        self._g_all = np.empty(n)
-        self._nu_all = np.empty(n)
+        self._prod = np.full(n, np.nan)
+        self._lazy_scores = False
         self.a.n = n
         self.a.d_max = d_max
         self.a.k = 0
@@ -759,56 +986,61 @@ cdef class IVMState:
         return self._score_all()
 
     cdef int _score_all(self) except -2:
-        """The scoring pass: the staged site loop of ``sites.site_moments_array`` over all
-        n points (active points get a dummy proper cavity), then ``ivm_pick``; if any
-        site fails there, the per-site ``ivm_score`` (which skips failing sites)."""
-        cdef int best = -1, status, i
-        cdef double* cav = _ptr(self._cav_var)
-        cdef const double* var = self.a.post_var
-        cdef unsigned char* act = self.a.is_active
-        cdef double s2 = self.sigma2
+        """The fused scoring pass ``_score_pass`` (g and ν without log Z; entropy and random
+        ranked by ν ς, the scores filled in only when read)."""
+        cdef int best = -1, status
+        cdef double* prod = _ptr(self._prod)
         with nogil:
-            for i in range(self.a.n):
-                cav[i] = 1.0 if act[i] else var[i] + s2
-        try:
-            _site_moments_array(self.spec, self._y, self._mean, self._cav_var,
-                                self._log_z_all, self._g_all, self._nu_all)
-            fast = True
-        except ValueError:
-            fast = False
-        cdef const double* g_all = _cptr(self._g_all)
-        cdef const double* nu_all = _cptr(self._nu_all)
-        if fast:
-            with nogil:
-                status = ivm_pick(&self.a, g_all, nu_all, self.criterion, &self.rng_state, &best)
-        else:
-            with nogil:
-                status = ivm_score(&self.spec.model, self.y_ptr, &self.a, self.sigma2,
-                                   self.criterion, &self.rng_state, &best)
+            status = _score_pass(&self.spec.model, self.y_ptr, &self.a, self.sigma2, self.criterion,
+                                 prod, &self.rng_state, &best)
+        self._lazy_scores = self.criterion != CRITERION_INFO_GAIN
         if status != IVM_OK:
             raise RuntimeError(_no_candidate_message(self.a.k))
         return best
 
     def score_per_site(self):
-        """``score`` through the per-site nogil pass ``ivm_score`` only (the cross-check)."""
+        """``score`` through the per-site nogil pass ``ivm_score`` only (the cross-check: one
+        ``site_moments`` call, log Z included, and one criterion evaluation per point)."""
         cdef int best = -1, status
         with nogil:
             status = ivm_score(&self.spec.model, self.y_ptr, &self.a, self.sigma2,
                                self.criterion, &self.rng_state, &best)
+        self._lazy_scores = False
         if status != IVM_OK:
             raise RuntimeError(_no_candidate_message(self.a.k))
         return best
+
+    cdef void _fill_scores(self):
+        """Scores of the inactive points from ν ς after an entropy / random pass (eq 26)."""
+        cdef int i
+        cdef const double* prod = _cptr(self._prod)
+        if not self._lazy_scores:
+            return
+        with nogil:
+            for i in range(self.a.n):
+                if not self.a.is_active[i]:
+                    self.a.score[i] = _entropy_score(prod[i]) if prod[i] > -INFINITY else -INFINITY
+        self._lazy_scores = False
 
     def include_point(self, int point, column):
         """Include ``point`` given its kernel column ``K[:, point]`` (length n, finite)."""
         col = np.ascontiguousarray(column, dtype=np.float64)
         if col.ndim != 1 or col.shape[0] != self.a.n:
             raise ValueError(f"column must be a vector of length n = {self.a.n}; got shape {col.shape}")
-        self._include(point, col, np.nan)
+        self._include(point, col, False)
 
-    cdef _include(self, int point, col, double chosen_score):
+    cdef _include(self, int point, col, bint record_score):
+        """Include ``point``; ``chosen_score`` gets its score from the last pass if
+        ``record_score`` (``select``), NaN otherwise (``include_point``)."""
         cdef const double[::1] cv = col
         cdef int status, k = self.a.k
+        cdef double chosen_score = np.nan
+        if 0 <= point < self.a.n and not self.a.is_active[point]:
+            if self._lazy_scores:
+                p = self._prod[point]
+                self._score[point] = _entropy_score(p) if p > -INFINITY else -INFINITY
+            if record_score:
+                chosen_score = self._score[point]
         with nogil:
             status = ivm_include(&self.spec.model, self.y_ptr, &self.a, self.sigma2, point,
                                  &cv[0], self.work_ptr)
@@ -850,7 +1082,7 @@ cdef class IVMState:
             if col.ndim != 1 or col.shape[0] != self.a.n:
                 raise ValueError(f"column_fn({best}) must return a vector of length n = {self.a.n}; "
                                  f"got shape {col.shape}")
-            self._include(best, col, self._score[best])
+            self._include(best, col, True)
         return self._active[start:self.a.k].astype(np.intp)
 
     # -- derived quantities -----------------------------------------------------------------
@@ -1250,6 +1482,9 @@ cdef class IVMState:
 
     @property
     def score_values(self):
+        """The criterion of every inactive point at the last scoring pass (-inf: not
+        eligible); for an active point, its score when it was included."""
+        self._fill_scores()
         return _readonly(self._score)
 
     @property
