@@ -333,6 +333,9 @@ cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, doub
     cdef double cc[_SCORE_BLOCK]
     cdef double zz[_SCORE_BLOCK]
     cdef double gt[_SCORE_BLOCK]
+    cdef double nn[_SCORE_BLOCK]
+    cdef double gg[_SCORE_BLOCK]
+    cdef bint fast[_SCORE_BLOCK]
     cdef double inv_slope2 = 0.0, bias = 0.0, noise = 0.0, slope
     cdef double var, mu, c, z, x, gq, nuq, r_h, hpz, nrm, upper, v, sc, thr, best_sc
     cdef bint ok
@@ -365,31 +368,44 @@ cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, doub
             for j in range(m):
                 x = fabs(zz[j])
                 gt[j] = _gauss_tail_table(x) if x < _GT_X_MAX else 0.0
-            # stage 3: r = N(z)/Φ(z), g = y c r, ν = c² r (r + z) (sites._cdf_terms_g, _probit_out)
+            # stage 3: N(z) where 0 < z < 8 (the only call; the arithmetic of independent
+            # points then overlaps in stage 4)
+            for j in range(m):
+                z = zz[j]
+                nn[j] = exp(-0.5 * z * z - _LOG_SQRT_2PI) if 0.0 < z < _GT_X_MAX else 0.0
+            # stage 4: r = N(z)/Φ(z), g = y c r, ν = c² r (r + z) (sites._cdf_terms_g, _probit_out)
+            for j in range(m):
+                q = idx[j]
+                z = zz[j]
+                c = cc[j]
+                fast[j] = s.post_var[q] > 0.0 and fabs(z) < _GT_X_MAX
+                if not fast[j]:
+                    continue
+                if z <= 0.0:
+                    x = -z
+                    r_h = x + gt[j]
+                    hpz = gt[j]
+                else:
+                    nrm = nn[j]
+                    upper = nrm / (z + gt[j])
+                    r_h = nrm / (1.0 - upper)
+                    hpz = r_h + z
+                gq = y[q] * c * r_h
+                x = r_h * hpz
+                if x < 0.0:
+                    x = 0.0
+                elif x > 1.0:
+                    x = 1.0
+                nuq = c * c * x
+                gg[j] = gq
+                nn[j] = nuq
+                fast[j] = isfinite(gq) and isfinite(nuq)
             for j in range(m):
                 q = idx[j]
                 var = s.post_var[q]
-                z = zz[j]
-                c = cc[j]
-                ok = False
-                if var > 0.0 and fabs(z) < _GT_X_MAX:
-                    if z <= 0.0:
-                        x = -z
-                        r_h = x + gt[j]
-                        hpz = gt[j]
-                    else:
-                        nrm = exp(-0.5 * z * z - _LOG_SQRT_2PI)
-                        upper = nrm / (z + gt[j])
-                        r_h = nrm / (1.0 - upper)
-                        hpz = r_h + z
-                    gq = y[q] * c * r_h
-                    x = r_h * hpz
-                    if x < 0.0:
-                        x = 0.0
-                    elif x > 1.0:
-                        x = 1.0
-                    nuq = c * c * x
-                    ok = isfinite(gq) and isfinite(nuq)
+                ok = fast[j]
+                gq = gg[j]
+                nuq = nn[j]
                 if not ok:
                     ok = _site_at(model, y[q], s.post_mean[q], var, sigma2, &gq, &nuq)
                 _record(s, prod, criterion, q, var, ok, gq, nuq, &pk)
