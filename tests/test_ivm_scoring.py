@@ -43,12 +43,20 @@ def _assert_same_pass(a, b, i, j):
     np.testing.assert_array_equal(np.asarray(a.score_values), np.asarray(b.score_values))
 
 
-def _expected_moments(state, spec):
-    """g, ν of the site kernel at N(μ, ς + sigma2), NaN where it fails."""
-    status, _, alpha, beta = _site_moments_per_site(spec, state.y, np.asarray(state.post_mean),
-                                                    np.asarray(state.post_var) + state.sigma2)
+def _score_both(a, b, spec):
+    """Score a (fused pass) and b (per-site pass) and check them against each other and a's
+    g, ν of the inactive points against the site kernel at N(μ, ς + sigma2) (NaN where it
+    fails). Returns the chosen point."""
+    i = a.score()
+    j = b.score_per_site()
+    _assert_same_pass(a, b, i, j)
+    status, _, alpha, beta = _site_moments_per_site(spec, a.y, np.asarray(a.post_mean),
+                                                    np.asarray(a.post_var) + a.sigma2)
     ok = status == 0
-    return np.where(ok, alpha, np.nan), np.where(ok, beta, np.nan)
+    inactive = ~np.asarray(a.is_active)
+    np.testing.assert_array_equal(np.asarray(a.g)[inactive], np.where(ok, alpha, np.nan)[inactive])
+    np.testing.assert_array_equal(np.asarray(a.nu)[inactive], np.where(ok, beta, np.nan)[inactive])
+    return i
 
 
 @pytest.mark.parametrize("slope, bias, sigma2", [(1.0, 0.0, 0.0), (25.0, 0.4, 0.0), (np.inf, -0.7, 1e-4),
@@ -69,25 +77,23 @@ def test_probit_moments_are_bitwise_the_site_kernel_on_every_branch(slope, bias,
     spec = Probit(slope=slope, bias=bias).site_spec()
     diag_lr, column = _lowrank_kernel(extra, 3, 12)
     seen = set()
+    def diagonal_column(j):
+        col = np.zeros(n)
+        col[j] = extra[j]
+        return col
+
     for diag in (extra, diag_lr):                       # k = 0: μ = 0, z = y c bias exactly
-        col_fn = (lambda j: np.eye(n)[j] * extra[j]) if diag is extra else column
+        col_fn = diagonal_column if diag is extra else column
         a, b = _pair(y, spec, diag, 25, sigma2=sigma2)
         for _ in range(25):
-            i = a.score()
-            j = b.score_per_site()
-            _assert_same_pass(a, b, i, j)
-            g, nu = _expected_moments(a, spec)
-            inactive = ~np.asarray(a.is_active)
-            np.testing.assert_array_equal(np.asarray(a.g)[inactive], g[inactive])
-            np.testing.assert_array_equal(np.asarray(a.nu)[inactive], nu[inactive])
-            var = np.asarray(a.post_var) + sigma2
-            z = y * (np.asarray(a.post_mean) + bias) / np.sqrt(var + inv_s2)
-            z = z[inactive]
+            z = y * (np.asarray(a.post_mean) + bias) / np.sqrt(np.asarray(a.post_var) + sigma2 + inv_s2)
+            z = z[~np.asarray(a.is_active)]
             seen.update(name for name, hit in [("z<=-8", z <= -8), ("-8<z<=0", (z > -8) & (z <= 0)),
                                                ("0<z<8", (z > 0) & (z < 8)), ("z>=8", z >= 8)] if hit.any())
+            i = _score_both(a, b, spec)
             col = col_fn(i)
             a.include_point(i, col)
-            b.include_point(j, col)
+            b.include_point(i, col)
         np.testing.assert_array_equal(a.active, b.active)
         np.testing.assert_array_equal(np.asarray(a.M), np.asarray(b.M))
     expected = {"-8<z<=0", "0<z<8"} if bias == 0.0 else {"z<=-8", "-8<z<=0", "0<z<8", "z>=8"}
@@ -104,15 +110,9 @@ def test_gaussian_moments_are_bitwise_the_site_kernel(noise, sigma2):
     diag, column = _lowrank_kernel(extra, 4, 6)
     a, b = _pair(y, spec, diag, 30, sigma2=sigma2)
     for _ in range(30):
-        i = a.score()
-        j = b.score_per_site()
-        _assert_same_pass(a, b, i, j)
-        g, nu = _expected_moments(a, spec)
-        inactive = ~np.asarray(a.is_active)
-        np.testing.assert_array_equal(np.asarray(a.g)[inactive], g[inactive])
-        np.testing.assert_array_equal(np.asarray(a.nu)[inactive], nu[inactive])
+        i = _score_both(a, b, spec)
         a.include_point(i, column(i))
-        b.include_point(j, column(j))
+        b.include_point(i, column(i))
     np.testing.assert_array_equal(np.asarray(a.post_mean), np.asarray(b.post_mean))
 
 
