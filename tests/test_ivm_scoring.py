@@ -234,3 +234,55 @@ def test_select_records_the_scores_of_the_chosen_points():
     a.include_point(i, column(i))
     assert np.asarray(a.score_values)[i] == np.asarray(b.score_values)[j]
     assert np.isnan(np.asarray(a.chosen_score)[-1])
+
+
+def test_probit_bound_table_bounds_h_on_each_cell():
+    # The entropy pass for probit sites skips points whose bound ς c² h(z_k) on ν ς falls
+    # below the best p found; that is only exact if h(z) = r (r + z), r = N(z)/Φ(z), is at
+    # most the table value on the whole cell [z_k, z_k + 1/4).
+    from scipy.special import log_ndtr
+
+    zk, bound = engine._probit_h_bound()
+    assert np.all(np.isfinite(bound)) and np.all(np.diff(bound) < 0) and bound[0] >= 1.0
+    np.testing.assert_array_equal(zk, -8.0 + 0.25 * np.arange(zk.size))
+    for k, z0 in enumerate(zk):
+        z = np.linspace(z0, z0 + 0.25, 2001)[:-1]
+        r = np.exp(-0.5 * z**2 - 0.5 * np.log(2 * np.pi) - log_ndtr(z))
+        h = r * (r + z)
+        assert np.all(h <= bound[k] * (1 - 1e-13)), k
+        # and it is not loose beyond the cell's own variation (the skipping works)
+        assert bound[k] <= h[0] * (1 + 1e-9) or k == 0
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_pruned_entropy_pass_fills_g_nu_and_scores_of_skipped_points_when_read(manual):
+    # After the pass, the posterior moves (inclusion); g, ν and the scores read afterwards
+    # are still those of the pass (as with the full pass), also for the points it skipped.
+    n = 600
+    rng = np.random.default_rng(21)
+    diag, column = _lowrank_kernel(10.0 ** rng.uniform(-2, 1, size=n), 5, 22)
+    spec = Probit(slope=40.0, bias=-0.3).site_spec()
+    y = np.where(rng.uniform(size=n) < 0.3, 1.0, -1.0)
+    a, b = _pair(y, spec, diag, 30, sigma2=1e-3)
+    deferred = []
+    for step in range(30):
+        i = a.score()
+        j = b.score_per_site()
+        assert i == j
+        deferred.append(a.n_deferred / (n - step))
+        assert b.n_deferred == 0
+        if manual:                                   # include some other point, maybe a skipped one
+            inactive = np.flatnonzero(~np.asarray(a.is_active))
+            i = j = int(inactive[(7 * step) % inactive.size])
+        a.include_point(i, column(i))
+        b.include_point(j, column(j))
+        if step % 3 == 0:
+            inactive = ~np.asarray(a.is_active)
+            for name in ("g", "nu"):
+                np.testing.assert_array_equal(np.asarray(getattr(a, name))[inactive],
+                                              np.asarray(getattr(b, name))[inactive])
+            np.testing.assert_array_equal(np.asarray(a.score_values), np.asarray(b.score_values))
+    np.testing.assert_array_equal(a.active, b.active)
+    np.testing.assert_array_equal(np.asarray(a.site_precision), np.asarray(b.site_precision))
+    # most points were never given g, ν by the pass itself
+    assert np.median(deferred) > 0.5
