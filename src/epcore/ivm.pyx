@@ -1815,27 +1815,42 @@ cdef unsigned char* _bptr(arr):
 # benchmark yardstick
 # --------------------------------------------------------------------------- #
 
-from fastep._epcore._blas cimport trsv
+from fastep._epcore._blas cimport trsv, gemv
 
 
 def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const int[::1] points,
-                        bint solves=True):
+                        bint solves=True, X=None):
     """The BLAS work of a d-point selection and nothing else (benchmarks only).
 
     For k = 0..d-1 (d = len(points)): gather ``a = M[:k, points[k]]``, ``s = -M[:k]ᵀ a``
     (the M reads of eq 30, one gemv) and, with ``solves``, the Cholesky row-append
     solve ``L[:k, :k]⁻¹ a`` (one trsv; the engine obtains that row from M without it).
     ``M`` is (>= d) x n, ``L`` (>= d) x (>= d) lower triangular with a nonzero diagonal.
+    With ``X`` (n x p, C-contiguous float64) each step first forms ``X x_{points[k]}`` (one
+    gemv: the O(n p) product of a kernel column), so that X and M compete for the caches as
+    in a selection.
     """
-    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j
+    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j, p = 0
     if M.shape[0] < d or L.shape[0] < d or ldl < d:
         raise ValueError("M and L need at least len(points) rows (and L as many columns)")
+    cdef const double[:, ::1] Xv
+    cdef const double* xp = NULL
+    if X is not None:
+        Xv = X
+        if Xv.shape[0] != n:
+            raise ValueError("X must have as many rows as M has columns")
+        p = Xv.shape[1]
+        xp = &Xv[0, 0]
     s_arr = np.empty(n)
     a_arr = np.empty(max(d, 1))
+    xs_arr = np.empty(n)
     cdef double[::1] s = s_arr
     cdef double[::1] a = a_arr
+    cdef double[::1] xs = xs_arr
     with nogil:
         for k in range(d):
+            if xp != NULL:
+                gemv(n, p, 1.0, xp, p, xp + <Py_ssize_t>points[k] * p, 0.0, &xs[0])
             for j in range(k):
                 a[j] = M[j, points[k]]
             if k > 0:
