@@ -35,12 +35,13 @@ One step of Algorithm 1
    A point is eligible when its site kernel succeeds, ``ς_n > 0``, ``ν_n > 0``
    and ``ν_n ς_n < 1`` (a proper, informative update); the highest score wins
    and ties go to the lowest index.  ``IVMState.score`` (and ``select``) run the
-   fused pass ``_score_pass``: g and ν only (no log Z), probit and Gaussian sites
-   inline in blocks, the entropy criterion ranked by ``ν ς`` with the exact score
-   evaluated only near the maximum (same choice, ties included; section "The fused
-   scoring pass" below).  ``ivm_score`` (``IVMState.score_per_site``) is the plain
-   cross-check: one ``site_moments`` call and one criterion evaluation per point.
-   Both give bitwise the same g, ν, scores and choice.
+   fused pass: g and ν only (no log Z), probit and Gaussian sites inline in blocks,
+   the entropy criterion ranked by ``ν ς`` with the exact score evaluated only near
+   the maximum, and for probit sites g and ν computed only for the points whose
+   bound on ``ν ς`` reaches the best one (same choice, ties included; section "The
+   fused scoring pass" below).  ``ivm_score`` (``IVMState.score_per_site``) is the
+   plain cross-check: one ``site_moments`` call and one criterion evaluation per
+   point.  Both give bitwise the same g, ν, scores and choice.
 2. **Include the winner** ``n = n_i`` (``ivm_include``):
 
    * sites (eqs 22-23): ``β_n = ν_n / (1 - ν_n ς_n)``, ``m_n = μ_n + g_n / ν_n``;
@@ -249,8 +250,9 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #   That is exactly the choice of the full pass: for p_i < p_max (1 - 1e-9) the true
 #   scores differ by at least ½ (p_max - p_i) >= ½ 1e-9 p_max, while the computed scores
 #   (one log1p or log, a few ulp, |ΔH| <= 18.4 because p <= 1 - 2⁻⁵³) are off by less
-#   than 1e-14 max(p_max, 1) relative; when p_max < 1e-280 (subnormal scores) every
-#   eligible point is scored.  The score array is filled from ``prod`` only when it is
+#   than 1e-14 max(p_max, 1) relative; when p_max < 1e-280 (near the subnormal range,
+#   where 1e-9 p_max may round away and ½ log1p(-p) loses bits) every eligible point is
+#   scored.  The score array is filled from ``prod`` only when it is
 #   read (``IVMState.score_values``) or a point is included.
 # * Entropy with the probit likelihood (``_score_entropy_probit``): most points are not
 #   even given g and ν.  With c = (slope⁻² + ς + sigma2)^(-½) and z = y c (μ + bias),
