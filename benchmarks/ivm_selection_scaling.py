@@ -134,7 +134,10 @@ def usps(d, repeat, threads_list=(1,)):
                 t_reads, _ = _median(lambda: engine.bare_blas_selection(M, L, points, False), 1)
                 t_solves, _ = _median(lambda: engine.bare_blas_selection(M, L, points, True), 1)
                 t_x, _ = _median(lambda: [X @ X[j] for j in range(50)], 1)
-                t_all, _ = _median(lambda: engine.bare_blas_selection(M, L, points, True, X), 1)
+                try:
+                    t_all, _ = _median(lambda: engine.bare_blas_selection(M, L, points, True, X), 1)
+                except TypeError:                    # an engine from before bare_blas_selection(X=)
+                    t_all = np.nan
                 runs.append((total, col_time[0], t_reads, t_solves, t_x / 50 * d, t_all))
             total, t_cols, t_reads, t_solves, x_gemv, t_all = np.median(np.array(runs), axis=0)
             engine_time = total - t_cols

@@ -3,10 +3,12 @@ per-site pass (``IVMState.score_per_site``) and the compiled site kernel.
 
 The fused pass computes g and ν without log Z (probit and Gaussian sites inline, other
 likelihoods and out-of-range points through ``site_moments``) and ranks the entropy
-criterion by p = ν ς, evaluating ΔH = -½ log(1 - p) only near the largest p. These tests
-pin down that nothing observable changes: g and ν are bitwise the site kernel's, and the
-choice -- exact ties and near-ties whose scores round to the same value included -- is the
-one of the full pass (highest score, lowest index).
+criterion by p = ν ς, evaluating ΔH = -½ log(1 - p) only near the largest p; with probit
+sites it computes g and ν only for the points whose bound on p reaches the best p found,
+the others' when they are read. These tests pin down that nothing observable changes: g and
+ν are bitwise the site kernel's (also for the deferred points, also read after the posterior
+has moved on), and the choice -- exact ties and near-ties whose scores round to the same
+value included -- is the one of the full pass (highest score, lowest index).
 """
 import numpy as np
 import pytest
