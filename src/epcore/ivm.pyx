@@ -16,8 +16,8 @@ each point when it is included, nothing else.
 
 One step of Algorithm 1
 -----------------------
-1. **Score every inactive point** (one compiled pass, ``ivm_score``).  The site
-   kernel (``sites.site_moments``) gives at the cavity ``N(μ_n, ς_n + sigma2)``
+1. **Score every inactive point** (one compiled pass).  The site kernel gives at the
+   cavity ``N(μ_n, ς_n + sigma2)``
 
        g_n = ∂ log Z_n / ∂μ_n,   ν_n = -∂² log Z_n / ∂μ_n²      (eqs 14-25)
 
@@ -34,12 +34,14 @@ One step of Algorithm 1
 
    A point is eligible when its site kernel succeeds, ``ς_n > 0``, ``ν_n > 0``
    and ``ν_n ς_n < 1`` (a proper, informative update); the highest score wins
-   and ties go to the lowest index.  ``IVMState.score`` runs the site kernels
-   through ``sites.site_moments_array`` (the staged, vectorisable site loop; about
-   2x faster than one ``site_moments`` call per point at n = 7291; active points
-   get a dummy proper cavity) and then ``ivm_pick``; if any site fails there it
-   falls back to ``ivm_score`` (one ``site_moments`` call per inactive point,
-   failing sites simply ineligible).  Both give bitwise the same scores.
+   and ties go to the lowest index.  ``IVMState.score`` (and ``select``) run the
+   fused pass: g and ν only (no log Z), probit and Gaussian sites inline in blocks,
+   the entropy criterion ranked by ``ν ς`` with the exact score evaluated only near
+   the maximum, and for probit sites g and ν computed only for the points whose
+   bound on ``ν ς`` reaches the best one (same choice, ties included; section "The
+   fused scoring pass" below).  ``ivm_score`` (``IVMState.score_per_site``) is the
+   plain cross-check: one ``site_moments`` call and one criterion evaluation per
+   point.  Both give bitwise the same g, ν, scores and choice.
 2. **Include the winner** ``n = n_i`` (``ivm_include``):
 
    * sites (eqs 22-23): ``β_n = ν_n / (1 - ν_n ς_n)``, ``m_n = μ_n + g_n / ν_n``;
@@ -87,11 +89,12 @@ active set" below.
 """
 import numpy as np
 
-from libc.math cimport sqrt, log, log1p, isfinite, INFINITY
+from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, isinf, INFINITY, NAN
+from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport dcopy, gemv_t
-from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN
+from fastep._epcore.sites cimport (SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN,
+                                   LIK_PROBIT)
 from fastep._epcore.gp_ep cimport splitmix64_next
-from fastep._epcore.sites import site_moments_array as _site_moments_array
 
 # Module-level integer constants (CRITERION_*, IVM_*) for Python callers.
 for _enum_class in (IVMCriterion, IVMStatus):
@@ -108,6 +111,13 @@ cdef double _NEGATIVE_VARIANCE_RTOL = 1e-8
 # --------------------------------------------------------------------------- #
 # nogil building blocks
 # --------------------------------------------------------------------------- #
+
+cdef inline bint _site_at(const SiteModel* model, double y, double mean, double var, double sigma2,
+                          double* g, double* nu) noexcept nogil:
+    """g, ν from the site kernel at the cavity N(mean, var + sigma2); False if it fails."""
+    cdef double log_z = 0.0
+    return site_moments(model, y, mean, var + sigma2, &log_z, g, nu) == SITE_OK
+
 
 cdef inline bint _moments(const SiteModel* model, double y, double mean, double var, double sigma2,
                           double* g, double* nu) noexcept nogil:
@@ -155,29 +165,40 @@ cdef inline int _finish_pick(IVMArrays* s, int criterion, unsigned long long* rn
     return IVM_OK
 
 
+cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double g,
+                               double nu) noexcept nogil:
+    """Store g, ν of inactive point i (NaN where its site kernel failed, ``ok`` False);
+    True if the point is eligible: ``ok``, ς > 0, ν > 0 and ν ς < 1."""
+    if not ok:
+        g = NAN
+        nu = NAN
+    s.g[i] = g
+    s.nu[i] = nu
+    return ok and var > 0.0 and nu > 0.0 and var * nu < 1.0
+
+
 cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                    int criterion, unsigned long long* rng_state, int* best) noexcept nogil:
     """Score every inactive point (fills g, nu, score; ineligible points score -inf).
 
     ``best`` receives the chosen point: the highest score, lowest index among ties
     (random criterion: a uniformly drawn eligible point).  Returns IVM_OK or
-    IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point.
+    IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point; g and ν are the site
+    kernel's at N(μ_n, ς_n + sigma2) (NaN where it fails), as in the fused pass.
     """
     cdef int i, n = s.n, chosen = -1, n_eligible = 0
     cdef double gi = 0.0, nui = 0.0, var, sc, best_score = -INFINITY
+    cdef bint ok
     for i in range(n):
         if s.is_active[i]:
             continue
         var = s.post_var[i]
-        if not _moments(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui):
-            s.g[i] = gi
-            s.nu[i] = nui
+        ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
+        if not _store_moments(s, i, var, ok, gi, nui):
             s.score[i] = -INFINITY
             continue
         n_eligible += 1
         sc = _criterion(criterion, var, gi, nui)
-        s.g[i] = gi
-        s.nu[i] = nui
         s.score[i] = sc
         if sc > best_score:
             best_score = sc
@@ -211,6 +232,396 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
     return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
 
 
+# --------------------------------------------------------------------------- #
+# The fused scoring pass (``IVMState.score`` / ``select``)
+# --------------------------------------------------------------------------- #
+#
+# Nogil loops over the inactive points that compute only what the criterion needs:
+#
+# * g and ν, never log Z.  Probit and Gaussian sites are computed inline, in blocks of
+#   ``_SCORE_BLOCK`` points stage by stage as ``sites.site_moments_array`` does, with the
+#   very same operations (so g and ν are bitwise the site kernel's α and β; tested against
+#   ``site_moments``); any point outside the inline kernels' range (probit |z| >= 8,
+#   ς <= 0, non-finite values) and every other likelihood goes through ``site_moments``.
+# * Entropy (eq 26) and random: no logarithm per candidate.  ΔH = -½ log(1 - p) with
+#   p = ν ς is increasing in p, so the pass keeps p (``prod``) and the largest p; the
+#   winner is then found among the points with p >= p_max (1 - 1e-9) by their exact
+#   scores (the expression of ``_criterion``), highest score and lowest index first.
+#   That is exactly the choice of the full pass: for p_i < p_max (1 - 1e-9) the true
+#   scores differ by at least ½ (p_max - p_i) >= ½ 1e-9 p_max, while the computed scores
+#   (one log1p or log, a few ulp, |ΔH| <= 18.4 because p <= 1 - 2⁻⁵³) are off by less
+#   than 1e-14 max(p_max, 1) relative; when p_max < 1e-280 (near the subnormal range,
+#   where 1e-9 p_max may round away and ½ log1p(-p) loses bits) every eligible point is
+#   scored.  The score array is filled from ``prod`` only when it is
+#   read (``IVMState.score_values``) or a point is included.
+# * Entropy with the probit likelihood (``_score_entropy_probit``): most points are not
+#   even given g and ν.  With c = (slope⁻² + ς + sigma2)^(-½) and z = y c (μ + bias),
+#   ν = c² h(z), h(z) = r (r + z), r = N(z)/Φ(z); h decreases from 1 to 0, so on the cell
+#   [z_k, z_k + ¼) of a grid over [-8, 8) it is at most h(z_k), and p <= ς c² h(z_k)
+#   (1 + 1e-12) (``_h_bound``; the margin covers the few-ulp rounding of the inline
+#   kernel).  That bound costs one sqrt and one division per point; g and ν are computed
+#   (inline, exactly as above) only for the points whose bound reaches p_best (1 - 1e-9),
+#   p_best the largest exact p found so far (first for the point with the largest
+#   bound).  A point left out has p < p_max (1 - 1e-9), outside the window above, so
+#   the choice is that of the full pass.  At USPS scale 0.1-10 % of the points are
+#   computed.  The others' μ and ς are kept (``snap_mean``, ``snap_var``) and their g,
+#   ν, p are computed when g, ν or the scores are read (``IVMState._fill_moments``).
+# * Information gain: the score of every eligible point, as ``_criterion``.
+
+cdef extern from *:
+    """
+    #define FASTEP_IVM_LOG_SQRT_2PI 0.91893853320467274178
+    """
+    const double _LOG_SQRT_2PI "FASTEP_IVM_LOG_SQRT_2PI"   # the literal of sites.pyx
+
+include "_gauss_tail_table.pxi"
+
+cdef enum:
+    _SCORE_BLOCK = 64
+    _H_CELLS = 64          # cells [-8 + k/4, -8 + (k + 1)/4) of the probit bound on ν
+
+# Relative width of the window of candidates scored exactly (see above), the p_max
+# below which every eligible point is scored, and the relative margin of ``_h_bound``.
+cdef double _WINDOW = 1e-9
+cdef double _WINDOW_MIN_P = 1e-280
+cdef double _H_MARGIN = 1e-12
+cdef double _h_bound[_H_CELLS]       # h(z_k) (1 + _H_MARGIN), z_k = -8 + k/4 (filled below)
+
+
+cdef struct _Pick:
+    double p_max         # entropy / random: the largest p = ν ς (first index attaining it)
+    double best_score    # information gain: the largest score
+    int chosen
+    int n_eligible
+
+
+cdef struct _Lik:
+    int code             # LIK_PROBIT or LIK_GAUSSIAN: inline kernel; -1: site by site
+    double inv_slope2    # probit: 1/slope² (0 for an infinite slope), as sites._inv_slope2
+    double bias          # probit
+    double noise         # Gaussian noise variance
+
+
+cdef inline void _prepare(const SiteModel* model, _Lik* lik) noexcept nogil:
+    cdef double slope
+    lik.code = -1
+    lik.inv_slope2 = 0.0
+    lik.bias = 0.0
+    lik.noise = 0.0
+    if model.code == LIK_PROBIT and model.n_params == 2:
+        slope = model.params[0]
+        lik.code = LIK_PROBIT
+        lik.inv_slope2 = 0.0 if isinf(slope) else 1.0 / (slope * slope)
+        lik.bias = model.params[1]
+    elif model.code == LIK_GAUSSIAN and model.n_params == 1:
+        lik.code = LIK_GAUSSIAN
+        lik.noise = model.params[0]
+
+
+cdef inline void _pick_init(_Pick* pk) noexcept nogil:
+    pk.p_max = -INFINITY
+    pk.best_score = -INFINITY
+    pk.chosen = -1
+    pk.n_eligible = 0
+
+
+cdef inline double _entropy_score(double p) noexcept nogil:
+    """ΔH of an eligible point from p = ν ς (the expression of ``_criterion``)."""
+    return -0.5 * _log1m(p)
+
+
+cdef inline double _gauss_tail_table(double x) noexcept nogil:
+    """G(x) = N(x)/Φ(-x) - x for 0 <= x < 8: the table and Horner loop of ``sites._gauss_tail``."""
+    cdef int i = <int>(x * _GT_INV_WIDTH), j
+    cdef const double* coef = fastep_gauss_tail_coef + i * (_GT_DEGREE + 1)
+    cdef double t = x - (i * _GT_WIDTH + 0.5 * _GT_WIDTH)
+    cdef double p = coef[_GT_DEGREE]
+    for j in range(_GT_DEGREE - 1, -1, -1):
+        p = coef[j] + t * p
+    return p
+
+
+cdef inline double _normal_density(double z) noexcept nogil:
+    """N(z) as ``sites._cdf_terms_g`` forms it for z > 0."""
+    return exp(-0.5 * z * z - _LOG_SQRT_2PI)
+
+
+cdef inline bint _probit_tail_moments(double y, double c, double z, double gt, double nrm,
+                                      double* g, double* nu) noexcept nogil:
+    """Probit g = y c r, ν = c² r (r + z), r = N(z)/Φ(z), for |z| < 8 given gt = G(|z|) and,
+    for z > 0, nrm = N(z) (``sites._cdf_terms_g`` and ``sites._probit_out``, same operations).
+    False if they are not finite (the site kernel then fails too)."""
+    cdef double x, r_h, hpz, upper
+    if z <= 0.0:
+        x = -z
+        r_h = x + gt
+        hpz = gt
+    else:
+        upper = nrm / (z + gt)
+        r_h = nrm / (1.0 - upper)
+        hpz = r_h + z
+    g[0] = y * c * r_h
+    x = r_h * hpz
+    if x < 0.0:
+        x = 0.0
+    elif x > 1.0:
+        x = 1.0
+    nu[0] = c * c * x
+    return isfinite(g[0]) and isfinite(nu[0])
+
+
+cdef inline bint _gaussian_moments(double noise, double y, double var, double mu, double sigma2,
+                                   double* g, double* nu) noexcept nogil:
+    """Gaussian g = (y - μ)/v, ν = 1/v, v = ς + sigma2 + σ² (``sites._gaussian_pre``); False
+    where the site kernel would fail (ς <= 0 is left to it, as are non-finite values)."""
+    cdef double v
+    if not (var > 0.0 and isfinite(mu)):
+        return False
+    v = (var + sigma2) + noise
+    g[0] = (y - mu) / v
+    nu[0] = 1.0 / v
+    return isfinite(g[0]) and isfinite(nu[0]) and isfinite(0.5 * (y - mu) * g[0])
+
+
+cdef inline bint _point_moments(const SiteModel* model, const _Lik* lik, double y, double var,
+                                double mu, double sigma2, double* g, double* nu) noexcept nogil:
+    """g, ν of one point at N(mu, var + sigma2): the inline kernels where they apply, else
+    ``site_moments``; False if the site kernel fails.  Bitwise the blocked pass's values."""
+    cdef double c, z, x
+    if lik.code == LIK_PROBIT:
+        c = 1.0 / sqrt((var + sigma2) + lik.inv_slope2)
+        z = y * (c * (mu + lik.bias))
+        x = fabs(z)
+        if var > 0.0 and x < _GT_X_MAX:
+            if _probit_tail_moments(y, c, z, _gauss_tail_table(x),
+                                    _normal_density(z) if z > 0.0 else 0.0, g, nu):
+                return True
+    elif lik.code == LIK_GAUSSIAN:
+        if _gaussian_moments(lik.noise, y, var, mu, sigma2, g, nu):
+            return True
+    return _site_at(model, y, mu, var, sigma2, g, nu)
+
+
+cdef inline void _record(IVMArrays* s, double* prod, int criterion, int i, double var,
+                         bint ok, double g, double nu, _Pick* pk) noexcept nogil:
+    """Store g, ν of inactive point i (``_store_moments``) and score it."""
+    cdef double p, sc
+    if not _store_moments(s, i, var, ok, g, nu):
+        if criterion == CRITERION_INFO_GAIN:
+            s.score[i] = -INFINITY
+        else:
+            prod[i] = -INFINITY
+        return
+    p = var * nu
+    pk.n_eligible += 1
+    if criterion == CRITERION_INFO_GAIN:
+        sc = 0.5 * (g * g * var - p - _log1m(p))
+        s.score[i] = sc
+        if sc > pk.best_score:
+            pk.best_score = sc
+            pk.chosen = i
+    else:
+        prod[i] = p
+        if p > pk.p_max:
+            pk.p_max = p
+            pk.chosen = i
+
+
+cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double* y, IVMArrays* s,
+                           const double* var_a, const double* mean_a, const unsigned char* only,
+                           double sigma2, int criterion, double* prod, _Pick* pk) noexcept nogil:
+    """g, ν and ``_record`` for every inactive point (with ``only[i]`` set, unless ``only`` is
+    NULL) at the marginals ``var_a``, ``mean_a``; probit in stages over blocks of points."""
+    cdef int n = s.n, i = 0, j, m, q
+    cdef int idx[_SCORE_BLOCK]
+    cdef double cc[_SCORE_BLOCK]
+    cdef double zz[_SCORE_BLOCK]
+    cdef double gt[_SCORE_BLOCK]
+    cdef double nn[_SCORE_BLOCK]
+    cdef double gg[_SCORE_BLOCK]
+    cdef bint fast[_SCORE_BLOCK]
+    cdef double var, z, x, gq = 0.0, nuq = 0.0
+    cdef bint ok
+    while i < n:
+        m = 0
+        while i < n and m < _SCORE_BLOCK:
+            if not s.is_active[i] and (only == NULL or only[i]):
+                idx[m] = i
+                m += 1
+            i += 1
+        if lik.code == LIK_PROBIT:
+            # stage 1: c = 1/sqrt(slope⁻² + ς + sigma2), z = y c (μ + bias); stage 2: G(|z|)
+            for j in range(m):
+                q = idx[j]
+                cc[j] = 1.0 / sqrt((var_a[q] + sigma2) + lik.inv_slope2)
+                zz[j] = y[q] * (cc[j] * (mean_a[q] + lik.bias))
+            for j in range(m):
+                x = fabs(zz[j])
+                gt[j] = _gauss_tail_table(x) if x < _GT_X_MAX else 0.0
+            # stage 3: N(z) where 0 < z < 8 (the only call; the divisions of independent
+            # points then overlap in stage 4)
+            for j in range(m):
+                z = zz[j]
+                nn[j] = _normal_density(z) if 0.0 < z < _GT_X_MAX else 0.0
+            # stage 4: g, ν
+            for j in range(m):
+                q = idx[j]
+                fast[j] = var_a[q] > 0.0 and fabs(zz[j]) < _GT_X_MAX \
+                    and _probit_tail_moments(y[q], cc[j], zz[j], gt[j], nn[j], &gg[j], &nn[j])
+            for j in range(m):
+                q = idx[j]
+                var = var_a[q]
+                ok = fast[j]
+                gq = gg[j]
+                nuq = nn[j]
+                if not ok:
+                    ok = _site_at(model, y[q], mean_a[q], var, sigma2, &gq, &nuq)
+                _record(s, prod, criterion, q, var, ok, gq, nuq, pk)
+        else:
+            for j in range(m):
+                q = idx[j]
+                var = var_a[q]
+                ok = _point_moments(model, lik, y[q], var, mean_a[q], sigma2, &gq, &nuq)
+                _record(s, prod, criterion, q, var, ok, gq, nuq, pk)
+
+
+cdef int _finish_choice(IVMArrays* s, int criterion, const double* prod,
+                        unsigned long long* rng_state, _Pick* pk, int* best) noexcept nogil:
+    """The choice after a pass: the random draw, or the entropy window (see above)."""
+    cdef int n = s.n, i, r
+    cdef double thr, sc, best_sc
+    if pk.n_eligible == 0:
+        best[0] = -1
+        return IVM_NO_CANDIDATE
+    if criterion == CRITERION_RANDOM:
+        r = <int>(splitmix64_next(rng_state) % <unsigned long long>pk.n_eligible)
+        for i in range(n):
+            if not s.is_active[i] and prod[i] > -INFINITY:
+                if r == 0:
+                    pk.chosen = i
+                    break
+                r -= 1
+    elif criterion == CRITERION_ENTROPY:
+        thr = -INFINITY if pk.p_max < _WINDOW_MIN_P else pk.p_max - pk.p_max * _WINDOW
+        best_sc = -INFINITY
+        for i in range(n):
+            if not s.is_active[i] and prod[i] >= thr and prod[i] > -INFINITY:
+                sc = _entropy_score(prod[i])
+                if sc > best_sc:
+                    best_sc = sc
+                    pk.chosen = i
+    best[0] = pk.chosen
+    return IVM_OK
+
+
+cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
+                     int criterion, double* prod, unsigned long long* rng_state,
+                     int* best) noexcept nogil:
+    """The full fused pass (see above): g, ν of every inactive point, and ``prod`` (entropy,
+    random; -inf for ineligible points) or ``score`` (information gain).  ``best``: the
+    point ``ivm_score`` chooses.  Returns IVM_OK or IVM_NO_CANDIDATE."""
+    cdef _Lik lik
+    cdef _Pick pk
+    _prepare(model, &lik)
+    _pick_init(&pk)
+    _moments_blocked(model, &lik, y, s, s.post_var, s.post_mean, NULL, sigma2, criterion, prod, &pk)
+    return _finish_choice(s, criterion, prod, rng_state, &pk, best)
+
+
+cdef inline int _h_cell(double z) noexcept nogil:
+    """The cell k of ``_h_bound`` with z_k <= z, for -8 <= z < 8."""
+    cdef int k = <int>((z + 8.0) * 4.0)
+    if k > _H_CELLS - 1:
+        k = _H_CELLS - 1
+    if k > 0 and -8.0 + 0.25 * k > z:                  # (z + 8) 4 rounded up onto z_{k}
+        k -= 1
+    return k
+
+
+cdef int _score_entropy_probit(const SiteModel* model, const _Lik* lik, const double* y,
+                               IVMArrays* s, double sigma2, double* prod, double* bound,
+                               unsigned char* pending, double* snap_var, double* snap_mean,
+                               int* best, int* n_deferred) noexcept nogil:
+    """The entropy pass for the probit likelihood with the ν bound (see above).
+
+    Points given g, ν here get them in ``s.g``, ``s.nu`` and their p or -inf in ``prod``;
+    the others get ``pending`` = 1, ``prod`` = NaN and their μ, ς in ``snap_mean``,
+    ``snap_var``; ``n_deferred`` receives their number.  ``best``: the point the full pass
+    chooses.  Returns IVM_OK or IVM_NO_CANDIDATE.
+    """
+    cdef int n = s.n, i, i0, j, m, i_top = -1, skipped = 0
+    cdef double var, mu, z, u, top = -INFINITY, thr, gq = 0.0, nuq = 0.0
+    cdef double cc[_SCORE_BLOCK]
+    cdef double zz[_SCORE_BLOCK]
+    cdef bint ok
+    cdef _Pick pk
+    _pick_init(&pk)
+    memcpy(snap_var, s.post_var, n * sizeof(double))
+    memcpy(snap_mean, s.post_mean, n * sizeof(double))
+    i0 = 0
+    while i0 < n:
+        m = n - i0 if n - i0 < _SCORE_BLOCK else _SCORE_BLOCK
+        for j in range(m):                          # independent points: the divisions overlap
+            i = i0 + j
+            cc[j] = 1.0 / sqrt((snap_var[i] + sigma2) + lik.inv_slope2)
+            zz[j] = y[i] * (cc[j] * (snap_mean[i] + lik.bias))
+        for j in range(m):
+            i = i0 + j
+            pending[i] = 0
+            if s.is_active[i]:
+                continue
+            var = snap_var[i]
+            z = zz[j]
+            if var > 0.0 and fabs(z) < _GT_X_MAX:
+                u = var * (cc[j] * cc[j]) * _h_bound[_h_cell(z)]
+                bound[i] = u
+                pending[i] = 1
+                prod[i] = NAN
+                if u > top:
+                    top = u
+                    i_top = i
+            else:
+                ok = _site_at(model, y[i], snap_mean[i], var, sigma2, &gq, &nuq)
+                _record(s, prod, CRITERION_ENTROPY, i, var, ok, gq, nuq, &pk)
+        i0 += m
+    if i_top >= 0:
+        ok = _point_moments(model, lik, y[i_top], snap_var[i_top], snap_mean[i_top], sigma2, &gq, &nuq)
+        _record(s, prod, CRITERION_ENTROPY, i_top, snap_var[i_top], ok, gq, nuq, &pk)
+        pending[i_top] = 0
+    thr = -INFINITY if pk.p_max < _WINDOW_MIN_P else pk.p_max - pk.p_max * _WINDOW
+    for i in range(n):
+        if pending[i] and bound[i] >= thr:
+            ok = _point_moments(model, lik, y[i], snap_var[i], snap_mean[i], sigma2, &gq, &nuq)
+            _record(s, prod, CRITERION_ENTROPY, i, snap_var[i], ok, gq, nuq, &pk)
+            pending[i] = 0
+            if pk.p_max >= _WINDOW_MIN_P:
+                thr = pk.p_max - pk.p_max * _WINDOW
+        skipped += pending[i]
+    n_deferred[0] = skipped
+    return _finish_choice(s, CRITERION_ENTROPY, prod, NULL, &pk, best)
+
+
+cdef void _init_h_bound() noexcept nogil:
+    """``_h_bound[k]`` = h(z_k) (1 + _H_MARGIN) by the inline kernel (c = 1 gives ν = h) for
+    k >= 1; 1 for the first cell (z_0 = -8 is outside the kernel's table; h < 1)."""
+    cdef int k
+    cdef double z, g = 0.0, h = 0.0
+    _h_bound[0] = 1.0 + _H_MARGIN
+    for k in range(1, _H_CELLS):
+        z = -8.0 + 0.25 * k
+        _probit_tail_moments(1.0, 1.0, z, _gauss_tail_table(fabs(z)),
+                             _normal_density(z) if z > 0.0 else 0.0, &g, &h)
+        _h_bound[k] = h * (1.0 + _H_MARGIN)
+
+
+_init_h_bound()
+
+
+def _probit_h_bound():
+    """The bound table (z_k, h(z_k) (1 + margin)) of the pruned entropy pass (for tests)."""
+    return np.array([-8.0 + 0.25 * k for k in range(_H_CELLS)]), np.array([_h_bound[k] for k in range(_H_CELLS)])
+
+
 cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                      int point, const double* column, double* work) noexcept nogil:
     """Include ``point`` (ADF step, eqs 15-16 and 22-30) given its kernel column ``K[:, point]``.
@@ -229,7 +640,9 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     cdef double* row
     cdef double* pv = s.post_var
     cdef double* pm = s.post_mean
-    cdef bint finite = True
+    cdef const double* dk = s.diag_k
+    cdef double neg_rtol = -_NEGATIVE_VARIANCE_RTOL
+    cdef bint finite = True, negative = False
     if k >= d_max:
         return IVM_FULL
     if point < 0 or point >= n or s.is_active[point]:
@@ -257,12 +670,14 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
         a[j] = s.M[<Py_ssize_t>j * nn + point]
     if k > 0:
         gemv_t(k, n, -1.0, s.M, n, a, 1.0, col)
-    # eqs 27-28 and the new row of M
+    # eqs 27-28, the new row of M and the PSD check, in one pass
     sq_nu = sqrt(nu)
     row = s.M + <Py_ssize_t>k * nn
     for i in range(nn):
         si = col[i]
-        pv[i] -= nu * si * si
+        c = pv[i] - nu * si * si
+        pv[i] = c
+        negative = negative | (c < neg_rtol * dk[i])
         pm[i] += g * si
         row[i] = sq_nu * si
     # Cholesky row append: l = sqrt(β) M[:, n], l_kk = sqrt(1 + β ς_n)
@@ -278,9 +693,8 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
     s.active[k] = point
     s.is_active[point] = 1
     s.k = k + 1
-    for i in range(nn):
-        if pv[i] < -_NEGATIVE_VARIANCE_RTOL * s.diag_k[i]:
-            return IVM_NEGATIVE_VARIANCE
+    if negative:
+        return IVM_NEGATIVE_VARIANCE
     return IVM_OK
 
 
@@ -303,8 +717,6 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 #   2x2 Woodbury update of A and h (one rank-2 update, O(k n)).
 # Memory: S and the cached kernel rows K[I, :] are k x n each, so O(d n) in all.
 
-from libc.math cimport fabs
-from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport potrf, trsm, gemm, ger, trsv as _trsv
 from fastep._epcore.gp_ep cimport random_permutation
 
@@ -676,7 +1088,9 @@ cdef class IVMState:
     -------------------------------------------------------------------------
     n, d_max, n_active; active (inclusion order), M (k x n), L (k x k),
     post_var, post_mean, g, nu, score, site_mean, site_precision (n),
-    chosen_score (k): the criterion value of each point when it was included.
+    chosen_score (k): the criterion value of each point when it was included;
+    n_deferred: the number of inactive points whose g, ν the last scoring pass did not need
+    (entropy with probit sites; computed when ``g``, ``nu`` or ``score_values`` are read).
     """
     cdef IVMArrays a
     cdef SiteSpec spec
@@ -686,7 +1100,10 @@ cdef class IVMState:
     cdef const double* y_ptr
     cdef double* work_ptr
     cdef object _y, _diag, _M, _L, _var, _mean, _g, _nu, _score, _site_mean, _site_prec
-    cdef object _active, _is_active, _work, _chosen, _cav_var, _log_z_all, _g_all, _nu_all
+    cdef object _active, _is_active, _work, _chosen, _prod, _bound, _pending, _snap_var, _snap_mean
+    cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
+    cdef bint _lazy_moments                    # g, ν, ν ς of the _pending points not computed yet
+    cdef readonly int n_deferred               # points whose g, ν the last pass deferred
     cdef object _KI, _ki_idx, _ki_fn           # refinement: cached K[I, :] (slot order)
 
     def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
@@ -727,10 +1144,13 @@ cdef class IVMState:
         self._is_active = np.zeros(n, dtype=np.uint8)
         self._work = np.empty(n + d_max)
         self._chosen = np.full(d_max, np.nan)
-        self._cav_var = np.empty(n)
-        self._log_z_all = np.empty(n)
-        self._g_all = np.empty(n)
-        self._nu_all = np.empty(n)
+        self._prod = np.full(n, np.nan)
+        self._bound = np.empty(n)
+        self._pending = np.zeros(n, dtype=np.uint8)
+        self._snap_var = np.empty(n)
+        self._snap_mean = np.empty(n)
+        self._lazy_scores = False
+        self._lazy_moments = False
         self.a.n = n
         self.a.d_max = d_max
         self.a.k = 0
@@ -759,56 +1179,98 @@ cdef class IVMState:
         return self._score_all()
 
     cdef int _score_all(self) except -2:
-        """The scoring pass: the staged site loop of ``sites.site_moments_array`` over all
-        n points (active points get a dummy proper cavity), then ``ivm_pick``; if any
-        site fails there, the per-site ``ivm_score`` (which skips failing sites)."""
-        cdef int best = -1, status, i
-        cdef double* cav = _ptr(self._cav_var)
-        cdef const double* var = self.a.post_var
-        cdef unsigned char* act = self.a.is_active
-        cdef double s2 = self.sigma2
+        """The fused scoring pass (g and ν without log Z; entropy and random ranked by ν ς,
+        the scores filled in only when read; entropy with probit sites through the ν bound,
+        g and ν of most points computed only when read)."""
+        cdef int best = -1, status, skipped = 0
+        cdef double* prod = _ptr(self._prod)
+        cdef double* bound = _ptr(self._bound)
+        cdef unsigned char* pending = _bptr(self._pending)
+        cdef double* snap_var = _ptr(self._snap_var)
+        cdef double* snap_mean = _ptr(self._snap_mean)
+        cdef _Lik lik
+        _prepare(&self.spec.model, &lik)
+        self._lazy_moments = self.criterion == CRITERION_ENTROPY and lik.code == LIK_PROBIT
         with nogil:
-            for i in range(self.a.n):
-                cav[i] = 1.0 if act[i] else var[i] + s2
-        try:
-            _site_moments_array(self.spec, self._y, self._mean, self._cav_var,
-                                self._log_z_all, self._g_all, self._nu_all)
-            fast = True
-        except ValueError:
-            fast = False
-        cdef const double* g_all = _cptr(self._g_all)
-        cdef const double* nu_all = _cptr(self._nu_all)
-        if fast:
-            with nogil:
-                status = ivm_pick(&self.a, g_all, nu_all, self.criterion, &self.rng_state, &best)
-        else:
-            with nogil:
-                status = ivm_score(&self.spec.model, self.y_ptr, &self.a, self.sigma2,
-                                   self.criterion, &self.rng_state, &best)
+            if self._lazy_moments:
+                status = _score_entropy_probit(&self.spec.model, &lik, self.y_ptr, &self.a, self.sigma2,
+                                               prod, bound, pending, snap_var, snap_mean, &best,
+                                               &skipped)
+            else:
+                status = _score_pass(&self.spec.model, self.y_ptr, &self.a, self.sigma2,
+                                     self.criterion, prod, &self.rng_state, &best)
+        self._lazy_scores = self.criterion != CRITERION_INFO_GAIN
+        self.n_deferred = skipped
         if status != IVM_OK:
             raise RuntimeError(_no_candidate_message(self.a.k))
         return best
 
     def score_per_site(self):
-        """``score`` through the per-site nogil pass ``ivm_score`` only (the cross-check)."""
+        """``score`` through the per-site nogil pass ``ivm_score`` only (the cross-check: one
+        ``site_moments`` call, log Z included, and one criterion evaluation per point)."""
         cdef int best = -1, status
         with nogil:
             status = ivm_score(&self.spec.model, self.y_ptr, &self.a, self.sigma2,
                                self.criterion, &self.rng_state, &best)
+        self._lazy_scores = False
+        self._lazy_moments = False
+        self.n_deferred = 0
         if status != IVM_OK:
             raise RuntimeError(_no_candidate_message(self.a.k))
         return best
+
+    cdef void _fill_moments(self):
+        """g, ν and ν ς of the points the last (pruned) pass left out, at their μ, ς then."""
+        cdef _Lik lik
+        cdef _Pick pk
+        cdef double* prod = _ptr(self._prod)
+        cdef const unsigned char* pending = _bptr(self._pending)
+        cdef const double* snap_var = _cptr(self._snap_var)
+        cdef const double* snap_mean = _cptr(self._snap_mean)
+        if not self._lazy_moments:
+            return
+        _prepare(&self.spec.model, &lik)
+        _pick_init(&pk)
+        with nogil:
+            _moments_blocked(&self.spec.model, &lik, self.y_ptr, &self.a, snap_var, snap_mean, pending,
+                             self.sigma2, CRITERION_ENTROPY, prod, &pk)
+        self._pending[:] = 0
+        self._lazy_moments = False
+
+    cdef void _fill_scores(self):
+        """Scores of the inactive points from ν ς after an entropy / random pass (eq 26)."""
+        cdef int i
+        cdef const double* prod = _cptr(self._prod)
+        self._fill_moments()
+        if not self._lazy_scores:
+            return
+        with nogil:
+            for i in range(self.a.n):
+                if not self.a.is_active[i]:
+                    self.a.score[i] = _entropy_score(prod[i]) if prod[i] > -INFINITY else -INFINITY
+        self._lazy_scores = False
 
     def include_point(self, int point, column):
         """Include ``point`` given its kernel column ``K[:, point]`` (length n, finite)."""
         col = np.ascontiguousarray(column, dtype=np.float64)
         if col.ndim != 1 or col.shape[0] != self.a.n:
             raise ValueError(f"column must be a vector of length n = {self.a.n}; got shape {col.shape}")
-        self._include(point, col, np.nan)
+        self._include(point, col, False)
 
-    cdef _include(self, int point, col, double chosen_score):
+    cdef _include(self, int point, col, bint record_score):
+        """Include ``point``; ``chosen_score`` gets its score from the last pass if
+        ``record_score`` (``select``), NaN otherwise (``include_point``)."""
         cdef const double[::1] cv = col
         cdef int status, k = self.a.k
+        cdef double chosen_score = np.nan
+        if 0 <= point < self.a.n and not self.a.is_active[point]:
+            if self._lazy_moments and self._pending[point]:
+                self._fill_moments()                    # a point the last pass did not compute
+            if self._lazy_scores:
+                p = self._prod[point]
+                self._score[point] = _entropy_score(p) if p > -INFINITY else -INFINITY
+            if record_score:
+                chosen_score = self._score[point]
         with nogil:
             status = ivm_include(&self.spec.model, self.y_ptr, &self.a, self.sigma2, point,
                                  &cv[0], self.work_ptr)
@@ -850,7 +1312,7 @@ cdef class IVMState:
             if col.ndim != 1 or col.shape[0] != self.a.n:
                 raise ValueError(f"column_fn({best}) must return a vector of length n = {self.a.n}; "
                                  f"got shape {col.shape}")
-            self._include(best, col, self._score[best])
+            self._include(best, col, True)
         return self._active[start:self.a.k].astype(np.intp)
 
     # -- derived quantities -----------------------------------------------------------------
@@ -1242,14 +1704,22 @@ cdef class IVMState:
 
     @property
     def g(self):
+        """g = ∂ log Z/∂μ of every inactive point at the last scoring pass (NaN where the site
+        kernel failed); for an active point, at its inclusion (or last EP update)."""
+        self._fill_moments()
         return _readonly(self._g)
 
     @property
     def nu(self):
+        """ν = -∂² log Z/∂μ², as ``g``."""
+        self._fill_moments()
         return _readonly(self._nu)
 
     @property
     def score_values(self):
+        """The criterion of every inactive point at the last scoring pass (-inf: not
+        eligible); for an active point, its score when it was included."""
+        self._fill_scores()
         return _readonly(self._score)
 
     @property
@@ -1347,27 +1817,42 @@ cdef unsigned char* _bptr(arr):
 # benchmark yardstick
 # --------------------------------------------------------------------------- #
 
-from fastep._epcore._blas cimport trsv
+from fastep._epcore._blas cimport trsv, gemv
 
 
 def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const int[::1] points,
-                        bint solves=True):
+                        bint solves=True, X=None):
     """The BLAS work of a d-point selection and nothing else (benchmarks only).
 
     For k = 0..d-1 (d = len(points)): gather ``a = M[:k, points[k]]``, ``s = -M[:k]ᵀ a``
     (the M reads of eq 30, one gemv) and, with ``solves``, the Cholesky row-append
     solve ``L[:k, :k]⁻¹ a`` (one trsv; the engine obtains that row from M without it).
     ``M`` is (>= d) x n, ``L`` (>= d) x (>= d) lower triangular with a nonzero diagonal.
+    With ``X`` (n x p, C-contiguous float64) each step first forms ``X x_{points[k]}`` (one
+    gemv: the O(n p) product of a kernel column), so that X and M compete for the caches as
+    in a selection.
     """
-    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j
+    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j, p = 0
     if M.shape[0] < d or L.shape[0] < d or ldl < d:
         raise ValueError("M and L need at least len(points) rows (and L as many columns)")
+    cdef const double[:, ::1] Xv
+    cdef const double* xp = NULL
+    if X is not None:
+        Xv = X
+        if Xv.shape[0] != n:
+            raise ValueError("X must have as many rows as M has columns")
+        p = Xv.shape[1]
+        xp = &Xv[0, 0]
     s_arr = np.empty(n)
     a_arr = np.empty(max(d, 1))
+    xs_arr = np.empty(n)
     cdef double[::1] s = s_arr
     cdef double[::1] a = a_arr
+    cdef double[::1] xs = xs_arr
     with nogil:
         for k in range(d):
+            if xp != NULL:
+                gemv(n, p, 1.0, xp, p, xp + <Py_ssize_t>points[k] * p, 0.0, &xs[0])
             for j in range(k):
                 a[j] = M[j, points[k]]
             if k > 0:
