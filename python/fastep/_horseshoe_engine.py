@@ -294,14 +294,16 @@ def _marginals(task, sigma2, rho2, gamma2, cf, sites, *, gradients=False, keep_f
 
 
 def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_decay=0.99,
-                min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
+                min_damping=0.3, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
                 w_floor=-0.1, n_threads=None):
     """Parallel damped EP for one task (supplement §1); the sites are updated in place.
 
     Iteration ``k`` (from 0): marginals (eqs 2-13) → cavities, tilted moments and target
     sites for all features in one compiled call (eqs 14-25) → every site moves a fraction
     ``ε_k = max(damping · damping_decay^k, min_damping)`` towards its target in natural
-    parameters (``g̃ ← g̃_new^ε g̃_old^{1-ε}``; the supplement's schedule is 0.5 and 1%).
+    parameters (``g̃ ← g̃_new^ε g̃_old^{1-ε}``; the supplement's schedule is 0.5 and 1%; the
+    floor, 0.3 by default, keeps EP moving once the schedule has decayed — see
+    :class:`fastep.MultiTaskHorseshoeRegression` for the measurements).
 
     Negative site variances. u- and v-sites: accepted (eqs 18-21 make one of the two
     negative for almost every feature). w-sites: ``negative_precision='clip'`` (default)

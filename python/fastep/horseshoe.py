@@ -408,10 +408,12 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         (exact EP, but it diverged on ambiguous problems; see
         :func:`fastep._horseshoe_engine.run_task_ep`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
-    damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.1
+    damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
         EP step ``ε_k = max(damping · damping_decay^k, min_damping)`` at iteration ``k``
-        (the supplement: 0.5, reduced by 1% per iteration; the floor keeps EP moving — the
-        unfloored schedule sums to 50 and stalled above 1e-10 in 2 of 12 test problems).
+        (the supplement: 0.5, reduced by 1% per iteration). The floor keeps EP moving: the
+        unfloored schedule sums to 50 and stalled above 1e-10 in 2 of 12 test problems;
+        over 16 test runs floors of 0.1 / 0.2 / 0.3 needed at most 1619 / 867 / 599
+        iterations to reach 1e-8, while 0.5 oscillated in 2 of them.
     tol : float, default 1e-8
         EP stops when the largest scaled site residual is below ``tol``.
     max_iter : int, default 1000
@@ -444,7 +446,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
-                 damping_decay=0.99, min_damping=0.1, tol=1e-8, max_iter=1000, max_opt_iter=100,
+                 damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
                  verbose=False):
         self.n_components = n_components
         self.learn_dependencies = learn_dependencies
@@ -548,7 +550,7 @@ class HorseshoeRegression(_HorseshoeBase):
     def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
-                 damping_decay=0.99, min_damping=0.1, tol=1e-8, max_iter=1000, max_opt_iter=100,
+                 damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
                  verbose=False):
         self.n_components = n_components
         self.learn_dependencies = learn_dependencies
