@@ -294,8 +294,8 @@ def _marginals(task, sigma2, rho2, gamma2, cf, sites, *, gradients=False, keep_f
 
 
 def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_decay=0.99,
-                min_damping=0.3, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
-                w_floor=-0.1, n_threads=None):
+                min_damping=0.3, tol=1e-8, max_iter=1000, max_halvings=10, max_held=25,
+                negative_precision="clip", w_floor=-0.1, n_threads=None):
     """Parallel damped EP for one task (supplement §1); the sites are updated in place.
 
     Iteration ``k`` (from 0): marginals (eqs 2-13) → cavities, tilted moments and target
@@ -329,7 +329,7 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     Returns
     -------
     dict with ``converged``, ``status`` ('converged', 'max_iter', 'stuck'), ``n_iter``,
-    ``residual``, ``n_clipped`` (w-site targets clipped in the last iteration), ``state`` (marginals with gradients and prediction factors) and ``site``
+    ``residual``, ``n_clipped`` (w-site targets clipped in the last iteration), ``n_held``, ``state`` (marginals with gradients and prediction factors) and ``site``
     (the last :func:`fastep._epcore.horseshoe.site_step` output, evaluated at ``state``).
     Raises ``ValueError`` if the starting sites are not valid.
     """
@@ -341,6 +341,8 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
         raise ValueError("the starting sites give an improper posterior or cavity")
     status = "max_iter"
     it = 0
+    n_held = 0
+    held_run = 0
     residual = np.inf
     while True:
         out, n_bad, n_clipped = _core.site_step(
@@ -357,15 +359,25 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
             break
         eps = max(damping * damping_decay ** it, min_damping)
         targets = {"pi_w": out[0], "h_w": out[1], "pi_u": out[2], "pi_v": out[3]}
+        eps0 = eps
         for _ in range(max_halvings + 1):
             new = {key: sites[key] + eps * (targets[key] - sites[key]) for key in sites}
             new_state = _marginals(task, sigma2, rho2, gamma2, cf, new)
             if new_state is not None:
+                held_run = 0
                 break
             eps *= 0.5
         else:
-            status = "stuck"
-            break
+            # Hold the precision decreases: raising site precisions can only raise the posterior
+            # precision and every cavity precision, so this step is always valid (module policy).
+            new = {key: sites[key] + eps0 * (np.maximum(targets[key], sites[key]) - sites[key])
+                   if key != "h_w" else sites[key] + eps0 * (targets[key] - sites[key]) for key in sites}
+            n_held = int(sum(np.count_nonzero(targets[key] < sites[key]) for key in ("pi_w", "pi_u", "pi_v")))
+            new_state = _marginals(task, sigma2, rho2, gamma2, cf, new)
+            held_run += 1
+            if new_state is None or held_run > max_held:
+                status = "stuck"
+                break
         for key in sites:
             sites[key][...] = new[key]
         state = new_state
@@ -373,4 +385,4 @@ def run_task_ep(task, sigma2, rho2, gamma2, cf, sites, *, damping=0.5, damping_d
     final = _marginals(task, sigma2, rho2, gamma2, cf, sites, gradients=True, keep_factors=True)
     log_z = float(np.sum(out[4]) + final["w"]["log_z"] + final["u"]["log_z"] + final["v"]["log_z"])
     return {"converged": status == "converged", "status": status, "n_iter": it, "residual": residual,
-            "state": final, "site": out, "log_z": log_z, "n_clipped": n_clipped}
+            "state": final, "site": out, "log_z": log_z, "n_clipped": n_clipped, "n_held": n_held}
