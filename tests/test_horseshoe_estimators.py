@@ -95,8 +95,8 @@ def test_learnt_dependencies_and_independent_horseshoe():
         ys.append(X @ w + 0.3 * rng.normal(size=20))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=20).fit(Xs, ys)
-        dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_opt_iter=30).fit(Xs, ys)
+        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=15).fit(Xs, ys)
+        dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_opt_iter=20).fit(Xs, ys)
     assert indep.P_.shape == (d, 0)
     np.testing.assert_allclose(indep.correlation_, np.eye(d), atol=1e-15)
     assert dep.P_.shape == (d, 2)
