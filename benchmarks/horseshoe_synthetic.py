@@ -16,6 +16,7 @@ in different interpreters (the data are regenerated from the seed in each):
     /work/venv_horseshoe/bin/python benchmarks/horseshoe_synthetic.py --peer-python /work/benchvenv/bin/python
     python benchmarks/horseshoe_synthetic.py                # one interpreter with both installed
     python benchmarks/horseshoe_synthetic.py --quick        # 4 tasks, few optimiser iterations
+    ... --seed 1                                             # another draw of the tasks
 """
 import argparse
 import json
