@@ -7,6 +7,9 @@ LinearEPClassifier, LinearEPRegressor
 GaussianProcessClassifier, GaussianProcessRegressor
     Gaussian-process models fitted by dense kernel-space EP (Minka §2), with evidence
     gradients and hyperparameter learning.
+SparseGPClassifier, SparseGPRegressor
+    Sparse GP models by EP with inducing inputs (EP-FITC, EP-DTC, power EP): O(nm²) time,
+    O(nm) memory, exact evidence gradients for the hyperparameters and the inducing inputs.
 IVMClassifier, IVMRegressor, IVMOrdinalRegressor
     Informative Vector Machines (Lawrence, Seeger & Herbrich 2005): sparse GP models by
     greedy entropy-based active-set selection, O(d² n) time, O(d n) memory.
@@ -34,6 +37,7 @@ from .gp import GaussianProcessClassifier, GaussianProcessRegressor
 from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
 from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
+from .sparse import SparseGPClassifier, SparseGPRegressor
 from .multioutput import RankKEP
 
 try:
@@ -47,5 +51,6 @@ __all__ = [
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
+    "SparseGPClassifier", "SparseGPRegressor",
     "HorseshoeRegression", "MultiTaskHorseshoeRegression",
 ]

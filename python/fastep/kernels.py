@@ -74,11 +74,21 @@ differentiating, 3 for RBF and 7 for MLP (shared intermediates P = XAXᵀ,
 sqrt(N), atan2 argument, scale factor, two work buffers), plus, for a product
 of kernels, the product of the other factors.
 
+Sparse GPs (inducing inputs Z) need derivatives of cross-covariances and of the
+diagonal: ``kernel.cross_gradient_iter(Z, X)`` yields ∂K(Z, X)/∂θ_i one (m, n) array at a
+time, ``kernel.diag_gradient(X)`` is the (n, n_theta) array of ∂k(x_i, x_i)/∂θ_j, and
+``kernel.input_gradient(Z, X, W)`` is the (m, d) gradient of Σ_ij W_ij k(z_i, x_j) with respect
+to Z (X fixed): for RBF/RBFARD ``G_i = -γ a ∘ Σ_j W_ij k(z_i, x_j) (z_i - x_j)``, for
+Linear/LinearARD ``G = v (W X) A``, for MLP/MLPARD ``G_i = w A Σ_j R_ij (x_j - (a_ij/d_i) z_i)``
+with ``R = (2/π) v W / sqrt(N)`` (notation of ``MLP``), zero for White and Bias, and by the sum
+and product rules for composites. Every kernel here provides all three.
+
 Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
 takes numpy's syrk path and is exactly symmetric), after subtracting the mean
 of ``X`` from both inputs (distances are translation invariant; centring removes
 the cancellation for data far from the origin), and clamped at 0.
 """
+import collections
 import copy
 import numbers
 
@@ -89,7 +99,7 @@ from . import _validation as _v
 
 __all__ = [
     "Kernel", "Linear", "RBF", "MLP", "White", "Bias", "LinearARD", "RBFARD", "MLPARD",
-    "Sum", "Product", "Transform", "TRANSFORMS", "KernelColumns",
+    "Sum", "Product", "Transform", "TRANSFORMS", "KernelColumns", "ColumnProductCache",
 ]
 
 _TWO_OVER_PI = 2.0 / np.pi
@@ -249,24 +259,107 @@ class _CentredColumns:
     ``x_iᵀx_j = x̃_iᵀx̃_j + x̃_iᵀμ + x̃_jᵀμ + μᵀμ``. One gemv over Xc per column therefore
     serves every non-ARD leaf of a sum or product (the column is memory bound: this halves
     the reads of X for RBF + Linear).
+
+    With ``max_columns > 0`` the products are also kept (least recently used first out,
+    read-only arrays) so that a later request for the same j skips the gemv: the product
+    does not depend on any kernel parameter, so it can be reused across parameter values
+    (see :class:`ColumnProductCache`).
     """
 
-    def __init__(self, X):
+    def __init__(self, X, max_columns=0):
         mu = X.mean(axis=0)
         self.Xc = np.ascontiguousarray(X - mu)
         self.norms_c = _row_sq_norms(self.Xc)
         self.xc_mu = self.Xc @ mu
         self.mu2 = float(mu @ mu)
         self.norms = _row_sq_norms(X)
+        self.max_columns = int(max_columns)
+        self._stored = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
 
     def centred_product(self, j):
-        return self.Xc @ self.Xc[j]
+        if self.max_columns <= 0:
+            return self.Xc @ self.Xc[j]
+        pc = self._stored.get(j)
+        if pc is not None:
+            self._stored.move_to_end(j)
+            self.hits += 1
+            return pc
+        self.misses += 1
+        pc = self.Xc @ self.Xc[j]
+        pc.flags.writeable = False
+        self._stored[j] = pc
+        if len(self._stored) > self.max_columns:
+            self._stored.popitem(last=False)
+        return pc
 
     def inner_product(self, pc, j):
         """x_iᵀx_j for all i from pc = Xc x̃_j."""
         out = pc + self.xc_mu
         out += self.xc_mu[j] + self.mu2
         return out
+
+
+class ColumnProductCache:
+    """Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
+
+    The columns of the non-ARD ``Linear``, ``RBF`` and ``MLP`` kernels are built from one
+    product of the centred inputs with the chosen row, ``Xc x̃_j`` (an O(n p) memory-bound
+    gemv), which does not depend on the kernel's parameters. An algorithm that asks for
+    columns of the same points again under new parameters (the IVM's Algorithm 2
+    reselects mostly the same active set after each optimisation) can keep those
+    products: ``cache = ColumnProductCache(X, max_columns)``, then
+    ``kernel.columns(X, product_cache=cache)`` for every parameter value (see
+    :meth:`Kernel.columns` for when the columns are bitwise identical to uncached ones).
+
+    Parameters
+    ----------
+    X : array (n, p)
+        The inputs (the same values must be passed to ``columns``).
+    max_columns : int >= 1
+        At most this many products are kept (n floats each; least recently used
+        dropped first).
+
+    Attributes
+    ----------
+    hits, misses : int
+        Products served from the cache / computed.
+    """
+
+    def __init__(self, X, max_columns):
+        X = _v.as_float_matrix(X, "X")
+        max_columns = _v.check_int(max_columns, "max_columns", minimum=1)
+        self.X = X
+        self._shared = _CentredColumns(X, max_columns)
+
+    @property
+    def max_columns(self):
+        return self._shared.max_columns
+
+    @property
+    def n_stored(self):
+        return len(self._shared._stored)
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self._shared._stored.values())
+
+    @property
+    def hits(self):
+        return self._shared.hits
+
+    @property
+    def misses(self):
+        return self._shared.misses
+
+    def clear(self):
+        self._shared._stored.clear()
+
+    def _for(self, X):
+        if X is not self.X and (X.shape != self.X.shape or not np.array_equal(X, self.X)):
+            raise ValueError("product_cache was built for different inputs X")
+        return self._shared
 
 
 def _shares_centred(kernel):
@@ -376,7 +469,7 @@ class Kernel:
         X = self._validate_X(X, "X")
         return self._grads(X, list(range(self.n_theta)))
 
-    def columns(self, X):
+    def columns(self, X, product_cache=None):
         """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
 
         For algorithms that need a few columns of an n×n kernel matrix that is never
@@ -386,13 +479,73 @@ class Kernel:
         kernel). Entry ``j`` of column ``j`` is exactly ``cols.diag[j]`` =
         ``kernel.diag(X)[j]``, so ``White`` contributes there and nowhere else, as in
         ``K(X, X)``. The other entries agree with ``kernel(X)`` to rounding.
+
+        ``product_cache`` (a :class:`ColumnProductCache` built on the same X) supplies
+        and keeps the parameter-free product ``Xc x̃_j`` of the non-ARD Linear, RBF and
+        MLP terms of this kernel (the kernel itself or the terms of sums and products),
+        so that columns requested again under other parameters skip the O(n p) gemv.
+        Columns are bitwise identical to the uncached ones when every sum or product
+        has at least two such terms (as the IVM paper's RBF + Linear + ...) or the
+        kernel is a lone RBF; otherwise (a lone Linear or MLP term, which uncached uses
+        ``X x_j`` directly) they agree to rounding.
         """
         X = self._validate_X(X, "X")
-        return KernelColumns(self, X)
+        if product_cache is not None and not isinstance(product_cache, ColumnProductCache):
+            raise TypeError(f"product_cache must be a ColumnProductCache, got {type(product_cache).__name__}")
+        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
     def _column_state(self, X):
         """Per-X intermediates for ``_column`` (default: X itself)."""
         return X
+
+    # ---- cross-covariance and input gradients (sparse GPs with inducing inputs) ---------------
+    def cross_gradient_iter(self, X, Y):
+        """Iterator over ∂K(X, Y)/∂theta[i], i = 0 .. n_theta-1, one fresh (n_x, n_y) array at a time.
+
+        For sparse GPs (K_mn = K(Z, X) with inducing inputs Z). ``White`` contributes zeros
+        (its cross-covariance is 0 for any second argument).
+        """
+        X, Y = self._validate_pair(X, Y)
+        return self._cross_grads(X, Y, list(range(self.n_theta)))
+
+    def diag_gradient(self, X):
+        """∂k(x_i, x_i)/∂theta[j] as an (n, n_theta) array, in O(n d) without forming K."""
+        X = self._validate_X(X, "X")
+        cols = list(self._diag_grads(X, list(range(self.n_theta))))
+        if not cols:
+            return np.zeros((X.shape[0], 0))
+        return np.column_stack(cols)
+
+    def input_gradient(self, X, Y, weights):
+        """Gradient with respect to the rows of X of ``Σ_ij weights_ij k(x_i, y_j)`` with Y held fixed.
+
+        Returns an (n_x, d) array ``G[i] = Σ_j weights_ij ∂k(x_i, y_j)/∂x_i``. For the gradient of
+        ``Σ_ij W_ij k(z_i, z_j)`` with respect to Z (both arguments moving) pass ``Y = Z`` and
+        ``W + Wᵀ``. Available for every kernel of this module and their sums and products
+        (``NotImplementedError`` for a user-defined kernel that does not implement it).
+        """
+        X, Y = self._validate_pair(X, Y)
+        W = _v.as_float_matrix(weights, "weights", min_rows=0, min_cols=0)
+        if W.shape != (X.shape[0], Y.shape[0]):
+            raise ValueError(f"weights must have shape ({X.shape[0]}, {Y.shape[0]}) = (rows of X, rows of Y), "
+                             f"got {W.shape}")
+        return self._input_grad(X, Y, W)
+
+    def _validate_pair(self, X, Y):
+        X = self._validate_X(X, "X")
+        Y = self._validate_X(Y, "Y")
+        if Y.shape[1] != X.shape[1]:
+            raise ValueError(f"Y must have the same number of columns as X ({X.shape[1]}), got {Y.shape[1]}")
+        return X, Y
+
+    def _cross_grads(self, X, Y, slots):
+        raise NotImplementedError(f"{type(self).__name__} does not provide cross-covariance gradients")
+
+    def _diag_grads(self, X, slots):
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients of its diagonal")
+
+    def _input_grad(self, X, Y, W):
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients with respect to its inputs")
 
     def _column(self, state, j):
         """Column j of K(X, X) except its j-th entry (fresh array); default: one K(X, x_j) call."""
@@ -445,11 +598,17 @@ class KernelColumns:
         ``kernel.diag(X)``.
     """
 
-    def __init__(self, kernel, X):
+    def __init__(self, kernel, X, shared=None):
         self.kernel = kernel
         self.X = X
         self.diag = np.array(kernel._diag(X), dtype=float, copy=True).reshape(-1)
-        self._state = kernel._column_state(X)
+        self._leaf_shared = None
+        if shared is not None and _shares_centred(kernel):
+            self._leaf_shared = shared
+        elif shared is not None and isinstance(kernel, _Composite):
+            self._state = kernel._shared_column_state(X, shared)
+        else:
+            self._state = kernel._column_state(X)
 
     @property
     def n(self):
@@ -462,7 +621,10 @@ class KernelColumns:
         j = int(j)
         if not 0 <= j < self.X.shape[0]:
             raise ValueError(f"j must be in [0, {self.X.shape[0]}), got {j}")
-        col = self.kernel._column(self._state, j)
+        if self._leaf_shared is not None:
+            col = self.kernel._column_centred(self._leaf_shared, j, self._leaf_shared.centred_product(j))
+        else:
+            col = self.kernel._column(self._state, j)
         col[j] = self.diag[j]
         return col
 
@@ -690,6 +852,28 @@ class _Leaf(Kernel):
         """Yield ∂K/∂x for each (name, element) pair: fresh arrays (``state`` may be None)."""
         raise NotImplementedError
 
+    def _cross_grads(self, X, Y, slots):
+        all_slots = self._slots()
+        pairs = [all_slots[s] for s in slots]
+        for (name, j), g in zip(pairs, self._cross_grads_constrained(X, Y, pairs)):
+            g *= self._dxdt(name, j)
+            yield g
+
+    def _diag_grads(self, X, slots):
+        all_slots = self._slots()
+        pairs = [all_slots[s] for s in slots]
+        for (name, j), g in zip(pairs, self._diag_grads_constrained(X, pairs)):
+            g *= self._dxdt(name, j)
+            yield g
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        """Yield ∂K(X, Y)/∂x for each (name, element) pair (fresh arrays)."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide cross-covariance gradients")
+
+    def _diag_grads_constrained(self, X, pairs):
+        """Yield ∂diag K(X, X)/∂x for each (name, element) pair (fresh arrays)."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide gradients of its diagonal")
+
 
 class _ARDMixin:
     """Per-column scales α_col = scales[ard_groups[col]] and the column sets of each scale."""
@@ -742,9 +926,15 @@ class Linear(_Leaf):
     def _diag(self, X):
         return self._value("variance") * _row_sq_norms(X)
 
+    def _grad_state(self, X):
+        return _gram(X)                         # shared by K and ∂K/∂v (one syrk instead of two)
+
+    def _K_from_state(self, X, state):
+        return state * self._value("variance")
+
     def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
-            yield _gram(X)
+            yield _gram(X) if state is None else state.copy()
 
     def _column(self, X, j):
         col = X @ X[j]
@@ -755,6 +945,19 @@ class Linear(_Leaf):
         col = shared.inner_product(pc, j)
         col *= self._value("variance")
         return col
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield _gram(X, Y)
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield _row_sq_norms(X)
+
+    def _input_grad(self, X, Y, W):
+        G = W @ Y
+        G *= self._value("variance")
+        return G
 
 
 class LinearARD(_ARDMixin, _Leaf):
@@ -807,6 +1010,32 @@ class LinearARD(_ARDMixin, _Leaf):
                 g *= v
                 yield g
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        v = self._value("variance")
+        for name, j in pairs:
+            if name == "variance":
+                r = np.sqrt(self._column_scales())
+                yield _gram(X * r, Y * r)
+            else:
+                cols = self._columns_of(j)
+                g = _gram(np.ascontiguousarray(X[:, cols]), np.ascontiguousarray(Y[:, cols]))
+                g *= v
+                yield g
+
+    def _diag_grads_constrained(self, X, pairs):
+        v = self._value("variance")
+        for name, j in pairs:
+            if name == "variance":
+                yield (X * X) @ self._column_scales()
+            else:
+                cols = self._columns_of(j)
+                yield v * np.sum(X[:, cols] ** 2, axis=1)
+
+    def _input_grad(self, X, Y, W):
+        G = W @ Y
+        G *= self._value("variance") * self._column_scales()
+        return G
+
 
 class RBF(_Leaf):
     """Squared-exponential kernel k(x, y) = v exp(-γ/2 |x - y|²) (IVM §4, k_rbf).
@@ -849,9 +1078,9 @@ class RBF(_Leaf):
         return np.full(X.shape[0], self._value("variance"))
 
     def _column_state(self, X):
-        Xc, _ = _centre(X)
+        Xc, _ = _centre(X)                      # a fresh array: scale it in place (one n x p copy, not two)
         if self._has_scales:
-            Xc = Xc * np.sqrt(self._column_scales())
+            Xc *= np.sqrt(self._column_scales())
         Xc = np.ascontiguousarray(Xc)
         return Xc, _row_sq_norms(Xc)
 
@@ -890,6 +1119,36 @@ class RBF(_Leaf):
             else:
                 yield self._ard_grad(X, j, E, v, gamma)
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D = self._sqdist(X, Y)
+        E = np.exp(-0.5 * gamma * D)
+        for name, j in pairs:
+            if name == "variance":
+                yield E.copy()
+            elif name == "inverse_width":
+                g = D * E
+                g *= -0.5 * v
+                yield g
+            else:
+                yield self._ard_grad_cross(X, Y, j, E, v, gamma)
+
+    def _diag_grads_constrained(self, X, pairs):
+        for name, _ in pairs:
+            yield np.ones(X.shape[0]) if name == "variance" else np.zeros(X.shape[0])
+
+    def _input_scales(self, d):
+        return np.ones(d)
+
+    def _input_grad(self, X, Y, W):
+        # ∂k(x, y)/∂x_c = -γ a_c (x_c - y_c) k(x, y); differences from centred inputs
+        Xc, Yc = _centre(X, Y)
+        P = W * self._K(X, Y)
+        G = Xc * P.sum(axis=1)[:, None]
+        G -= P @ Yc
+        G *= -self._value("inverse_width") * self._input_scales(X.shape[1])
+        return G
+
 
 class RBFARD(_ARDMixin, RBF):
     """RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
@@ -924,6 +1183,17 @@ class RBFARD(_ARDMixin, RBF):
         g *= -0.5 * gamma * v
         return g
 
+    def _ard_grad_cross(self, X, Y, j, E, v, gamma):
+        Xc, Yc = _centre(X, Y)
+        cols = self._columns_of(j)
+        g = _sqdist_centred(Xc[:, cols], Yc[:, cols])
+        g *= E
+        g *= -0.5 * gamma * v
+        return g
+
+    def _input_scales(self, d):
+        return self._column_scales()
+
 
 class MLP(_Leaf):
     """MLP (arcsine) kernel of Williams (1997) (IVM §4, k_mlp, with the factor 2/π).
@@ -954,7 +1224,14 @@ class MLP(_Leaf):
       T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g  (T_y likewise),
 
     from d asin z = [da - (a/2)(dd/d + de/e)] / sqrt(N), arranged so that the
-    diagonal has no cancellation.
+    diagonal has no cancellation. The same formulas, with d for the rows of X and e for
+    those of Y, give ∂K(X, Y)/∂θ (``cross_gradient_iter``). For sparse GPs also
+
+    * ∂k(x, x)/∂θ (``diag_gradient``): with s = w|x|² + b, k(x, x) = (2/π) v asin(s/(s + 1))
+      and d asin(s/(s + 1))/ds = 1/((s + 1) sqrt(2s + 1)), so ∂/∂v = (2/π) asin(s/(s + 1)),
+      ∂/∂w = q |x|², ∂/∂b = q, ∂/∂α_g = q w |x_g|² with q = (2/π) v / ((s + 1) sqrt(2s + 1));
+    * ∂k(x, y)/∂x (``input_gradient``) = (2/π) v w A (y - (a/d) x) / sqrt(N) (e does not
+      depend on x).
     """
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
@@ -1096,6 +1373,100 @@ class MLP(_Leaf):
             g = M + M.T
             g *= Q
             yield g
+    # ---- sparse-GP derivatives (cross-covariance, diagonal, inputs) ---------------------------
+    def _input_scales(self, d):
+        """Per-column factor of A (all ones without ARD)."""
+        return self._column_scales() if self._has_scales else np.ones(d)
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        # The class docstring's formulas with separate d (rows, X) and e (columns, Y).
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, nx, ny, d, e, root = self._parts(X, Y)
+        a = P * w
+        a += b
+        Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
+        Q /= 2.0 * np.multiply.outer(d, e)         # ... / (2 d e)
+        for name, j in pairs:
+            if name == "variance":
+                g = np.arctan2(a, root)
+                g *= _TWO_OVER_PI
+                yield g
+                continue
+            if name == "weight_variance":           # e (P + b (P - |x|²)) + d (P + b (P - |y|²))
+                g = P - nx[:, None]
+                g *= b
+                g += P
+                g *= e[None, :]
+                t = P - ny[None, :]
+                t *= b
+                t += P
+                t *= d[:, None]
+            elif name == "bias_variance":           # d (1 + w (|y|² - P)) + e (1 + w (|x|² - P))
+                g = ny[None, :] - P
+                g *= w
+                g += 1.0
+                g *= d[:, None]
+                t = nx[:, None] - P
+                t *= w
+                t += 1.0
+                t *= e[None, :]
+            else:                                   # w (e T_x + d T_y), raw columns of group j
+                cols = self._columns_of(j)
+                Xg = np.ascontiguousarray(X[:, cols])
+                Yg = np.ascontiguousarray(Y[:, cols])
+                Pg = _gram(Xg, Yg)
+                nxg, nyg = _row_sq_norms(Xg), _row_sq_norms(Yg)
+                g = Pg * nx[:, None]                # T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g
+                g -= P * nxg[:, None]
+                g *= w
+                g += b * (Pg - nxg[:, None])
+                g += Pg
+                g *= e[None, :]
+                t = Pg * ny[None, :]                # T_y likewise
+                t -= P * nyg[None, :]
+                t *= w
+                t += b * (Pg - nyg[None, :])
+                t += Pg
+                t *= d[:, None]
+                t *= w
+                g *= w
+            g += t
+            del t
+            g *= Q
+            yield g
+
+    def _diag_grads_constrained(self, X, pairs):
+        # k(x, x) = (2/π) v asin(s/(s + 1)), s = w |x|² + b: d asin/ds = 1/((s + 1) sqrt(2s + 1))
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        n = _row_sq_norms(self._scaled(X))
+        s = w * n + b
+        r = np.sqrt(2.0 * s + 1.0)
+        q = (_TWO_OVER_PI * v) / ((s + 1.0) * r)
+        for name, j in pairs:
+            if name == "variance":
+                yield _TWO_OVER_PI * np.arctan2(s, r)
+            elif name == "weight_variance":
+                yield q * n
+            elif name == "bias_variance":
+                yield q.copy()
+            else:
+                yield q * (w * _row_sq_norms(X[:, self._columns_of(j)]))
+
+    def _input_grad(self, X, Y, W):
+        # ∂k(x, y)/∂x = (2/π) v w A (y - (a/d) x) / sqrt(N)  (e does not depend on x)
+        v, w, b = (self._value(n) for n in ("variance", "weight_variance", "bias_variance"))
+        P, _, _, d, _, root = self._parts(X, Y)
+        R = W / root
+        R *= _TWO_OVER_PI * v
+        a = P
+        a *= w
+        a += b
+        c = np.einsum("ij,ij->i", R, a)
+        c /= d
+        G = R @ Y
+        G -= c[:, None] * X
+        G *= w * self._input_scales(X.shape[1])
+        return G
 
 
 class MLPARD(_ARDMixin, MLP):
@@ -1148,6 +1519,17 @@ class White(_Leaf):
     def _column(self, X, j):
         return np.zeros(X.shape[0])     # the variance sits on the diagonal only
 
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.zeros((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
+
 
 class Bias(_Leaf):
     """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
@@ -1170,6 +1552,17 @@ class Bias(_Leaf):
 
     def _column(self, X, j):
         return np.full(X.shape[0], self._value("variance"))
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.ones((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1243,12 +1636,24 @@ class _Composite(Kernel):
             yield k, slice(pos, pos + k.n_theta)
             pos += k.n_theta
 
-    def _shared_column_state(self, X):
-        """Child column states; leaves that can share one centred product (``_CentredColumns``) get None."""
+    def _shared_column_state(self, X, shared=None):
+        """Child column states; leaves that can share one centred product (``_CentredColumns``) get None.
+
+        ``shared``: a caching ``_CentredColumns`` of X (from a ColumnProductCache) to use
+        even for a single sharing leaf, and in nested sums and products.
+        """
         sharing = [_shares_centred(k) for k in self.kernels]
-        shared = _CentredColumns(X) if sum(sharing) >= 2 else None
-        states = [None if (share and shared is not None) else k._column_state(X)
-                  for k, share in zip(self.kernels, sharing)]
+        cache = shared
+        if shared is None and sum(sharing) >= 2:
+            shared = _CentredColumns(X)
+        states = []
+        for k, share in zip(self.kernels, sharing):
+            if share and shared is not None:
+                states.append(None)
+            elif cache is not None and isinstance(k, _Composite):
+                states.append(k._shared_column_state(X, cache))
+            else:
+                states.append(k._column_state(X))
         return shared, states
 
     def _child_columns(self, state, j):
@@ -1329,6 +1734,20 @@ class Sum(_Composite):
         for c, local in self._runs(slots):
             yield from self.kernels[c]._grads(X, local)
 
+    def _cross_grads(self, X, Y, slots):
+        for c, local in self._runs(slots):
+            yield from self.kernels[c]._cross_grads(X, Y, local)
+
+    def _diag_grads(self, X, slots):
+        for c, local in self._runs(slots):
+            yield from self.kernels[c]._diag_grads(X, local)
+
+    def _input_grad(self, X, Y, W):
+        G = self.kernels[0]._input_grad(X, Y, W)
+        for k in self.kernels[1:]:
+            G = G + k._input_grad(X, Y, W)
+        return G
+
     def _value_and_gradient(self, X, dK_out):
         K = None
         for k, rng in self._child_ranges():
@@ -1389,6 +1808,38 @@ class Product(_Composite):
                 if other is not None:
                     g *= other
                 yield g
+
+    def _others_cross(self, X, Y, c):
+        other = None
+        for o, k in enumerate(self.kernels):
+            if o != c:
+                other = k._K(X, Y) if other is None else other * k._K(X, Y)
+        return other
+
+    def _cross_grads(self, X, Y, slots):
+        for c, local in self._runs(slots):
+            other = self._others_cross(X, Y, c)
+            for g in self.kernels[c]._cross_grads(X, Y, local):
+                if other is not None:
+                    g *= other
+                yield g
+
+    def _diag_grads(self, X, slots):
+        for c, local in self._runs(slots):
+            other = None
+            for o, k in enumerate(self.kernels):
+                if o != c:
+                    other = k._diag(X) if other is None else other * k._diag(X)
+            for g in self.kernels[c]._diag_grads(X, local):
+                yield g if other is None else g * other
+
+    def _input_grad(self, X, Y, W):
+        G = None
+        for c, k in enumerate(self.kernels):
+            other = self._others_cross(X, Y, c)
+            Gc = k._input_grad(X, Y, W if other is None else W * other)
+            G = Gc if G is None else G + Gc
+        return G
 
     def _value_and_gradient(self, X, dK_out):
         ranges = list(self._child_ranges())

@@ -246,3 +246,21 @@ cdef inline double lu_log_abs_det(int n, const double* lu, int lda, const blas_i
         total += _log_rk(u)
     sign[0] = s
     return total
+
+# ---------------------------------------------------------------------------
+# Sparse GP EP (sparse_ep): right-side triangular solve.  Same row-major
+# conventions as above.  Everything below this line belongs to this block.
+# ---------------------------------------------------------------------------
+
+cdef inline void trsm_right(bint lower, bint transpose, int m, int n, double alpha,
+                            const double* a, int lda, double* b, int ldb) noexcept nogil:
+    """Solve X op(A) = alpha * B in place (X overwrites B); B m x n row-major, A n x n
+    triangular row-major (non-unit diagonal); ``lower`` says which triangle of A is referenced."""
+    cdef blas_int m_ = n, n_ = m, lda_ = lda, ldb_ = ldb
+    # Column-major sees Bᵀ (n x m): op(A)ᵀ Xᵀ = alpha Bᵀ, a left-side solve; the memory of
+    # row-major A read column-major is Aᵀ, so op_F = 'N' gives op(A)ᵀ when transpose is False.
+    cdef char side = b'L'
+    cdef char uplo = b'U' if lower else b'L'
+    cdef char trans = b'T' if transpose else b'N'
+    cdef char diag = b'N'
+    _dtrsm(&side, &uplo, &trans, &diag, &m_, &n_, &alpha, <double*>a, &lda_, b, &ldb_)

@@ -1,0 +1,124 @@
+"""asv: the sparse GP EP engine (fastep._epcore.sparse_ep) and SparseGPClassifier on the issue-3 problem.
+
+One sequential sweep (rank-1 Cholesky updates, O(nm²)), one rebuild (O(nm²) BLAS-3), full runs to
+convergence per schedule and approximation (time, peak memory, sweeps), and one evidence
+gradient with respect to the kernel parameters and Z; one BLAS thread (the estimator's policy).
+"""
+import numpy as np
+
+import fastep
+from fastep import Probit
+from fastep._epcore import sparse_ep
+from fastep.kernels import RBF
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
+
+
+def _problem(n, m):
+    """The issue-3 benchmark problem (deterministic) and m inducing inputs drawn from it."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, size=(n, 2))
+    f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
+    y = np.where(f + 0.3 * rng.standard_normal(n) > 0, 1.0, -1.0)
+    Z = X[np.sort(np.random.default_rng(1).choice(n, size=m, replace=False))].copy()
+    return X, y, Z
+
+
+def _projection(X, Z, approximation="fitc"):
+    k = RBF(variance=1.0, inverse_width=1.0)
+    _, Vt, d = sparse_ep.sparse_projection(k(Z), np.ascontiguousarray(k(X, Z)), k.diag(X),
+                                           approximation=approximation, jitter=1e-6, overwrite_knm=True)
+    return Vt, d
+
+
+class _OneThread:
+    def _limit(self):
+        self.limits = threadpool_limits(1, "blas") if threadpool_limits is not None else None
+
+    def teardown(self, *args):
+        if getattr(self, "limits", None) is not None:
+            self.limits.unregister()
+
+
+class SparseEPSweep(_OneThread):
+    """One sequential sweep and one rebuild, from a warm state two sweeps in."""
+    params = [[2000, 20000], [50, 200]]
+    param_names = ["n", "m"]
+    timeout = 600
+
+    def setup(self, n, m):
+        self._limit()
+        X, self.y, Z = _problem(n, m)
+        self.Vt, self.d = _projection(X, Z)
+        self.spec = Probit().site_spec()
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        self.R, self.wm = np.empty((m, m)), np.empty(m)
+        sparse_ep.run_sparse_ep(self.Vt, self.d, self.y, self.spec, self.tau, self.nu, self.R, self.wm,
+                                max_sweeps=2)
+
+    def time_sequential_sweep(self, n, m):
+        tau, nu, R, wm = self.tau.copy(), self.nu.copy(), self.R.copy(), self.wm.copy()
+        sparse_ep.incremental_sweep(self.Vt, self.d, self.y, self.spec, tau, nu, R, wm)
+
+    def time_rebuild(self, n, m):
+        R, wm = np.empty_like(self.R), np.empty_like(self.wm)
+        sparse_ep.rebuild(self.Vt, self.tau, self.nu, R, wm, np.empty(n), np.empty(n))
+
+
+class SparseEPRun(_OneThread):
+    """Cold runs to convergence (tol 1e-6)."""
+    params = [["fitc-sequential", "fitc-parallel", "dtc-sequential"], [2000, 20000], [50, 200]]
+    param_names = ["config", "n", "m"]
+    timeout = 900
+
+    def setup(self, config, n, m):
+        self._limit()
+        approximation, schedule = config.split("-")
+        X, self.y, Z = _problem(n, m)
+        self.Vt, self.d = _projection(X, Z, approximation)
+        self.spec = Probit().site_spec()
+        self.options = dict(schedule=sparse_ep.SPARSE_PARALLEL if schedule == "parallel" else sparse_ep.SPARSE_SEQUENTIAL,
+                            damping=0.5 if schedule == "parallel" else 1.0, tol=1e-6, max_sweeps=500)
+
+    def _run(self):
+        n, m = self.Vt.shape
+        tau, nu, R, wm = np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m)
+        return sparse_ep.run_sparse_ep(self.Vt, self.d, self.y, self.spec, tau, nu, R, wm, **self.options)
+
+    def time_run(self, config, n, m):
+        self._run()
+
+    def peakmem_run(self, config, n, m):
+        self._run()
+
+    def track_sweeps(self, config, n, m):
+        return self._run()["n_sweeps"]
+
+    track_sweeps.unit = "sweeps"
+
+
+class SparseGPClassifierEvidence(_OneThread):
+    """The estimator: a fit with fixed hyperparameters and Z, and one EP run + exact gradient
+    (kernel parameters and the m x 2 inducing coordinates)."""
+    params = [[2000, 10000], [50]]
+    param_names = ["n", "m"]
+    timeout = 900
+
+    def setup(self, n, m):
+        self._limit()
+        self.X, self.y, self.Z = _problem(n, m)
+        self.clf = fastep.SparseGPClassifier(RBF(), Probit(), inducing_init=self.Z, optimizer=None)
+        self.clf.fit(self.X, self.y)
+        self.theta = np.concatenate([self.clf.kernel_.theta, self.Z.ravel()])
+
+    def time_fit(self, n, m):
+        fastep.SparseGPClassifier(RBF(), Probit(), inducing_init=self.Z, optimizer=None).fit(self.X, self.y)
+
+    def time_evidence_gradient(self, n, m):
+        self.clf.log_marginal_likelihood(self.theta, eval_gradient=True)
+
+    def peakmem_evidence_gradient(self, n, m):
+        self.clf.log_marginal_likelihood(self.theta, eval_gradient=True)

@@ -1,0 +1,60 @@
+# cython: language_level=3
+"""Sparse GP EP with inducing inputs (EP-FITC, EP-DTC, power EP): nogil building blocks (see sparse_ep.pyx).
+
+State (row-major; n sites, m inducing inputs):
+
+* ``Vt`` (n x m, input): row i is v_i = L_mm⁻¹ k_m(x_i), the projection of site i
+  (``Q_nn = Vt Vtᵀ``); ``d`` (n): the FITC diagonal K_ii - Q_ii (0 for DTC).
+* ``R`` (m x m, upper triangular): A = I + Vtᵀ diag(τ) Vt = Rᵀ R (strict lower part zero after a rebuild).
+* ``w_mean`` (m): μ_w = A⁻¹ Vtᵀ ν, so that E[g] = Vt μ_w and Var[g_i] = |R⁻ᵀ v_i|²; during a
+  sequential sweep the engine carries β = R⁻ᵀ Vtᵀ ν instead (μ_w = R⁻¹ β).
+* sites ``site_precision[i] = τ_i >= 0``, ``site_natural_mean[i] = ν_i`` on the projections g_i.
+"""
+from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats
+
+
+cpdef enum SparseSchedule:
+    SPARSE_SEQUENTIAL = 0    # one site at a time: two trsv and a rank-1 Cholesky update per site
+    SPARSE_PARALLEL = 1      # every site from the same posterior, then a rebuild (damping advised)
+
+
+cdef struct PowerRule:
+    double power                 # α in (0, 1]
+    const double* nodes          # Gauss-Hermite nodes t_k for ∫ g(t) exp(-t²) dt (used when α < 1)
+    const double* log_weights    # log(w_k / sqrt(pi))
+    int n_nodes
+
+
+cdef int power_site_moments(const SiteModel* model, const PowerRule* rule, double y, double mean,
+                            double var, double* log_z, double* alpha, double* beta) noexcept nogil
+
+cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y, double g_mean,
+                         double g_var, double d, double* site_precision_i,
+                         double* site_natural_mean_i, const SiteUpdateOptions* opts) noexcept nogil
+
+cdef int cholesky_rank1(double* R, int m, double* x, bint downdate, double* beta) noexcept nogil
+
+cdef int sparse_sweep_sequential(const SiteModel* model, const PowerRule* rule, const double* y,
+                                 const double* Vt, const double* d, int n, int m,
+                                 double* site_precision, double* site_natural_mean,
+                                 double* R, double* beta, const int* perm,
+                                 double* w, double* z, double* scratch, int scratch_rows,
+                                 const SiteUpdateOptions* opts, SweepStats* stats) noexcept nogil
+
+cdef void sparse_parallel_update(const SiteModel* model, const PowerRule* rule, const double* y,
+                                 const double* d, int n, double* site_precision,
+                                 double* site_natural_mean, const double* g_mean,
+                                 const double* g_var, const SiteUpdateOptions* opts,
+                                 SweepStats* stats) noexcept nogil
+
+cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_precision,
+                        const double* site_natural_mean, double* R, double* w_mean,
+                        double* g_mean, double* g_var, double* scratch, int scratch_rows,
+                        double* half_log_det_a, double* quad_b, double* beta) noexcept nogil
+
+cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const double* y,
+                         const double* d, int n, const double* site_precision,
+                         const double* site_natural_mean, const double* g_mean,
+                         const double* g_var, double half_log_det_a, double quad_b,
+                         int* bad_site) noexcept nogil
