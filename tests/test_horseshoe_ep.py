@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 
 from fastep import _horseshoe_engine as eng
+from fastep._threading import sweep_blas_threads
 from fastep.reference import horseshoe as ref
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    """These problems are tiny (d <= 20): run them as the estimators do (horseshoe._blas_context),
+    with one BLAS thread. Threaded OpenBLAS made each small triangular solve ~15x slower on a
+    loaded two-core machine."""
+    with sweep_blas_threads(0):
+        yield
 
 
 def problem(n, d, m, seed, noise=0.4):
