@@ -157,6 +157,51 @@ def test_damping_schedule_and_non_convergence_report():
     res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, tol=1e-14, max_iter=3)
     assert not res["converged"] and res["status"] == "max_iter" and res["n_iter"] == 3
     assert np.isfinite(res["log_z"]) and res["residual"] > 1e-14
+    # the floor keeps EP moving: a schedule 0.5·0.5^k sums to 1 and cannot get there alone
+    fast_decay = dict(damping=0.5, damping_decay=0.5, tol=1e-8, max_iter=200)
+    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.0, **fast_decay)
+    assert res["status"] == "max_iter" and res["residual"] > 1e-4
+    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.3, **fast_decay)
+    assert res["converged"] and res["min_damping"] == 0.3     # no stall: the floor stays
+
+
+def assert_valid_state(res, sites):
+    """Everything finite, the posterior marginals and every cavity proper."""
+    st = res["state"]
+    for part in ("w", "u", "v"):
+        assert np.all(st[part]["var"] > 0) and np.all(np.isfinite(st[part]["var"]))
+    for cav in (st["cav_var"], st["u"]["cav_var"], st["v"]["cav_var"]):
+        assert np.all(cav > 0) and np.all(np.isfinite(cav))
+    assert np.all(np.isfinite(st["w"]["mean"])) and np.isfinite(res["log_z"])
+    assert all(np.all(np.isfinite(a)) for a in sites.values())
+
+
+def test_stall_watch_halves_the_damping_floor():
+    """With strong correlations in C a floor of 0.3 leaves a slowly contracting oscillation;
+    halving the floor when 50 iterations lower the residual by less than half converges."""
+    X, y, P, D = problem(10, 20, 2, seed=28)
+    P = P / 0.4                                     # |C_ij| up to ~0.9
+    off, _ = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600, stall_window=10 ** 9)
+    assert off["status"] == "max_iter" and off["min_damping"] == 0.3
+    on, sites = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600)
+    assert on["converged"] and on["min_damping"] < 0.3 and on["n_iter"] < 600
+    assert_valid_state(on, sites)
+
+
+def test_held_decreases_and_stuck_policy():
+    """When no halved step keeps every cavity proper, the site-precision decreases are held
+    back for that iteration (EP still converges here); with C correlating features so strongly
+    that the targets lie outside the proper region, EP stops as 'stuck' after max_held such
+    iterations in a row, with the last valid state (finite, proper, never NaN)."""
+    X, y, P, D = problem(10, 20, 2, seed=0)
+    res, sites = run(X, y, 0.1, 0.05, 1.0, P / 0.4, D, tol=1e-9)
+    assert res["converged"] and res["n_held_iter"] > 0
+    assert_valid_state(res, sites)
+    X, y, P, D = problem(10, 20, 2, seed=16)
+    res, sites = run(X, y, 0.1, 0.05, 1.0, 3 * P / 0.4, D, tol=1e-9, max_held=25)
+    assert res["status"] == "stuck" and not res["converged"] and res["residual"] > 1e-3
+    assert res["n_held_iter"] > 25 and res["n_held"] > 0
+    assert_valid_state(res, sites)
 
 
 # ------------------------------------------------------------------------------ evidence
