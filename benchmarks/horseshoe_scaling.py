@@ -19,6 +19,7 @@ import argparse
 import os
 import resource
 import time
+import timeit
 import tracemalloc
 
 import numpy as np
@@ -41,12 +42,7 @@ def make(n, d, m, seed=0, n_relevant=10):
 
 
 def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.median(timeit.repeat(fn, number=1, repeat=repeats)))
 
 
 def traced_peak_mb(fn):
