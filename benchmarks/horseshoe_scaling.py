@@ -12,6 +12,7 @@ whole EP run, next to the size a d x d matrix would take; the process's peak RSS
     python benchmarks/horseshoe_scaling.py                 # d = 1000 ... 20000
     python benchmarks/horseshoe_scaling.py --quick         # d = 1000, 2000
     python benchmarks/horseshoe_scaling.py --m 10          # with a rank-10 P
+    python benchmarks/horseshoe_scaling.py --blas-threads 1
 
 Unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for this command if they are set (ENGINEERING.md).
 """
@@ -23,7 +24,7 @@ import timeit
 import tracemalloc
 
 import numpy as np
-from threadpoolctl import threadpool_info
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from fastep import _horseshoe_engine as eng
 from fastep._epcore import horseshoe as core
@@ -64,9 +65,13 @@ def main():
     parser.add_argument("--sizes", type=str, default=None, help="comma-separated d values")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-trace", action="store_true", help="skip the tracemalloc peaks")
+    parser.add_argument("--blas-threads", type=int, default=None,
+                        help="limit BLAS to this many threads (default: the process default)")
     args = parser.parse_args()
     sizes = ([1000, 2000] if args.quick else [1000, 2000, 5000, 10000, 20000]) if args.sizes is None \
         else [int(s) for s in args.sizes.split(",")]
+    if args.blas_threads is not None:
+        limiter = threadpool_limits(args.blas_threads, "blas")  # noqa: F841  (held for the whole run)
     blas = [(i["internal_api"], i.get("num_threads"), i.get("architecture")) for i in threadpool_info()
             if i["user_api"] == "blas"]
     print(f"BLAS {blas}; OpenMP site step: {core.OPENMP} ({core.max_threads()} threads); cpus {os.cpu_count()}")
@@ -93,7 +98,7 @@ def main():
             peak_ep = traced_peak_mb(ep)
         res, t_conv = result["res"], result["time"]
         state = eng._marginals(task, s2, r2, g2, cf, sites)
-        k = int(np.sum(sites["pi_w"] < eng.SPLIT * task.col_sq / s2))
+        k = int(np.sum(eng.split_set(task, s2, sites["pi_w"])))
         t_marg = median_time(lambda: eng._marginals(task, s2, r2, g2, cf, sites), args.repeats)
         args_step = (state["w"]["cav_mean"], state["cav_var"], state["u"]["cav_var"], state["v"]["cav_var"],
                      state["w"]["mean"], state["w"]["var"], state["u"]["var"], state["v"]["var"],

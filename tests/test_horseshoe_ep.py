@@ -73,6 +73,37 @@ def test_w_marginals_match_dense(n, d):
     assert eng.w_marginals(eng.Task(X, y), s2, np.full(d, -100.0), h) is None
 
 
+def test_split_set_is_capped_at_n_and_stays_exact():
+    """More than n features with small site precisions (an EP transient at large d): S keeps
+    those below HARD_SPLIT and the smallest ratios up to n, the rest go to B; the marginals
+    still match the dense inverse (ratios >= 1e-7 cost a few digits at most). More than n
+    non-positive precisions make Π + XᵀX/σ² indefinite: reported as invalid."""
+    rng = np.random.default_rng(3)
+    n, d, s2 = 6, 40, 0.3
+    X = rng.normal(size=(n, d))
+    y = rng.normal(size=n)
+    task = eng.Task(X, y)
+    data_prec = task.col_sq / s2
+    pi = rng.uniform(0.5, 3.0, d)
+    pi[:14] = data_prec[:14] * np.geomspace(1e-7, 5e-5, 14)     # 14 > n qualify for S
+    pi[3] = 1e-12 * data_prec[3]                                 # below HARD_SPLIT
+    h = rng.normal(size=d)
+    in_s = eng.split_set(task, s2, pi)
+    assert in_s.sum() == n and in_s[3] and np.all(in_s[:n]) and not np.any(in_s[14:])
+    out = eng.w_marginals(task, s2, pi, h, keep_factors=True)
+    V = np.linalg.inv(np.diag(pi) + X.T @ X / s2)
+    mu = V @ (h + X.T @ y / s2)
+    np.testing.assert_allclose(out["var"], np.diag(V), rtol=1e-7)
+    np.testing.assert_allclose(out["mean"], mu, rtol=1e-7, atol=1e-9 * np.abs(mu).max())
+    np.testing.assert_allclose(out["cav_prec"], 1.0 / np.diag(V) - pi, rtol=1e-5)
+    Xs = rng.normal(size=(3, d))
+    np.testing.assert_allclose(eng.predictive_variance(task, out["factors"], Xs),
+                               np.einsum("ij,jk,ik->i", Xs, V, Xs), rtol=1e-7)
+    pi_bad = pi.copy()
+    pi_bad[: n + 1] = -1e-3
+    assert eng.split_set(task, s2, pi_bad) is None and eng.w_marginals(task, s2, pi_bad, h) is None
+
+
 def test_latent_marginals_match_dense_and_reference():
     rng = np.random.default_rng(11)
     d, m = 9, 3
