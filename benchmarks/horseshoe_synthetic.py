@@ -17,6 +17,16 @@ in different interpreters (the data are regenerated from the seed in each):
     python benchmarks/horseshoe_synthetic.py                # one interpreter with both installed
     python benchmarks/horseshoe_synthetic.py --quick        # 4 tasks, few optimiser iterations
     ... --seed 1                                             # another draw of the tasks
+
+Measured (defaults: 8 tasks, 2 groups each, n = 64, noise sd 0.5, m = 16; 2 cores, load 2-3):
+relative reconstruction error ‖ŵ-w‖/‖w‖ (mean over tasks) for seeds 0 / 1 / 2: learnt C
+0.126 / 0.123 / 0.153, independent horseshoe 0.138 / 0.132 / 0.177, ARD 0.260 / 0.244 /
+0.317, LassoCV 0.209 / 0.199 / 0.250; excess test MSE: 0.246 / 0.287 / 0.330, 0.300 / 0.332 /
+0.448, 0.965 / 1.138 / 1.260, 0.687 / 0.770 / 0.872. Learnt |C| block means: within the
+relevant groups 0.50 / 0.31 / 0.41, between groups 0.10 / 0.06 / 0.08. Every learnt-C fit
+ended with "type-II ML stopped: EP did not converge near the point reached" (EP gets
+'stuck' once C has strong low-rank structure). With one group per task (seed 0) the
+learnt C did not help: 0.123 vs 0.110 (8 tasks), 0.116 vs 0.114 (16 tasks).
 """
 import argparse
 import json
