@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 
 from fastep import _horseshoe_engine as eng
+from fastep._threading import sweep_blas_threads
 from fastep.reference import horseshoe as ref
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    """These problems are tiny (d <= 20): run them as the estimators do (horseshoe._blas_context),
+    with one BLAS thread. Threaded OpenBLAS made each small triangular solve ~15x slower on a
+    loaded two-core machine."""
+    with sweep_blas_threads(0):
+        yield
 
 
 def problem(n, d, m, seed, noise=0.4):
@@ -61,6 +71,37 @@ def test_w_marginals_match_dense(n, d):
     assert abs(out["grad_sigma2"] - fd) < 1e-5 * max(1.0, abs(fd))
     # an indefinite precision is reported as invalid
     assert eng.w_marginals(eng.Task(X, y), s2, np.full(d, -100.0), h) is None
+
+
+def test_split_set_is_capped_at_n_and_stays_exact():
+    """More than n features with small site precisions (an EP transient at large d): S keeps
+    those below HARD_SPLIT and the smallest ratios up to n, the rest go to B; the marginals
+    still match the dense inverse (ratios >= 1e-7 cost a few digits at most). More than n
+    non-positive precisions make Π + XᵀX/σ² indefinite: reported as invalid."""
+    rng = np.random.default_rng(3)
+    n, d, s2 = 6, 40, 0.3
+    X = rng.normal(size=(n, d))
+    y = rng.normal(size=n)
+    task = eng.Task(X, y)
+    data_prec = task.col_sq / s2
+    pi = rng.uniform(0.5, 3.0, d)
+    pi[:14] = data_prec[:14] * np.geomspace(1e-7, 5e-5, 14)     # 14 > n qualify for S
+    pi[3] = 1e-12 * data_prec[3]                                 # below HARD_SPLIT
+    h = rng.normal(size=d)
+    in_s = eng.split_set(task, s2, pi)
+    assert in_s.sum() == n and in_s[3] and np.all(in_s[:n]) and not np.any(in_s[14:])
+    out = eng.w_marginals(task, s2, pi, h, keep_factors=True)
+    V = np.linalg.inv(np.diag(pi) + X.T @ X / s2)
+    mu = V @ (h + X.T @ y / s2)
+    np.testing.assert_allclose(out["var"], np.diag(V), rtol=1e-7)
+    np.testing.assert_allclose(out["mean"], mu, rtol=1e-7, atol=1e-9 * np.abs(mu).max())
+    np.testing.assert_allclose(out["cav_prec"], 1.0 / np.diag(V) - pi, rtol=1e-5)
+    Xs = rng.normal(size=(3, d))
+    np.testing.assert_allclose(eng.predictive_variance(task, out["factors"], Xs),
+                               np.einsum("ij,jk,ik->i", Xs, V, Xs), rtol=1e-7)
+    pi_bad = pi.copy()
+    pi_bad[: n + 1] = -1e-3
+    assert eng.split_set(task, s2, pi_bad) is None and eng.w_marginals(task, s2, pi_bad, h) is None
 
 
 def test_latent_marginals_match_dense_and_reference():
@@ -147,6 +188,51 @@ def test_damping_schedule_and_non_convergence_report():
     res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, tol=1e-14, max_iter=3)
     assert not res["converged"] and res["status"] == "max_iter" and res["n_iter"] == 3
     assert np.isfinite(res["log_z"]) and res["residual"] > 1e-14
+    # the floor keeps EP moving: a schedule 0.5·0.5^k sums to 1 and cannot get there alone
+    fast_decay = dict(damping=0.5, damping_decay=0.5, tol=1e-8, max_iter=200)
+    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.0, **fast_decay)
+    assert res["status"] == "max_iter" and res["residual"] > 1e-4
+    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.3, **fast_decay)
+    assert res["converged"] and res["min_damping"] == 0.3     # no stall: the floor stays
+
+
+def assert_valid_state(res, sites):
+    """Everything finite, the posterior marginals and every cavity proper."""
+    st = res["state"]
+    for part in ("w", "u", "v"):
+        assert np.all(st[part]["var"] > 0) and np.all(np.isfinite(st[part]["var"]))
+    for cav in (st["cav_var"], st["u"]["cav_var"], st["v"]["cav_var"]):
+        assert np.all(cav > 0) and np.all(np.isfinite(cav))
+    assert np.all(np.isfinite(st["w"]["mean"])) and np.isfinite(res["log_z"])
+    assert all(np.all(np.isfinite(a)) for a in sites.values())
+
+
+def test_stall_watch_halves_the_damping_floor():
+    """With strong correlations in C a floor of 0.3 leaves a slowly contracting oscillation;
+    halving the floor when 50 iterations lower the residual by less than half converges."""
+    X, y, P, D = problem(10, 20, 2, seed=28)
+    P = P / 0.4                                     # |C_ij| up to ~0.9
+    off, _ = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600, stall_window=10 ** 9)
+    assert off["status"] == "max_iter" and off["min_damping"] == 0.3
+    on, sites = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600)
+    assert on["converged"] and on["min_damping"] < 0.3 and on["n_iter"] < 600
+    assert_valid_state(on, sites)
+
+
+def test_held_decreases_and_stuck_policy():
+    """When no halved step keeps every cavity proper, the site-precision decreases are held
+    back for that iteration (EP still converges here); with C correlating features so strongly
+    that the targets lie outside the proper region, EP stops as 'stuck' after max_held such
+    iterations in a row, with the last valid state (finite, proper, never NaN)."""
+    X, y, P, D = problem(10, 20, 2, seed=0)
+    res, sites = run(X, y, 0.1, 0.05, 1.0, P / 0.4, D, tol=1e-9)
+    assert res["converged"] and res["n_held_iter"] > 0
+    assert_valid_state(res, sites)
+    X, y, P, D = problem(10, 20, 2, seed=16)
+    res, sites = run(X, y, 0.1, 0.05, 1.0, 3 * P / 0.4, D, tol=1e-9, max_held=25)
+    assert res["status"] == "stuck" and not res["converged"] and res["residual"] > 1e-3
+    assert res["n_held_iter"] > 25 and res["n_held"] > 0
+    assert_valid_state(res, sites)
 
 
 # ------------------------------------------------------------------------------ evidence

@@ -95,7 +95,7 @@ def test_learnt_dependencies_and_independent_horseshoe():
         ys.append(X @ w + 0.3 * rng.normal(size=20))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=20).fit(Xs, ys)
+        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=15).fit(Xs, ys)
         dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_opt_iter=30).fit(Xs, ys)
     assert indep.P_.shape == (d, 0)
     np.testing.assert_allclose(indep.correlation_, np.eye(d), atol=1e-15)
@@ -106,6 +106,57 @@ def test_learnt_dependencies_and_independent_horseshoe():
     within = A[np.ix_(block, block)][~np.eye(block.sum(), dtype=bool)].mean()
     between = A[groups[:, None] != groups[None, :]].mean()
     assert within > 0.5 and within > 3 * between
+
+
+def test_stuck_ep_warns_and_returns_finite_results():
+    """P_init correlating the features strongly (|C_ij| up to ~0.99), fixed hyperparameters:
+    EP stops as 'stuck' (see test_horseshoe_ep); the estimator warns and returns finite values."""
+    rng = np.random.default_rng(16)
+    X = rng.normal(size=(10, 20))
+    w = np.zeros(20)
+    w[:3] = [2.0, -1.5, 1.0]
+    y = X @ w + 0.4 * rng.normal(size=10)
+    P = 3.0 * rng.normal(size=(20, 2))
+    D = rng.uniform(0.5, 1.5, 20)
+    model = HorseshoeRegression(n_components=2, P_init=P, D=D, learn_hyperparameters=False, sigma2=0.1,
+                                rho2=0.05, fit_intercept=False)
+    with pytest.warns(ConvergenceWarning, match=r"EP for task 0 stopped \(stuck\)"):
+        model.fit(X, y)
+    assert not model.converged_
+    for a in (model.coef_, model.coef_var_, model.inclusion_, model.predict(X, return_std=True)[1]):
+        assert np.all(np.isfinite(a))
+    assert np.all(model.coef_var_ > 0) and np.isfinite(model.log_evidence_)
+
+
+def test_type2_ml_rounds_continue_after_failed_evaluations():
+    """_maximize on a quadratic whose evaluation fails (-inf, as when EP does not converge)
+    beyond θ_1 = c: a failed line-search point must not end the search (L-BFGS-B alone
+    stopped there on its relative-reduction test, silently); an optimum inside the failing
+    region ends at its edge with a ConvergenceWarning."""
+    target = np.array([1.0, 2.0, -1.0])
+    A = np.diag([1.36, 6.25, 0.022])
+    bounds = np.array([[-10.0, 10.0], [-np.inf, np.inf], [-np.inf, np.inf]])
+    start = np.array([6.5, -3.8, 8.5])
+
+    def objective(c, failures):
+        def f(theta):
+            if theta[1] > c:
+                failures.append(theta)
+                return -np.inf, np.zeros_like(theta)
+            r = theta - target
+            return -0.5 * r @ A @ r, -(A @ r)
+        return f
+
+    failures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        theta, _ = HorseshoeRegression(max_opt_iter=100)._maximize(objective(2.06, failures), start, bounds, 1)
+    assert failures and np.allclose(theta, target, atol=1e-5)
+    failures = []
+    with pytest.warns(ConvergenceWarning, match="type-II ML stopped: EP did not converge"):
+        theta, _ = HorseshoeRegression(max_opt_iter=100)._maximize(objective(1.5, failures), start, bounds, 1)
+    f = objective(1.5, [])
+    assert 1.0 < theta[1] <= 1.5 and f(theta)[0] > f(start)[0]
 
 
 def test_convergence_warning_and_params():

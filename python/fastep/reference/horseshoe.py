@@ -320,7 +320,7 @@ def _state(X, y, sigma2, rho2, gamma2, P, D, sites):
 
 
 def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping_decay=0.99,
-           min_damping=0.1, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
+           min_damping=0.3, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
            w_floor=-0.1):
     """Parallel EP with damping for one task (supplement §1).
 
