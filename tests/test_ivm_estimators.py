@@ -186,6 +186,32 @@ def test_learning_the_probit_bias_by_eq34():
     assert [h["stage"] for h in model.history_] == ["kernel", "noise"]
 
 
+def test_eq34_increases_without_bound_in_the_probit_slope_when_every_point_is_classified():
+    # Each log Z_n = log Φ(λ y (μ + b) / sqrt(1 + λ² ς)) increases with λ when y (μ + b) > 0, so
+    # eq 34 has no finite maximiser in the slope then (why a learnt slope keeps growing on USPS);
+    # with a misclassified point it has one.
+    rng = np.random.default_rng(7)
+    X = rng.uniform(-2, 2, size=(300, 2))
+    X = X[np.abs(X[:, 0]) > 0.4][:120]                       # separable with a margin
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+
+    def eq34_along_the_slope(labels):
+        problem = _IVMProblem(X, labels, RBF(4.0, 0.5), Probit(slope=1.0, bias=0.0), 30, engine.CRITERION_ENTROPY, 0)
+        problem.select()
+        mean, _ = problem.cavity_marginals()
+        values = [problem.noise_objective(np.array([0.0, t]), False)[0] for t in (0.0, 2.0, 4.0, 8.0, 16.0)]
+        return mean, np.array(values)
+
+    mean, values = eq34_along_the_slope(y)
+    assert np.all(y * mean > 0)                              # the premise: every point on its side
+    assert np.all(np.diff(values) > 0)
+    y_flip = y.copy()
+    y_flip[rng.choice(y.shape[0], 6, replace=False)] *= -1   # label noise
+    mean, values = eq34_along_the_slope(y_flip)
+    assert np.any(y_flip * mean < 0)
+    assert values[-1] < values.max()
+
+
 def test_regressor_with_all_points_is_exact_gp_regression():
     X, f, rng = _toy(60, 6)
     y = f + 0.1 * rng.normal(size=60) + 2.0
