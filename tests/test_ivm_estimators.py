@@ -97,6 +97,47 @@ def test_kernel_step_of_algorithm_2_does_not_lower_eq32():
     assert best > start + 1e-3          # the starting kernel is not already optimal here
 
 
+def test_scg_reaches_the_optimum_of_a_quadratic_and_of_rosenbrock():
+    from scipy.optimize import rosen, rosen_der
+    from fastep._optimize import maximize_log_likelihood_scg
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(8, 8))
+    A = A @ A.T + 0.5 * np.eye(8)
+    b = rng.normal(size=8)
+    wide = np.tile([-np.inf, np.inf], (8, 1))
+    theta, value, n = maximize_log_likelihood_scg(lambda t: (-0.5 * t @ A @ t + b @ t, b - A @ t), np.zeros(8),
+                                                  wide, maxiter=200, xtol=1e-12, ftol=1e-15)
+    np.testing.assert_allclose(theta, np.linalg.solve(A, b), rtol=1e-7, atol=1e-9)
+    assert value == pytest.approx(0.5 * b @ np.linalg.solve(A, b), rel=1e-12)
+    theta, value, n = maximize_log_likelihood_scg(lambda t: (-rosen(t), -rosen_der(t)), np.array([-1.2, 1.0]),
+                                                  wide[:2], maxiter=500, xtol=1e-10, ftol=1e-14)
+    np.testing.assert_allclose(theta, [1.0, 1.0], atol=1e-6)
+    assert n <= 2 * 500 + 1
+    # bounds: evaluations are clipped into them and so is the result
+    theta, _, _ = maximize_log_likelihood_scg(lambda t: (-np.sum((t - 3.0) ** 2), -2.0 * (t - 3.0)),
+                                              np.zeros(2), np.array([[-1.0, 1.0], [-1.0, 2.0]]), maxiter=50)
+    np.testing.assert_allclose(theta, [1.0, 2.0])
+
+
+def test_scg_kernel_step_of_algorithm_2_does_not_lower_eq32():
+    X, f, rng = _toy(150, 3)
+    y = np.where(f + 0.3 * rng.normal(size=150) > 0.3, 1.0, -1.0)
+    kernel = RBF(1.0, 1.0) + Bias(0.1)
+    problem = _IVMProblem(X, y, kernel, Probit(), 40, engine.CRITERION_ENTROPY, 0)
+    problem.select()
+    start, _ = problem.kernel_objective(kernel.theta)
+    from fastep._optimize import maximize_log_likelihood, maximize_log_likelihood_scg
+    theta, best, _ = maximize_log_likelihood_scg(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=200,
+                                                 xtol=1e-8, ftol=1e-10)
+    assert best > start + 1e-3 and best == pytest.approx(problem.kernel_objective(theta)[0], rel=1e-12)
+    _, best_lbfgs, _ = maximize_log_likelihood(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=200)
+    assert best == pytest.approx(best_lbfgs, abs=1e-5)          # the same optimum of eq 32
+    model = IVMClassifier(RBF(1.0, 1.0) + Bias(0.1), active_set_size=40, n_iterations=2, optimizer="SCG",
+                          max_optimizer_iter=30).fit(X, y)
+    assert model.kernel_.get_params()["k0__inverse_width"] != 1.0
+    assert model.score(X, y) > 0.8
+
+
 def test_classifier_learns_the_toy_problem_and_predicts_by_the_active_set():
     from fastep.datasets import make_ivm_toy_classification
     X, y, f = make_ivm_toy_classification(600, random_state=0)
@@ -143,6 +184,32 @@ def test_learning_the_probit_bias_by_eq34():
                           n_iterations=1, max_optimizer_iter=30).fit(X, y)
     assert model.likelihood_.bias != 0.0
     assert [h["stage"] for h in model.history_] == ["kernel", "noise"]
+
+
+def test_eq34_increases_without_bound_in_the_probit_slope_when_every_point_is_classified():
+    # Each log Z_n = log Φ(λ y (μ + b) / sqrt(1 + λ² ς)) increases with λ when y (μ + b) > 0, so
+    # eq 34 has no finite maximiser in the slope then (why a learnt slope keeps growing on USPS);
+    # with a misclassified point it has one.
+    rng = np.random.default_rng(7)
+    X = rng.uniform(-2, 2, size=(300, 2))
+    X = X[np.abs(X[:, 0]) > 0.4][:120]                       # separable with a margin
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+
+    def eq34_along_the_slope(labels):
+        problem = _IVMProblem(X, labels, RBF(4.0, 0.5), Probit(slope=1.0, bias=0.0), 30, engine.CRITERION_ENTROPY, 0)
+        problem.select()
+        mean, _ = problem.cavity_marginals()
+        values = [problem.noise_objective(np.array([0.0, t]), False)[0] for t in (0.0, 2.0, 4.0, 8.0, 16.0)]
+        return mean, np.array(values)
+
+    mean, values = eq34_along_the_slope(y)
+    assert np.all(y * mean > 0)                              # the premise: every point on its side
+    assert np.all(np.diff(values) > 0)
+    y_flip = y.copy()
+    y_flip[rng.choice(y.shape[0], 6, replace=False)] *= -1   # label noise
+    mean, values = eq34_along_the_slope(y_flip)
+    assert np.any(y_flip * mean < 0)
+    assert values[-1] < values.max()
 
 
 def test_regressor_with_all_points_is_exact_gp_regression():
@@ -254,6 +321,7 @@ def test_bad_input_names_the_argument_and_keeps_the_fitted_state():
         (dict(likelihood=Gaussian()), TypeError, "likelihood"),
         (dict(n_iterations=-1), ValueError, "n_iterations"),
         (dict(optimizer="sgd"), ValueError, "optimizer"),
+        (dict(optimizer="scg"), ValueError, "optimizer"),
         (dict(random_state=-2), ValueError, "random_state"),
         (dict(verbose="yes"), TypeError, "verbose"),
     ]
