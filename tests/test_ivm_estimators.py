@@ -1,4 +1,6 @@
 """IVM estimators: Algorithm 2 objectives and gradients, prediction, one-vs-rest, ordinal, bad input."""
+import pathlib
+
 import numpy as np
 import pytest
 from scipy.linalg import cho_solve, cholesky
@@ -210,6 +212,39 @@ def test_eq34_increases_without_bound_in_the_probit_slope_when_every_point_is_cl
     mean, values = eq34_along_the_slope(y_flip)
     assert np.any(y_flip * mean < 0)
     assert values[-1] < values.max()
+
+
+USPS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "usps.npz"
+
+
+@pytest.mark.parametrize("white, slope", [(5e-4, 112.0), (2.5e-8, 7400.0)])
+def test_selection_state_at_usps_scale_equals_the_dense_posterior_given_the_sites(white, slope):
+    # The parameters USPS learning reaches (issue 4 §7 diagnosis): a near-step probit and almost no
+    # White noise, on 256-dimensional inputs. The engine's mu and diag(Sigma) at every training
+    # point, and the test latents, must equal the dense formulas from the d sites.
+    if not USPS.is_file():
+        pytest.skip(f"{USPS} not available")
+    with np.load(USPS) as data:
+        X = 2.0 * data["X_train"][:1500] - 1.0
+        y = np.where(data["y_train"][:1500] == 3, 1.0, -1.0)
+        Xt = 2.0 * data["X_test"][:300] - 1.0
+    kernel = RBF(1.2, 0.0092) + Linear(1e-5) + White(white) + Bias(1.0)
+    problem = _IVMProblem(X, y, kernel, Probit(slope=slope, bias=-0.9), 300, engine.CRITERION_ENTROPY, 0)
+    problem.select()
+    idx = problem.active
+    C = kernel(X[idx]) + np.diag(1.0 / problem.site_precision)
+    K_nI = kernel(X, X[idx])
+    K_nI[idx, np.arange(idx.shape[0])] += white          # K(X, X)[:, I] carries White on its diagonal entries
+    mean = K_nI @ np.linalg.solve(C, problem.site_mean)
+    var = kernel.diag(X) - np.einsum("ij,ji->i", K_nI, np.linalg.solve(C, K_nI.T))
+    np.testing.assert_allclose(problem.state.post_mean, mean, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(problem.state.post_var, var, rtol=1e-9, atol=1e-12)
+    problem.finalize()
+    m_t, v_t = problem.latent(Xt)
+    K_tI = kernel(Xt, X[idx])
+    np.testing.assert_allclose(m_t, K_tI @ np.linalg.solve(C, problem.site_mean), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(v_t, kernel.diag(Xt) - np.einsum("ij,ji->i", K_tI, np.linalg.solve(C, K_tI.T)),
+                               rtol=1e-9, atol=1e-12)
 
 
 def test_regressor_with_all_points_is_exact_gp_regression():
