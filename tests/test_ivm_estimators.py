@@ -86,13 +86,19 @@ def test_eq34_gradient_matches_finite_differences(kind):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_kernel_step_of_algorithm_2_does_not_lower_eq32():
+def _selected_probit_problem():
+    """A probit IVM problem after one selection, and eq 32 at its starting kernel."""
     X, f, rng = _toy(150, 3)
     y = np.where(f + 0.3 * rng.normal(size=150) > 0.3, 1.0, -1.0)
     kernel = RBF(1.0, 1.0) + Bias(0.1)
     problem = _IVMProblem(X, y, kernel, Probit(), 40, engine.CRITERION_ENTROPY, 0)
     problem.select()
     start, _ = problem.kernel_objective(kernel.theta)
+    return X, y, kernel, problem, start
+
+
+def test_kernel_step_of_algorithm_2_does_not_lower_eq32():
+    X, y, kernel, problem, start = _selected_probit_problem()
     from fastep._optimize import maximize_log_likelihood
     theta, best, _ = maximize_log_likelihood(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=50)
     assert best >= start
@@ -122,12 +128,7 @@ def test_scg_reaches_the_optimum_of_a_quadratic_and_of_rosenbrock():
 
 
 def test_scg_kernel_step_of_algorithm_2_does_not_lower_eq32():
-    X, f, rng = _toy(150, 3)
-    y = np.where(f + 0.3 * rng.normal(size=150) > 0.3, 1.0, -1.0)
-    kernel = RBF(1.0, 1.0) + Bias(0.1)
-    problem = _IVMProblem(X, y, kernel, Probit(), 40, engine.CRITERION_ENTROPY, 0)
-    problem.select()
-    start, _ = problem.kernel_objective(kernel.theta)
+    X, y, kernel, problem, start = _selected_probit_problem()
     from fastep._optimize import maximize_log_likelihood, maximize_log_likelihood_scg
     theta, best, _ = maximize_log_likelihood_scg(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=200,
                                                  xtol=1e-8, ftol=1e-10)
