@@ -8,10 +8,11 @@ from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep import ConvergenceWarning, SparseGPClassifier, SparseGPRegressor
-from fastep.kernels import MLP, MLPARD, RBF, Kernel, Linear, RBFARD, White
+from fastep.kernels import MLP, MLPARD, RBF, Linear, RBFARD, White
 from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
 from fastep.sparse import kmeans_plus_plus
+from test_kernels_sparse_gradients import NoSparseGradients  # a user kernel with only K and its diagonal
 
 
 @pytest.fixture(autouse=True)
@@ -281,21 +282,6 @@ def test_params_roundtrip():
 # --------------------------------------------------------------------------------------------
 
 X_BAD, Y_BAD, _ = toy(20, seed=13)
-
-
-class NoSparseGradients(Kernel):
-    """A user-defined kernel without cross-covariance, diagonal or input gradients (k = 1 + xᵀy)."""
-
-    hyperparameter_names = []
-
-    def _get_theta(self):
-        return np.empty(0)
-
-    def _K(self, X, Y):
-        return 1.0 + X @ (X if Y is None else Y).T
-
-    def _diag(self, X):
-        return 1.0 + np.sum(X * X, axis=1)
 
 
 @pytest.mark.parametrize("params, X, exc, message", [
