@@ -3,9 +3,10 @@ import inspect
 
 import numpy as np
 
+from . import _validation as v
 from .exceptions import NotFittedError
 
-__all__ = ["BaseEstimator", "check_is_fitted", "one_vs_rest_proba"]
+__all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba"]
 
 
 class BaseEstimator:
@@ -65,6 +66,86 @@ class BaseEstimator:
             if not same:
                 parts.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+
+def _score_targets(y, sample_weight, n_predicted, *, numeric):
+    """Validated ``y`` (1-D, one entry per predicted row) and weights (None or finite, >= 0, not all 0)."""
+    if y is None:
+        raise TypeError("y must be an array of targets, got None")
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.shape[0] != n_predicted:
+        raise ValueError(f"y must be a 1-D array with one entry per row of X ({n_predicted}), "
+                         f"got shape {y.shape}")
+    if numeric:
+        y = v.as_float_vector(y, "y")
+    if sample_weight is None:
+        return y, None
+    w = v.as_float_vector(sample_weight, "sample_weight", length=n_predicted)
+    if np.any(w < 0) or not np.any(w > 0):
+        raise ValueError("sample_weight must be non-negative with at least one positive entry")
+    return y, w
+
+
+class ClassifierMixin:
+    """``score``: the (weighted) mean accuracy of ``predict``, as scikit-learn's classifiers."""
+
+    _estimator_type = "classifier"
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of ``predict(X)`` against ``y`` (weighted by ``sample_weight`` if given).
+
+        Parameters
+        ----------
+        X : array-like (n, n_features)
+        y : array-like (n,)
+            True labels.
+        sample_weight : array-like (n,) or None
+            Non-negative weights, not all zero.
+
+        Returns
+        -------
+        float
+        """
+        predicted = self.predict(X)
+        y, w = _score_targets(y, sample_weight, predicted.shape[0], numeric=False)
+        return float(np.average(predicted == y, weights=w))
+
+
+class RegressorMixin:
+    """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
+
+    _estimator_type = "regressor"
+
+    def score(self, X, y, sample_weight=None):
+        """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.
+
+        ȳ is the (weighted) mean of ``y``. When ``y`` is constant the ratio is undefined; the
+        score is then 1.0 for a perfect prediction and 0.0 otherwise (scikit-learn's
+        ``force_finite`` convention), never NaN or infinity.
+
+        Parameters
+        ----------
+        X : array-like (n, n_features)
+        y : array-like (n,)
+            True targets (finite).
+        sample_weight : array-like (n,) or None
+            Non-negative weights, not all zero.
+
+        Returns
+        -------
+        float
+        """
+        predicted = np.asarray(self.predict(X), dtype=float)
+        y, w = _score_targets(y, sample_weight, predicted.shape[0], numeric=True)
+        residual = np.average((y - predicted) ** 2, weights=w)
+        counted = y if w is None else y[w > 0]
+        if np.all(counted == counted[0]):       # constant targets: Σ w (y - ȳ)² is zero
+            return 1.0 if residual == 0.0 else 0.0
+        spread = np.average((y - np.average(y, weights=w)) ** 2, weights=w)
+        return float(1.0 - residual / spread)
 
 
 def check_is_fitted(estimator, attribute):

@@ -32,7 +32,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted, one_vs_rest_proba
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._epcore import gp_ep as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood
@@ -325,7 +325,7 @@ class _GPEPBase(BaseEstimator):
         return (value, grad) if eval_gradient else value
 
 
-class GaussianProcessClassifier(_GPEPBase):
+class GaussianProcessClassifier(ClassifierMixin, _GPEPBase):
     """Gaussian-process classifier fitted by dense expectation propagation.
 
     Model: latent ``f ~ GP(0, k)``, ``p(y_i | f_i) = t(y_i f_i)`` for a binary
@@ -525,12 +525,8 @@ class GaussianProcessClassifier(_GPEPBase):
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
-    def score(self, X, y):
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
 
-
-class GaussianProcessRegressor(_GPEPBase):
+class GaussianProcessRegressor(RegressorMixin, _GPEPBase):
     """GP regression with a Gaussian likelihood, through the same EP engine (exact in one sweep).
 
     With ``p(y_i | f_i) = N(y_i; f_i, noise_variance)`` EP's fixed point is the
@@ -610,9 +606,3 @@ class GaussianProcessRegressor(_GPEPBase):
         if return_std:
             return mean, np.sqrt(var + self.noise_variance_)
         return mean
-
-    def score(self, X, y):
-        """Coefficient of determination R² of the predictive mean."""
-        y = np.asarray(y, dtype=float)
-        resid = y - self.predict(X)
-        return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))

@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from . import _horseshoe_engine as _eng
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted
+from ._base import BaseEstimator, RegressorMixin, check_is_fitted
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 
@@ -593,7 +593,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         return self._predict_task(X, int(task), return_std)
 
 
-class HorseshoeRegression(_HorseshoeBase):
+class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     """Sparse linear regression with a horseshoe prior on every coefficient, fitted by EP.
 
     The single-task case of :class:`MultiTaskHorseshoeRegression` (same model, inference and

@@ -68,7 +68,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted, one_vs_rest_proba
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._epcore import ivm as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood, maximize_log_likelihood_scg
@@ -496,7 +496,7 @@ _COMMON_DOC = """
 """
 
 
-class IVMClassifier(_IVMBase):
+class IVMClassifier(ClassifierMixin, _IVMBase):
     """Informative Vector Machine classifier (Lawrence, Seeger & Herbrich 2005).
 
     A sparse GP classifier: d points are chosen greedily by the entropy reduction of
@@ -616,12 +616,8 @@ class IVMClassifier(_IVMBase):
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
         return self.classes_[np.argmax(self.decision_function(X), axis=1)]
 
-    def score(self, X, y):
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
 
-
-class IVMRegressor(_IVMBase):
+class IVMRegressor(RegressorMixin, _IVMBase):
     """Informative Vector Machine regression: Gaussian noise as the spherical model.
 
     ``y = f(x) + bias + ε``, ``ε ~ N(0, noise_variance)``; every active point carries
@@ -697,14 +693,8 @@ class IVMRegressor(_IVMBase):
             return mean, np.sqrt(var + self.noise_variance_)
         return mean
 
-    def score(self, X, y):
-        """Coefficient of determination R² of the predictive mean."""
-        y = np.asarray(y, dtype=float)
-        resid = y - self.predict(X)
-        return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))
 
-
-class IVMOrdinalRegressor(_IVMBase):
+class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
     """Informative Vector Machine for ordered categories (IVM §2.4, eqs 24-25).
 
     The sorted distinct labels are the categories 0..C-1; the likelihood is
@@ -785,7 +775,3 @@ class IVMOrdinalRegressor(_IVMBase):
     def predict(self, X):
         """The most probable category."""
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-
-    def score(self, X, y):
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))

@@ -9,7 +9,7 @@ import numpy as np
 from scipy.special import expit
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
 from ._epcore import linear_ep as _engine
 from ._threading import sweep_blas_threads
 from .exceptions import ConvergenceWarning
@@ -119,7 +119,7 @@ class _LinearEPBase(BaseEstimator):
         return mean, np.maximum(var, 0.0)
 
 
-class LinearEPClassifier(_LinearEPBase):
+class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
 
     Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
@@ -233,12 +233,8 @@ class LinearEPClassifier(_LinearEPBase):
         check_is_fitted(self, "classes_")
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
 
-    def score(self, X, y):
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
 
-
-class LinearEPRegressor(_LinearEPBase):
+class LinearEPRegressor(RegressorMixin, _LinearEPBase):
     """Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
 
     With a Gaussian likelihood EP is exact: one sweep gives the conjugate
@@ -280,9 +276,3 @@ class LinearEPRegressor(_LinearEPBase):
         if return_std:
             return mean, np.sqrt(var + self.noise_variance_)
         return mean
-
-    def score(self, X, y):
-        """Coefficient of determination R² of the predictive mean."""
-        y = np.asarray(y, dtype=float)
-        resid = y - self.predict(X)
-        return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))

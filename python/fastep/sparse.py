@@ -62,7 +62,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, check_is_fitted, one_vs_rest_proba
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._epcore import sparse_ep as _engine
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import maximize_log_likelihood
@@ -551,7 +551,7 @@ _COMMON_PARAMS = """
 """
 
 
-class SparseGPClassifier(_SparseGPBase):
+class SparseGPClassifier(ClassifierMixin, _SparseGPBase):
     __doc__ = """Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC / EP-DTC / power EP).
 
     Same API as :class:`fastep.GaussianProcessClassifier` (``fit``, ``predict_proba``,
@@ -702,12 +702,8 @@ class SparseGPClassifier(_SparseGPBase):
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
-    def score(self, X, y):
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
 
-
-class SparseGPRegressor(_SparseGPBase):
+class SparseGPRegressor(RegressorMixin, _SparseGPBase):
     __doc__ = """Sparse GP regression (FITC, DTC or power EP with a Gaussian likelihood) through the same engine.
 
     At the fixed point (one sweep) the evidence is the closed-form FITC ``log N(y; 0, Q +
@@ -803,9 +799,3 @@ class SparseGPRegressor(_SparseGPBase):
         if return_std:
             return mean, np.sqrt(var + self.noise_variance_)
         return mean
-
-    def score(self, X, y):
-        """Coefficient of determination R² of the predictive mean."""
-        y = np.asarray(y, dtype=float)
-        resid = y - self.predict(X)
-        return float(1.0 - np.sum(resid**2) / np.sum((y - y.mean()) ** 2))
