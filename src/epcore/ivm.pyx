@@ -904,12 +904,17 @@ cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, do
     ``½ log(1 - ν_i λ_i\\j) - ½ log(1 - β_j a_jj)`` (deleting j multiplies |A| by
     ``1/(1 - β_j a_jj)``, the ADF inclusion of i by ``1 - ν_i λ_i\\j``, eq 4), so the gain
     (entropy reduction) is ``-½ log(1 - ν_i λ_i\\j) + ½ log(1 - β_j a_jj)``.
-    ``best_i`` = -1 when no i is eligible; ties go to the lowest i.
+    ν_i (and g_i, unused) come from ``_point_moments`` at the cavity ``N(h_i\\j, λ_i\\j + sigma2)``:
+    no log Z; probit and Gaussian sites inline, bitwise the site kernel's α and β (as in
+    the fused scoring pass), other likelihoods and out-of-range points through
+    ``site_moments``.  ``best_i`` = -1 when no i is eligible; ties go to the lowest i.
     """
     cdef int n = s.n, i, j = s.active[r], count = 0
     cdef double bj = s.site_precision[j], vj = s.post_var[j], den, base, cv, chh, a, lam, h
-    cdef double g = 0.0, nu = 0.0, log_z = 0.0, gain, best = -INFINITY
+    cdef double g = 0.0, nu = 0.0, gain, best = -INFINITY
     cdef const double* row = S + <Py_ssize_t>r * n
+    cdef _Lik lik
+    _prepare(model, &lik)
     best_i[0] = -1
     best_gain[0] = -INFINITY
     den = 1.0 - bj * vj
@@ -926,7 +931,7 @@ cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, do
         h = s.post_mean[i] + chh * a                                       # eq 9
         if not (lam > 0.0):
             continue
-        if site_moments(model, y[i], h, lam + sigma2, &log_z, &g, &nu) != SITE_OK:
+        if not _point_moments(model, &lik, y[i], lam, h, sigma2, &g, &nu):
             continue
         if not (nu > 0.0 and nu * lam < 1.0):
             continue
