@@ -2,6 +2,7 @@
 
     python benchmarks/ivm_refine_timing.py            # digit 0 against the rest, n = 7291, d = 500
     python benchmarks/ivm_refine_timing.py --d 200 --moves 5
+    python benchmarks/ivm_refine_timing.py --gains-repeats 7   # also time the exchange scoring alone
 
 One binary USPS problem (digit 0 against the rest, pixels mapped to [-1, 1], the
 paper's base kernel RBF(1, 1/256) + Linear + Bias + White, fixed, probit
@@ -10,6 +11,10 @@ then time
 
 * ``IVMState.refine``: the first call (which also fetches the d kernel rows
   K[I, :]), the EP sweeps to convergence, and a final ``refactorize``;
+* with ``--gains-repeats R``: R calls of ``IVMState.exchange_gains`` (one O(d² n)
+  refactorisation that also forms Σ[I, :], then the entropy gain of every one of the
+  d (n - d) pairs, eqs 8-9: the scoring pass of a greedy move) and, for reference, R calls
+  of ``refactorize`` (the O(d² n) part without Σ[I, :]); medians and minima;
 * ``IVMState.exchange``: ``--moves`` greedy moves (each scores all d (n - d) pairs)
   and ``--moves`` random-search moves;
 
@@ -18,6 +23,7 @@ BLAS runs on one thread, as in the estimators. Skipped when ``../shared/data/usp
 is absent.
 """
 import argparse
+import os
 import pathlib
 import resource
 import time
@@ -37,6 +43,8 @@ def main():
     parser.add_argument("--d", type=int, default=500)
     parser.add_argument("--moves", type=int, default=3)
     parser.add_argument("--sweeps", type=int, default=100)
+    parser.add_argument("--gains-repeats", type=int, default=0,
+                        help="time this many exchange_gains (and refactorize) calls after the refinement")
     args = parser.parse_args()
     if not USPS.is_file():
         print(f"{USPS} not found; skipped")
@@ -53,6 +61,7 @@ def main():
         st.select(args.d, cols)
         t_select = time.perf_counter() - t
         crit0 = st.entropy_reduction()
+        print(f"load average {os.getloadavg()[0]:.2f}")
         print(f"n = {n}, d = {args.d}: selection {t_select:.2f} s, entropy criterion {crit0:.4f}")
 
         t = time.perf_counter()
@@ -69,6 +78,20 @@ def main():
               f"{info2['n_updates']} site updates): {t_sweeps:.2f} s = "
               f"{t_sweeps / max(info2['n_sweeps'], 1):.3f} s per sweep (with one O(d^2 n) refactorisation)")
         print(f"refactorize (kernel rows cached): {t_refactor:.3f} s; entropy criterion {st.entropy_reduction():.4f}")
+
+        if args.gains_repeats > 0:
+            t_gains, t_refac = [], []
+            for _ in range(args.gains_repeats):
+                t = time.perf_counter()
+                st.refactorize(cols)
+                t_refac.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                st.exchange_gains(cols)
+                t_gains.append(time.perf_counter() - t)
+            print(f"exchange_gains ({args.d} x {n - args.d} pairs scored, after one refactorisation with "
+                  f"Σ[I, :]): median {np.median(t_gains):.3f} s, min {min(t_gains):.3f} s over "
+                  f"{args.gains_repeats}; refactorize alone: median {np.median(t_refac):.3f} s, "
+                  f"min {min(t_refac):.3f} s")
 
         for mode in ("greedy", "random"):
             t = time.perf_counter()

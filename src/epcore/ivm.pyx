@@ -240,7 +240,8 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #
 # * g and ν, never log Z.  Probit and Gaussian sites are computed inline, in blocks of
 #   ``_SCORE_BLOCK`` points stage by stage as ``sites.site_moments_array`` does, with the
-#   very same operations (so g and ν are bitwise the site kernel's α and β; tested against
+#   very same inline functions (``_probit_terms.pxi``, included by sites.pyx as well: G(|z|),
+#   N(z), ``_probit_g_nu``), so g and ν are bitwise the site kernel's α and β (tested against
 #   ``site_moments``); any point outside the inline kernels' range (probit |z| >= 8,
 #   ς <= 0, non-finite values) and every other likelihood goes through ``site_moments``.
 # * Entropy (eq 26) and random: no logarithm per candidate.  ΔH = -½ log(1 - p) with
@@ -268,13 +269,8 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #   ν, p are computed when g, ν or the scores are read (``IVMState._fill_moments``).
 # * Information gain: the score of every eligible point, as ``_criterion``.
 
-cdef extern from *:
-    """
-    #define FASTEP_IVM_LOG_SQRT_2PI 0.91893853320467274178
-    """
-    const double _LOG_SQRT_2PI "FASTEP_IVM_LOG_SQRT_2PI"   # the literal of sites.pyx
-
-include "_gauss_tail_table.pxi"
+# G(x) table, N(z) and the probit g, ν: the very code of the site kernel (sites.pyx includes it too)
+include "_probit_terms.pxi"
 
 cdef enum:
     _SCORE_BLOCK = 64
@@ -330,46 +326,6 @@ cdef inline double _entropy_score(double p) noexcept nogil:
     return -0.5 * _log1m(p)
 
 
-cdef inline double _gauss_tail_table(double x) noexcept nogil:
-    """G(x) = N(x)/Φ(-x) - x for 0 <= x < 8: the table and Horner loop of ``sites._gauss_tail``."""
-    cdef int i = <int>(x * _GT_INV_WIDTH), j
-    cdef const double* coef = fastep_gauss_tail_coef + i * (_GT_DEGREE + 1)
-    cdef double t = x - (i * _GT_WIDTH + 0.5 * _GT_WIDTH)
-    cdef double p = coef[_GT_DEGREE]
-    for j in range(_GT_DEGREE - 1, -1, -1):
-        p = coef[j] + t * p
-    return p
-
-
-cdef inline double _normal_density(double z) noexcept nogil:
-    """N(z) as ``sites._cdf_terms_g`` forms it for z > 0."""
-    return exp(-0.5 * z * z - _LOG_SQRT_2PI)
-
-
-cdef inline bint _probit_tail_moments(double y, double c, double z, double gt, double nrm,
-                                      double* g, double* nu) noexcept nogil:
-    """Probit g = y c r, ν = c² r (r + z), r = N(z)/Φ(z), for |z| < 8 given gt = G(|z|) and,
-    for z > 0, nrm = N(z) (``sites._cdf_terms_g`` and ``sites._probit_out``, same operations).
-    False if they are not finite (the site kernel then fails too)."""
-    cdef double x, r_h, hpz, upper
-    if z <= 0.0:
-        x = -z
-        r_h = x + gt
-        hpz = gt
-    else:
-        upper = nrm / (z + gt)
-        r_h = nrm / (1.0 - upper)
-        hpz = r_h + z
-    g[0] = y * c * r_h
-    x = r_h * hpz
-    if x < 0.0:
-        x = 0.0
-    elif x > 1.0:
-        x = 1.0
-    nu[0] = c * c * x
-    return isfinite(g[0]) and isfinite(nu[0])
-
-
 cdef inline bint _gaussian_moments(double noise, double y, double var, double mu, double sigma2,
                                    double* g, double* nu) noexcept nogil:
     """Gaussian g = (y - μ)/v, ν = 1/v, v = ς + sigma2 + σ² (``sites._gaussian_pre``); False
@@ -393,8 +349,7 @@ cdef inline bint _point_moments(const SiteModel* model, const _Lik* lik, double 
         z = y * (c * (mu + lik.bias))
         x = fabs(z)
         if var > 0.0 and x < _GT_X_MAX:
-            if _probit_tail_moments(y, c, z, _gauss_tail_table(x),
-                                    _normal_density(z) if z > 0.0 else 0.0, g, nu):
+            if _probit_g_nu(y, c, z, _gauss_tail_poly(x), _normal_pdf(z) if z > 0.0 else 0.0, g, nu):
                 return True
     elif lik.code == LIK_GAUSSIAN:
         if _gaussian_moments(lik.noise, y, var, mu, sigma2, g, nu):
@@ -457,17 +412,17 @@ cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double
                 zz[j] = y[q] * (cc[j] * (mean_a[q] + lik.bias))
             for j in range(m):
                 x = fabs(zz[j])
-                gt[j] = _gauss_tail_table(x) if x < _GT_X_MAX else 0.0
+                gt[j] = _gauss_tail_poly(x) if x < _GT_X_MAX else 0.0
             # stage 3: N(z) where 0 < z < 8 (the only call; the divisions of independent
             # points then overlap in stage 4)
             for j in range(m):
                 z = zz[j]
-                nn[j] = _normal_density(z) if 0.0 < z < _GT_X_MAX else 0.0
+                nn[j] = _normal_pdf(z) if 0.0 < z < _GT_X_MAX else 0.0
             # stage 4: g, ν
             for j in range(m):
                 q = idx[j]
                 fast[j] = var_a[q] > 0.0 and fabs(zz[j]) < _GT_X_MAX \
-                    and _probit_tail_moments(y[q], cc[j], zz[j], gt[j], nn[j], &gg[j], &nn[j])
+                    and _probit_g_nu(y[q], cc[j], zz[j], gt[j], nn[j], &gg[j], &nn[j])
             for j in range(m):
                 q = idx[j]
                 var = var_a[q]
@@ -609,8 +564,7 @@ cdef void _init_h_bound() noexcept nogil:
     _h_bound[0] = 1.0 + _H_MARGIN
     for k in range(1, _H_CELLS):
         z = -8.0 + 0.25 * k
-        _probit_tail_moments(1.0, 1.0, z, _gauss_tail_table(fabs(z)),
-                             _normal_density(z) if z > 0.0 else 0.0, &g, &h)
+        _probit_g_nu(1.0, 1.0, z, _gauss_tail_poly(fabs(z)), _normal_pdf(z) if z > 0.0 else 0.0, &g, &h)
         _h_bound[k] = h * (1.0 + _H_MARGIN)
 
 
@@ -904,12 +858,17 @@ cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, do
     ``½ log(1 - ν_i λ_i\\j) - ½ log(1 - β_j a_jj)`` (deleting j multiplies |A| by
     ``1/(1 - β_j a_jj)``, the ADF inclusion of i by ``1 - ν_i λ_i\\j``, eq 4), so the gain
     (entropy reduction) is ``-½ log(1 - ν_i λ_i\\j) + ½ log(1 - β_j a_jj)``.
-    ``best_i`` = -1 when no i is eligible; ties go to the lowest i.
+    ν_i (and g_i, unused) come from ``_point_moments`` at the cavity ``N(h_i\\j, λ_i\\j + sigma2)``:
+    no log Z; probit and Gaussian sites inline, bitwise the site kernel's α and β (as in
+    the fused scoring pass), other likelihoods and out-of-range points through
+    ``site_moments``.  ``best_i`` = -1 when no i is eligible; ties go to the lowest i.
     """
     cdef int n = s.n, i, j = s.active[r], count = 0
     cdef double bj = s.site_precision[j], vj = s.post_var[j], den, base, cv, chh, a, lam, h
-    cdef double g = 0.0, nu = 0.0, log_z = 0.0, gain, best = -INFINITY
+    cdef double g = 0.0, nu = 0.0, gain, best = -INFINITY
     cdef const double* row = S + <Py_ssize_t>r * n
+    cdef _Lik lik
+    _prepare(model, &lik)
     best_i[0] = -1
     best_gain[0] = -INFINITY
     den = 1.0 - bj * vj
@@ -926,7 +885,7 @@ cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, do
         h = s.post_mean[i] + chh * a                                       # eq 9
         if not (lam > 0.0):
             continue
-        if site_moments(model, y[i], h, lam + sigma2, &log_z, &g, &nu) != SITE_OK:
+        if not _point_moments(model, &lik, y[i], lam, h, sigma2, &g, &nu):
             continue
         if not (nu > 0.0 and nu * lam < 1.0):
             continue

@@ -55,7 +55,8 @@ from cython.parallel cimport prange
 from libc.math cimport (log, exp, sqrt, log1p, expm1, erf, erfc, fabs, floor, isfinite, isinf,
                         isnan, INFINITY)
 
-include "_gauss_tail_table.pxi"
+# G(x) table, N(z), the hazard and probit alpha/beta (shared with ivm.pyx; defines _LOG_SQRT_2PI)
+include "_probit_terms.pxi"
 
 cdef extern from *:
     """
@@ -76,13 +77,11 @@ cdef extern from *:
 # doubles would be reloaded after every store through a double*).
 cdef extern from *:
     """
-    #define FASTEP_LOG_SQRT_2PI 0.91893853320467274178
     #define FASTEP_SQRT1_2 0.70710678118654752440
     #define FASTEP_LOG_2PI 1.83787706640934548356
     #define FASTEP_PI_OVER_8 0.39269908169872415481
     #define FASTEP_TINY 1e-280
     """
-    const double _LOG_SQRT_2PI "FASTEP_LOG_SQRT_2PI"   # log(sqrt(2*pi))
     const double _SQRT1_2 "FASTEP_SQRT1_2"             # 1/sqrt(2)
     const double _LOG_2PI "FASTEP_LOG_2PI"
     const double _PI_OVER_8 "FASTEP_PI_OVER_8"
@@ -142,20 +141,11 @@ cdef inline double _gauss_tail(double x) noexcept nogil:
 
     Piecewise degree-9 polynomials (``_gauss_tail_table.pxi``) for x < 8, the
     continued fraction ``_mills_tail`` beyond. One table row lookup and a Horner
-    evaluation: no division, no branch on the interval.
+    evaluation (``_gauss_tail_poly``): no division, no branch on the interval.
     """
-    cdef int i, j
-    cdef const double* coef
-    cdef double s, p
     if x >= _GT_X_MAX:
         return _mills_tail(x)
-    i = <int>(x * _GT_INV_WIDTH)
-    coef = fastep_gauss_tail_coef + i * (_GT_DEGREE + 1)
-    s = x - (i * _GT_WIDTH + 0.5 * _GT_WIDTH)
-    p = coef[_GT_DEGREE]
-    for j in range(_GT_DEGREE - 1, -1, -1):
-        p = coef[j] + s * p
-    return p
+    return _gauss_tail_poly(x)
 
 
 cdef inline double _log1p_g(double x) noexcept nogil:
@@ -206,26 +196,23 @@ cdef inline void _cdf_terms_g(double z, double g, double* log_cdf, double* hazar
     cdef double x, r, n, upper, phi
     if z <= 0.0:
         x = -z
-        r = x + g
-        hazard[0] = r
-        hazard_plus_z[0] = g
+        _hazard_terms(z, g, 0.0, 1.0, hazard, hazard_plus_z)
+        r = hazard[0]
         if want_log:
             log_cdf[0] = -0.5 * x * x - _LOG_SQRT_2PI - log(r)
         if want_mass:
-            cdf[0] = exp(-0.5 * x * x - _LOG_SQRT_2PI) / r
+            cdf[0] = _normal_pdf(x) / r
             upper_cdf[0] = 1.0 - cdf[0]
     else:
-        n = exp(-0.5 * z * z - _LOG_SQRT_2PI)
+        n = _normal_pdf(z)
         if z < _GT_X_MAX:
-            upper = n / (z + g)
+            upper = _upper_tail_poly(z, g, n)
         else:
             upper = 0.5 * erfc(z * _SQRT1_2)
         phi = 1.0 - upper
         if want_log:
             log_cdf[0] = _log1p_g(-upper)
-        r = n / phi
-        hazard[0] = r
-        hazard_plus_z[0] = r + z
+        _hazard_terms(z, g, n, phi, hazard, hazard_plus_z)
         if want_mass:
             cdf[0] = phi
             upper_cdf[0] = upper
@@ -242,14 +229,6 @@ cdef inline double _log_hazard(double z, double log_cdf, double hazard) noexcept
     if hazard > _TINY:
         return log(hazard)
     return _log_npdf(z) - log_cdf
-
-
-cdef inline double _clamp(double v, double lower, double upper) noexcept nogil:
-    if v < lower:
-        return lower
-    if v > upper:
-        return upper
-    return v
 
 
 # ----------------------------------------------------------------------------
@@ -463,8 +442,7 @@ cdef inline void _probit_out(double y, double c, double z, double log_cdf, doubl
         alpha[0] = y * exp(log(c) + log_hazard)
         beta[0] = exp(2.0 * log(c) + log_hazard + log(hazard_plus_z))
         return
-    alpha[0] = y * c * hazard
-    beta[0] = c * c * _clamp(hazard * hazard_plus_z, 0.0, 1.0)
+    _probit_alpha_beta(y, c, hazard, hazard_plus_z, alpha, beta)
 
 
 cdef inline int _probit_core(double inv_slope2, double bias, double y, double mu, double s2,
