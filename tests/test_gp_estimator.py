@@ -85,6 +85,23 @@ def test_learning_survives_a_wild_first_optimiser_step():
     assert np.max(np.abs(grad)) < 1e-2
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_regressor_with_log_transforms_learns_where_lbfgsb_alone_stalls(seed):
+    """Log-RBF kernel and log σ²: every variable is boxed, so L-BFGS-B's first trial is the whole
+    O(n) gradient (log σ² to its bound -30, where the evidence is -inf) and alone it stopped at the
+    start on every one of these seeds; the optimiser's trust-region fallback must learn them."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(100, 2))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.2 * rng.normal(size=100)
+    kernel = RBF(transforms={"variance": "log", "inverse_width": "log"})
+    reg = GaussianProcessRegressor(kernel).fit(X, y)
+    start = reg.log_marginal_likelihood(np.r_[kernel.theta, 0.0])
+    theta = np.r_[reg.kernel_.theta, np.log(reg.noise_variance_)]
+    _, grad = reg.log_marginal_likelihood(theta, eval_gradient=True)
+    assert reg.log_marginal_likelihood_value_ > start + 10
+    assert np.max(np.abs(grad)) < 1e-2
+
+
 # --------------------------------------------------------------------------------------------
 # Gaussian likelihood = exact GP regression
 # --------------------------------------------------------------------------------------------

@@ -224,7 +224,10 @@ class _HorseshoeBase(BaseEstimator):
             failures[0] = 0
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ConvergenceWarning)
-                new, value, evals = maximize_log_likelihood(counted, theta, box, maxiter=rounds)
+                # no trust-region fallback inside a round: the rounds are trust boxes already, and a
+                # round without progress is handled below (the behaviour before that fallback existed)
+                new, value, evals = maximize_log_likelihood(counted, theta, box, maxiter=rounds,
+                                                             stall_fallback=False)
             n_evals += evals
             budget -= min(rounds, max(evals, 1))         # iterations <= evaluations
             if not np.isfinite(value) or value < best["value"]:

@@ -1,0 +1,65 @@
+"""fastep._optimize.maximize_log_likelihood: L-BFGS-B with a trust-region fallback for runs that stall at their start."""
+import numpy as np
+
+from fastep._optimize import maximize_log_likelihood
+
+
+def _sum_over_points(n=200, centre=(1.0, -2.0), finite_within=5.0):
+    """``Σ_i -|θ - c|²/2`` over n points (gradient O(n)), ``-inf`` beyond ``finite_within`` of the origin
+    (a model that cannot be evaluated there), and a list of the evaluated points."""
+    centre = np.asarray(centre)
+    seen = []
+
+    def objective(theta):
+        seen.append(np.array(theta))
+        if np.max(np.abs(theta)) > finite_within:
+            return -np.inf, np.zeros_like(theta)
+        return -0.5 * n * float(np.sum((theta - centre) ** 2)), -n * (theta - centre)
+    return objective, seen
+
+
+BOXED = np.array([[-30.0, 20.0], [-30.0, 20.0]])        # the likelihood bounds' kind: every variable boxed
+
+
+def test_lbfgsb_alone_stalls_at_the_start_when_every_variable_is_boxed():
+    """The premise of the fallback: the first trial is the raw O(n) gradient, lands where the
+    objective is -inf, and L-BFGS-B then reports convergence at the start."""
+    objective, seen = _sum_over_points()
+    theta, value, _ = maximize_log_likelihood(objective, np.zeros(2), BOXED, stall_fallback=False)
+    assert np.max(np.abs(seen[1] - seen[0])) > 10           # first trial: the whole gradient, clipped
+    np.testing.assert_array_equal(theta, np.zeros(2))
+    assert value == objective(np.zeros(2))[0]
+
+
+def test_stalled_start_is_searched_again_in_trust_regions():
+    objective, _ = _sum_over_points()
+    theta, value, n_evals = maximize_log_likelihood(objective, np.zeros(2), BOXED)
+    np.testing.assert_allclose(theta, [1.0, -2.0], atol=1e-6)
+    assert value > -1e-8 and n_evals > 3
+
+
+def test_stalled_restart_is_searched_again_and_the_best_start_wins():
+    objective, _ = _sum_over_points(centre=(3.0, 3.0))
+    theta, _, _ = maximize_log_likelihood(objective, np.zeros(2), BOXED, n_restarts=2,
+                                          rng=np.random.default_rng(0))
+    np.testing.assert_allclose(theta, [3.0, 3.0], atol=1e-6)
+
+
+def test_runs_that_make_progress_are_not_repeated():
+    """With an unbounded variable L-BFGS-B's first step has length 1 and it converges: the
+    fallback never runs, so the result and the evaluation count are those of L-BFGS-B alone."""
+    bounds = np.array([[-30.0, 20.0], [-np.inf, np.inf]])
+    results = []
+    for fallback in (True, False):
+        objective, _ = _sum_over_points()
+        results.append(maximize_log_likelihood(objective, np.zeros(2), bounds, stall_fallback=fallback))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert results[0][1:] == results[1][1:]
+    np.testing.assert_allclose(results[0][0], [1.0, -2.0], atol=1e-6)
+
+
+def test_stationary_start_is_not_searched_again():
+    objective, seen = _sum_over_points()
+    theta, _, n_evals = maximize_log_likelihood(objective, np.array([1.0, -2.0]), BOXED)
+    np.testing.assert_array_equal(theta, [1.0, -2.0])
+    assert n_evals == len(seen) == 1
