@@ -63,3 +63,26 @@ def test_stationary_start_is_not_searched_again():
     theta, _, n_evals = maximize_log_likelihood(objective, np.array([1.0, -2.0]), BOXED)
     np.testing.assert_array_equal(theta, [1.0, -2.0])
     assert n_evals == len(seen) == 1
+
+
+def _lbfgsb_result(x, gradient, message, status=0, fun=-10.0):
+    from scipy.optimize import OptimizeResult
+    return OptimizeResult(x=np.asarray(x, float), jac=-np.asarray(gradient, float), fun=fun,
+                          message=message, status=status, nit=3)
+
+
+REL = "CONVERGENCE: RELATIVE REDUCTION OF F <= FACTR*EPSMCH"
+
+
+def test_stopped_short_only_for_relative_reduction_stops_far_from_stationarity():
+    from fastep._optimize import _stopped_short
+    bounds = np.array([[-1.0, 1.0], [-np.inf, np.inf]])
+    assert _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 0.5], REL), bounds)
+    assert not _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 1e-4], REL), bounds)        # stationary enough
+    assert not _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 0.5],
+                                             "CONVERGENCE: NORM OF PROJECTED GRADIENT <= PGTOL"), bounds)
+    assert not _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 0.5], "STOP: TOTAL NO. OF ITERATIONS "
+                                             "REACHED LIMIT", status=1), bounds)           # budget spent
+    assert not _stopped_short(_lbfgsb_result([1.0, 0.0], [5.0, 1e-4], REL), bounds)        # pushes into a bound
+    assert _stopped_short(_lbfgsb_result([1.0, 0.0], [-5.0, 1e-4], REL), bounds)           # away from it
+    assert not _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 0.5], REL, fun=1e300), bounds)  # failed point
