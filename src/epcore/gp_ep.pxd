@@ -90,3 +90,11 @@ cdef double gp_log_z(const SiteModel* model, const double* y, int n,
                      const double* site_precision, const double* site_natural_mean,
                      const double* post_diag, const double* post_mean,
                      double log_chol_diag_sum, int* bad_site) noexcept nogil
+
+cdef bint gp_needs_stable_log_z(int n, const double* site_precision,
+                                const double* post_diag) noexcept nogil
+
+cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, const double* K,
+                            const double* site_precision, const double* site_natural_mean,
+                            const double* post_diag, double* work, double* vec,
+                            double* cavity_mean, double* cavity_var, int* bad_site) noexcept nogil
