@@ -76,7 +76,8 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
 cdef int gp_refactor_marginals(const double* K, int n, const double* site_precision,
                                const double* site_natural_mean, double* post_cov,
                                double* post_mean, double* post_diag, double* work,
-                               double* sqrt_prec, double* log_chol_diag_sum) noexcept nogil
+                               double* sqrt_prec, double* log_chol_diag_sum,
+                               double* inv_diag) noexcept nogil
 
 cdef void gp_covariance_from_factor(const double* K, int n, const double* site_precision,
                                     double* post_cov, double* work, double* sqrt_prec) noexcept nogil
@@ -98,3 +99,10 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
                             const double* site_precision, const double* site_natural_mean,
                             const double* post_diag, double* work, double* vec,
                             double* cavity_mean, double* cavity_var, int* bad_site) noexcept nogil
+
+cdef double gp_log_z_stable_factored(const SiteModel* model, const double* y, int n,
+                                     const double* K, const double* site_precision,
+                                     const double* site_natural_mean, const double* post_diag,
+                                     const double* chol, const double* inv_diag, double* work,
+                                     double* vec, double* cavity_mean, double* cavity_var,
+                                     int* bad_site) noexcept nogil

@@ -178,7 +178,7 @@ BLAS thread: blocked 8.3 s, parallel (damping 1) 7.3 s, parallel (damping 0.5)
 import numpy as np
 
 from libc.math cimport sqrt, log, log1p, fabs, isfinite, INFINITY, NAN
-from libc.string cimport memset
+from libc.string cimport memset, memcpy
 from fastep._epcore._blas cimport (
     daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, trsv, potrf, trtri, symmetrize,
 )
@@ -582,7 +582,8 @@ cdef void _sqrt_precisions(int n, const double* site_precision, double* sqrt_pre
 cdef int gp_refactor_marginals(const double* K, int n, const double* site_precision,
                                const double* site_natural_mean, double* post_cov,
                                double* post_mean, double* post_diag, double* work,
-                               double* sqrt_prec, double* log_chol_diag_sum) noexcept nogil:
+                               double* sqrt_prec, double* log_chol_diag_sum,
+                               double* inv_diag) noexcept nogil:
     """diag Σ, μ and ½ log|B| of the sites without forming Σ; L = chol(B) is left in ``post_cov``.
 
     Same outputs as ``gp_refactor(..., form_cov=False)`` except that ``work`` is scratch
@@ -593,7 +594,9 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
     every ``τ_i = 0``) that difference is inaccurate and ``Σ_ii = K_ii - |L⁻¹ S^½ K e_i|²``
     is computed instead, by one ``trsm`` on just those columns.  ``μ = K ν - K S^½ B⁻¹
     S^½ K ν`` by two triangular solves (O(n²)).  The strict upper triangle of
-    ``post_cov`` is left undefined.  Return codes as ``gp_refactor``.
+    ``post_cov`` is left undefined.  If ``inv_diag`` is not NULL it receives ``b`` (n
+    doubles; what ``gp_log_z_stable_factored`` would otherwise recompute by a second
+    ``trtri``).  Return codes as ``gp_refactor``.
     """
     cdef Py_ssize_t i, j, k, nn = n, q, n_fallback = 0
     cdef double bi, acc
@@ -620,6 +623,8 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
         row = work + k * nn
         for i in range(k + 1):
             post_diag[i] += row[i] * row[i]
+    if inv_diag != NULL:
+        memcpy(inv_diag, post_diag, nn * sizeof(double))
     # Σ_ii where accurate; mark the rest (-1 is never a valid variance here)
     for i in range(nn):
         bi = post_diag[i]
@@ -783,7 +788,36 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
     ``c_i h_i`` are O(1) per site.  Where ``b_i >= 1 - 1e-4`` (small ``τ_i Σ_ii``,
     including ``τ_i = 0``) ``λ_i = Σ_ii/b_i`` and ``h_i = (μ_i - Σ_ii ν_i)/b_i`` are
     the accurate forms instead.  For one site (n = 1) the cavity is the prior and the
-    result is exactly ``log Ẑ_1`` at it.  Cost: ``potrf`` + ``trtri`` (2n³/3) + O(n²).
+    result is exactly ``log Ẑ_1`` at it.  Cost: ``potrf`` + ``trtri`` (2n³/3) + O(n²);
+    ``gp_log_z_stable_factored`` does the same from a factor (and ``b``) already at hand.
+    """
+    cdef int info
+    bad_site[0] = -1
+    _sqrt_precisions(n, site_precision, vec)
+    _fill_b_lower(K, n, vec, work)
+    info = potrf(True, n, work, n)
+    if info != 0:
+        bad_site[0] = -2
+        return NAN
+    return gp_log_z_stable_factored(model, y, n, K, site_precision, site_natural_mean, post_diag,
+                                    work, NULL, work, vec, cavity_mean, cavity_var, bad_site)
+
+
+cdef double gp_log_z_stable_factored(const SiteModel* model, const double* y, int n,
+                                     const double* K, const double* site_precision,
+                                     const double* site_natural_mean, const double* post_diag,
+                                     const double* chol, const double* inv_diag, double* work,
+                                     double* vec, double* cavity_mean, double* cavity_var,
+                                     int* bad_site) noexcept nogil:
+    """``gp_log_z_stable`` given ``L = chol(B)`` of these sites (lower triangle of ``chol``).
+
+    ``inv_diag``: ``b = diag(B⁻¹)`` as left by ``gp_refactor_marginals`` (its ``inv_diag``)
+    for the same sites, or NULL to form it by ``trtri`` of a copy of L in ``work`` (n x n
+    scratch; unused if ``inv_diag`` is given; may be ``chol`` itself, which is then
+    overwritten by L⁻¹ after its last use).  Only the lower triangle of ``chol`` is read.
+    The operations on L (and the ``trtri``, when done) are exactly those of
+    ``gp_log_z_stable``, so a factor from the same ``potrf`` of the same B gives the same
+    bits.  Cost: O(n²) with ``inv_diag``, ``trtri`` (n³/3) + O(n²) without.
     """
     cdef Py_ssize_t i, k, nn = n
     cdef int status, info
@@ -795,13 +829,8 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
     cdef double* row
     bad_site[0] = -1
     _sqrt_precisions(n, site_precision, s)
-    _fill_b_lower(K, n, s, work)
-    info = potrf(True, n, work, n)
-    if info != 0:
-        bad_site[0] = -2
-        return NAN
     for i in range(nn):
-        total -= log(work[i * nn + i])
+        total -= log(chol[i * nn + i])
     # t = K ν_Z into mu (w as the masked ν), then w = r - S^½ t, w <- B⁻¹ w
     for i in range(nn):
         w[i] = site_natural_mean[i] if s[i] == 0.0 else 0.0
@@ -809,22 +838,28 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
     for i in range(nn):
         si = s[i]
         w[i] = site_natural_mean[i] / si - si * mu[i] if si > 0.0 else 0.0
-    trsv(True, False, n, work, n, w)
-    trsv(True, True, n, work, n, w)
+    trsv(True, False, n, chol, n, w)
+    trsv(True, True, n, chol, n, w)
     # μ = t + K S^½ w   (b as the vector scratch)
     for i in range(nn):
         b[i] = s[i] * w[i]
     symv(True, n, 1.0, K, n, b, 1.0, mu)
     # b = diag(B⁻¹): squared column norms of L⁻¹
-    info = trtri(True, n, work, n)
-    if info != 0:
-        bad_site[0] = -2
-        return NAN
-    memset(b, 0, nn * sizeof(double))
-    for k in range(nn):
-        row = work + k * nn
-        for i in range(k + 1):
-            b[i] += row[i] * row[i]
+    if inv_diag != NULL:
+        memcpy(b, inv_diag, nn * sizeof(double))
+    else:
+        if work != chol:
+            for i in range(nn):
+                dcopy(<int>(i + 1), chol + i * nn, 1, work + i * nn, 1)
+        info = trtri(True, n, work, n)
+        if info != 0:
+            bad_site[0] = -2
+            return NAN
+        memset(b, 0, nn * sizeof(double))
+        for k in range(nn):
+            row = work + k * nn
+            for i in range(k + 1):
+                b[i] += row[i] * row[i]
     for i in range(nn):
         bi = b[i]
         si = s[i]
@@ -1154,6 +1189,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     cdef double[::1] post_diag = np.empty(n)
     cdef double[::1] col = np.empty(n)
     cdef double[::1] vec4 = np.empty(4 * n)
+    # diag(B⁻¹) from the last gp_refactor_marginals (valid while have_factor)
+    cdef double[::1] inv_diag = np.empty(n)
     cdef double* cav_mean_ptr = &cavity_mean[0] if cavity_mean is not None else NULL
     cdef double* cav_var_ptr = &cavity_var[0] if cavity_var is not None else NULL
     cdef double[::1] small = np.empty(max(k_block, 1))
@@ -1189,7 +1226,7 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         # sweeps need Σ itself
         if parallel:
             info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
-                                         work_ptr, &scratch[0], &log_chol)
+                                         work_ptr, &scratch[0], &log_chol, &inv_diag[0])
         else:
             info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
                                &scratch[0], &log_chol, True)
@@ -1198,8 +1235,13 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
             log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr, log_chol,
                              &bad_site)
             if gp_needs_stable_log_z(n, tau_ptr, diag_ptr):
-                log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
-                                        work_ptr, &vec4[0], NULL, NULL, &bad_site)
+                if have_factor:
+                    log_z = gp_log_z_stable_factored(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
+                                                     diag_ptr, cov_ptr, &inv_diag[0], work_ptr,
+                                                     &vec4[0], NULL, NULL, &bad_site)
+                else:
+                    log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
+                                            work_ptr, &vec4[0], NULL, NULL, &bad_site)
             refactor_log_z = log_z
             for sweep in range(1, max_sweeps + 1):
                 if parallel:
@@ -1249,7 +1291,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     use_marginals = parallel
                 if use_marginals:
                     info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
-                                                 diag_ptr, work_ptr, &scratch[0], &log_chol)
+                                                 diag_ptr, work_ptr, &scratch[0], &log_chol,
+                                                 &inv_diag[0])
                 else:
                     info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
                                        work_ptr, &scratch[0], &log_chol, True)
@@ -1263,9 +1306,18 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     # some τ_i Σ_ii within 1e-4 of 1: the textbook form loses digits
                     # (work is free after a refactorisation).  The incremental values between
                     # refactorisations then disagree with it by that loss, so Δ log Z is
-                    # taken against the previous refactorisation's value instead.
-                    new_log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
-                                                work_ptr, &vec4[0], NULL, NULL, &bad_site)
+                    # taken against the previous refactorisation's value instead.  After
+                    # gp_refactor_marginals its L (post_cov) and diag(B⁻¹) are reused; after
+                    # gp_refactor post_cov holds Σ, so B is factorised again.
+                    if have_factor:
+                        new_log_z = gp_log_z_stable_factored(model, y_ptr, n, k_ptr, tau_ptr,
+                                                             nu_ptr, diag_ptr, cov_ptr,
+                                                             &inv_diag[0], work_ptr, &vec4[0],
+                                                             NULL, NULL, &bad_site)
+                    else:
+                        new_log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
+                                                    diag_ptr, work_ptr, &vec4[0], NULL, NULL,
+                                                    &bad_site)
                     if not refactor_now:
                         prev_log_z = refactor_log_z
                 refactor_log_z = new_log_z
@@ -1286,19 +1338,31 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                     have_factor = False
             if info == 0:
                 # the reported log Z (and the cavities) always in the stable form, on the
-                # final sites (work is free here; 2n³/3 flops once per run)
-                log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
-                                        work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
-                                        &bad_site)
+                # final sites, from the factor at hand: after gp_refactor_marginals its L and
+                # diag(B⁻¹) (O(n²)); for OUTPUT_FACTOR after gp_refactor, the L returned
+                # anyway (+ trtri, n³/3); for Σ output after gp_refactor (post_cov holds Σ,
+                # L is gone) B is factorised again (potrf + trtri, 2n³/3; work is free here).
                 if want_factor:
                     if not have_factor:
                         info = gp_factor_only(k_ptr, n, tau_ptr, cov_ptr, &scratch[0])
                     if info == 0:
+                        log_z = gp_log_z_stable_factored(
+                            model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
+                            &inv_diag[0] if have_factor else NULL, work_ptr, &vec4[0],
+                            cav_mean_ptr, cav_var_ptr, &bad_site)
                         for j in range(n):
                             memset(cov_ptr + j * n + j + 1, 0, (n - 1 - j) * sizeof(double))
                 else:
                     if have_factor:
+                        log_z = gp_log_z_stable_factored(
+                            model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
+                            &inv_diag[0], work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
+                            &bad_site)
                         gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
+                    else:
+                        log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
+                                                work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
+                                                &bad_site)
                     symmetrize(True, n, cov_ptr, n)
     if info == 0 and post_var is not None:
         np.asarray(post_var)[:] = np.asarray(post_diag)
@@ -1343,16 +1407,19 @@ def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpe
     cdef double[::1] diag = np.empty(n)
     cdef double[::1] scratch = np.empty(n)
     cdef double[::1] vec4 = np.empty(4 * n)
+    cdef double[::1] inv_diag = np.empty(n)
     cdef double log_chol = 0.0, total = NAN
     cdef int info, bad_site = -1
     with nogil:
+        # the stable evidence from this refactorisation's L and diag(B⁻¹) (O(n²) more)
         info = gp_refactor_marginals(&K[0, 0], n, &site_precision[0], &site_natural_mean[0],
                                      &chol[0, 0], &mean[0], &diag[0], &work[0, 0], &scratch[0],
-                                     &log_chol)
+                                     &log_chol, &inv_diag[0])
         if info == 0:
-            total = gp_log_z_stable(&spec.model, &y[0], n, &K[0, 0], &site_precision[0],
-                                    &site_natural_mean[0], &diag[0], &work[0, 0], &vec4[0],
-                                    NULL, NULL, &bad_site)
+            total = gp_log_z_stable_factored(&spec.model, &y[0], n, &K[0, 0], &site_precision[0],
+                                             &site_natural_mean[0], &diag[0], &chol[0, 0],
+                                             &inv_diag[0], &work[0, 0], &vec4[0], NULL, NULL,
+                                             &bad_site)
     if info != 0:
         raise _refactor_error(info, "in log_marginal_likelihood")
     if bad_site == -2:
