@@ -579,6 +579,30 @@ cdef void _sqrt_precisions(int n, const double* site_precision, double* sqrt_pre
         sqrt_prec[i] = sqrt(site_precision[i]) if site_precision[i] > 0.0 else 0.0
 
 
+cdef int _inverse_factor_diag(int n, const double* chol, double* work, double* out) noexcept nogil:
+    """``out = diag(B⁻¹)``, the squared column norms of ``L⁻¹`` (rows k >= i of column i).
+
+    ``chol`` holds L (row-major upper = column-major lower, as ``potrf`` leaves it); its
+    triangle is copied into ``work`` (n x n) unless ``work`` is ``chol``, and inverted there
+    in place by ``trtri``. Returns ``trtri``'s info (0 on success).
+    """
+    cdef Py_ssize_t i, k, nn = n
+    cdef int info
+    cdef double* row
+    if work != chol:
+        for i in range(nn):
+            dcopy(<int>(i + 1), chol + i * nn, 1, work + i * nn, 1)
+    info = trtri(True, n, work, n)
+    if info != 0:
+        return info
+    memset(out, 0, nn * sizeof(double))
+    for k in range(nn):
+        row = work + k * nn
+        for i in range(k + 1):
+            out[i] += row[i] * row[i]
+    return 0
+
+
 cdef int gp_refactor_marginals(const double* K, int n, const double* site_precision,
                                const double* site_natural_mean, double* post_cov,
                                double* post_mean, double* post_diag, double* work,
@@ -613,16 +637,9 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
         acc += log(post_cov[i * nn + i])
     log_chol_diag_sum[0] = acc
     # b = diag(B⁻¹): column norms² of L⁻¹ (rows k >= i of column i)
-    for i in range(nn):
-        dcopy(<int>(i + 1), post_cov + i * nn, 1, work + i * nn, 1)
-    info = trtri(True, n, work, n)
+    info = _inverse_factor_diag(n, post_cov, work, post_diag)
     if info != 0:                      # impossible after a successful potrf
         return info
-    memset(post_diag, 0, nn * sizeof(double))
-    for k in range(nn):
-        row = work + k * nn
-        for i in range(k + 1):
-            post_diag[i] += row[i] * row[i]
     if inv_diag != NULL:
         memcpy(inv_diag, post_diag, nn * sizeof(double))
     # Σ_ii where accurate; mark the rest (-1 is never a valid variance here)
@@ -848,18 +865,10 @@ cdef double gp_log_z_stable_factored(const SiteModel* model, const double* y, in
     if inv_diag != NULL:
         memcpy(b, inv_diag, nn * sizeof(double))
     else:
-        if work != chol:
-            for i in range(nn):
-                dcopy(<int>(i + 1), chol + i * nn, 1, work + i * nn, 1)
-        info = trtri(True, n, work, n)
+        info = _inverse_factor_diag(n, chol, work, b)
         if info != 0:
             bad_site[0] = -2
             return NAN
-        memset(b, 0, nn * sizeof(double))
-        for k in range(nn):
-            row = work + k * nn
-            for i in range(k + 1):
-                b[i] += row[i] * row[i]
     for i in range(nn):
         bi = b[i]
         si = s[i]
