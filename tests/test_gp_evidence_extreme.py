@@ -120,3 +120,34 @@ def test_gradient_matches_finite_differences_at_slope_1e6():
             warnings.simplefilter("ignore", ConvergenceWarning)
             fd[j] = (clf.log_marginal_likelihood(theta + e) - clf.log_marginal_likelihood(theta - e)) / (2 * h)
     np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-5)
+
+
+def _probit(slope):
+    from fastep.reference.sites import probit_moments
+    return lambda y, mu, s2: probit_moments(y, mu, s2, slope=slope)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_twin_of_the_stable_evidence(seed):
+    """fastep.reference.gp_ep.log_marginal_likelihood_stable against the compiled evidence on
+    random and adversarial sites: moderate precisions (where the textbook twin agrees too),
+    precisions of 1e8-1e15, zeros mixed in, and all zero."""
+    from fastep.reference import gp_ep as ref
+    _, K, y = _problem(n=30, seed=seed)
+    n = len(y)
+    rng = np.random.default_rng(seed)
+    slope = 1e6
+    spec = Probit(slope=slope).site_spec()
+    moderate = (rng.uniform(0.1, 3.0, n), rng.normal(size=n))
+    value = engine.log_marginal_likelihood(K, y, spec, *moderate)
+    assert ref.log_marginal_likelihood_stable(K, y, _probit(slope), *moderate) == pytest.approx(value, rel=1e-11)
+    assert ref.log_marginal_likelihood(K, y, _probit(slope), *moderate) == pytest.approx(value, rel=1e-9)
+    huge = 10.0 ** rng.uniform(8, 15, n)
+    mixed = np.where(rng.random(n) < 0.3, 0.0, huge)
+    for tau in (huge, mixed, np.zeros(n)):
+        nu = tau * 0.01 * y * rng.uniform(0.5, 2.0, n) + np.where(tau == 0, 0.1 * rng.normal(size=n), 0.0)
+        value = engine.log_marginal_likelihood(K, y, spec, tau, nu)
+        twin = ref.log_marginal_likelihood_stable(K, y, _probit(slope), tau, nu)
+        # both within ~1e-9 of the 60-digit value here (K + 1e-6 I is nearly singular)
+        assert twin == pytest.approx(value, rel=5e-9, abs=1e-9)
+        assert twin == pytest.approx(_mp_log_z(K, y, tau, nu, slope), rel=5e-9, abs=1e-9)
