@@ -124,6 +124,14 @@ _LBFGSB_FTOL = 1e7 * np.finfo(float).eps
 _LBFGSB_PGTOL = 1e-5
 
 
+def _projected_gradient_size(x, gradient, bounds):
+    """Largest coordinate of the projected ascent step ``clip(x + gradient) - x`` (x clipped first),
+    the quantity L-BFGS-B compares with ``pgtol``."""
+    x = np.clip(np.asarray(x, dtype=float), bounds[:, 0], bounds[:, 1])
+    step = np.clip(x + gradient, bounds[:, 0], bounds[:, 1]) - x
+    return float(np.max(np.abs(step), initial=0.0))
+
+
 def _stalled(start_eval, value, start, bounds):
     """Whether an L-BFGS-B run ending at ``value`` failed to improve on a non-stationary start.
 
@@ -149,9 +157,7 @@ def _stalled(start_eval, value, start, bounds):
         return False
     if value > value0 + _LBFGSB_FTOL * max(abs(value0), 1.0):
         return False
-    start = np.clip(start, bounds[:, 0], bounds[:, 1])
-    projected = np.clip(start + grad0, bounds[:, 0], bounds[:, 1]) - start
-    return bool(np.max(np.abs(projected), initial=0.0) > _LBFGSB_PGTOL)
+    return _projected_gradient_size(start, grad0, bounds) > _LBFGSB_PGTOL
 
 
 #: Projected-gradient size above which an L-BFGS-B stop on relative reduction counts as short of a
@@ -189,9 +195,7 @@ def _stopped_short(res, bounds):
     grad = -np.asarray(res.jac, dtype=float)
     if not (np.isfinite(res.fun) and abs(res.fun) < 1e299 and np.all(np.isfinite(grad))):
         return False
-    x = np.clip(np.asarray(res.x, dtype=float), bounds[:, 0], bounds[:, 1])
-    projected = np.clip(x + grad, bounds[:, 0], bounds[:, 1]) - x
-    return bool(np.max(np.abs(projected), initial=0.0) > _LATE_STALL_PGTOL)
+    return _projected_gradient_size(res.x, grad, bounds) > _LATE_STALL_PGTOL
 
 
 def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.0, maxiter=200, min_radius=1e-3):
