@@ -11,7 +11,7 @@ import numpy as np
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
     "encode_binary_labels", "encode_one_vs_rest_labels", "check_choice", "check_positive",
-    "check_in_range", "check_int", "check_prior",
+    "check_in_range", "check_int", "check_prior", "check_bool", "check_seed",
 ]
 
 
@@ -216,3 +216,23 @@ def check_prior(prior_mean, prior_cov, n_features):
         except np.linalg.LinAlgError:
             raise ValueError("prior_cov must be positive definite (its Cholesky factorisation failed)") from None
     return mean, np.ascontiguousarray(cov)
+
+
+def check_bool(value, name):
+    """Return ``bool(value)``; raise ``TypeError`` unless ``value`` is a bool (Python or numpy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def check_seed(random_state, name="random_state"):
+    """Integer seed from ``random_state``: None means 0 (fits are reproducible by default).
+
+    Raises ``ValueError`` unless ``random_state`` is None or a non-negative integer (not a bool).
+    """
+    rs = random_state
+    if rs is None:
+        return 0
+    if isinstance(rs, (int, np.integer)) and not isinstance(rs, (bool, np.bool_)) and rs >= 0:
+        return int(rs)
+    raise ValueError(f"{name} must be None or a non-negative integer, got {rs!r}")

@@ -1,0 +1,99 @@
+"""Dense linear algebra for the estimators, on the BLAS library the compiled core links.
+
+numpy and scipy wheels each carry their own OpenBLAS, each with its own pool of worker
+threads. The compiled engines (:mod:`fastep._epcore`) call scipy's through
+``scipy.linalg.cython_blas``; if the Python code around them (kernel matrices, evidence
+gradients, predictions) used numpy's ``@`` or ``numpy.linalg``, both pools would wake
+during a fit and their idle workers, which spin before they sleep, would compete for the
+same cores. Every matrix product and factorisation of a fit therefore goes through the
+functions here, which call scipy's BLAS/LAPACK (``scipy.linalg.blas``/``lapack``), and
+never changes any thread count (see :mod:`fastep._threading` for the policy).
+
+The functions take float64 arrays of any memory order and avoid copies where BLAS can
+read the operand as it is (a C-ordered matrix is a transposed Fortran-ordered one).
+"""
+import numpy as np
+from scipy.linalg import blas as _blas
+from scipy.linalg import lapack as _lapack
+
+__all__ = ["matmul", "inner", "quadratic_form", "cholesky_lower"]
+
+
+def _as_fortran_operand(a):
+    """``(array, trans)`` with ``op(array) == a`` for BLAS, without a copy when ``a`` is contiguous."""
+    if a.flags.f_contiguous:
+        return a, 0
+    if a.flags.c_contiguous:
+        return a.T, 1
+    return np.asfortranarray(a), 0
+
+
+def matmul(a, b):
+    """``a @ b`` for float64 vectors and matrices (1-D or 2-D operands), through scipy's BLAS.
+
+    Matrix-matrix products return a C-ordered array (computed as ``(bᵀ aᵀ)ᵀ`` by
+    ``dgemm``); products with a vector use ``dgemv``; two vectors give their inner product.
+
+    Parameters
+    ----------
+    a, b : array_like of float64, 1-D or 2-D
+        Operands with matching inner dimension.
+
+    Returns
+    -------
+    ndarray or float
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim == 1 and b.ndim == 1:
+        return inner(a, b)
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned")
+    if a.ndim == 2 and b.ndim == 2:
+        if 0 in a.shape or 0 in b.shape:
+            return np.zeros((a.shape[0], b.shape[1]))
+        left, trans_left = _as_fortran_operand(b.T)
+        right, trans_right = _as_fortran_operand(a.T)
+        return _blas.dgemm(1.0, left, right, trans_a=trans_left, trans_b=trans_right).T
+    if a.ndim == 2:                              # matrix @ vector
+        if 0 in a.shape:
+            return np.zeros(a.shape[0])
+        mat, trans = _as_fortran_operand(a)
+        return _blas.dgemv(1.0, mat, np.ascontiguousarray(b), trans=trans)
+    if 0 in b.shape:                             # vector @ matrix = bᵀ a
+        return np.zeros(b.shape[1])
+    mat, trans = _as_fortran_operand(b.T)
+    return _blas.dgemv(1.0, mat, np.ascontiguousarray(a), trans=trans)
+
+
+def inner(a, b):
+    """``Σ a_ij b_ij`` over two float64 arrays of the same shape (``numpy.vdot``), by ``ddot``."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"inner: shapes {a.shape} and {b.shape} differ")
+    if a.size == 0:
+        return 0.0
+    # both in the same memory order, so that element k of one meets element k of the other
+    if a.flags.f_contiguous and b.flags.f_contiguous and not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return float(_blas.ddot(a.ravel(order="F"), b.ravel(order="F")))
+    return float(_blas.ddot(np.ravel(a), np.ravel(b)))
+
+
+def quadratic_form(w, A):
+    """``wᵀ A w`` for a vector ``w`` and a square matrix ``A``."""
+    return inner(w, matmul(A, w))
+
+
+def cholesky_lower(A, *, what="the matrix"):
+    """Lower Cholesky factor of the symmetric positive-definite ``A`` (its lower triangle is read).
+
+    Returns a Fortran-ordered array with the upper triangle zeroed. Raises
+    ``numpy.linalg.LinAlgError`` naming ``what`` when ``A`` is not positive definite.
+    """
+    A = np.asarray(A, dtype=np.float64)
+    factor, info = _lapack.dpotrf(A, lower=1, clean=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"{what} is not positive definite (Cholesky factorisation failed at "
+                                    f"pivot {info})" if info > 0 else f"dpotrf: illegal argument {-info}")
+    return factor
