@@ -4,16 +4,17 @@ import numpy as np
 import pytest
 
 from fastep import _horseshoe_engine as eng
-from fastep._threading import sweep_blas_threads
+from threadpoolctl import threadpool_limits
+
 from fastep.reference import horseshoe as ref
 
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    """These problems are tiny (d <= 20): run them as the estimators do (horseshoe._blas_context),
-    with one BLAS thread. Threaded OpenBLAS made each small triangular solve ~15x slower on a
-    loaded two-core machine."""
-    with sweep_blas_threads(0):
+    """These problems are tiny (d <= 20): run them on one BLAS thread, the switch the README
+    gives users for many small fits. Threaded OpenBLAS made each small triangular solve ~15x
+    slower on a loaded two-core machine."""
+    with threadpool_limits(1, user_api="blas"):
         yield
 
 

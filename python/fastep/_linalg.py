@@ -7,7 +7,7 @@ gradients, predictions) used numpy's ``@`` or ``numpy.linalg``, both pools would
 during a fit and their idle workers, which spin before they sleep, would compete for the
 same cores. Every matrix product and factorisation of a fit therefore goes through the
 functions here, which call scipy's BLAS/LAPACK (``scipy.linalg.blas``/``lapack``), and
-never changes any thread count (see :mod:`fastep._threading` for the policy).
+never changes any thread count (the README's "Threads" section gives the policy).
 
 The functions take float64 arrays of any memory order and avoid copies where BLAS can
 read the operand as it is (a C-ordered matrix is a transposed Fortran-ordered one).

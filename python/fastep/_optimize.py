@@ -35,11 +35,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     over N points is O(N): the trial lands on or near the bounds, where the model fails
     (``-inf``, e.g. GP regression at log σ² = -30 with a log-RBF kernel) or is
     astronomically worse, and the line search then shrinks the step to nothing and
-    L-BFGS-B reports convergence at ``theta0``. On a 200-point toy this left
-    :class:`fastep.GaussianProcessRegressor` with a log-transformed RBF at its start in 11
-    of 20 seeds (20 of 20 with a fixed kernel and only log σ² learnt), and
-    :class:`fastep.SparseGPClassifier` with fixed inducing inputs and a log-RBF in 4 of 20;
-    with default (softplus) kernels no stall was seen.
+    L-BFGS-B reports convergence at ``theta0``.
 
     Parameters
     ----------

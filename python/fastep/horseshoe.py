@@ -33,10 +33,8 @@ converge; results are never NaN (a non-finite result raises).
 """
 import numbers
 import warnings
-from contextlib import nullcontext
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from . import _horseshoe_engine as _eng
 from . import _validation as v
@@ -46,8 +44,6 @@ from .exceptions import ConvergenceWarning
 
 __all__ = ["HorseshoeRegression", "MultiTaskHorseshoeRegression"]
 
-#: Problems with n·d below this run their BLAS calls on one thread (small calls lose to threading).
-_SINGLE_BLAS_THREAD_BELOW = 250_000
 #: Features per task below which the compiled site step runs on one OpenMP thread.
 _SINGLE_OMP_THREAD_BELOW = 4096
 #: Type-II ML moves log σ² and log ρ² by at most this much per L-BFGS-B round, rounds of _ROUND_ITER.
@@ -57,11 +53,6 @@ _TRUST_P = 1.0
 _ROUND_ITER = 15
 #: During type-II ML an EP run stopped by max_iter is still used if its residual is below this.
 _ACCEPT_RESIDUAL = 1e-5
-
-
-def _blas_context(tasks):
-    size = max(t.n * t.d for t in tasks)
-    return threadpool_limits(1, "blas") if size < _SINGLE_BLAS_THREAD_BELOW else nullcontext()
 
 
 class _HorseshoeBase(BaseEstimator):
@@ -296,69 +287,68 @@ class _HorseshoeBase(BaseEstimator):
         gamma2, D, m = opts["gamma2"], opts["D"], opts["m"]
         P = opts["P0"].copy()
         n_evals = 0
-        with _blas_context(tasks):
-            if opts["rho2"] is not None:
-                rho2 = opts["rho2"]
-            elif self.learn_hyperparameters:
-                rho2 = self._initial_rho2(tasks, sigma2, gamma2, _eng.CorrelationFactors(P, D))
-            else:
-                rho2 = 0.1
-            sites_list = [_eng.initial_sites(d, rho2, gamma2) for _ in tasks]
-            if self.learn_hyperparameters:
-                learn_P = m > 0
-                theta0 = np.concatenate([np.log(sigma2), [np.log(rho2)], P.ravel() if learn_P else []])
-                # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
-                # with a unit-length step: with every variable boxed it takes the raw gradient).
-                bounds = np.full((theta0.size, 2), np.inf) * np.array([-1.0, 1.0])
-                bounds[:T, 0] = np.log(float(self.sigma2_floor) * y_scale)
-                bounds[:T, 1] = np.log(100.0 * y_scale)
-                theta0[:T] = np.clip(theta0[:T], bounds[:T, 0], bounds[:T, 1])
-                scale = 1.0 / sum(t.n for t in tasks)      # mean log evidence per sample
-                state = {"warm": False}
+        if opts["rho2"] is not None:
+            rho2 = opts["rho2"]
+        elif self.learn_hyperparameters:
+            rho2 = self._initial_rho2(tasks, sigma2, gamma2, _eng.CorrelationFactors(P, D))
+        else:
+            rho2 = 0.1
+        sites_list = [_eng.initial_sites(d, rho2, gamma2) for _ in tasks]
+        if self.learn_hyperparameters:
+            learn_P = m > 0
+            theta0 = np.concatenate([np.log(sigma2), [np.log(rho2)], P.ravel() if learn_P else []])
+            # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
+            # with a unit-length step: with every variable boxed it takes the raw gradient).
+            bounds = np.full((theta0.size, 2), np.inf) * np.array([-1.0, 1.0])
+            bounds[:T, 0] = np.log(float(self.sigma2_floor) * y_scale)
+            bounds[:T, 1] = np.log(100.0 * y_scale)
+            theta0[:T] = np.clip(theta0[:T], bounds[:T, 0], bounds[:T, 1])
+            scale = 1.0 / sum(t.n for t in tasks)      # mean log evidence per sample
+            state = {"warm": False}
 
-                def objective(theta):
-                    s2 = np.exp(theta[:T])
-                    r2 = float(np.exp(theta[T]))
-                    P_ = theta[T + 1:].reshape(d, m) if learn_P else P
-                    cf_ = _eng.CorrelationFactors(P_, D)
-                    res = self._run_all(tasks, s2, r2, gamma2, cf_, sites_list, warm=state["warm"])
-                    state["warm"] = True
-                    # An EP run that stopped early has no trustworthy evidence: report the point
-                    # as unusable so that the line search backs off.
-                    if res is None or not all(r["converged"] or (r["status"] == "max_iter" and
-                                                                 r["residual"] < _ACCEPT_RESIDUAL)
-                                                  for r in res):
-                        if self.verbose:
-                            print(f"[horseshoe] EP failed at sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
-                        state["warm"] = False
-                        return -np.inf, np.zeros_like(theta)
-                    value = sum(r["log_z"] for r in res)
-                    grad = np.empty_like(theta)
-                    grad[:T] = [r["state"]["w"]["grad_sigma2"] * s for r, s in zip(res, s2)]
-                    grad[T] = r2 * sum(r["state"]["u"]["grad_scale2"] for r in res)
-                    if learn_P:
-                        grad[T + 1:] = sum(r["state"]["u"]["grad_P"] + r["state"]["v"]["grad_P"]
-                                           for r in res).ravel()
+            def objective(theta):
+                s2 = np.exp(theta[:T])
+                r2 = float(np.exp(theta[T]))
+                P_ = theta[T + 1:].reshape(d, m) if learn_P else P
+                cf_ = _eng.CorrelationFactors(P_, D)
+                res = self._run_all(tasks, s2, r2, gamma2, cf_, sites_list, warm=state["warm"])
+                state["warm"] = True
+                # An EP run that stopped early has no trustworthy evidence: report the point
+                # as unusable so that the line search backs off.
+                if res is None or not all(r["converged"] or (r["status"] == "max_iter" and
+                                                             r["residual"] < _ACCEPT_RESIDUAL)
+                                              for r in res):
                     if self.verbose:
-                        print(f"[horseshoe] log evidence {value:.6f}, sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
-                    if not (np.isfinite(value) and np.all(np.isfinite(grad))):
-                        return -np.inf, np.zeros_like(theta)
-                    if value > state.get("best_value", -np.inf):
-                        state["best_value"], state["best_theta"] = value, theta.copy()
-                        state["best_sites"] = [{k: a.copy() for k, a in st.items()} for st in sites_list]
-                    return value * scale, grad * scale
-
-                theta, n_evals = self._maximize(objective, theta0, bounds, T + 1)
-                if "best_theta" in state and np.array_equal(theta, state["best_theta"]):
-                    # warm-start the final EP from this point's own sites: EP's fixed point can
-                    # depend on the start when C is strongly correlated (a cold start may get stuck)
-                    sites_list[:] = state["best_sites"]
-                sigma2 = np.exp(theta[:T])
-                rho2 = float(np.exp(theta[T]))
+                        print(f"[horseshoe] EP failed at sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
+                    state["warm"] = False
+                    return -np.inf, np.zeros_like(theta)
+                value = sum(r["log_z"] for r in res)
+                grad = np.empty_like(theta)
+                grad[:T] = [r["state"]["w"]["grad_sigma2"] * s for r, s in zip(res, s2)]
+                grad[T] = r2 * sum(r["state"]["u"]["grad_scale2"] for r in res)
                 if learn_P:
-                    P = theta[T + 1:].reshape(d, m).copy()
-            cf = _eng.CorrelationFactors(P, D)
-            results = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites_list, warm=n_evals > 0)
+                    grad[T + 1:] = sum(r["state"]["u"]["grad_P"] + r["state"]["v"]["grad_P"]
+                                       for r in res).ravel()
+                if self.verbose:
+                    print(f"[horseshoe] log evidence {value:.6f}, sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
+                if not (np.isfinite(value) and np.all(np.isfinite(grad))):
+                    return -np.inf, np.zeros_like(theta)
+                if value > state.get("best_value", -np.inf):
+                    state["best_value"], state["best_theta"] = value, theta.copy()
+                    state["best_sites"] = [{k: a.copy() for k, a in st.items()} for st in sites_list]
+                return value * scale, grad * scale
+
+            theta, n_evals = self._maximize(objective, theta0, bounds, T + 1)
+            if "best_theta" in state and np.array_equal(theta, state["best_theta"]):
+                # warm-start the final EP from this point's own sites: EP's fixed point can
+                # depend on the start when C is strongly correlated (a cold start may get stuck)
+                sites_list[:] = state["best_sites"]
+            sigma2 = np.exp(theta[:T])
+            rho2 = float(np.exp(theta[T]))
+            if learn_P:
+                P = theta[T + 1:].reshape(d, m).copy()
+        cf = _eng.CorrelationFactors(P, D)
+        results = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites_list, warm=n_evals > 0)
         if results is None:
             raise ValueError(f"EP cannot start at sigma2={sigma2}, rho2={rho2}, gamma2={gamma2}: the cold-start "
                              "posterior or a cavity is improper (extreme hyperparameters?)")

@@ -40,10 +40,8 @@ Each of ``n_iterations`` outer rounds
    With L-BFGS-B, eq 34 is maximised in box trust regions
    (:func:`fastep._optimize.maximize_log_likelihood_trust_region`, initial half-width 1
    in the unconstrained parameters, doubled while the optimum lies on the box's face):
-   the likelihood parameters all have finite bounds, and L-BFGS-B then tries the whole
-   gradient of the N-term sum as its first step, which on the paper's ordinal toy left
-   the bias and widths unlearnt in 16 of 30 seeds (the line search, interpolating from
-   eq 34 ≈ -5e18 at widths of e^15 and e^20, returned a step of about 1e-17).
+   the likelihood parameters all have finite bounds, and L-BFGS-B would otherwise try the
+   whole gradient of the N-term sum as its first step and stall at its start.
 
 Every selection can be followed by refinement on the fixed-size active set
 (``refine_sweeps``, ``exchange``; Seeger's notes §2.1 and §2.3): EP deletion-inclusion
@@ -54,7 +52,8 @@ Each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B iterations (a
 fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
 gradient iterations); stopping at that budget is expected and not reported as a
 convergence failure. ``optimizer='SCG'`` uses the paper's optimiser instead
-(scaled conjugate gradients as in Netlab, :func:`fastep._optimize.maximize_log_likelihood_scg`). A final selection at the learnt parameters gives the fitted model. With
+(scaled conjugate gradients as in Netlab, :func:`fastep._optimize.maximize_log_likelihood_scg`).
+A final selection at the learnt parameters gives the fitted model. With
 ``optimizer=None`` (or ``n_iterations=0``) only that selection is made.
 
 Prediction
@@ -64,8 +63,8 @@ O(d) kernel evaluations per test point: with ``k* = k(x*, x_I)`` and the factor
 notes §2.2); probit class probabilities ``Φ((μ* + b)/sqrt(λ⁻² + σ*²))``
 (the likelihood's predictive).
 
-Memory: the selection holds M (d×n floats; 29 MB at d = 500, n = 7291); a fitted
-model keeps, per binary problem, the active inputs, the sites, L and w.
+Memory: the selection holds M (d×n floats); a fitted model keeps, per binary problem,
+the active inputs, the sites, L and w.
 """
 import copy
 import time
@@ -75,19 +74,20 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
+from ._base import ClassifierMixin
 from ._epcore import ivm as _engine
+from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_binary_likelihood,
+                       check_kernel, check_optimizer, stack_problems)
+from ._linalg import cholesky_lower, inner, matmul
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
-from ._threading import sweep_blas_threads
 from .exceptions import ConvergenceWarning
-from .kernels import RBF, ColumnProductCache, Kernel
+from .kernels import ColumnProductCache
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 
-__all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor"]
+__all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "select_active_set"]
 
-_PREDICT_BATCH = 1024
 _LOG_2PI = np.log(2.0 * np.pi)
 # Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
 # unconstrained coordinates: a bias moves by at most one latent unit and a width, slope or
@@ -95,14 +95,6 @@ _LOG_2PI = np.log(2.0 * np.pi)
 # the optimum lies on its face). Without it L-BFGS-B's first trial was the whole gradient
 # of Σ_n log Z_n, O(N) in size (see maximize_log_likelihood_trust_region).
 _NOISE_TRUST_RADIUS = 1.0
-
-
-def _fit_threads():
-    """One BLAS thread for fitting (the selection's gemv is memory bound, and the small d×d
-    LAPACK calls of eq 32 were measured 30-100x slower with OpenBLAS's two threads on a busy
-    2-core machine: dpotri at d = 500 took 0.75 s instead of 8 ms; see
-    benchmarks/ivm_selection_scaling.py)."""
-    return sweep_blas_threads(0)
 
 
 def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
@@ -116,10 +108,10 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
     sb = np.sqrt(site_precision)
     A = sb[:, None] * K_I * sb[None, :]
     A.flat[:: d + 1] += 1.0
-    L = np.linalg.cholesky(A)
+    L = cholesky_lower(A, what="A = I + B^1/2 K_I B^1/2")
     t = solve_triangular(L, sb * site_mean, lower=True)
     w = sb * solve_triangular(L, t, lower=True, trans="T")
-    value = (-0.5 * float(t @ t) - float(np.sum(np.log(np.diag(L))))
+    value = (-0.5 * inner(t, t) - float(np.sum(np.log(np.diag(L))))
              + 0.5 * float(np.sum(np.log(site_precision))) - 0.5 * d * _LOG_2PI)
     grad = None
     if dK is not None:
@@ -132,7 +124,9 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
         R *= sb[:, None]
         R *= sb[None, :]
         # ½ wᵀ dK_j w - ½ tr(C⁻¹ dK_j) for every j at once
-        grad = 0.5 * np.einsum("i,ijp,j->p", w, dK, w, optimize=True) - 0.5 * np.einsum("ij,ijp->p", R, dK)
+        p = dK.shape[2]
+        quad = matmul(w, matmul(w, dK.reshape(d, d * p)).reshape(d, p))       # wᵀ dK_j w for every j
+        grad = 0.5 * quad - 0.5 * np.einsum("ij,ijp->p", R, dK)
     return value, grad, L, w
 
 
@@ -308,35 +302,56 @@ class _IVMProblem:
     # -- prediction -----------------------------------------------------------------------------
     def finalize(self):
         """Keep the prediction state (active inputs, L, w, eq 32) and drop the engine state."""
-        self.X_active = self.X[self.active]
-        K_I = self.kernel(self.X_active)
-        self.log_lik, _, self.chol, self.weights = _active_log_likelihood(
-            K_I, self.site_mean, self.site_precision)
-        self.sqrt_precision = np.sqrt(self.site_precision)
+        X_active = self.X[self.active]
+        K_I = self.kernel(X_active)
+        self.log_lik, _, chol, weights = _active_log_likelihood(K_I, self.site_mean, self.site_precision)
+        self.predictor = DensePredictor(self.kernel, X_active, weights, chol, np.sqrt(self.site_precision))
         self.state = None
         self.product_cache = None
         self.X = None
 
     def latent(self, X):
-        n_test = X.shape[0]
-        mean = np.empty(n_test)
-        var = np.empty(n_test)
-        for a in range(0, n_test, _PREDICT_BATCH):
-            z = slice(a, min(a + _PREDICT_BATCH, n_test))
-            Ks = self.kernel(X[z], self.X_active)                  # (m, d): O(d) kernel evaluations each
-            mean[z] = Ks @ self.weights
-            V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
-            var[z] = self.kernel.diag(X[z]) - np.einsum("ij,ij->j", V, V)
-        return mean, np.maximum(var, 0.0)
+        return self.predictor.latent(X)
 
 
-class _IVMBase(BaseEstimator):
+def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=0):
+    """Active set of Algorithm 1 of the IVM at fixed kernel and likelihood.
+
+    The d points are included greedily, each maximising the score ``criterion`` (the
+    entropy reduction of the ADF posterior, eq 26, by default) under sites from
+    ``likelihood`` (Lawrence, Seeger & Herbrich 2005, *Fast sparse Gaussian process methods:
+    the informative vector machine*, §2, Algorithm 1). O(d² n) time, O(d n) memory.
+
+    Parameters
+    ----------
+    X : ndarray (n, n_features)
+        Validated inputs (float64, finite).
+    y : ndarray (n,)
+        Targets as the likelihood's site kernel takes them (±1 for binary likelihoods).
+    kernel : Kernel
+        Must have a positive diagonal on X.
+    likelihood : Likelihood
+    d : int
+        Size of the active set, ``1 <= d <= n``.
+    criterion : {'entropy', 'info_gain', 'random'}, default 'entropy'
+    seed : int, default 0
+        Seed of the random criterion.
+
+    Returns
+    -------
+    ndarray (d,) of int
+        Row indices of X in inclusion order.
+    """
+    problem = _IVMProblem(X, y, kernel, likelihood, d, _engine.CRITERIA[criterion], seed)
+    problem.select()
+    return problem.active
+
+
+class _IVMBase(GPEstimator):
     """Options, Algorithm 2 and fitted-state handling shared by the IVM estimators."""
 
     def _options(self, n_samples):
-        kernel = RBF() if self.kernel is None else self.kernel
-        if not isinstance(kernel, Kernel):
-            raise TypeError(f"kernel must be a fastep.kernels.Kernel, got {type(kernel).__name__}")
+        kernel = check_kernel(self.kernel)
         d = self.active_set_size
         if d is None:
             d = min(100, n_samples)
@@ -345,19 +360,11 @@ class _IVMBase(BaseEstimator):
             if d > n_samples:
                 raise ValueError(f"active_set_size must be <= n_samples = {n_samples}; got {d}")
         v.check_choice(self.criterion, "criterion", _engine.CRITERIA)
-        if not (self.optimizer is None or (isinstance(self.optimizer, str) and self.optimizer in ("L-BFGS-B", "SCG"))):
-            raise ValueError(f"optimizer must be 'L-BFGS-B', 'SCG' or None, got {self.optimizer!r}")
+        check_optimizer(self.optimizer, ("L-BFGS-B", "SCG"))
         n_iterations = v.check_int(self.n_iterations, "n_iterations", minimum=0)
         max_iter = v.check_int(self.max_optimizer_iter, "max_optimizer_iter", minimum=1)
-        if not isinstance(self.verbose, (bool, np.bool_)):
-            raise TypeError(f"verbose must be a bool, got {type(self.verbose).__name__}")
-        rs = self.random_state
-        if rs is None:
-            seed = 0
-        elif isinstance(rs, (int, np.integer)) and not isinstance(rs, bool) and rs >= 0:
-            seed = int(rs)
-        else:
-            raise ValueError(f"random_state must be None or a non-negative integer, got {rs!r}")
+        v.check_bool(self.verbose, "verbose")
+        seed = v.check_seed(self.random_state)
         refine_sweeps = v.check_int(self.refine_sweeps, "refine_sweeps", minimum=0)
         if self.exchange is not None and (not isinstance(self.exchange, str)
                                           or self.exchange not in ("greedy", "random")):
@@ -373,10 +380,6 @@ class _IVMBase(BaseEstimator):
 
     def _fit_problem(self, problem, options, learn_noise, learn_offset, label=""):
         """Algorithm 2 on one problem; returns the finalized problem and its history."""
-        with _fit_threads():
-            return self._algorithm2(problem, options, learn_noise, learn_offset, label)
-
-    def _algorithm2(self, problem, options, learn_noise, learn_offset, label):
         history = []
         t0 = time.perf_counter()
         prefix = f"[{label}] " if label else ""
@@ -453,31 +456,14 @@ class _IVMBase(BaseEstimator):
 
     def _set_common(self, X, problems, histories):
         binary = len(problems) == 1
-        stack = (lambda a: a[0]) if binary else np.vstack
         self.X_train_ = X
-        self.n_features_in_ = X.shape[1]
-        self._problems = problems
-        self.active_set_ = stack([p.active for p in problems])
-        self.site_mean_ = stack([p.site_mean for p in problems])
-        self.site_precision_ = stack([p.site_precision for p in problems])
-        self.kernel_ = problems[0].kernel if binary else [p.kernel for p in problems]
-        self.likelihood_ = problems[0].likelihood if binary else [p.likelihood for p in problems]
+        self._set_problems(X, problems)
+        self.active_set_ = stack_problems([p.active for p in problems])
+        self.site_mean_ = stack_problems([p.site_mean for p in problems])
+        self.site_precision_ = stack_problems([p.site_precision for p in problems])
         self.log_likelihood_ = float(sum(p.log_lik for p in problems))
         self.history_ = histories[0] if binary else histories
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
-
-    def predict_latent(self, X):
-        """Latent predictive mean and variance (O(d) kernel evaluations per row of ``X``).
-
-        Returns ``(mean, var)``, each of shape (n_samples,), or (n_samples, n_problems)
-        for one-vs-rest classifiers.
-        """
-        check_is_fitted(self, "active_set_")
-        X = v.check_n_features(X, self.n_features_in_)
-        out = [p.latent(X) for p in self._problems]
-        if len(out) == 1:
-            return out[0]
-        return np.column_stack([m for m, _ in out]), np.column_stack([s for _, s in out])
 
 
 _COMMON_DOC = """
@@ -489,7 +475,7 @@ _COMMON_DOC = """
     optimizer : 'L-BFGS-B', 'SCG' or None, default 'L-BFGS-B'
         None keeps every parameter fixed (one selection). 'SCG': scaled conjugate
         gradients (Møller 1993, as Netlab's ``scg``), the optimiser the paper names for
-        Algorithm 2; on USPS it reaches the same eq-32 optima as L-BFGS-B.
+        Algorithm 2.
     n_iterations : int >= 0, default 4
         Outer rounds of Algorithm 2.
     max_optimizer_iter : int, default 100
@@ -520,52 +506,85 @@ _COMMON_DOC = """
         selection warns with ``ConvergenceWarning``.
 """
 
+_COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
+        Training indices of the active points in inclusion order.
+    site_mean_, site_precision_ : ndarray (d,) or (n_classes, d)
+        Site parameters m, β of the active points (eqs 22-23), in ``active_set_`` order.
+    log_likelihood_ : float
+        eq 32 at the fitted parameters (summed over one-vs-rest problems).
+    history_ : list of dict (a list of them per class one-vs-rest)
+        Algorithm 2 progress: iteration, stage, log_likelihood, n_active, elapsed (seconds).
+    refinement_ : dict or None (a list one-vs-rest)
+        Reports of the refinement after the final selection (keys 'ep', 'exchange',
+        'ep_after_exchange' as run); None without refinement.
+    X_train_ : ndarray (n_samples, n_features)
+        The training inputs.
+    n_features_in_ : int
+        Number of features seen in ``fit``."""
 
-class IVMClassifier(ClassifierMixin, _IVMBase):
-    """Informative Vector Machine classifier (Lawrence, Seeger & Herbrich 2005).
+_REFERENCES = """Lawrence, N. D., Seeger, M. and Herbrich, R. *The Informative Vector Machine: a
+    practical probabilistic alternative to the support vector machine*: Algorithm 1
+    (eqs 14-30), Algorithm 2 (eqs 32, 34), the ordered categorical noise model (§2.4).
+    Seeger, M. *Notes on Minka's Expectation Propagation for Gaussian process
+    classification*: refinement and exchange moves (§2.1-2.3), prediction (§2.2)."""
 
-    A sparse GP classifier: d points are chosen greedily by the entropy reduction of
-    the ADF posterior (Algorithm 1) and kernel (and optionally likelihood)
-    parameters are learnt by Algorithm 2. More than two classes are handled
-    one-vs-rest (one binary IVM per class, each with its own kernel and active set);
-    ``predict`` takes the class with the largest latent mean plus probit bias
-    (the paper's USPS rule), ``predict_proba`` normalises the binary probabilities.
+
+class IVMClassifier(GPClassifierMixin, _IVMBase):
+    __doc__ = f"""Informative Vector Machine classifier: a sparse GP classifier by greedy active-set selection.
+
+    d training points are included greedily, each the one whose inclusion most reduces the
+    entropy of the ADF posterior (Algorithm 1, O(d² n) time, O(d n) memory, the n×n kernel
+    matrix is never formed), and the kernel (and optionally likelihood) parameters are
+    learnt by Algorithm 2. More than two classes are handled one-vs-rest (one binary IVM
+    per class, each with its own kernel and active set); ``predict`` takes the class with
+    the largest latent mean plus probit bias (the paper's rule, §4.2) and ``predict_proba``
+    normalises the binary probabilities. Prediction costs d kernel evaluations per point.
 
     Parameters
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
+        Prior covariance; its parameters are the starting point of Algorithm 2.
     likelihood : Probit, Logistic or Step, default Probit()
+        The binary site model.
     learn_likelihood : bool, default False
-        Optimise the likelihood parameters (probit bias and finite slope) by eq 34.
-        The paper learns only the bias (its slope λ is fixed, §2.3: λ = ∞ with the noise
-        in a ``White`` kernel term); pass ``Probit(slope=np.inf)`` for that. A finite slope
-        is learnt too, but eq 34 has no finite maximiser in λ once the posterior means put
-        every training point on its side of ``-bias`` (each log Z_n then increases with λ):
-        the slope grows every round for as long as the budget allows (USPS digit-vs-rest:
-        about 100-800 after 5 rounds of 10 L-BFGS-B iterations, 10³-10⁴ with 100; measured
-        before eq 34 was maximised in trust regions). In trust regions (module notes) the log
-        slope moves by at most 1, 2, 4, ... in successive regions and stops once
-        ``∂ eq34 / ∂ log λ``, which decays like λ⁻² as the ``log Z_n`` approach their
-        λ = ∞ limits, falls below L-BFGS-B's gradient tolerance. The
-        decision ``μ* + b > 0`` hardly depends on it (5-fold validation on the USPS training
-        set: 154 vs 156 10-class errors of 7291 for the learnt and the infinite slope).
-    """ + _COMMON_DOC + """
+        Optimise the likelihood parameters (probit bias and finite slope) by eq 34. The paper
+        learns only the bias, with the slope fixed at λ = ∞ and the noise in a ``White``
+        kernel term (§2.3): pass ``Probit(slope=np.inf)`` for that. A finite slope is learnt
+        too, but on separable data eq 34 has no finite maximiser in λ (every ``log Z_n``
+        then increases with λ); the trust regions of Algorithm 2 (module notes) let it grow
+        only until the gradient, which decays like λ⁻², falls below the optimiser's
+        tolerance. The decision ``μ* + b > 0`` hardly depends on it.
+    {_COMMON_DOC.strip()}
+
     Attributes
     ----------
-    classes_ : ndarray
-    active_set_ : ndarray (d,) or (n_classes, d)
-        Training indices of the active points in inclusion order.
-    site_mean_, site_precision_ : ndarray (d,) or (n_classes, d)
-        Site parameters m, β of the active points (eqs 22-23), in ``active_set_`` order.
-    kernel_, likelihood_ : fitted kernel / likelihood (lists one-vs-rest)
-    log_likelihood_ : float
-        eq 32 at the fitted parameters (summed over one-vs-rest problems).
-    history_ : list of dict (per class one-vs-rest)
-        Algorithm 2 progress: iteration, stage, log_likelihood, n_active, elapsed.
-    refinement_ : dict or None (list one-vs-rest)
-        Reports of the refinement after the final selection (keys 'ep', 'exchange',
-        'ep_after_exchange' as run; see ``IVMState.refine`` and ``IVMState.exchange``);
-        None without refinement.
+    classes_ : ndarray (n_classes,)
+        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
+    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
+        The fitted kernel and likelihood.
+    {_COMMON_ATTRIBUTES}
+
+    See Also
+    --------
+    SparseGPClassifier : EP with learnt inducing inputs.
+    GaussianProcessClassifier : dense EP on all the data.
+
+    References
+    ----------
+    {_REFERENCES}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import IVMClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(300, 2))
+    >>> y = np.where(X[:, 0] - X[:, 1] > 0, "a", "b")
+    >>> clf = IVMClassifier(active_set_size=30, n_iterations=2).fit(X, y)
+    >>> clf.active_set_.shape
+    (30,)
+    >>> clf.predict([[2.0, -2.0], [-2.0, 2.0]]).tolist()
+    ['a', 'b']
     """
 
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
@@ -593,13 +612,9 @@ class IVMClassifier(ClassifierMixin, _IVMBase):
         options = self._options(X.shape[0])
         kernel = options["kernel"]
         kernel._validate_X(X, "X")
-        lik = Probit() if self.likelihood is None else self.likelihood
-        if not isinstance(lik, (Probit, Logistic, Step)):
-            raise TypeError("likelihood must be a binary likelihood (fastep.likelihoods.Probit, Logistic or "
-                            f"Step), got {lik!r}")
-        if not isinstance(self.learn_likelihood, (bool, np.bool_)):
-            raise TypeError(f"learn_likelihood must be a bool, got {type(self.learn_likelihood).__name__}")
-        if self.learn_likelihood:
+        lik = check_binary_likelihood(self.likelihood, (Probit, Logistic, Step))
+        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
+        if learn_likelihood:
             likelihood_theta(lik)                      # raises for parameters that cannot be learnt
         classes, targets = v.encode_one_vs_rest_labels(y)
         problems, histories = [], []
@@ -607,71 +622,89 @@ class IVMClassifier(ClassifierMixin, _IVMBase):
             problem = _IVMProblem(X, t, copy.deepcopy(kernel), lik, options["d"], options["criterion"],
                                   options["seed"], refine=options["refine"])
             label = "" if len(targets) == 1 else f"class {classes[c]!r}"
-            problem, history = self._fit_problem(problem, options, bool(self.learn_likelihood), False, label)
+            problem, history = self._fit_problem(problem, options, learn_likelihood, False, label)
             problems.append(problem)
             histories.append(history)
         self.classes_ = classes
         self._set_common(X, problems, histories)
         return self
 
-    def predict_proba(self, X):
-        """Class probabilities (columns as ``classes_``).
-
-        Binary: ``∫ p(y=+1 | f) N(f; μ*, σ*²) df`` (probit: ``Φ((μ* + b)/sqrt(λ⁻² + σ*²))``).
-        One-vs-rest: each class's binary probability, normalised to sum to one.
-        """
-        check_is_fitted(self, "active_set_")
-        return one_vs_rest_proba(self._problems, v.check_n_features(X, self.n_features_in_))
-
     def decision_function(self, X):
-        """Latent mean plus the likelihood's bias (binary: > 0 means ``classes_[1]``); (n, n_classes) one-vs-rest."""
+        """Latent mean plus the likelihood's bias, ``μ* + b``, of each binary problem.
+
+        Binary: > 0 means ``classes_[1]``. One-vs-rest: one column per class, the largest
+        wins (the paper's USPS rule, §4.2).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (n_samples,) or (n_samples, n_classes)
+        """
         mean, _ = self.predict_latent(X)
         if mean.ndim == 1:
             return mean + self._problems[0].likelihood.get_params().get("bias", 0.0)
         return mean + np.array([p.likelihood.get_params().get("bias", 0.0) for p in self._problems])
 
-    def predict(self, X):
-        """Binary: the sign of μ* + b; one-vs-rest: the class with the largest μ* + b (paper §4.2).
-
-        ``b`` is each binary problem's probit bias (0 unless ``learn_likelihood`` or the
-        likelihood sets it): the latent mean shifted by it is the value each binary classifier
-        thresholds at 0, and the largest one wins, as in the authors' USPS experiment
-        (their toolbox adds ``noise.bias`` to the posterior mean before taking the maximum).
-        Without the shift, learnt biases (about -0.3 to -2 on USPS) decide the class: the
-        overall USPS error was 17.9 % by the raw latent mean and 5.0 % with the bias.
-        """
-        check_is_fitted(self, "active_set_")
-        if len(self._problems) == 1:
-            return self.classes_[(self.decision_function(X) > 0).astype(int)]
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+    def _multiclass_scores(self, X):
+        # The class with the largest μ* + b wins, as in the authors' USPS experiment (their
+        # toolbox adds noise.bias to the posterior mean before taking the maximum). b is each
+        # binary problem's probit bias: the latent mean shifted by it is the value each binary
+        # classifier thresholds at 0.
+        return self.decision_function(X)
 
 
-class IVMRegressor(RegressorMixin, _IVMBase):
-    """Informative Vector Machine regression: Gaussian noise as the spherical model.
+class IVMRegressor(GPRegressorMixin, _IVMBase):
+    __doc__ = f"""Informative Vector Machine regression: Gaussian noise as the spherical site model.
 
-    ``y = f(x) + bias + ε``, ``ε ~ N(0, noise_variance)``; every active point carries
-    the site ``m = y - bias``, ``β = 1/noise_variance`` (IVM §2.2, Lawrence's
-    ``gaussianNoiseSites``), so the selection is exact GP regression on the active set.
+    ``y = f(x) + bias + ε`` with ``ε ~ N(0, noise_variance)``; every active point carries the
+    site ``m = y - bias``, ``β = 1/noise_variance`` (§2.2), so the selection is exact GP
+    regression on the active set, chosen greedily by Algorithm 1.
 
     Parameters
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
+        Prior covariance; its parameters are the starting point of Algorithm 2.
     noise_variance : float > 0, default 1.0
+        Variance σ² of the noise (the starting point when learnt).
     bias : float or None, default None
-        Output offset; None uses the mean of y (as the MATLAB toolbox does).
+        Output offset; None uses the mean of y.
     learn_noise : bool, default True
-        Optimise noise_variance and bias with the kernel in eq 32, which for the
+        Optimise ``noise_variance`` and ``bias`` with the kernel in eq 32, which for the
         spherical sites is the exact GP evidence of the active points,
         ``log N(y_I - bias; 0, K_I + σ² I)``. (eq 34 is not used for this model: with the
-        marginals held fixed it prefers σ² -> 0 whenever the posterior variance at the
-        inactive points exceeds their residuals; on a toy problem generated with noise
-        variance 0.01 it returned 1e-11.)
-    """ + _COMMON_DOC + """
+        marginals held fixed it prefers σ² → 0 whenever the posterior variance at the
+        inactive points exceeds their residuals.)
+    {_COMMON_DOC.strip()}
+
     Attributes
     ----------
-    active_set_, site_mean_, site_precision_, kernel_, log_likelihood_, history_, refinement_
-        As :class:`IVMClassifier`.
-    noise_variance_, bias_ : float
+    kernel_ : Kernel
+        The fitted kernel.
+    likelihood_ : Gaussian
+        The fitted noise model.
+    noise_variance_ : float
+        The fitted noise variance σ².
+    bias_ : float
+        The fitted output offset.
+    {_COMMON_ATTRIBUTES}
+
+    References
+    ----------
+    {_REFERENCES}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import IVMRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-3, 3, size=(400, 1))
+    >>> y = 2.0 + np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
+    >>> reg = IVMRegressor(active_set_size=40).fit(X, y)
+    >>> bool(abs(reg.predict([[0.5]])[0] - (2.0 + np.sin(0.5))) < 0.2)
+    True
     """
 
     def __init__(self, kernel=None, noise_variance=1.0, *, bias=None, learn_noise=True, active_set_size=None,
@@ -703,10 +736,9 @@ class IVMRegressor(RegressorMixin, _IVMBase):
         bias = float(np.mean(y)) if self.bias is None else v.check_in_range(self.bias, "bias", -np.inf, np.inf,
                                                                              low_inclusive=False,
                                                                              high_inclusive=False)
-        if not isinstance(self.learn_noise, (bool, np.bool_)):
-            raise TypeError(f"learn_noise must be a bool, got {type(self.learn_noise).__name__}")
+        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         problem = _IVMProblem(X, y, copy.deepcopy(options["kernel"]), lik, options["d"], options["criterion"],
-                              options["seed"], offset=bias, joint_noise=bool(self.learn_noise),
+                              options["seed"], offset=bias, joint_noise=learn_noise,
                               refine=options["refine"])
         problem, history = self._fit_problem(problem, options, False, False)
         self._set_common(X, [problem], [history])
@@ -714,45 +746,56 @@ class IVMRegressor(RegressorMixin, _IVMBase):
         self.bias_ = problem.offset
         return self
 
-    def predict(self, X, return_std=False):
-        """Predictive mean ``μ* + bias`` (and the standard deviation of y, ``sqrt(σ*² + σ²)``)."""
-        mean, var = self.predict_latent(X)
-        mean = mean + self.bias_
-        if return_std:
-            return mean, np.sqrt(var + self.noise_variance_)
-        return mean
+    def _output_offset(self):
+        return self.bias_
 
 
 class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
-    """Informative Vector Machine for ordered categories (IVM §2.4, eqs 24-25).
+    __doc__ = f"""Informative Vector Machine for ordered categories (§2.4, eqs 24-25).
 
     The sorted distinct labels are the categories 0..C-1; the likelihood is
-    ``OrderedCategorical(C)`` with thresholds ``b, b + w_1, ...``.
+    ``OrderedCategorical(C)`` with thresholds ``b, b + w_1, b + w_1 + w_2, ...``: a label is
+    the interval of the thresholds in which the noisy latent value falls.
 
     Parameters
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
-    likelihood : OrderedCategorical or None
-        Starting likelihood (its ``n_categories`` must equal the number of distinct
-        labels); None: slope 1, bias and widths spreading the thresholds over the
-        range covered by C categories of unit width, centred at 0.
+        Prior covariance; its parameters are the starting point of Algorithm 2.
+    likelihood : OrderedCategorical or None, default None
+        Starting likelihood (its ``n_categories`` must equal the number of distinct labels);
+        None: slope 1, with the thresholds spread over C categories of unit width centred at 0.
     learn_likelihood : bool, default True
         Optimise the bias and widths by eq 34 (the slope stays fixed), in the coordinates
-        ``(b, log w_1, ..., log w_{C-2})``. With the marginals held fixed, each
-        ``log Z_n = log(Φ(c_n (θ_k - μ_n)) - Φ(c_n (θ_{k-1} - μ_n)))`` is the log probability
-        of an interval under a Gaussian, concave in its end points, and the thresholds are
-        linear in ``(b, w)``; so eq 34 is concave in ``(b, w)``. Because every category has a
-        training point (the categories are the distinct labels), it tends to -inf as any
-        width tends to 0 (that category's ``Z_n`` vanish) and as the thresholds move off to
-        ±inf (the first or last category's ``Z_n`` vanish): eq 34 has a finite maximiser in
-        these coordinates, unlike the probit slope on separable data (see
-        :class:`IVMClassifier`). L-BFGS-B reaches it through trust regions (module notes).
-    """ + _COMMON_DOC + """
+        ``(b, log w_1, ..., log w_(C-2))``. With the marginals held fixed eq 34 is concave in
+        ``(b, w)`` and, because every category has a training point, has a finite maximiser.
+    {_COMMON_DOC.strip()}
+
     Attributes
     ----------
     classes_ : ndarray (C,)
-    active_set_, site_mean_, site_precision_, kernel_, likelihood_, log_likelihood_, history_, refinement_
-        As :class:`IVMClassifier`.
+        The ordered categories (sorted distinct labels).
+    kernel_ : Kernel
+        The fitted kernel.
+    likelihood_ : OrderedCategorical
+        The fitted likelihood (thresholds).
+    {_COMMON_ATTRIBUTES}
+
+    References
+    ----------
+    {_REFERENCES}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import IVMOrdinalRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-3, 3, size=(300, 1))
+    >>> y = np.digitize(X[:, 0] + 0.2 * rng.normal(size=300), [-1.0, 1.0])   # 0, 1, 2
+    >>> model = IVMOrdinalRegressor(active_set_size=30, n_iterations=2).fit(X, y)
+    >>> model.predict([[-2.5], [0.0], [2.5]]).tolist()
+    [0, 1, 2]
+    >>> model.predict_proba([[0.0]]).shape
+    (1, 3)
     """
 
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
@@ -795,12 +838,11 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
             if lik.n_categories != n_categories:
                 raise ValueError(f"likelihood has n_categories = {lik.n_categories} but y has {n_categories} "
                                  "distinct labels")
-        if not isinstance(self.learn_likelihood, (bool, np.bool_)):
-            raise TypeError(f"learn_likelihood must be a bool, got {type(self.learn_likelihood).__name__}")
+        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
         targets = inverse.reshape(-1).astype(float)
         problem = _IVMProblem(X, targets, copy.deepcopy(options["kernel"]), lik, options["d"],
                               options["criterion"], options["seed"], refine=options["refine"])
-        problem, history = self._fit_problem(problem, options, bool(self.learn_likelihood), False)
+        problem, history = self._fit_problem(problem, options, learn_likelihood, False)
         self.classes_ = classes
         self._set_common(X, [problem], [history])
         return self

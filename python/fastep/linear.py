@@ -11,7 +11,6 @@ from scipy.special import expit
 from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
 from ._epcore import linear_ep as _engine
-from ._threading import sweep_blas_threads
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
@@ -62,15 +61,14 @@ class _LinearEPBase(BaseEstimator):
         site_natural_mean = np.zeros(n)
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        with sweep_blas_threads(d):
-            info = _engine.run_linear_ep(
-                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-                post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
-                tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-                negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
-            log_evidence = _engine.log_evidence(
-                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-                post_mean, post_cov)
+        info = _engine.run_linear_ep(
+            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+            post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
+            tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+            negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
+        log_evidence = _engine.log_evidence(
+            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+            post_mean, post_cov)
         if not info["converged"]:
             warnings.warn(
                 f"EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "

@@ -16,7 +16,6 @@ from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_r
 from fastep._epcore.sites import SiteSpec
 from fastep.exceptions import ConvergenceWarning
 from fastep.likelihoods import Likelihood
-from fastep._threading import sweep_blas_threads
 
 __all__ = ["RankKEP", "ConvergenceWarning"]
 
@@ -202,11 +201,10 @@ class RankKEP:
         site_natural_mean = np.zeros((n, k))
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        with sweep_blas_threads(d):
-            info = run_rank_k_ep(X, Y, m0, V0, likelihood, site_precision, site_natural_mean, post_mean,
-                                 post_cov, damping=float(self.damping), tol=float(self.tol),
-                                 max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
-            log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
+        info = run_rank_k_ep(X, Y, m0, V0, likelihood, site_precision, site_natural_mean, post_mean,
+                             post_cov, damping=float(self.damping), tol=float(self.tol),
+                             max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
+        log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
 
         self.posterior_mean_ = post_mean
         self.posterior_cov_ = post_cov

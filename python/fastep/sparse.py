@@ -4,8 +4,9 @@ The compiled engine :mod:`fastep._epcore.sparse_ep` runs the EP sweeps in O(nm²
 O(nm) memory; this module validates input, initialises the inducing inputs, evaluates the
 kernel blocks, computes the exact evidence gradient with respect to the kernel and
 likelihood hyperparameters and the inducing inputs Z, learns them with L-BFGS-B and predicts
-through q(u | y).  Equations: ``../shared/papers/ep_for_gps_slides.md`` ("Sparse EP",
-"EP-FITC", "EP-DTC", "EP variants"); derivations in :mod:`fastep.reference.sparse_ep`.
+through q(u | y).  Equations: the tutorial slides *Expectation Propagation for Gaussian
+processes* ("Sparse EP", "EP-FITC", "EP-DTC", "EP variants"); derivations in
+:mod:`fastep.reference.sparse_ep`.
 
 Model
 -----
@@ -40,7 +41,7 @@ stationary point of the evidence, which holds when the site kernel is an exact G
 convolution ``Z = ∫ t(f) N(f; m, v) df`` (probit, step, Gaussian; Gauss-Hermite logistic to its
 quadrature accuracy; every likelihood at power < 1, whose moments integrate the pointwise
 likelihood).  MacKay's logistic approximation ``σ(κ(v) m)`` is not one, so with
-``Logistic(method='mackay')`` at power 1 the gradient is approximate (measured ~1-3 % off
+``Logistic(method='mackay')`` at power 1 the gradient is approximate (a few per cent off
 central differences, as for the dense :class:`fastep.GaussianProcessClassifier`); use
 ``method='gauss-hermite'`` for exact gradients.  The n-dimension is processed in blocks of columns, so the
 extra memory is O(m · block).  Likelihood parameters: ``Σ_i (1/α) ∂ log Z_i/∂φ`` at the final
@@ -55,22 +56,17 @@ Prediction (O(m) for the mean, O(m²) for the variance per test point)
 Jitter policy: ``jitter`` (absolute, default 1e-6) is added to the diagonal of K_mm before
 its Cholesky factorisation; a failure raises ``numpy.linalg.LinAlgError`` asking for more.
 """
-import copy
-import warnings
-
 import numpy as np
 from scipy.linalg import solve_triangular
 
 from . import _validation as v
-from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._epcore import sparse_ep as _engine
-from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
-from ._optimize import maximize_log_likelihood
-from ._threading import _get_controller
-from .exceptions import ConvergenceWarning
-from .ivm import IVMClassifier, IVMRegressor
-from .kernels import RBF, Kernel
-from .likelihoods import Gaussian, Logistic, Probit, Step
+from ._gp_base import (EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
+                       check_binary_likelihood, check_kernel, check_optimizer, stack_problems)
+from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
+from ._linalg import inner, matmul
+from .ivm import select_active_set
+from .likelihoods import Gaussian
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
 
@@ -82,12 +78,6 @@ _INDUCING_INITS = ("kmeans++", "random", "ivm")
 _PREDICT_BATCH = 4096
 #: Columns (training points) per block of the gradient computation.
 _GRADIENT_BLOCK_ELEMENTS = 1 << 21
-
-
-def _one_blas_thread():
-    """EP sweeps and the gradient run with one BLAS thread (as the dense GP estimators; the
-    per-site BLAS-2 calls on m x m matrices are slower threaded on the 2-core machines)."""
-    return _get_controller().limit(limits=1, user_api="blas")
 
 
 def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
@@ -116,7 +106,7 @@ def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
         np.minimum(d2, np.sum((X - centres[k]) ** 2, axis=1), out=d2)
     x2 = np.einsum("ij,ij->i", X, X)
     for _ in range(n_iter):
-        dist = x2[:, None] - 2.0 * X @ centres.T + np.einsum("ij,ij->i", centres, centres)[None, :]
+        dist = x2[:, None] - 2.0 * matmul(X, centres.T) + np.einsum("ij,ij->i", centres, centres)[None, :]
         label = np.argmin(dist, axis=1)
         counts = np.bincount(label, minlength=n_clusters)
         sums = np.zeros_like(centres)
@@ -130,19 +120,16 @@ def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
     return centres
 
 
-class _BinarySparseEP:
+class _BinarySparseEP(SiteProblem):
     """One binary (or regression) sparse EP problem: EP runs, evidence, gradient, prediction state."""
 
-    def __init__(self, kernel, likelihood, Z, X, y, options):
-        self.kernel = kernel
-        self.likelihood = likelihood
+    algorithm = "sparse EP"
+
+    def __init__(self, kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing):
+        super().__init__(kernel, likelihood, X, y, options)
         self.Z = Z
-        self.X = X
-        self.y = y
-        self.options = options
-        n = X.shape[0]
-        self.site_precision = np.zeros(n)
-        self.site_natural_mean = np.zeros(n)
+        self.learn_likelihood = learn_likelihood
+        self.learn_inducing = learn_inducing
 
     # -- EP --------------------------------------------------------------------------------
     def _prior(self, kernel, Z):
@@ -163,7 +150,8 @@ class _BinarySparseEP:
                                              jitter=opts["jitter"], overwrite_knm=True)
         return L, Vt, d
 
-    def _run_once(self, Vt, d, likelihood, warm):
+    def _run_once(self, prior, likelihood, warm):
+        Vt, d = prior
         opts = self.options
         n, m = Vt.shape
         tau = self.site_precision.copy() if warm else np.zeros(n)
@@ -180,33 +168,24 @@ class _BinarySparseEP:
                 "marginal likelihood is not finite; increase jitter or check the kernel")
         return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
 
-    def _run(self, Vt, d, likelihood, warm):
-        """EP; a warm start that fails is retried once from a cold start (as the dense estimator)."""
-        if warm and np.any(self.site_precision):
-            try:
-                state = self._run_once(Vt, d, likelihood, warm=True)
-            except (np.linalg.LinAlgError, FloatingPointError):
-                state = None
-            if state is not None and state["info"]["n_failed"] == 0:
-                return state
-        return self._run_once(Vt, d, likelihood, warm=False)
-
-    def evaluate(self, kernel, likelihood, Z, *, gradient, learn_likelihood, learn_inducing, warm,
-                 keep=False):
+    def evaluate(self, params, *, gradient, warm, keep=False):
         """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
 
-        The gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
-        ``Z.ravel()`` (if ``learn_inducing``).  With ``keep`` the sites and the prediction
+        ``params`` = ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs). The
+        gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
+        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the sites and the prediction
         state are stored.
         """
-        with _one_blas_thread():
-            L, Vt, d = self._prior(kernel, Z)
-            state = self._run(Vt, d, likelihood, warm)
-            self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
-            grad = None
-            if gradient:
-                grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, learn_likelihood,
-                                      learn_inducing)
+        kernel, likelihood, Z = params
+        if Z is None:
+            Z = self.Z
+        L, Vt, d = self._prior(kernel, Z)
+        state = self.run((Vt, d), likelihood, warm)
+        self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
+        grad = None
+        if gradient:
+            grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,
+                                  self.learn_inducing)
         info = state["info"]
         if keep:
             self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
@@ -250,8 +229,8 @@ class _BinarySparseEP:
         Ua = np.zeros(m)
         for sl in blocks:
             U = U_block(sl)
-            P += (U * tau[sl]) @ Vt[sl]
-            Ua += U @ a[sl]
+            P += matmul(U * tau[sl], Vt[sl])
+            Ua += matmul(U, a[sl])
         # (U T Vᵀ) A⁻¹ with A = Rᵀ R
         PA = solve_triangular(R, solve_triangular(R, P.T, trans="T")).T
         n_kernel = kernel.n_theta
@@ -263,18 +242,18 @@ class _BinarySparseEP:
             U = U_block(sl)
             G = 0.5 * np.outer(Ua, a[sl])
             G -= U * (0.5 * tau[sl] + c[sl])
-            G += 0.5 * (PA @ Vt[sl].T) * tau[sl]
-            Gmm += G @ U.T
+            G += 0.5 * matmul(PA, Vt[sl].T) * tau[sl]
+            Gmm += matmul(G, U.T)
             if n_kernel:
                 for j, dK in enumerate(kernel.cross_gradient_iter(Z, X[sl])):
-                    g_kernel[j] += 2.0 * np.vdot(G, dK)
+                    g_kernel[j] += 2.0 * inner(G, dK)
             if learn_inducing:
                 g_z += kernel.input_gradient(Z, X[sl], 2.0 * G)
         Gmm = 0.5 * (Gmm + Gmm.T)
         if n_kernel:
             for j, dK in enumerate(kernel.gradient_iter(Z)):
-                g_kernel[j] -= np.vdot(Gmm, dK)
-            g_kernel += c @ dkdiag
+                g_kernel[j] -= inner(Gmm, dK)
+            g_kernel += matmul(c, dkdiag)
         grads = [g_kernel]
         if learn_likelihood:
             grads.append(_likelihood_gradient(likelihood, self.y, m_c, var_f, az, bz, power))
@@ -291,7 +270,7 @@ class _BinarySparseEP:
         for s in range(0, n_test, _PREDICT_BATCH):
             sl = slice(s, min(s + _PREDICT_BATCH, n_test))
             Kms = self.kernel(self.Z, Xs[sl])                       # (m, batch)
-            mean[sl] = self.weights @ Kms
+            mean[sl] = matmul(self.weights, Kms)
             Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
             Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
             var[sl] = (self.kernel.diag(Xs[sl]) - np.einsum("ij,ij->j", Pm, Pm)
@@ -320,8 +299,8 @@ def _check_likelihood_learnable_with_power(likelihood, power):
                          f"({type(likelihood).__name__} has {names}); use power=1 or learn_likelihood=False")
 
 
-class _SparseGPBase(BaseEstimator):
-    """Options, inducing inputs, the hyperparameter search and fitted state shared by the estimators."""
+class _SparseGPBase(EPEvidenceMixin, GPEstimator):
+    """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
     def _engine_options(self):
         v.check_choice(self.schedule, "schedule", _SCHEDULES)
@@ -341,30 +320,16 @@ class _SparseGPBase(BaseEstimator):
         jitter = v.check_in_range(self.jitter, "jitter", 0.0, np.inf)
         if not np.isfinite(jitter):
             raise ValueError(f"jitter must be finite, got {jitter!r}")
-        if self.optimizer not in (None, "L-BFGS-B"):
-            raise ValueError(f"optimizer must be 'L-BFGS-B' or None, got {self.optimizer!r}")
+        check_optimizer(self.optimizer)
         v.check_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        for name in ("warm_start", "learn_inducing"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        rs = self.random_state
-        if rs is None:
-            seed = 0
-        elif isinstance(rs, (int, np.integer)) and not isinstance(rs, bool) and rs >= 0:
-            seed = int(rs)
-        else:
-            raise ValueError(f"random_state must be None or a non-negative integer, got {rs!r}")
+        v.check_bool(self.warm_start, "warm_start")
+        v.check_bool(self.learn_inducing, "learn_inducing")
+        seed = v.check_seed(self.random_state)
         return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "jitter": jitter,
                 "approximation": self.approximation, "power": float(power),
                 "n_quadrature": n_quadrature}
-
-    def _kernel(self):
-        kernel = RBF() if self.kernel is None else self.kernel
-        if not isinstance(kernel, Kernel):
-            raise TypeError(f"kernel must be a fastep.kernels.Kernel, got {type(kernel).__name__}")
-        return kernel
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):
         """The kernel must provide the sparse derivatives the optimiser will need (tried on one row of X)."""
@@ -392,8 +357,11 @@ class _SparseGPBase(BaseEstimator):
             if m > n:
                 raise ValueError(f"n_inducing must be <= n_samples = {n}, got {m}")
             if init == "ivm":
-                seed = options["seed"]
-                return [np.ascontiguousarray(X[self._ivm_active_set(X, t, kernel, likelihood, m, seed)])
+                # Algorithm 1 of the IVM at the initial kernel and likelihood; a regression
+                # selection uses the sparse model's prior mean 0 as its offset (the entropy
+                # score of Gaussian sites does not depend on y anyway)
+                return [np.ascontiguousarray(X[select_active_set(X, t, kernel, likelihood, m,
+                                                                 seed=options["seed"])])
                         for t in targets]
             rng = np.random.default_rng(options["seed"])
             if init == "random":
@@ -409,96 +377,20 @@ class _SparseGPBase(BaseEstimator):
             raise ValueError(f"inducing_init must have at most n_samples = {n} rows, got {Z.shape[0]}")
         return [Z.copy()] * len(targets)
 
-    def _fit_binary(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
-        """Fit one binary/regression problem, learning hyperparameters (and Z) if asked."""
-        problem = _BinarySparseEP(kernel, likelihood, Z, X, y, options)
-        n_kernel = kernel.n_theta
+    def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
+        """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None."""
         learn_inducing = bool(self.learn_inducing)
-        if learn_likelihood:
-            _, lik_theta0, lik_bounds = likelihood_theta(likelihood)
-        else:
-            lik_theta0, lik_bounds = np.zeros(0), np.zeros((0, 2))
-        n_lik = lik_theta0.size
-        z0 = Z.ravel() if learn_inducing else np.zeros(0)
-        theta0 = np.concatenate([kernel.theta, lik_theta0, z0])
-        if self.optimizer is not None and theta0.size:
-            z_bounds = np.tile([-np.inf, np.inf], (z0.size, 1))
-            bounds = np.vstack([kernel.bounds.reshape(-1, 2), lik_bounds, z_bounds])
-
-            def objective(theta):
-                k, lik, Zt = self._unpack(theta, kernel, likelihood, Z, n_kernel, n_lik, learn_likelihood,
-                                          learn_inducing)
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", ConvergenceWarning)
-                        value, grad, _ = problem.evaluate(k, lik, Zt, gradient=True,
-                                                          learn_likelihood=learn_likelihood,
-                                                          learn_inducing=learn_inducing,
-                                                          warm=self.warm_start)
-                except np.linalg.LinAlgError:
-                    return -np.inf, np.zeros_like(theta)
-                return value, grad
-
-            rng = np.random.default_rng(options["seed"])
-            # one BLAS thread for the optimiser too: L-BFGS-B's own small BLAS calls were ~6 ms
-            # each with two OpenBLAS threads on the 2-core machine (n = 80, m = 10: 2.4 s -> 0.9 s)
-            with _one_blas_thread():
-                theta, _, _ = maximize_log_likelihood(objective, theta0, bounds,
-                                                      n_restarts=self.n_restarts_optimizer, rng=rng)
-            kernel, likelihood, Z = self._unpack(theta, kernel, likelihood, Z, n_kernel, n_lik,
-                                                 learn_likelihood, learn_inducing)
-        else:
-            kernel = copy.deepcopy(kernel)
-        problem.evaluate(kernel, likelihood, Z, gradient=False, learn_likelihood=False,
-                         learn_inducing=False, warm=self.optimizer is not None and self.warm_start,
-                         keep=True)
-        info = problem.info
-        if not info["converged"]:
-            warnings.warn(
-                f"sparse EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "
-                f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} and "
-                f"the last change of log Z {info['log_z_change']:.3g} (tol={self.tol:g}). Increase "
-                "max_sweeps, use damping < 1, or check the model.", ConvergenceWarning, stacklevel=4)
-        return problem
-
-    @staticmethod
-    def _unpack(theta, kernel, likelihood, Z, n_kernel, n_lik, learn_likelihood, learn_inducing):
-        k = kernel.clone_with_theta(theta[:n_kernel])
-        lik = likelihood_with_theta(likelihood, theta[n_kernel:n_kernel + n_lik]) if learn_likelihood \
-            else likelihood
-        Zt = np.ascontiguousarray(theta[n_kernel + n_lik:].reshape(Z.shape)) if learn_inducing else Z
-        return k, lik, Zt
-
-    def _problem_log_ml(self, problem, theta, eval_gradient, learn_likelihood):
-        learn_inducing = bool(self.learn_inducing)
-        n_kernel = problem.kernel.n_theta
-        n_lik = len(likelihood_theta(problem.likelihood)[1]) if learn_likelihood else 0
-        expected = n_kernel + n_lik + (problem.Z.size if learn_inducing else 0)
-        theta = v.as_float_vector(theta, "theta", length=expected)
-        k, lik, Zt = self._unpack(theta, problem.kernel, problem.likelihood, problem.Z, n_kernel, n_lik,
-                                  learn_likelihood, learn_inducing)
-        saved = problem.site_precision, problem.site_natural_mean
-        try:
-            value, grad, _ = problem.evaluate(k, lik, Zt, gradient=eval_gradient,
-                                              learn_likelihood=learn_likelihood,
-                                              learn_inducing=learn_inducing, warm=False)
-        finally:
-            problem.site_precision, problem.site_natural_mean = saved
-        return (value, grad) if eval_gradient else value
+        problem = _BinarySparseEP(kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing)
+        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                  extra=Z if learn_inducing else None)
+        return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
+                           n_restarts=self.n_restarts_optimizer, seed=options["seed"],
+                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
 
     def _set_fitted(self, X, problems):
-        binary = len(problems) == 1
-        stack = (lambda a: a[0]) if binary else np.stack
-        self.n_features_in_ = X.shape[1]
-        self._problems = problems
-        self.kernel_ = problems[0].kernel if binary else [p.kernel for p in problems]
-        self.likelihood_ = problems[0].likelihood if binary else [p.likelihood for p in problems]
-        self.inducing_inputs_ = stack([p.Z for p in problems])
-        self.log_marginal_likelihood_value_ = float(sum(p.log_ml for p in problems))
-        self.site_precision_ = stack([p.site_precision for p in problems])
-        self.site_natural_mean_ = stack([p.site_natural_mean for p in problems])
-        self.n_sweeps_ = problems[0].info["n_sweeps"] if binary else np.array([p.info["n_sweeps"] for p in problems])
-        self.converged_ = all(bool(p.info["converged"]) for p in problems)
+        self._set_problems(X, problems)
+        self.inducing_inputs_ = stack_problems([p.Z for p in problems])
+        self._set_ep_summary(problems)
 
 
 _COMMON_PARAMS = """
@@ -513,17 +405,16 @@ _COMMON_PARAMS = """
         finite slope, logistic, Gaussian); non-Gaussian sites then use Gauss-Hermite quadrature
         with ``n_quadrature`` nodes.
     inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
-        Seeded k-means++ (seeding plus 10 Lloyd steps), a seeded random subset of the training
-        inputs, the active set of an IVM selection, or explicit inducing inputs (then
-        ``n_inducing`` is ignored). ``'ivm'`` takes the m training inputs that the Informative
-        Vector Machine includes greedily (Lawrence, Seeger & Herbrich 2005, §2, Algorithm 1),
-        each maximising the entropy reduction of the ADF posterior (eq 26), under the
-        estimator's initial kernel and likelihood held fixed: :class:`fastep.IVMClassifier` /
-        :class:`fastep.IVMRegressor` with ``active_set_size=n_inducing``, ``optimizer=None``
-        (no hyperparameter learning) and, for regression, the initial ``noise_variance`` and
-        bias 0. Rows are in inclusion order. One-vs-rest, each binary problem starts from its
-        own selection. Cost O(m² n) time, O(m n) memory per problem; the kernel must have a
-        positive diagonal on X.
+        Seeded k-means++ (seeding plus 10 Lloyd steps, :func:`kmeans_plus_plus`), a seeded
+        random subset of the training inputs, the active set of an IVM selection, or explicit
+        inducing inputs (then ``n_inducing`` is ignored). ``'ivm'`` takes the m training
+        inputs that the Informative Vector Machine includes greedily
+        (:func:`fastep.ivm.select_active_set`: Algorithm 1, each inclusion maximising the
+        entropy reduction of the ADF posterior, eq 26) under the estimator's initial kernel
+        and likelihood (for regression: the initial ``noise_variance`` and a zero offset).
+        Rows are in inclusion order. One-vs-rest, each binary problem starts from its own
+        selection. O(m² n) time, O(m n) memory per problem; the kernel must have a positive
+        diagonal on X.
     learn_inducing : bool, default True
         Learn the inducing inputs with the hyperparameters (exact gradient).
     schedule : {'sequential', 'parallel'}, default 'sequential'
@@ -536,51 +427,97 @@ _COMMON_PARAMS = """
     tol : float, default 1e-6
         Convergence threshold on the relative site change and the relative change of log Z.
     max_sweeps : int, default 200
+        Sweeps before EP gives up (with a :class:`~fastep.ConvergenceWarning`).
     negative_precision : {'clip', 'skip'}, default 'clip'
+        Policy for negative site precisions: clip to 0 keeping the tilted mean matched, or
+        skip the update.
     n_quadrature : int in [1, 256], default 32
         Gauss-Hermite nodes of the powered site moments (power < 1, non-Gaussian likelihoods).
     optimizer : 'L-BFGS-B' or None, default 'L-BFGS-B'
         None keeps the hyperparameters and the inducing inputs fixed.
-    n_restarts_optimizer : int, default 0
+    n_restarts_optimizer : int >= 0, default 0
+        Extra optimiser starts at ``theta0 + N(0, I)``, seeded by ``random_state``.
     jitter : float >= 0, default 1e-6
         Added to the diagonal of K_mm (absolute).
-    random_state : int or None
-        Seed of the inducing-input initialisation, the random site order and the restarts.
+    random_state : int or None, default None
+        Seed of the inducing-input initialisation, the random site order and the restarts
+        (None: 0).
     warm_start : bool, default True
-        Start each EP run of the optimiser from the previous evaluation's sites.
+        Start each EP run of the optimiser from the previous evaluation's sites (a warm start
+        that fails is retried from zero sites).
 """
 
+_COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
+        EP log marginal likelihood at the fitted parameters (summed over one-vs-rest problems).
+    site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
+        The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
+    n_sweeps_ : int or ndarray (n_classes,)
+        EP sweeps of the final run.
+    converged_ : bool
+        Whether every final EP run met ``tol``.
+    n_features_in_ : int
+        Number of features seen in ``fit``."""
 
-class SparseGPClassifier(ClassifierMixin, _SparseGPBase):
-    __doc__ = """Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC / EP-DTC / power EP).
+_REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approximation* (NIPS 2007).
+    Snelson, E. and Ghahramani, Z. *Sparse Gaussian processes using pseudo-inputs* (NIPS 2005).
+    Bui, T. D., Yan, J. and Turner, R. E. *A unifying framework for Gaussian process
+    pseudo-point approximations using power expectation propagation* (JMLR 2017).
+    The tutorial slides *Expectation Propagation for Gaussian processes*: "Sparse EP",
+    "EP-FITC", "EP-DTC", "EP variants"."""
 
-    Same API as :class:`fastep.GaussianProcessClassifier` (``fit``, ``predict_proba``,
-    ``predict_latent``, ``log_marginal_likelihood``, one-vs-rest for more than two classes),
-    at O(nm²) time and O(nm) memory per EP sweep and per evidence gradient, with the inducing
-    inputs learnt with the kernel hyperparameters by L-BFGS-B (exact gradients, module
-    docstring of :mod:`fastep.sparse`). Predictions go through q(u | y): O(m) per test point
-    for the mean, O(m²) for the variance.
+
+class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
+    __doc__ = f"""Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
+
+    The API of :class:`fastep.GaussianProcessClassifier` (one-vs-rest for more than two
+    classes) at O(nm²) time and O(nm) memory per EP run and per evidence gradient, for m
+    inducing inputs ``Z``. The kernel hyperparameters and Z are learnt together by L-BFGS-B
+    with the exact gradient of the EP log marginal likelihood (module :mod:`fastep.sparse`).
+    Predictions go through q(u | y): O(m) per test point for the mean, O(m²) for the variance.
 
     Parameters
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
-        Must provide ``cross_gradient_iter``/``diag_gradient`` (and ``input_gradient`` to learn
-        Z) when an optimiser is used: every kernel of :mod:`fastep.kernels` (Linear, RBF, MLP
-        and their ARD variants, White, Bias, sums and products) does.
+        Prior covariance. With an optimiser it must provide ``cross_gradient_iter`` and
+        ``diag_gradient`` (and ``input_gradient`` to learn Z); every kernel of
+        :mod:`fastep.kernels` and their sums and products do.
     likelihood : Probit, Step or Logistic, default Probit()
-    """ + _COMMON_PARAMS + """    learn_likelihood : bool, default False
-        Also learn the likelihood's parameters (as the dense classifier; power = 1 only).
+        The binary site model.
+    {_COMMON_PARAMS.strip()}
+    learn_likelihood : bool, default False
+        Also learn the likelihood's parameters (power = 1 only).
 
     Attributes
     ----------
-    classes_ : ndarray
-    kernel_, likelihood_ : fitted kernel and likelihood (lists, one-vs-rest)
+    classes_ : ndarray (n_classes,)
+        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
+    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
+        The fitted kernel and likelihood.
     inducing_inputs_ : ndarray (m, n_features), or (n_classes, m, n_features) one-vs-rest
-    log_marginal_likelihood_value_ : float (summed over one-vs-rest problems)
-    site_precision_, site_natural_mean_ : ndarray (n,) or (n_classes, n)
-        Sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
-    n_sweeps_ : int or ndarray
-    converged_ : bool
+        The fitted inducing inputs Z.
+    {_COMMON_ATTRIBUTES}
+
+    See Also
+    --------
+    GaussianProcessClassifier : dense EP, O(n³).
+    IVMClassifier : sparse GP classification by greedy active-set selection.
+
+    References
+    ----------
+    {_REFERENCES}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import SparseGPClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 2))
+    >>> y = (X[:, 0] ** 2 + X[:, 1] ** 2 < 1.5).astype(int)
+    >>> clf = SparseGPClassifier(n_inducing=10, learn_inducing=False, random_state=0).fit(X, y)
+    >>> clf.inducing_inputs_.shape
+    (10, 2)
+    >>> clf.predict([[0.0, 0.0], [3.0, 3.0]]).tolist()
+    [1, 0]
     """
 
     def __init__(self, kernel=None, likelihood=None, *, n_inducing=50, approximation="fitc", power=1.0,
@@ -609,28 +546,24 @@ class SparseGPClassifier(ClassifierMixin, _SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
-    @staticmethod
-    def _ivm_active_set(X, target, kernel, likelihood, m, seed):
-        """Active set of a binary IVM selection at fixed kernel and likelihood (``inducing_init='ivm'``)."""
-        ivm = IVMClassifier(kernel, likelihood, active_set_size=m, criterion="entropy", optimizer=None,
-                            n_iterations=0, random_state=seed).fit(X, target)
-        return ivm.active_set_
-
-    def _likelihood(self):
-        lik = Probit() if self.likelihood is None else self.likelihood
-        if not isinstance(lik, (Probit, Step, Logistic)):
-            raise TypeError("likelihood must be a binary likelihood (fastep.likelihoods.Probit, Step or "
-                            f"Logistic), got {lik!r}")
-        return lik
-
     def fit(self, X, y):
-        """Fit the sparse EP posterior (and hyperparameters and Z unless ``optimizer=None``); returns self."""
+        """Fit the sparse EP posterior (and the hyperparameters and Z unless ``optimizer=None``).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+        y : array-like (n_samples,)
+            Class labels (any sortable values; two or more classes).
+
+        Returns
+        -------
+        self
+        """
         options = self._engine_options()
-        kernel = self._kernel()
-        likelihood = self._likelihood()
-        if not isinstance(self.learn_likelihood, (bool, np.bool_)):
-            raise TypeError(f"learn_likelihood must be a bool, got {type(self.learn_likelihood).__name__}")
-        if self.learn_likelihood:
+        kernel = check_kernel(self.kernel)
+        likelihood = check_binary_likelihood(self.likelihood)
+        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
+        if learn_likelihood:
             likelihood_theta(likelihood)        # raises for parameters that cannot be learnt
             _check_likelihood_learnable_with_power(likelihood, options["power"])
         X, y = v.check_X_y(X, y)
@@ -642,84 +575,58 @@ class SparseGPClassifier(ClassifierMixin, _SparseGPBase):
             _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
                                         power=options["power"], n_quadrature=options["n_quadrature"])
         Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
-        problems = [self._fit_binary(X, t, Z, kernel, likelihood, options, bool(self.learn_likelihood))
+        problems = [self._fit_problem(X, t, Z, kernel, likelihood, options, learn_likelihood)
                     for t, Z in zip(targets, Zs)]
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
 
-    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
-        """EP log marginal likelihood (and its gradient) at ``theta``.
 
-        ``theta`` concatenates ``kernel_.theta``, the likelihood's unconstrained parameters
-        (if ``learn_likelihood``) and ``inducing_inputs_.ravel()`` (if ``learn_inducing``);
-        None returns the fitted value.  One-vs-rest: the same ``theta`` for every class, the sum
-        is returned.
-        """
-        check_is_fitted(self, "classes_")
-        if theta is None:
-            if eval_gradient:
-                raise ValueError("eval_gradient=True requires theta")
-            return self.log_marginal_likelihood_value_
-        values = [self._problem_log_ml(p, theta, eval_gradient, bool(self.learn_likelihood))
-                  for p in self._problems]
-        if eval_gradient:
-            return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
-        return float(sum(values))
+class SparseGPRegressor(GPRegressorMixin, _SparseGPBase):
+    __doc__ = f"""Sparse GP regression (FITC, DTC or power EP with Gaussian noise) through the sparse EP engine.
 
-    def predict_latent(self, X):
-        """Latent predictive mean and variance through q(u | y) (module docstring).
-
-        Returns ``(mean, var)`` of shape (n_samples,), or (n_samples, n_classes) one-vs-rest.
-        """
-        check_is_fitted(self, "classes_")
-        X = v.check_n_features(X, self.n_features_in_)
-        out = [p.latent(X) for p in self._problems]
-        if len(out) == 1:
-            return out[0]
-        return np.column_stack([m for m, _ in out]), np.column_stack([s for _, s in out])
-
-    def predict_proba(self, X):
-        """Class probabilities, columns ordered as ``classes_`` (as the dense classifier)."""
-        check_is_fitted(self, "classes_")
-        return one_vs_rest_proba(self._problems, v.check_n_features(X, self.n_features_in_))
-
-    def decision_function(self, X):
-        """Predictive log-odds of each binary problem (shape (n,), or (n, n_classes) one-vs-rest)."""
-        check_is_fitted(self, "classes_")
-        X = v.check_n_features(X, self.n_features_in_)
-        cols = []
-        for p in self._problems:
-            mean, var = p.latent(X)
-            ones = np.ones_like(mean)
-            cols.append(p.likelihood.moments(ones, mean, var)[0] - p.likelihood.moments(-ones, mean, var)[0])
-        return cols[0] if len(cols) == 1 else np.column_stack(cols)
-
-    def predict(self, X):
-        """Most probable class for each row of ``X``."""
-        check_is_fitted(self, "classes_")
-        if len(self._problems) == 1:
-            return self.classes_[(self.decision_function(X) > 0).astype(int)]
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-
-
-class SparseGPRegressor(RegressorMixin, _SparseGPBase):
-    __doc__ = """Sparse GP regression (FITC, DTC or power EP with a Gaussian likelihood) through the same engine.
-
-    At the fixed point (one sweep) the evidence is the closed-form FITC ``log N(y; 0, Q +
-    diag(K - Q) + σ²I)``, DTC ``log N(y; 0, Q + σ²I)`` or, for power α, ``log N(y; 0, Q +
-    α diag(K - Q) + σ²I) - (1-α)/(2α) Σ log(1 + α d_i/σ²)`` (α -> 0: the variational bound).
+    At the fixed point (one sweep) the evidence is the closed-form FITC
+    ``log N(y; 0, Q + diag(K - Q) + σ²I)``, DTC ``log N(y; 0, Q + σ²I)`` or, for power α,
+    ``log N(y; 0, Q + α diag(K - Q) + σ²I) - (1-α)/(2α) Σ log(1 + α d_i/σ²)`` (α → 0 gives
+    the variational bound), with ``Q = K_nm K_mm⁻¹ K_mn`` and ``d = diag(K - Q)``.
 
     Parameters
     ----------
     kernel : fastep.kernels.Kernel, default RBF()
+        Prior covariance (see :class:`SparseGPClassifier` for the gradients it must provide).
     noise_variance : float > 0, default 1.0
+        Variance σ² of the Gaussian noise (the starting point when learnt).
     learn_noise : bool, default True
-    """ + _COMMON_PARAMS + """
+        Learn σ² with the kernel hyperparameters and Z.
+    {_COMMON_PARAMS.strip()}
+
     Attributes
     ----------
-    kernel_, noise_variance_, inducing_inputs_, log_marginal_likelihood_value_, site_precision_,
-    site_natural_mean_, n_sweeps_, converged_
+    kernel_ : Kernel
+        The fitted kernel.
+    likelihood_ : Gaussian
+        The fitted noise model.
+    noise_variance_ : float
+        The fitted noise variance σ².
+    inducing_inputs_ : ndarray (m, n_features)
+        The fitted inducing inputs Z.
+    {_COMMON_ATTRIBUTES}
+
+    References
+    ----------
+    {_REFERENCES}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import SparseGPRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-3, 3, size=(300, 1))
+    >>> y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=300)
+    >>> reg = SparseGPRegressor(n_inducing=8, learn_inducing=False, random_state=0).fit(X, y)
+    >>> mean = reg.predict([[0.5]])
+    >>> bool(abs(mean[0] - np.sin(0.5)) < 0.2)
+    True
     """
 
     def __init__(self, kernel=None, noise_variance=1.0, *, learn_noise=True, n_inducing=50,
@@ -748,54 +655,30 @@ class SparseGPRegressor(RegressorMixin, _SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
-    @staticmethod
-    def _ivm_active_set(X, y, kernel, likelihood, m, seed):
-        """Active set of an IVM regression selection at fixed kernel and noise (``inducing_init='ivm'``).
-
-        The bias is 0, the sparse model's prior mean (the entropy score of Gaussian sites does not
-        depend on y anyway)."""
-        ivm = IVMRegressor(kernel, noise_variance=likelihood.noise_variance, bias=0.0, learn_noise=False,
-                           active_set_size=m, criterion="entropy", optimizer=None, n_iterations=0,
-                           random_state=seed).fit(X, y)
-        return ivm.active_set_
-
     def fit(self, X, y):
-        """Fit the posterior (and hyperparameters and Z unless ``optimizer=None``); returns self."""
+        """Fit the posterior (and the hyperparameters and Z unless ``optimizer=None``).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+        y : array-like (n_samples,)
+            Real targets.
+
+        Returns
+        -------
+        self
+        """
         options = self._engine_options()
-        kernel = self._kernel()
+        kernel = check_kernel(self.kernel)
         likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
-        if not isinstance(self.learn_noise, (bool, np.bool_)):
-            raise TypeError(f"learn_noise must be a bool, got {type(self.learn_noise).__name__}")
+        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         X, y = v.check_X_y(X, y, y_numeric=True)
         kernel._validate_X(X, "X")
         self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
-        if self.learn_noise:
+        if learn_noise:
             _check_likelihood_learnable_with_power(likelihood, options["power"])
         (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
-        problem = self._fit_binary(X, y, Z, kernel, likelihood, options, bool(self.learn_noise))
+        problem = self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)
         self._set_fitted(X, [problem])
         self.noise_variance_ = float(problem.likelihood.noise_variance)
         return self
-
-    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
-        """Log marginal likelihood (and gradient) at ``theta`` (kernel theta, log σ² if ``learn_noise``,
-        ``inducing_inputs_.ravel()`` if ``learn_inducing``)."""
-        check_is_fitted(self, "inducing_inputs_")
-        if theta is None:
-            if eval_gradient:
-                raise ValueError("eval_gradient=True requires theta")
-            return self.log_marginal_likelihood_value_
-        return self._problem_log_ml(self._problems[0], theta, eval_gradient, bool(self.learn_noise))
-
-    def predict_latent(self, X):
-        """Posterior mean and variance of the latent function through q(u | y)."""
-        check_is_fitted(self, "inducing_inputs_")
-        X = v.check_n_features(X, self.n_features_in_)
-        return self._problems[0].latent(X)
-
-    def predict(self, X, return_std=False):
-        """Predictive mean (and standard deviation of y, including the noise, if ``return_std``)."""
-        mean, var = self.predict_latent(X)
-        if return_std:
-            return mean, np.sqrt(var + self.noise_variance_)
-        return mean

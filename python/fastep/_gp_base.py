@@ -1,0 +1,429 @@
+"""The skeleton shared by the Gaussian-process estimators: dense EP, sparse EP and the IVM.
+
+Each estimator fits one *problem* per binary task (one for a binary classifier or a
+regressor, one per class one-vs-rest) and keeps them in ``_problems``. This module holds
+what every GP model does the same way:
+
+* defaults and checks of the constructor arguments they share (``kernel``, the binary
+  likelihood, ``optimizer``, ``random_state``);
+* :class:`Hyperparameters`, the packing of θ = (kernel θ, likelihood θ, an extra block
+  such as the inducing inputs) that the optimiser moves and
+  ``log_marginal_likelihood(theta)`` takes;
+* :class:`SiteProblem`, EP on one problem with the warm-start retry, the type-II
+  maximum-likelihood search and the evidence at a given θ;
+* :class:`DensePredictor`, the latent predictive of a GP whose posterior is represented
+  by sites on a set of training inputs (dense EP and the IVM);
+* the fitted-attribute stacking (one-vs-rest) and the predict methods
+  (:class:`GPClassifierMixin`, :class:`GPRegressorMixin`).
+
+The model modules (:mod:`fastep.gp`, :mod:`fastep.sparse`, :mod:`fastep.ivm`) keep only
+what is their own: how EP (or the IVM's selection) runs, the evidence gradient, and the
+model's predictive state.
+"""
+import copy
+import warnings
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+from . import _validation as v
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
+from ._likelihood_params import likelihood_theta, likelihood_with_theta
+from ._linalg import matmul
+from ._optimize import maximize_log_likelihood
+from .exceptions import ConvergenceWarning
+from .kernels import RBF, Kernel
+from .likelihoods import Logistic, Probit, Step
+
+__all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
+           "SiteProblem", "DensePredictor"]
+
+#: Test points per batch of the latent predictive (bounds the m x n cross-kernel block).
+PREDICT_BATCH = 1024
+
+
+class Hyperparameters:
+    """θ = (kernel θ, likelihood θ if learnt, an extra block if learnt), with its bounds.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        Its unconstrained ``theta`` and ``bounds`` come first.
+    likelihood : Likelihood
+        Its learnable parameters (:func:`fastep._likelihood_params.likelihood_theta`)
+        follow when ``learn_likelihood``.
+    learn_likelihood : bool
+    extra : ndarray or None
+        A further block learnt without bounds (the sparse model's inducing inputs, raveled
+        into θ and reshaped back to ``extra.shape``); None for none.
+    """
+
+    def __init__(self, kernel, likelihood, learn_likelihood, extra=None):
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.learn_likelihood = bool(learn_likelihood)
+        self.extra = extra
+        self.n_kernel = kernel.n_theta
+        if self.learn_likelihood:
+            _, lik_theta, lik_bounds = likelihood_theta(likelihood)
+        else:
+            lik_theta, lik_bounds = np.zeros(0), np.zeros((0, 2))
+        self.n_likelihood = lik_theta.size
+        extra_theta = np.zeros(0) if extra is None else extra.ravel()
+        self.theta0 = np.concatenate([kernel.theta, lik_theta, extra_theta])
+        self.bounds = np.vstack([kernel.bounds.reshape(-1, 2), lik_bounds,
+                                 np.tile([-np.inf, np.inf], (extra_theta.size, 1))])
+
+    @property
+    def size(self):
+        return self.theta0.size
+
+    def unpack(self, theta):
+        """``(kernel, likelihood, extra)`` at ``theta`` (the fixed parts unchanged)."""
+        n_kernel, n_lik = self.n_kernel, self.n_likelihood
+        kernel = self.kernel.clone_with_theta(theta[:n_kernel])
+        likelihood = (likelihood_with_theta(self.likelihood, theta[n_kernel:n_kernel + n_lik])
+                      if self.learn_likelihood else self.likelihood)
+        extra = (None if self.extra is None
+                 else np.ascontiguousarray(theta[n_kernel + n_lik:].reshape(self.extra.shape)))
+        return kernel, likelihood, extra
+
+    def check(self, theta):
+        """``theta`` as a float64 vector of the right length (for ``log_marginal_likelihood``)."""
+        return v.as_float_vector(theta, "theta", length=self.size)
+
+
+class SiteProblem:
+    """One binary (or regression) EP problem: its data, its sites and type-II maximum likelihood.
+
+    Subclasses implement ``_run_once(prior, likelihood, warm)`` (one EP run from the stored
+    sites when ``warm``, else from zero sites; returns a dict with at least ``'info'``) and
+    ``evaluate(params, *, gradient, warm, keep)`` returning ``(log_z, grad or None, info)``
+    with ``params`` = ``(kernel, likelihood, extra)`` as :meth:`Hyperparameters.unpack`
+    gives it, storing the sites (and with ``keep`` the prediction state: attributes
+    ``kernel``, ``likelihood``, ``log_ml`` and ``info``).
+
+    Attributes
+    ----------
+    site_precision, site_natural_mean : ndarray (n,)
+        The current sites (zero before the first run).
+    """
+
+    #: Name of the algorithm in the non-convergence warning.
+    algorithm = "EP"
+
+    def __init__(self, kernel, likelihood, X, y, options):
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.X = X
+        self.y = y
+        self.options = options
+        n = X.shape[0]
+        self.site_precision = np.zeros(n)
+        self.site_natural_mean = np.zeros(n)
+
+    def run(self, prior, likelihood, warm):
+        """EP from the stored sites (``warm``) or from zero sites.
+
+        A warm start that fails (improper cavities after a large hyperparameter step, or a
+        failed factorisation) is retried once from a cold start.
+        """
+        if warm and np.any(self.site_precision):
+            try:
+                state = self._run_once(prior, likelihood, warm=True)
+            except (np.linalg.LinAlgError, FloatingPointError):
+                state = None
+            if state is not None and state["info"]["n_failed"] == 0:
+                return state
+        return self._run_once(prior, likelihood, warm=False)
+
+    def fit(self, hyper, *, optimizer, n_restarts, seed, warm_start, max_sweeps, tol):
+        """Learn θ (unless ``optimizer`` is None) and keep the EP state at the result.
+
+        Maximises the EP log marginal likelihood over ``hyper``'s θ with L-BFGS-B
+        (:func:`fastep._optimize.maximize_log_likelihood`, ``n_restarts`` extra starts seeded
+        by ``seed``); a point where EP or a factorisation fails counts as ``-inf``. Warns
+        with :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
+        """
+        if optimizer is not None and hyper.size:
+            def objective(theta):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", ConvergenceWarning)
+                        value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=True, warm=warm_start)
+                except np.linalg.LinAlgError:
+                    return -np.inf, np.zeros_like(theta)
+                return value, grad
+
+            rng = np.random.default_rng(seed)
+            theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
+                                                  n_restarts=n_restarts, rng=rng)
+            params = hyper.unpack(theta)
+        else:
+            params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)
+        self.evaluate(params, gradient=False, warm=optimizer is not None and warm_start, keep=True)
+        info = self.info
+        if not info["converged"]:
+            warnings.warn(
+                f"{self.algorithm} did not converge in {info['n_sweeps']} sweeps (max_sweeps={max_sweeps}); "
+                f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
+                f"and the last change of log Z {info['log_z_change']:.3g} (tol={tol:g}). "
+                "Increase max_sweeps, use damping < 1, or check the model.",
+                ConvergenceWarning, stacklevel=5)
+        return self
+
+    def log_ml_at(self, hyper, theta, eval_gradient):
+        """EP log marginal likelihood (and gradient) at ``theta``, from a cold start.
+
+        The fitted sites and prediction state are left as they were.
+        """
+        theta = hyper.check(theta)
+        saved = self.site_precision, self.site_natural_mean
+        try:
+            value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
+        finally:
+            self.site_precision, self.site_natural_mean = saved
+        return (value, grad) if eval_gradient else value
+
+
+class DensePredictor:
+    """Latent predictive of a GP posterior given by Gaussian sites on a set of inputs.
+
+    With sites of precision ``B = diag(β)`` on the inputs ``X_basis``,
+    ``A = I + B^½ K B^½ = L Lᵀ`` and weights ``w = (K + B⁻¹)⁻¹ B⁻¹ ν``, the latent
+    predictive at ``x*`` is ``N(k*ᵀ w, k(x*, x*) - |L⁻¹ B^½ k*|²)`` (Rasmussen & Williams,
+    *Gaussian Processes for Machine Learning*, Algorithm 3.6; the IVM's prediction,
+    Seeger's notes §2.2, is the same formula on the active set).
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X_basis : ndarray (n, n_features)
+    weights : ndarray (n,)
+    chol : ndarray (n, n)
+        Lower Cholesky factor L of A.
+    sqrt_precision : ndarray (n,)
+        ``sqrt(β)``.
+    """
+
+    def __init__(self, kernel, X_basis, weights, chol, sqrt_precision):
+        self.kernel = kernel
+        self.X_basis = X_basis
+        self.weights = weights
+        self.chol = chol
+        self.sqrt_precision = sqrt_precision
+
+    def latent(self, X):
+        """``(mean, var)`` of the latent function at the rows of ``X`` (variance clipped at 0)."""
+        n_test = X.shape[0]
+        mean = np.empty(n_test)
+        var = np.empty(n_test)
+        for a in range(0, n_test, PREDICT_BATCH):
+            z = slice(a, min(a + PREDICT_BATCH, n_test))
+            Ks = self.kernel(X[z], self.X_basis)                    # (batch, n)
+            mean[z] = matmul(Ks, self.weights)
+            V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
+            var[z] = self.kernel.diag(X[z]) - np.einsum("ij,ij->j", V, V)
+        return mean, np.maximum(var, 0.0)
+
+
+def check_kernel(kernel):
+    """The estimator's kernel: ``RBF()`` for None, else a :class:`fastep.kernels.Kernel`."""
+    kernel = RBF() if kernel is None else kernel
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a fastep.kernels.Kernel, got {type(kernel).__name__}")
+    return kernel
+
+
+def check_binary_likelihood(likelihood, allowed=(Probit, Step, Logistic)):
+    """The estimator's binary likelihood: ``Probit()`` for None, else one of ``allowed``."""
+    lik = Probit() if likelihood is None else likelihood
+    if not isinstance(lik, allowed):
+        names = ", ".join(cls.__name__ for cls in allowed[:-1]) + f" or {allowed[-1].__name__}"
+        raise TypeError(f"likelihood must be a binary likelihood (fastep.likelihoods.{names}), got {lik!r}")
+    return lik
+
+
+def check_optimizer(optimizer, allowed=("L-BFGS-B",)):
+    """Raise ``ValueError`` unless ``optimizer`` is None or one of ``allowed``."""
+    if not (optimizer is None or (isinstance(optimizer, str) and optimizer in allowed)):
+        names = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"optimizer must be {names} or None, got {optimizer!r}")
+    return optimizer
+
+
+def stack_problems(arrays):
+    """One problem: its array; several (one-vs-rest): stacked along a new first axis."""
+    return arrays[0] if len(arrays) == 1 else np.stack(arrays)
+
+
+class GPEstimator(BaseEstimator):
+    """Fitted-state handling and the latent predictive shared by the GP estimators.
+
+    Subclasses fit a list of problems (each with ``latent(X)``, ``kernel`` and
+    ``likelihood``) and call :meth:`_set_problems`.
+    """
+
+    def _set_problems(self, X, problems):
+        """Store the problems and the fitted attributes every GP estimator has."""
+        self._problems = problems
+        self.n_features_in_ = X.shape[1]
+        binary = len(problems) == 1
+        self.kernel_ = problems[0].kernel if binary else [p.kernel for p in problems]
+        self.likelihood_ = problems[0].likelihood if binary else [p.likelihood for p in problems]
+
+    def _set_ep_summary(self, problems):
+        """Sites, sweep counts, convergence and log marginal likelihood of EP problems."""
+        self.log_marginal_likelihood_value_ = float(sum(p.log_ml for p in problems))
+        self.site_precision_ = stack_problems([p.site_precision for p in problems])
+        self.site_natural_mean_ = stack_problems([p.site_natural_mean for p in problems])
+        self.n_sweeps_ = (problems[0].info["n_sweeps"] if len(problems) == 1
+                          else np.array([p.info["n_sweeps"] for p in problems]))
+        self.converged_ = all(bool(p.info["converged"]) for p in problems)
+
+    def _check_X(self, X):
+        """Prediction-time X, validated against the training features (raises if not fitted)."""
+        check_is_fitted(self, "_problems")
+        return v.check_n_features(X, self.n_features_in_)
+
+    def predict_latent(self, X):
+        """Latent predictive mean and variance at the rows of ``X``.
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+
+        Returns
+        -------
+        mean, var : ndarray (n_samples,), or (n_samples, n_classes) one-vs-rest
+        """
+        X = self._check_X(X)
+        out = [p.latent(X) for p in self._problems]
+        if len(out) == 1:
+            return out[0]
+        return np.column_stack([m for m, _ in out]), np.column_stack([s for _, s in out])
+
+
+class EPEvidenceMixin:
+    """``log_marginal_likelihood`` of the estimators whose problems are :class:`SiteProblem`."""
+
+    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
+        """EP log marginal likelihood (and its gradient) at ``theta``.
+
+        Parameters
+        ----------
+        theta : array-like or None, default None
+            Unconstrained hyperparameters, in the order ``kernel_.theta``; then the
+            likelihood's learnt parameters (``learn_likelihood``, or log σ² with
+            ``learn_noise``; :func:`fastep._likelihood_params.likelihood_theta` gives their
+            coordinates); then, for the sparse models with ``learn_inducing``,
+            ``inducing_inputs_.ravel()``. None returns the fitted value. One-vs-rest: the
+            same ``theta`` for every class, and the sum over the classes is returned.
+        eval_gradient : bool, default False
+            Also return the gradient with respect to ``theta`` (exact at the EP fixed point).
+
+        Returns
+        -------
+        float, or (float, ndarray) with ``eval_gradient``
+            EP runs from zero sites at ``theta``; the fitted state is left unchanged.
+        """
+        check_is_fitted(self, "_problems")
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("eval_gradient=True requires theta")
+            return self.log_marginal_likelihood_value_
+        values = [p.log_ml_at(p.hyperparameters, theta, eval_gradient) for p in self._problems]
+        if eval_gradient:
+            return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
+        return float(sum(values))
+
+
+class GPClassifierMixin(ClassifierMixin):
+    """Class probabilities, decision values and labels from binary latent predictives."""
+
+    def predict_proba(self, X):
+        """Class probabilities, columns ordered as ``classes_``.
+
+        Binary: ``p(y = classes_[1] | x) = ∫ t(f) N(f; μ*, σ*²) df`` with the likelihood
+        ``t`` (probit with unit slope: ``Φ(μ*/sqrt(1 + σ*²))``). One-vs-rest: each class's
+        binary predictive, normalised to sum to one.
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (n_samples, n_classes)
+        """
+        X = self._check_X(X)
+        return one_vs_rest_proba(self._problems, X)
+
+    def decision_function(self, X):
+        """Predictive log-odds ``log p(+1 | x) - log p(-1 | x)`` of each binary problem.
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (n_samples,), or (n_samples, n_classes) one-vs-rest
+        """
+        X = self._check_X(X)
+        cols = []
+        for p in self._problems:
+            mean, var = p.latent(X)
+            ones = np.ones_like(mean)
+            cols.append(p.likelihood.moments(ones, mean, var)[0] - p.likelihood.moments(-ones, mean, var)[0])
+        return cols[0] if len(cols) == 1 else np.column_stack(cols)
+
+    def _multiclass_scores(self, X):
+        """Scores whose row-wise argmax is the one-vs-rest prediction."""
+        return self.predict_proba(X)
+
+    def predict(self, X):
+        """Most probable class for each row of ``X``.
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (n_samples,) of labels from ``classes_``
+        """
+        check_is_fitted(self, "_problems")
+        if len(self._problems) == 1:
+            return self.classes_[(self.decision_function(X) > 0).astype(int)]
+        return self.classes_[np.argmax(self._multiclass_scores(X), axis=1)]
+
+
+class GPRegressorMixin(RegressorMixin):
+    """Predictive mean and standard deviation of a GP regressor with Gaussian noise."""
+
+    #: Added to the latent mean (the IVM regressor's bias); 0 for a zero-mean GP.
+    def _output_offset(self):
+        return 0.0
+
+    def predict(self, X, return_std=False):
+        """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+        return_std : bool, default False
+
+        Returns
+        -------
+        mean : ndarray (n_samples,)
+        std : ndarray (n_samples,), only with ``return_std``
+            ``sqrt(σ*² + noise_variance_)``.
+        """
+        mean, var = self.predict_latent(X)
+        offset = self._output_offset()
+        if offset:
+            mean = mean + offset
+        if return_std:
+            return mean, np.sqrt(var + self.noise_variance_)
+        return mean
