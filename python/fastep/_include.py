@@ -28,7 +28,13 @@ def get_include():
 
     Examples
     --------
-    ``cython -I "$(python -c 'import fastep; print(fastep.get_include())')" mymodule.pyx``
+    >>> import os
+    >>> import fastep
+    >>> include = fastep.get_include()
+    >>> os.path.isfile(os.path.join(include, "fastep", "_epcore", "sites.pxd"))
+    True
+
+    From a shell: ``cython -I "$(python -c 'import fastep; print(fastep.get_include())')" mymodule.pyx``.
     """
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.isfile(os.path.join(package_parent, _PXD)):
