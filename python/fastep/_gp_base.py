@@ -220,10 +220,10 @@ class DensePredictor:
         var = np.empty(n_test)
         for a in range(0, n_test, PREDICT_BATCH):
             z = slice(a, min(a + PREDICT_BATCH, n_test))
-            Ks = self.kernel(X[z], self.X_basis)                    # (batch, n)
+            Ks = self.kernel._unchecked_call(X[z], self.X_basis)                    # (batch, n)
             mean[z] = matmul(Ks, self.weights)
             V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
-            var[z] = self.kernel.diag(X[z]) - np.einsum("ij,ij->j", V, V)
+            var[z] = self.kernel._unchecked_diag(X[z]) - np.einsum("ij,ij->j", V, V)
         return mean, np.maximum(var, 0.0)
 
 

@@ -83,7 +83,7 @@ class _BinaryGPEP(SiteProblem):
 
     # -- EP --------------------------------------------------------------------------------
     def _kernel_matrix(self, kernel):
-        K = np.ascontiguousarray(kernel(self.X), dtype=np.float64)
+        K = np.ascontiguousarray(kernel._unchecked_call(self.X), dtype=np.float64)
         if self.options["jitter"]:
             K.flat[:: K.shape[0] + 1] += self.options["jitter"]
         if not np.all(np.isfinite(K)):
@@ -106,7 +106,7 @@ class _BinaryGPEP(SiteProblem):
         cavity_var = np.empty(n)
         # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
         # all the evidence gradient and prediction need (Σ itself is never formed at the end)
-        info = _engine.run_gp_ep(
+        info = _engine._run_gp_ep(
             K, self.y, likelihood.site_spec(), tau, nu, buffer, post_mean,
             schedule=opts["schedule"], order=opts["order"], seed=opts["seed"],
             damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
@@ -171,7 +171,7 @@ class _BinaryGPEP(SiteProblem):
                 _symmetrize_from_lower(R)
                 R *= s[:, None]
                 R *= s[None, :]
-                for dK in kernel.gradient_iter(self.X):
+                for dK in kernel._unchecked_gradient_iter(self.X):
                     grads.append(0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(R, dK))
                 del R, inv
             if self.learn_likelihood:

@@ -163,7 +163,7 @@ class _IVMProblem:
         like M), dropped by ``finalize``."""
         if self.product_cache is None:
             self.product_cache = ColumnProductCache(self.X, max_columns=2 * self.d)
-        return self.kernel.columns(self.X, product_cache=self.product_cache)
+        return self.kernel._unchecked_columns(self.X, self.product_cache)
 
     # -- Algorithm 1 ---------------------------------------------------------------------
     def select(self):
@@ -236,9 +236,9 @@ class _IVMProblem:
         X_I = self.X[self.active]
         d = self.active.shape[0]
         if n_kernel:
-            K_I, dK = kernel(X_I, eval_gradient=True)         # shared intermediates (one gram per leaf)
+            K_I, dK = kernel._unchecked_value_and_gradient(X_I)         # shared intermediates (one gram per leaf)
         else:
-            K_I, dK = kernel(X_I), np.zeros((d, d, 0))
+            K_I, dK = kernel._unchecked_call(X_I), np.zeros((d, d, 0))
         if not self.joint_noise:
             value, grad, _, _ = _active_log_likelihood(K_I, self.site_mean, self.site_precision, dK)
             return value, grad
@@ -264,7 +264,7 @@ class _IVMProblem:
             self.offset = float(theta[n_kernel + 1])
 
     def log_likelihood(self):
-        K_I = self.kernel(self.X[self.active])
+        K_I = self.kernel._unchecked_call(self.X[self.active])
         return _active_log_likelihood(K_I, self.site_mean, self.site_precision)[0]
 
     def noise_objective(self, theta, learn_offset):
@@ -303,7 +303,7 @@ class _IVMProblem:
     def finalize(self):
         """Keep the prediction state (active inputs, L, w, eq 32) and drop the engine state."""
         X_active = self.X[self.active]
-        K_I = self.kernel(X_active)
+        K_I = self.kernel._unchecked_call(X_active)
         self.log_lik, _, chol, weights = _active_log_likelihood(K_I, self.site_mean, self.site_precision)
         self.predictor = DensePredictor(self.kernel, X_active, weights, chol, np.sqrt(self.site_precision))
         self.state = None

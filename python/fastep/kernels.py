@@ -444,10 +444,7 @@ class Kernel:
             return self._K(X, Y)
         if not eval_gradient:
             return self._K(X, None)
-        n = X.shape[0]
-        dK = np.empty((n, n, self.n_theta))
-        K = self._value_and_gradient(X, dK)
-        return K, dK
+        return self._unchecked_value_and_gradient(X)
 
     def diag(self, X):
         """The diagonal of K(X, X) in O(n d) time and memory, without forming K."""
@@ -467,7 +464,7 @@ class Kernel:
         leaf kernel; the caller may modify or discard each array.
         """
         X = self._validate_X(X, "X")
-        return self._grads(X, list(range(self.n_theta)))
+        return self._unchecked_gradient_iter(X)
 
     def columns(self, X, product_cache=None):
         """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
@@ -492,7 +489,7 @@ class Kernel:
         X = self._validate_X(X, "X")
         if product_cache is not None and not isinstance(product_cache, ColumnProductCache):
             raise TypeError(f"product_cache must be a ColumnProductCache, got {type(product_cache).__name__}")
-        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
+        return self._unchecked_columns(X, product_cache)
 
     def _column_state(self, X):
         """Per-X intermediates for ``_column`` (default: X itself)."""
@@ -506,15 +503,12 @@ class Kernel:
         (its cross-covariance is 0 for any second argument).
         """
         X, Y = self._validate_pair(X, Y)
-        return self._cross_grads(X, Y, list(range(self.n_theta)))
+        return self._unchecked_cross_gradient_iter(X, Y)
 
     def diag_gradient(self, X):
         """∂k(x_i, x_i)/∂theta[j] as an (n, n_theta) array, in O(n d) without forming K."""
         X = self._validate_X(X, "X")
-        cols = list(self._diag_grads(X, list(range(self.n_theta))))
-        if not cols:
-            return np.zeros((X.shape[0], 0))
-        return np.column_stack(cols)
+        return self._unchecked_diag_gradient(X)
 
     def input_gradient(self, X, Y, weights):
         """Gradient with respect to the rows of X of ``Σ_ij weights_ij k(x_i, y_j)`` with Y held fixed.
@@ -530,6 +524,40 @@ class Kernel:
             raise ValueError(f"weights must have shape ({X.shape[0]}, {Y.shape[0]}) = (rows of X, rows of Y), "
                              f"got {W.shape}")
         return self._input_grad(X, Y, W)
+
+    # ---- unchecked twins of the methods above --------------------------------------------------
+    # For callers that have validated their inputs once already (the estimators, at every
+    # optimiser step): float64 2-D arrays with the kernel's number of columns. The public
+    # methods validate and then call these; the results are the same bit for bit.
+    def _unchecked_call(self, X, Y=None):
+        return self._K(X, Y)
+
+    def _unchecked_value_and_gradient(self, X):
+        n = X.shape[0]
+        dK = np.empty((n, n, self.n_theta))
+        K = self._value_and_gradient(X, dK)
+        return K, dK
+
+    def _unchecked_diag(self, X):
+        return self._diag(X)
+
+    def _unchecked_gradient_iter(self, X):
+        return self._grads(X, list(range(self.n_theta)))
+
+    def _unchecked_cross_gradient_iter(self, X, Y):
+        return self._cross_grads(X, Y, list(range(self.n_theta)))
+
+    def _unchecked_diag_gradient(self, X):
+        cols = list(self._diag_grads(X, list(range(self.n_theta))))
+        if not cols:
+            return np.zeros((X.shape[0], 0))
+        return np.column_stack(cols)
+
+    def _unchecked_input_gradient(self, X, Y, weights):
+        return self._input_grad(X, Y, weights)
+
+    def _unchecked_columns(self, X, product_cache=None):
+        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
     def _validate_pair(self, X, Y):
         X = self._validate_X(X, "X")

@@ -61,12 +61,12 @@ class _LinearEPBase(BaseEstimator):
         site_natural_mean = np.zeros(n)
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        info = _engine.run_linear_ep(
+        info = _engine._run_linear_ep(
             design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
             post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
             tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
             negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
-        log_evidence = _engine.log_evidence(
+        log_evidence = _engine._log_evidence(
             design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
             post_mean, post_cov)
         if not info["converged"]:

@@ -134,19 +134,19 @@ class _BinarySparseEP(SiteProblem):
     # -- EP --------------------------------------------------------------------------------
     def _prior(self, kernel, Z):
         opts = self.options
-        Kmm = np.ascontiguousarray(kernel(Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
         # K(X, Z) by blocks of rows into one n x m buffer (the kernel's temporaries stay
         # O(block x m)); the engine then turns it into Vt in place
         n, m = self.X.shape[0], Z.shape[0]
         Knm = np.empty((n, m))
         rows = max(1, _GRADIENT_BLOCK_ELEMENTS // max(m, 1))
         for s in range(0, n, rows):
-            Knm[s:s + rows] = kernel(self.X[s:s + rows], Z)
-        kdiag = np.ascontiguousarray(kernel.diag(self.X), dtype=np.float64)
+            Knm[s:s + rows] = kernel._unchecked_call(self.X[s:s + rows], Z)
+        kdiag = np.ascontiguousarray(kernel._unchecked_diag(self.X), dtype=np.float64)
         for name, arr in (("K(Z, Z)", Kmm), ("K(X, Z)", Knm), ("diag K(X, X)", kdiag)):
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"the kernel {kernel!r} produced non-finite values in {name}")
-        L, Vt, d = _engine.sparse_projection(Kmm, Knm, kdiag, approximation=opts["approximation"],
+        L, Vt, d = _engine._sparse_projection(Kmm, Knm, kdiag, approximation=opts["approximation"],
                                              jitter=opts["jitter"], overwrite_knm=True)
         return L, Vt, d
 
@@ -157,7 +157,7 @@ class _BinarySparseEP(SiteProblem):
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        info = _engine.run_sparse_ep(
+        info = _engine._run_sparse_ep(
             Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, power=opts["power"],
             n_quadrature=opts["n_quadrature"], schedule=opts["schedule"], order=opts["order"],
             seed=opts["seed"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
@@ -237,7 +237,7 @@ class _BinarySparseEP(SiteProblem):
         g_kernel = np.zeros(n_kernel)
         Gmm = np.zeros((m, m))
         g_z = np.zeros_like(Z) if learn_inducing else None
-        dkdiag = kernel.diag_gradient(X) if n_kernel else None
+        dkdiag = kernel._unchecked_diag_gradient(X) if n_kernel else None
         for sl in blocks:
             U = U_block(sl)
             G = 0.5 * np.outer(Ua, a[sl])
@@ -245,20 +245,20 @@ class _BinarySparseEP(SiteProblem):
             G += 0.5 * matmul(PA, Vt[sl].T) * tau[sl]
             Gmm += matmul(G, U.T)
             if n_kernel:
-                for j, dK in enumerate(kernel.cross_gradient_iter(Z, X[sl])):
+                for j, dK in enumerate(kernel._unchecked_cross_gradient_iter(Z, X[sl])):
                     g_kernel[j] += 2.0 * inner(G, dK)
             if learn_inducing:
-                g_z += kernel.input_gradient(Z, X[sl], 2.0 * G)
+                g_z += kernel._unchecked_input_gradient(Z, X[sl], 2.0 * G)
         Gmm = 0.5 * (Gmm + Gmm.T)
         if n_kernel:
-            for j, dK in enumerate(kernel.gradient_iter(Z)):
+            for j, dK in enumerate(kernel._unchecked_gradient_iter(Z)):
                 g_kernel[j] -= inner(Gmm, dK)
             g_kernel += matmul(c, dkdiag)
         grads = [g_kernel]
         if learn_likelihood:
             grads.append(_likelihood_gradient(likelihood, self.y, m_c, var_f, az, bz, power))
         if learn_inducing:
-            g_z -= kernel.input_gradient(Z, Z, 2.0 * Gmm)
+            g_z -= kernel._unchecked_input_gradient(Z, Z, 2.0 * Gmm)
             grads.append(g_z.ravel())
         return np.concatenate(grads)
 
@@ -269,11 +269,11 @@ class _BinarySparseEP(SiteProblem):
         var = np.empty(n_test)
         for s in range(0, n_test, _PREDICT_BATCH):
             sl = slice(s, min(s + _PREDICT_BATCH, n_test))
-            Kms = self.kernel(self.Z, Xs[sl])                       # (m, batch)
+            Kms = self.kernel._unchecked_call(self.Z, Xs[sl])                       # (m, batch)
             mean[sl] = matmul(self.weights, Kms)
             Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
             Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
-            var[sl] = (self.kernel.diag(Xs[sl]) - np.einsum("ij,ij->j", Pm, Pm)
+            var[sl] = (self.kernel._unchecked_diag(Xs[sl]) - np.einsum("ij,ij->j", Pm, Pm)
                        + np.einsum("ij,ij->j", Pq, Pq))
         return mean, np.maximum(var, 0.0)
 
@@ -337,10 +337,10 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
             return
         x = X[:1]
         try:
-            list(kernel.cross_gradient_iter(x, x))
-            kernel.diag_gradient(x)
+            list(kernel._unchecked_cross_gradient_iter(x, x))
+            kernel._unchecked_diag_gradient(x)
             if learn_inducing:
-                kernel.input_gradient(x, x, np.ones((1, 1)))
+                kernel._unchecked_input_gradient(x, x, np.ones((1, 1)))
         except NotImplementedError as exc:
             raise TypeError(f"kernel {kernel!r} cannot be used to learn a sparse GP: {exc} (use "
                             "optimizer=None, or learn_inducing=False if only input gradients are missing)"

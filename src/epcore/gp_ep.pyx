@@ -1180,6 +1180,25 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
             raise ValueError(f"post_var must have shape ({n},); got ({post_var.shape[0]},)")
         outputs["post_var"] = post_var
     _check_no_aliasing({"K": K, "y": y}, outputs)
+    return _run_gp_ep(K, y, spec, site_precision, site_natural_mean, post_cov, post_mean,
+                      schedule=schedule, order=order, seed=seed, damping=damping, tol=tol,
+                      max_sweeps=max_sweeps, negative_precision=negative_precision,
+                      block_size=block_size, refactor_every=refactor_every, output=output,
+                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
+
+
+def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
+               double[::1] site_precision, double[::1] site_natural_mean,
+               double[:, ::1] post_cov, double[::1] post_mean,
+               *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
+               double damping=1.0, double tol=1e-8, int max_sweeps=100,
+               int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
+               int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
+               double[::1] cavity_mean=None, double[::1] cavity_var=None):
+    """:func:`run_gp_ep` without its input checks, for callers that validated the inputs
+    already (the estimators, at every optimiser step). Same arguments and results; invalid
+    inputs give undefined results instead of an error."""
+    cdef int n = K.shape[0]
     cdef int k_block = _effective_block_size(schedule, block_size, n)
     if n == 0:
         return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,

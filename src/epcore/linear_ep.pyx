@@ -632,6 +632,23 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
                          f"ALGORITHM_BLOCKED (2); got {algorithm}")
     if block_size < 0:
         raise ValueError(f"block_size must be >= 0; got {block_size}")
+    return _run_linear_ep(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+                          post_mean, post_cov, update_form=update_form, damping=damping, tol=tol, max_sweeps=max_sweeps,
+                          refresh_every=refresh_every, negative_precision=negative_precision, algorithm=algorithm,
+                          block_size=block_size)
+
+
+def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
+                   const double[:, ::1] prior_cov, SiteSpec spec not None,
+                   double[::1] site_precision, double[::1] site_natural_mean,
+                   double[::1] post_mean, double[:, ::1] post_cov,
+                   int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
+                   int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
+                   int algorithm=ALGORITHM_AUTO, int block_size=0):
+    """:func:`run_linear_ep` without its input checks, for callers that validated the
+    inputs already (the estimators, at every optimiser step). Same arguments and
+    results; invalid inputs give undefined results instead of an error."""
+    cdef int n = X.shape[0], d = X.shape[1]
     if algorithm == ALGORITHM_AUTO:
         algorithm = ALGORITHM_RANK1 if d < 32 else ALGORITHM_BLOCKED
     if block_size == 0:
@@ -750,6 +767,18 @@ def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] 
     cdef int n, d
     n, d = _check_inputs(X, prior_mean, prior_cov, site_precision, site_natural_mean,
                          post_mean, post_cov, y=y)
+    return _log_evidence(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+                         post_mean, post_cov)
+
+
+def _log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
+                  const double[:, ::1] prior_cov, SiteSpec spec not None,
+                  const double[::1] site_precision, const double[::1] site_natural_mean,
+                  const double[::1] post_mean, const double[:, ::1] post_cov):
+    """:func:`log_evidence` without its input checks, for callers that validated the
+    inputs already (the estimators, at every optimiser step). Same arguments and
+    results; invalid inputs give undefined results instead of an error."""
+    cdef int n = X.shape[0], d = X.shape[1]
     cdef double[:, ::1] prior_precision = np.empty((d, d))
     cdef double[::1] prior_precision_mean = np.empty(d)
     cdef double[:, ::1] chol = np.empty((d, d))

@@ -636,6 +636,16 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
         a = np.asarray(arr)
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name} must be finite")
+    return _sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=jitter,
+                              overwrite_knm=overwrite_knm)
+
+
+def _sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double[::1] kdiag, *,
+                       approximation="fitc", double jitter=0.0, bint overwrite_knm=False):
+    """:func:`sparse_projection` without its input checks, for callers that validated the
+    inputs already (the estimators, at every optimiser step). Same arguments and
+    results; invalid inputs give undefined results instead of an error."""
+    cdef int m = Kmm.shape[0], n = Knm.shape[0], info, i, j
     L = np.array(Kmm, dtype=np.float64, order="C", copy=True)
     cdef double[:, ::1] Lv = L
     for i in range(m):
@@ -743,6 +753,23 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
             outputs[name] = arr
     _check_no_aliasing({"Vt": Vt, "d": d, "y": y}, outputs)
 
+    return _run_sparse_ep(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean,
+                          power=power, n_quadrature=n_quadrature, schedule=schedule, order=order, seed=seed,
+                          damping=damping, tol=tol, max_sweeps=max_sweeps, negative_precision=negative_precision,
+                          g_mean=g_mean, g_var=g_var)
+
+
+def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
+                   SiteSpec spec not None, double[::1] site_precision, double[::1] site_natural_mean,
+                   double[:, ::1] post_factor, double[::1] post_w_mean, *, double power=1.0,
+                   int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
+                   int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
+                   int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
+                   double[::1] g_mean=None, double[::1] g_var=None):
+    """:func:`run_sparse_ep` without its input checks, for callers that validated the
+    inputs already (the estimators, at every optimiser step). Same arguments and
+    results; invalid inputs give undefined results instead of an error."""
+    cdef int n = Vt.shape[0], m = Vt.shape[1]
     nodes, log_weights = _gauss_hermite(n_quadrature)
     cdef const double[::1] nodes_v = nodes
     cdef const double[::1] lw_v = log_weights

@@ -1,0 +1,202 @@
+"""Inputs are validated once, at the public entry.
+
+The estimators' inner loops (every optimiser step) call the kernels' and engines' unchecked
+twins; these must give bit for bit what the checked public functions give, and the public
+functions keep rejecting bad input for direct callers.
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+import fastep
+from fastep._epcore import gp_ep, linear_ep, sparse_ep
+from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, Linear, LinearARD, MLPARD, White
+from fastep.likelihoods import Probit
+
+
+def _kernels(d):
+    return {
+        "RBF": RBF(1.3, 0.7),
+        "RBFARD": RBFARD(np.linspace(0.2, 0.9, d), variance=0.8),
+        "Linear": Linear(0.5),
+        "LinearARD": LinearARD(np.linspace(0.3, 0.8, d)),
+        "MLP": MLP(1.1, 0.9, 0.4),
+        "MLPARD": MLPARD(np.linspace(0.3, 0.8, d)),
+        "sum": RBF(1.0, 0.5) + Linear(0.2) + Bias(0.3) + White(0.1),
+        "product": RBF(1.0, 0.5) * (Linear(0.2) + Bias(0.5)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_kernels(3)))
+def test_kernel_unchecked_twins_equal_the_public_methods(name):
+    rng = np.random.default_rng(7)
+    d = 3
+    kernel = _kernels(d)[name]
+    X = rng.normal(size=(30, d))
+    Z = rng.normal(size=(6, d))
+    W = rng.normal(size=(6, 30))
+    assert np.array_equal(kernel._unchecked_call(X), kernel(X))
+    assert np.array_equal(kernel._unchecked_call(X, Z), kernel(X, Z))
+    assert np.array_equal(kernel._unchecked_diag(X), kernel.diag(X))
+    K, dK = kernel(X, eval_gradient=True)
+    K2, dK2 = kernel._unchecked_value_and_gradient(X)
+    assert np.array_equal(K, K2) and np.array_equal(dK, dK2)
+    for a, b in zip(kernel.gradient_iter(X), kernel._unchecked_gradient_iter(X), strict=True):
+        assert np.array_equal(a, b)
+    for a, b in zip(kernel.cross_gradient_iter(Z, X), kernel._unchecked_cross_gradient_iter(Z, X), strict=True):
+        assert np.array_equal(a, b)
+    assert np.array_equal(kernel.diag_gradient(X), kernel._unchecked_diag_gradient(X))
+    assert np.array_equal(kernel.input_gradient(Z, X, W), kernel._unchecked_input_gradient(Z, X, W))
+    cols, cols2 = kernel.columns(X), kernel._unchecked_columns(X)
+    for j in (0, 11, 29):
+        assert np.array_equal(cols(j), cols2(j))
+
+
+def test_public_kernel_methods_still_reject_bad_input():
+    kernel = RBF()
+    with pytest.raises(ValueError, match="X"):
+        kernel(np.array([[0.0, np.nan]]))
+    with pytest.raises(ValueError, match="Y"):
+        kernel(np.ones((2, 2)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="X"):
+        kernel.diag(np.ones(3))
+    with pytest.raises(ValueError, match="columns"):
+        RBFARD([0.5, 0.5]).diag_gradient(np.ones((4, 3)))
+
+
+def _gp_problem(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    K = RBF(1.0, 1.0)(X) + 1e-6 * np.eye(n)
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return K, y
+
+
+@pytest.mark.parametrize("schedule", [gp_ep.SCHEDULE_SEQUENTIAL, gp_ep.SCHEDULE_PARALLEL, gp_ep.SCHEDULE_BLOCKED])
+def test_gp_ep_unchecked_twin_is_bitwise_the_public_function(schedule):
+    K, y = _gp_problem(60, 1)
+    spec = Probit().site_spec()
+    outs = []
+    for run in (gp_ep.run_gp_ep, gp_ep._run_gp_ep):
+        tau, nu = np.zeros(60), np.zeros(60)
+        buf, mean, var, cm, cv = np.empty((60, 60)), np.empty(60), np.empty(60), np.empty(60), np.empty(60)
+        info = run(K, y, spec, tau, nu, buf, mean, schedule=schedule, tol=1e-10, max_sweeps=50,
+                   damping=0.7 if schedule == gp_ep.SCHEDULE_PARALLEL else 1.0,
+                   output=gp_ep.OUTPUT_FACTOR, post_var=var, cavity_mean=cm, cavity_var=cv)
+        outs.append((info, tau, nu, buf, mean, var, cm, cv))
+    (info_a, *arrays_a), (info_b, *arrays_b) = outs
+    assert info_a == info_b
+    for a, b in zip(arrays_a, arrays_b):
+        assert np.array_equal(a, b)
+
+
+def test_gp_ep_public_function_still_rejects_bad_input():
+    K, y = _gp_problem(5, 2)
+    K[0, 1] += 1e-3
+    args = (y, Probit().site_spec(), np.zeros(5), np.zeros(5), np.empty((5, 5)), np.empty(5))
+    with pytest.raises(ValueError, match="symmetric"):
+        gp_ep.run_gp_ep(K, *args)
+    K, y = _gp_problem(5, 2)
+    with pytest.raises(ValueError, match="damping"):
+        gp_ep.run_gp_ep(K, *args, damping=0.0)
+
+
+@pytest.mark.parametrize("approximation", ["fitc", "dtc"])
+@pytest.mark.parametrize("schedule", [sparse_ep.SPARSE_SEQUENTIAL, sparse_ep.SPARSE_PARALLEL])
+def test_sparse_ep_unchecked_twins_are_bitwise_the_public_functions(approximation, schedule):
+    rng = np.random.default_rng(3)
+    X, Z = rng.normal(size=(80, 2)), rng.normal(size=(7, 2))
+    kernel = RBF(1.0, 0.8)
+    Kmm, Knm, kdiag = kernel(Z), kernel(X, Z), kernel.diag(X)
+    y = np.where(X[:, 1] > 0, 1.0, -1.0)
+    proj_a = sparse_ep.sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=1e-6)
+    proj_b = sparse_ep._sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=1e-6)
+    for a, b in zip(proj_a, proj_b):
+        assert np.array_equal(a, b)
+    _, Vt, d = proj_a
+    spec = Probit(slope=2.0).site_spec()
+    outs = []
+    for run in (sparse_ep.run_sparse_ep, sparse_ep._run_sparse_ep):
+        tau, nu, R, w, gm, gv = np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), np.empty(80), np.empty(80)
+        info = run(Vt, d, y, spec, tau, nu, R, w, power=0.5, schedule=schedule, tol=1e-9, max_sweeps=40,
+                   damping=0.5 if schedule == sparse_ep.SPARSE_PARALLEL else 1.0, g_mean=gm, g_var=gv)
+        outs.append((info, tau, nu, R, w, gm, gv))
+    (info_a, *arrays_a), (info_b, *arrays_b) = outs
+    assert info_a == info_b
+    for a, b in zip(arrays_a, arrays_b):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="approximation"):
+        sparse_ep.sparse_projection(Kmm, Knm, kdiag, approximation="vfe")
+    with pytest.raises(ValueError, match="tol"):
+        sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), tol=0.0)
+
+
+def test_linear_ep_unchecked_twins_are_bitwise_the_public_functions():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(120, 5))
+    y = np.where(X @ rng.normal(size=5) > 0, 1.0, -1.0)
+    m0, V0 = np.zeros(5), np.eye(5)
+    spec = Probit().site_spec()
+    outs = []
+    for run, evidence in ((linear_ep.run_linear_ep, linear_ep.log_evidence),
+                          (linear_ep._run_linear_ep, linear_ep._log_evidence)):
+        tau, nu, mean, cov = np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5))
+        info = run(X, y, m0, V0, spec, tau, nu, mean, cov, tol=1e-10, max_sweeps=50)
+        outs.append((info, evidence(X, y, m0, V0, spec, tau, nu, mean, cov), tau, nu, mean, cov))
+    (info_a, *arrays_a), (info_b, *arrays_b) = outs
+    assert info_a == info_b
+    for a, b in zip(arrays_a, arrays_b):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="finite"):
+        X_bad = X.copy()
+        X_bad[3, 1] = np.inf
+        linear_ep.run_linear_ep(X_bad, y, m0, V0, spec, np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5)))
+
+
+def _count_validations(monkeypatch):
+    calls = {"kernel": 0}
+    original = Kernel._validate_X
+
+    def counting(self, X, name):
+        calls["kernel"] += 1
+        return original(self, X, name)
+
+    monkeypatch.setattr(Kernel, "_validate_X", counting)
+    for module, name in ((gp_ep, "run_gp_ep"), (sparse_ep, "run_sparse_ep"),
+                         (sparse_ep, "sparse_projection"), (linear_ep, "run_linear_ep")):
+        calls[name] = 0
+        original_fn = getattr(module, name)
+
+        def wrapped(*args, _fn=original_fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastep.GaussianProcessClassifier(RBF()),
+    lambda: fastep.GaussianProcessRegressor(RBF()),
+    lambda: fastep.SparseGPClassifier(n_inducing=8),
+    lambda: fastep.SparseGPRegressor(n_inducing=8),
+    lambda: fastep.IVMClassifier(active_set_size=20, n_iterations=3),
+], ids=["GPC", "GPR", "SGPC", "SGPR", "IVM"])
+def test_a_fit_validates_X_once_however_many_optimiser_steps(make, monkeypatch):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 2))
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=80) > 0, 1, 0)
+    est = make()
+    if isinstance(est, fastep.GaussianProcessRegressor | fastep.SparseGPRegressor):
+        y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=80)
+    calls = _count_validations(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastep.ConvergenceWarning)
+        est.fit(X, y)
+    # type-II ML evaluated the objective many times; X was checked by the kernel once, at
+    # the estimator's entry (its shape against the kernel's number of features)
+    assert calls["kernel"] == 1, calls
+    assert calls["run_gp_ep"] == calls["run_sparse_ep"] == calls["sparse_projection"] == 0, calls
+    assert est.predict(X[:5]).shape == (5,)         # checked against n_features_in_ instead
+    assert calls["kernel"] == 1, calls
