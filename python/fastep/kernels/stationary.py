@@ -1,0 +1,245 @@
+"""Stationary kernels: RBF and RBFARD (squared exponential), White (noise on the training
+sample) and Bias (a constant)."""
+import numpy as np
+
+from ._distances import _centre, _row_sq_norms, _sqdist_centred
+from .base import _ARDMixin, _Leaf
+
+__all__ = ["RBF", "RBFARD", "White", "Bias"]
+
+
+class RBF(_Leaf):
+    """Squared-exponential kernel k(x, y) = v exp(-γ/2 |x - y|²) (IVM §4, k_rbf).
+
+    Parameters
+    ----------
+    variance : float > 0
+        Process variance v.
+    inverse_width : float > 0
+        γ; a length-scale ℓ corresponds to γ = 1/ℓ².
+    transforms : dict, optional
+
+    Notes
+    -----
+    With E = exp(-γ D/2): ∂K/∂v = E, ∂K/∂γ = -(v/2) D ∘ E.
+    """
+
+    _scalar_params = ("variance", "inverse_width")
+
+    def __init__(self, variance=1.0, inverse_width=1.0, transforms=None):
+        self._setup({"variance": variance, "inverse_width": inverse_width}, transforms)
+
+    @property
+    def lengthscale(self):
+        """ℓ = 1/sqrt(γ)."""
+        return 1.0 / np.sqrt(self._value("inverse_width"))
+
+    def _sqdist(self, X, Y):
+        Xc, Yc = _centre(X, Y)
+        return _sqdist_centred(Xc, Yc)
+
+    def _K(self, X, Y):
+        D = self._sqdist(X, Y)
+        D *= -0.5 * self._value("inverse_width")
+        np.exp(D, out=D)
+        D *= self._value("variance")
+        return D
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _column_state(self, X):
+        Xc, _ = _centre(X)                      # a fresh array: scale it in place (one n x p copy, not two)
+        if self._has_scales:
+            Xc *= np.sqrt(self._column_scales())
+        Xc = np.ascontiguousarray(Xc)
+        return Xc, _row_sq_norms(Xc)
+
+    def _column(self, state, j, pc=None):
+        Xc, norms = state
+        D = Xc @ Xc[j] if pc is None else pc * 1.0
+        D *= -2.0
+        D += norms
+        D += norms[j]
+        np.maximum(D, 0.0, out=D)
+        D *= -0.5 * self._value("inverse_width")
+        np.exp(D, out=D)
+        D *= self._value("variance")
+        return D
+
+    def _column_centred(self, shared, j, pc):
+        return self._column((shared.Xc, shared.norms_c), j, pc)
+
+    def _grad_state(self, X):
+        D = self._sqdist(X, None)
+        return D, np.exp(-0.5 * self._value("inverse_width") * D)
+
+    def _K_from_state(self, X, state):
+        return state[1] * self._value("variance")
+
+    def _grads_constrained(self, X, pairs, state):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D, E = self._grad_state(X) if state is None else state
+        for name, j in pairs:
+            if name == "variance":
+                yield E.copy()
+            elif name == "inverse_width":
+                g = D * E
+                g *= -0.5 * v
+                yield g
+            else:
+                yield self._ard_grad(X, j, E, v, gamma)
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D = self._sqdist(X, Y)
+        E = np.exp(-0.5 * gamma * D)
+        for name, j in pairs:
+            if name == "variance":
+                yield E.copy()
+            elif name == "inverse_width":
+                g = D * E
+                g *= -0.5 * v
+                yield g
+            else:
+                yield self._ard_grad_cross(X, Y, j, E, v, gamma)
+
+    def _diag_grads_constrained(self, X, pairs):
+        for name, _ in pairs:
+            yield np.ones(X.shape[0]) if name == "variance" else np.zeros(X.shape[0])
+
+    def _input_scales(self, d):
+        return np.ones(d)
+
+    def _input_grad(self, X, Y, W):
+        # ∂k(x, y)/∂x_c = -γ a_c (x_c - y_c) k(x, y); differences from centred inputs
+        Xc, Yc = _centre(X, Y)
+        P = W * self._K(X, Y)
+        G = Xc * P.sum(axis=1)[:, None]
+        G -= P @ Yc
+        G *= -self._value("inverse_width") * self._input_scales(X.shape[1])
+        return G
+
+
+
+
+class RBFARD(_ARDMixin, RBF):
+    """RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
+
+    Parameters
+    ----------
+    scales : array-like (n_scales,)
+        Input scales α in (0, 1).
+    variance, inverse_width : float > 0
+    ard_groups : int array (n_features,), optional
+    transforms : dict, optional
+
+    Notes
+    -----
+    ∂K/∂α_g = -(γ v/2) D_g ∘ E with D_g the squared distance over the columns of group g.
+    """
+
+    _scalar_params = ("variance", "inverse_width")
+
+    def __init__(self, scales, variance=1.0, inverse_width=1.0, ard_groups=None, transforms=None):
+        self._setup({"variance": variance, "inverse_width": inverse_width}, transforms, scales, ard_groups)
+
+    def _sqdist(self, X, Y):
+        r = np.sqrt(self._column_scales())
+        Xc, Yc = _centre(X, Y)
+        return _sqdist_centred(Xc * r, None if Yc is None else Yc * r)
+
+    def _ard_grad(self, X, j, E, v, gamma):
+        Xc, _ = _centre(X)
+        g = _sqdist_centred(Xc[:, self._columns_of(j)])
+        g *= E
+        g *= -0.5 * gamma * v
+        return g
+
+    def _ard_grad_cross(self, X, Y, j, E, v, gamma):
+        Xc, Yc = _centre(X, Y)
+        cols = self._columns_of(j)
+        g = _sqdist_centred(Xc[:, cols], Yc[:, cols])
+        g *= E
+        g *= -0.5 * gamma * v
+        return g
+
+    def _input_scales(self, d):
+        return self._column_scales()
+
+
+
+
+class White(_Leaf):
+    """White noise k(x_i, x_j) = v δ_ij (IVM §4, k_white).
+
+    ``K(X, X) = v I``; ``K(X*, X) = 0`` for any second argument (new
+    observations carry independent noise), ``diag(X) = v``.
+    """
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _K(self, X, Y):
+        if Y is None:
+            return np.eye(X.shape[0]) * self._value("variance")
+        return np.zeros((X.shape[0], Y.shape[0]))
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _grads_constrained(self, X, pairs, state):
+        for _ in pairs:
+            yield np.eye(X.shape[0])
+
+    def _column(self, X, j):
+        return np.zeros(X.shape[0])     # the variance sits on the diagonal only
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.zeros((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
+
+
+
+
+class Bias(_Leaf):
+    """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _K(self, X, Y):
+        m = X.shape[0] if Y is None else Y.shape[0]
+        return np.full((X.shape[0], m), self._value("variance"))
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _grads_constrained(self, X, pairs, state):
+        for _ in pairs:
+            yield np.ones((X.shape[0], X.shape[0]))
+
+    def _column(self, X, j):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _cross_grads_constrained(self, X, Y, pairs):
+        for _ in pairs:
+            yield np.ones((X.shape[0], Y.shape[0]))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)

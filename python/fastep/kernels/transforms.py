@@ -1,0 +1,100 @@
+"""Transforms between a kernel hyperparameter's constrained value and the unconstrained
+value an optimiser moves (softplus, log, sigmoid); see :mod:`fastep.kernels`."""
+import numpy as np
+from scipy.special import expit
+
+__all__ = ["Transform", "TRANSFORMS", "FIXED"]
+
+#: Marks a hyperparameter that keeps its value (left out of ``theta`` and the gradients).
+FIXED = "fixed"
+
+
+class Transform:
+    """A bijection x = g(t) from the real line onto the domain of a hyperparameter.
+
+    Attributes
+    ----------
+    name : str
+    bounds : (float, float)
+        Unconstrained interval on which g(t) is a finite, positive, normal float;
+        ``Kernel.bounds`` reports it per parameter (usable by L-BFGS-B).
+    """
+
+    name = None
+    bounds = (-np.inf, np.inf)
+    upper = np.inf          # open upper limit of the constrained domain (0, upper)
+
+    def forward(self, t):
+        """Constrained value x = g(t)."""
+        raise NotImplementedError
+
+    def inverse(self, x):
+        """Unconstrained value t = g⁻¹(x); x must lie in the domain."""
+        raise NotImplementedError
+
+    def derivative(self, t):
+        """dx/dt at t."""
+        raise NotImplementedError
+
+    def check(self, x, name):
+        """Raise ``ValueError`` naming ``name`` unless every x is in (0, upper)."""
+        x = np.asarray(x, dtype=float)
+        bad = ~((x > 0) & (x < self.upper))
+        if np.any(bad):
+            value = x.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]]
+            dom = "(0, 1)" if np.isfinite(self.upper) else "> 0 and finite"
+            raise ValueError(f"{name} must be {dom} for the {self.name!r} transform, got {value!r}")
+
+    def __repr__(self):
+        return f"Transform({self.name!r})"
+
+
+class _Softplus(Transform):
+    name = "softplus"
+    bounds = (-700.0, np.inf)
+
+    def forward(self, t):
+        return np.logaddexp(0.0, t)
+
+    def inverse(self, x):
+        x = np.asarray(x, dtype=float)
+        return x + np.log(-np.expm1(-x))
+
+    def derivative(self, t):
+        return expit(t)
+
+
+class _Log(Transform):
+    name = "log"
+    bounds = (-700.0, 700.0)
+
+    def forward(self, t):
+        with np.errstate(over="ignore"):
+            return np.exp(t)
+
+    def inverse(self, x):
+        return np.log(x)
+
+    def derivative(self, t):
+        with np.errstate(over="ignore"):
+            return np.exp(t)
+
+
+class _Sigmoid(Transform):
+    name = "sigmoid"
+    bounds = (-700.0, np.inf)
+    upper = 1.0
+
+    def forward(self, t):
+        return expit(t)
+
+    def inverse(self, x):
+        x = np.asarray(x, dtype=float)
+        return np.log(x) - np.log1p(-x)
+
+    def derivative(self, t):
+        return expit(t) * expit(-np.asarray(t, dtype=float))
+
+
+#: The available transforms by name (``'fixed'`` is accepted in ``transforms=`` too).
+TRANSFORMS = {t.name: t for t in (_Softplus(), _Log(), _Sigmoid())}
