@@ -1,5 +1,7 @@
 """Fits change no process-wide state: concurrent fits equal serial ones bit for bit, and the BLAS
 thread counts another thread sees stay as they were while a fit runs."""
+import ast
+import pathlib
 import threading
 import time
 import warnings
@@ -131,3 +133,59 @@ def test_a_fit_leaves_the_thread_counts_other_threads_see_unchanged(name):
     assert len(seen) >= 2
     for snapshot in seen:
         assert snapshot == before
+
+
+# -- the source follows the policy -----------------------------------------------------------
+_PACKAGE = pathlib.Path(fastep.__file__).parent
+# generating the demo data set is not a fit: it may use numpy's BLAS
+_NOT_A_FIT = {"datasets.py"}
+
+
+def _package_sources():
+    return sorted(p for p in _PACKAGE.rglob("*.py") if "reference" not in p.parts and p.name not in _NOT_A_FIT)
+
+
+def _blas_outside_linalg(tree):
+    """Line numbers of numpy BLAS/LAPACK use: ``@``, ``np.dot``, ``np.linalg.<function>``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            value = node.func.value
+            if node.func.attr in ("dot", "matmul", "inner", "tensordot") and isinstance(value, ast.Name) \
+                    and value.id in ("np", "numpy"):
+                lines.append(node.lineno)
+            if isinstance(value, ast.Attribute) and value.attr == "linalg" and isinstance(value.value, ast.Name) \
+                    and value.value.id in ("np", "numpy") and node.func.attr != "LinAlgError":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_package_computes_products_on_one_blas_library():
+    """Every product and factorisation of a fit goes through fastep._linalg (scipy's BLAS, the one
+    the compiled core links): numpy's own OpenBLAS pool never wakes during a fit."""
+    offenders = {}
+    for path in _package_sources():
+        if path.name == "_linalg.py":
+            continue
+        lines = _blas_outside_linalg(ast.parse(path.read_text(), filename=str(path)))
+        if lines:
+            offenders[str(path.relative_to(_PACKAGE))] = lines
+    assert not offenders, f"numpy BLAS calls outside fastep._linalg: {offenders}"
+
+
+def test_the_scan_finds_what_it_looks_for():
+    tree = ast.parse("import numpy as np\na = b @ c\nd = np.dot(a, b)\ne = np.linalg.solve(a, b)\n"
+                     "ok = np.linalg.LinAlgError\n")
+    assert _blas_outside_linalg(tree) == [2, 3, 4]
+
+
+def test_no_module_changes_thread_counts():
+    offenders = []
+    for path in _package_sources():
+        text = path.read_text()
+        for needle in ("threadpool_limits", "ThreadpoolController", "set_num_threads", "omp_set_num_threads"):
+            if needle in text:
+                offenders.append(f"{path.relative_to(_PACKAGE)}: {needle}")
+    assert not offenders, offenders

@@ -37,6 +37,7 @@ import scipy.linalg as sla
 from scipy.linalg import blas as _blas
 
 from ._epcore import horseshoe as _core
+from ._linalg import gram, inner, matmul
 
 __all__ = ["Task", "CorrelationFactors", "w_marginals", "latent_marginals", "run_task_ep",
            "initial_sites", "predictive_variance"]
@@ -57,10 +58,10 @@ class Task:
         self.y = np.ascontiguousarray(y, dtype=float)
         self.n, self.d = self.X.shape
         self.col_sq = np.einsum("ij,ij->j", self.X, self.X)
-        self.Xty = self.X.T @ self.y
-        self.yy = float(self.y @ self.y)
+        self.Xty = matmul(self.X.T, self.y)
+        self.yy = inner(self.y, self.y)
         self.dense = self.d <= self.n
-        self.XtX = self.X.T @ self.X if self.dense else None
+        self.XtX = gram(self.X.T) if self.dense else None
 
 
 class CorrelationFactors:
@@ -143,12 +144,12 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         b = h + task.Xty / sigma2
         mean = sla.cho_solve((L, True), b, check_finite=False)
         Linv = sla.solve_triangular(L, np.eye(d), lower=True, check_finite=False)
-        V = Linv.T @ Linv
+        V = gram(Linv.T)
         var = np.diag(V).copy()
-        resid = task.y - X @ mean
-        rr = float(resid @ resid)
+        resid = task.y - matmul(X, mean)
+        rr = inner(resid, resid)
         log_z = (-0.5 * n * np.log(2 * np.pi * sigma2) + 0.5 * d * _LOG_2PI - np.sum(np.log(np.diag(L)))
-                 - 0.5 * rr / sigma2 - 0.5 * float(mean @ (pi * mean)) + float(h @ mean))
+                 - 0.5 * rr / sigma2 - 0.5 * inner(mean, pi * mean) + inner(h, mean))
         VXtX = np.einsum("ij,ij->i", V, task.XtX)
         tr_xvx = float(np.sum(VXtX))
         grad = (rr + tr_xvx) / (2 * sigma2 ** 2) - n / (2 * sigma2)
@@ -158,7 +159,7 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         V_off = V.copy()
         V_off[np.diag_indices(d)] = 0.0
         cav_prec = e / var
-        cav_mean = (V @ task.Xty / sigma2 + V_off @ h) / e
+        cav_mean = (matmul(V, task.Xty) / sigma2 + matmul(V_off, h)) / e
         out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad),
                "cav_prec": cav_prec, "cav_mean": cav_mean}
         if keep_factors:
@@ -182,35 +183,35 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
     W = _blas.dtrsm(1.0, L, X.T, side=1, lower=1, trans_a=1).T         # (n, d), C order
     w_sq = np.einsum("ij,ij->j", W, W)
     m_b = h * inv_pi_b                                                 # prior means of B features
-    r0 = task.y - X @ m_b
+    r0 = task.y - matmul(X, m_b)
     alpha = sla.solve_triangular(L, r0, lower=True, check_finite=False)
     var = inv_pi_b * (1.0 - w_sq * inv_pi_b)                           # diag A_B⁻¹ (0 on S)
     log_z = (0.5 * (d - k) * _LOG_2PI + 0.5 * np.sum(np.log(pi[~in_s])) * -1.0
              + 0.5 * float(np.sum(h * m_b)) - 0.5 * n * _LOG_2PI - np.sum(np.log(np.diag(L))))
     if k:
         WS = np.ascontiguousarray(W[:, S])
-        Q = WS.T @ WS
+        Q = gram(WS.T)
         Q[np.diag_indices(k)] += pi[S]
         LQ = _chol(Q)
         if LQ is None:
             return None
-        b_s = h[S] + WS.T @ alpha
+        b_s = h[S] + matmul(WS.T, alpha)
         mu_s = sla.cho_solve((LQ, True), b_s, check_finite=False)
-        beta = alpha - WS @ mu_s
+        beta = alpha - matmul(WS, mu_s)
         # V_BB correction: diag(G Q⁻¹ Gᵀ), G = Π_B⁻¹ W_Bᵀ W_S
-        T = sla.solve_triangular(LQ, WS.T @ W, lower=True, check_finite=False)   # (k, d)
+        T = sla.solve_triangular(LQ, matmul(WS.T, W), lower=True, check_finite=False)   # (k, d)
         e = w_sq - np.einsum("ij,ij->j", T, T)
         var = inv_pi_b * (1.0 - e * inv_pi_b)
         LQinv = sla.solve_triangular(LQ, np.eye(k), lower=True, check_finite=False)
         var[S] = np.einsum("ij,ij->j", LQinv, LQinv)
         # -½‖α‖² + ½ b_SᵀQ⁻¹b_S = -½‖β‖² - ½ μ_SᵀΠ_Sμ_S + h_Sᵀμ_S (no cancellation)
-        log_z += (0.5 * k * _LOG_2PI - np.sum(np.log(np.diag(LQ))) - 0.5 * float(beta @ beta)
-                  - 0.5 * float(mu_s @ (pi[S] * mu_s)) + float(h[S] @ mu_s))
+        log_z += (0.5 * k * _LOG_2PI - np.sum(np.log(np.diag(LQ))) - 0.5 * inner(beta, beta)
+                  - 0.5 * inner(mu_s, pi[S] * mu_s) + inner(h[S], mu_s))
     else:
         beta = alpha
         e = w_sq
-        log_z += -0.5 * float(beta @ beta)
-    Wb = W.T @ beta
+        log_z += -0.5 * inner(beta, beta)
+    Wb = matmul(W.T, beta)
     mean = m_b + Wb * inv_pi_b
     # cavities (eq 14) for B without the cancellation of 1/V_jj - π_j: with
     # V_jj = (1 - e_j/π_j)/π_j, the cavity precision is e_j/(1 - e_j/π_j) and the cavity
@@ -224,10 +225,10 @@ def w_marginals(task, sigma2, pi, h, *, keep_factors=False):
         cav_mean[S] = (mu_s / var[S] - h[S]) / cav_prec[S]
     # σ² gradient: -½tr M_B⁻¹ + ½‖M_B⁻¹(r₀ - X_Sμ_S)‖² + ½tr(Q⁻¹ X_Sᵀ M_B⁻² X_S)
     Linv = sla.solve_triangular(L, np.eye(n), lower=True, check_finite=False)
-    Mb = Linv.T @ beta                                                 # M_B⁻¹(r₀ - X_Sμ_S)
-    grad = -0.5 * float(np.sum(Linv * Linv)) + 0.5 * float(Mb @ Mb)
+    Mb = matmul(Linv.T, beta)                                                 # M_B⁻¹(r₀ - X_Sμ_S)
+    grad = -0.5 * float(np.sum(Linv * Linv)) + 0.5 * inner(Mb, Mb)
     if k:
-        Zs = Linv.T @ WS                                               # M_B⁻¹ X_S  (n, k)
+        Zs = matmul(Linv.T, WS)                                               # M_B⁻¹ X_S  (n, k)
         Y = sla.solve_triangular(LQ, Zs.T, lower=True, check_finite=False)
         grad += 0.5 * float(np.sum(Y * Y))
     out = {"mean": mean, "var": var, "log_z": float(log_z), "grad_sigma2": float(grad),
@@ -245,10 +246,10 @@ def predictive_variance(task, factors, Xnew):
         return np.einsum("ij,jk,ik->i", Xnew, V, Xnew)
     _, in_s, inv_pi_b, L, WS, LQ = factors
     U = Xnew * inv_pi_b                                                # x_B Π_B⁻¹ (0 on S)
-    Y = sla.solve_triangular(L, task.X @ U.T, lower=True, check_finite=False)   # L⁻¹X_BΠ_B⁻¹x_B
+    Y = sla.solve_triangular(L, matmul(task.X, U.T), lower=True, check_finite=False)   # L⁻¹X_BΠ_B⁻¹x_B
     var = np.einsum("ij,ij->i", Xnew, U) - np.einsum("ij,ij->j", Y, Y)
     if WS is not None:
-        g = WS.T @ Y - Xnew[:, in_s].T                                 # Gᵀx_B - x_S
+        g = matmul(WS.T, Y) - Xnew[:, in_s].T                                 # Gᵀx_B - x_S
         T = sla.solve_triangular(LQ, g, lower=True, check_finite=False)
         var += np.einsum("ij,ij->j", T, T)
     return np.maximum(var, 0.0)
@@ -277,11 +278,11 @@ def latent_marginals(cf, scale2, pi, *, gradients=False):
         log_z = -0.5 * float(np.sum(np.log(g)))
         out = {"var": var, "log_z": log_z, "cav_var": scale2 * cf.a}      # cavity = prior marginal
         if gradients:
-            out["grad_scale2"] = -float(var @ pi) / (2.0 * scale2)
+            out["grad_scale2"] = -inner(var, pi) / (2.0 * scale2)
             out["grad_P"] = np.zeros_like(cf.P)
         return out
     Lm = (np.sqrt(scale2) / g)[:, None] * cf.U
-    M = (cf.U * (scale2 * pi / g)[:, None]).T @ cf.U
+    M = matmul((cf.U * (scale2 * pi / g)[:, None]).T, cf.U)
     M[np.diag_indices(cf.m)] += 1.0
     R = _chol(M)
     if R is None:
@@ -299,9 +300,9 @@ def latent_marginals(cf, scale2, pi, *, gradients=False):
         cav_var = scale2 * (cf.a + sj / (1.0 - cj * sj))
     out = {"var": var, "log_z": log_z, "cav_var": cav_var}
     if gradients:
-        out["grad_scale2"] = -float(var @ pi) / (2.0 * scale2)
+        out["grad_scale2"] = -inner(var, pi) / (2.0 * scale2)
         Zp = (pi * cf.delta)[:, None] * cf.P                          # ΠΔP
-        VZ = G[:, None] * Zp + T.T @ (T @ Zp)                          # V ΠΔP (L M⁻¹ Lᵀ = TᵀT)
+        VZ = G[:, None] * Zp + matmul(T.T, matmul(T, Zp))                          # V ΠΔP (L M⁻¹ Lᵀ = TᵀT)
         out["grad_P"] = (-scale2 * cf.delta[:, None] * (Zp - pi[:, None] * VZ)
                          + (cf.delta ** 2 * var * pi)[:, None] * cf.P)
     return out

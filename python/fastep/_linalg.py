@@ -16,7 +16,7 @@ import numpy as np
 from scipy.linalg import blas as _blas
 from scipy.linalg import lapack as _lapack
 
-__all__ = ["matmul", "inner", "quadratic_form", "cholesky_lower"]
+__all__ = ["matmul", "gram", "inner", "quadratic_form", "cholesky_lower"]
 
 
 def _as_fortran_operand(a):
@@ -64,6 +64,27 @@ def matmul(a, b):
         return np.zeros(b.shape[1])
     mat, trans = _as_fortran_operand(b.T)
     return _blas.dgemv(1.0, mat, np.ascontiguousarray(a), trans=trans)
+
+
+def gram(a):
+    """``a @ a.T`` for a float64 matrix, by ``dsyrk``: exactly symmetric, C-ordered.
+
+    The lower triangle is computed and mirrored (what numpy's matmul does for ``a @ a.T``).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"gram: a must be 2-D, got shape {a.shape}")
+    n, k = a.shape
+    if n == 0 or k == 0:
+        return np.zeros((n, n))
+    operand, trans = _as_fortran_operand(a.T)      # op(operand) = a.T, shape (k, n)
+    # dsyrk with trans=1 forms op(operand)ᵀ op(operand) = a aᵀ when op is the identity
+    if trans:                                      # operand = a itself (F-ordered (n, k) view of a.T)
+        out = _blas.dsyrk(1.0, operand, trans=0, lower=1)
+    else:
+        out = _blas.dsyrk(1.0, operand, trans=1, lower=1)
+    lower = np.tril(out)
+    return np.ascontiguousarray(lower + np.tril(out, -1).T)
 
 
 def inner(a, b):

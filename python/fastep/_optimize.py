@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 from scipy.optimize import minimize
 
+from ._linalg import inner
 from .exceptions import ConvergenceWarning
 
 __all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "maximize_log_likelihood_scg"]
@@ -336,16 +337,16 @@ def maximize_log_likelihood_scg(objective, theta0, bounds, *, maxiter=100, xtol=
     mu = kappa = gamma = 0.0
     for _ in range(maxiter):
         if success:                       # first and second directional derivatives
-            mu = float(d @ g_new)
+            mu = inner(d, g_new)
             if mu >= 0:
                 d = -g_new
-                mu = float(d @ g_new)
-            kappa = float(d @ d)
+                mu = inner(d, g_new)
+            kappa = inner(d, d)
             if kappa < np.finfo(float).eps:
                 break
             sigma = sigma0 / np.sqrt(kappa)
             _, g_plus = neg(x + sigma * d)
-            gamma = float(d @ (g_plus - g_new)) / sigma
+            gamma = inner(d, g_plus - g_new) / sigma
         delta = gamma + beta * kappa      # scaled curvature, made positive
         if delta <= 0:
             delta = beta * kappa
@@ -373,5 +374,5 @@ def maximize_log_likelihood_scg(objective, theta0, bounds, *, maxiter=100, xtol=
             d = -g_new
             n_success = 0
         elif success:
-            d = (float((g_old - g_new) @ g_new) / mu) * d - g_new
+            d = (inner(g_old - g_new, g_new) / mu) * d - g_new
     return np.clip(x, lo, hi), -float(f_now), n_evals[0]

@@ -8,6 +8,8 @@ import numbers
 
 import numpy as np
 
+from ._linalg import cholesky_lower
+
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
     "encode_binary_labels", "encode_one_vs_rest_labels", "check_choice", "check_positive",
@@ -212,7 +214,7 @@ def check_prior(prior_mean, prior_cov, n_features):
             raise ValueError("prior_cov must be symmetric")
         cov = np.ascontiguousarray(0.5 * (cov + cov.T))
         try:
-            np.linalg.cholesky(cov)
+            cholesky_lower(cov)
         except np.linalg.LinAlgError:
             raise ValueError("prior_cov must be positive definite (its Cholesky factorisation failed)") from None
     return mean, np.ascontiguousarray(cov)

@@ -38,6 +38,7 @@ import numpy as np
 
 from . import _horseshoe_engine as _eng
 from . import _validation as v
+from ._linalg import gram, inner, matmul
 from ._base import BaseEstimator, RegressorMixin, check_is_fitted
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
@@ -379,7 +380,7 @@ class _HorseshoeBase(BaseEstimator):
         self._coef = coef
         self._coef_var = coef_var
         self._inclusion = inclusion
-        self._intercept = np.array([ym - xm @ c for xm, ym, c in zip(x_means, y_means, coef)])
+        self._intercept = np.array([ym - inner(xm, c) for xm, ym, c in zip(x_means, y_means, coef)])
         self._x_means = x_means
         self._sigma2 = np.asarray(sigma2, dtype=float).copy()
         self.rho2_ = float(rho2)
@@ -400,13 +401,13 @@ class _HorseshoeBase(BaseEstimator):
         """The learnt ``C = ΔDΔ + ΔPPᵀΔ`` (``d x d``, formed on request; ``diag C = 1``)."""
         check_is_fitted(self, "P_")
         cf = _eng.CorrelationFactors(self.P_, self.D_)
-        C = cf.U @ cf.U.T
+        C = gram(cf.U)
         C[np.diag_indices_from(C)] += cf.a
         return C
 
     def _predict_task(self, X, t, return_std):
         X = v.check_n_features(X, self.n_features_in_)
-        mean = X @ self._coef[t] + self._intercept[t]
+        mean = matmul(X, self._coef[t]) + self._intercept[t]
         if not return_std:
             return mean
         var = _eng.predictive_variance(self._tasks[t], self._factors[t], X - self._x_means[t])

@@ -11,6 +11,7 @@ from scipy.special import expit
 from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
 from ._epcore import linear_ep as _engine
+from ._linalg import matmul
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
@@ -112,8 +113,8 @@ class _LinearEPBase(BaseEstimator):
         """
         check_is_fitted(self, "posterior_mean_")
         design = self._design(v.check_n_features(X, self.n_features_in_))
-        mean = design @ self.posterior_mean_
-        var = np.einsum("ij,ij->i", design @ self.posterior_cov_, design)
+        mean = matmul(design, self.posterior_mean_)
+        var = np.einsum("ij,ij->i", matmul(design, self.posterior_cov_), design)
         return mean, np.maximum(var, 0.0)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore.sites import SiteSpec
+from fastep._linalg import cholesky_lower
 from fastep.exceptions import ConvergenceWarning
 from fastep.likelihoods import Likelihood
 
@@ -43,7 +44,7 @@ def _check_spd(mat, name):
         raise ValueError(f"{name} must be symmetric")
     mat = 0.5 * (mat + mat.T)
     try:
-        np.linalg.cholesky(mat)
+        cholesky_lower(mat)
     except np.linalg.LinAlgError:
         raise ValueError(f"{name} must be positive definite") from None
     return mat

@@ -83,8 +83,8 @@ Linear/LinearARD ``G = v (W X) A``, for MLP/MLPARD ``G_i = w A Σ_j R_ij (x_j - 
 with ``R = (2/π) v W / sqrt(N)`` (notation of ``MLP``), zero for White and Bias, and by the sum
 and product rules for composites. Every kernel here provides all three.
 
-Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X @ X.T``
-takes numpy's syrk path and is exactly symmetric), after subtracting the mean
+Squared distances are computed as |x|² + |y|² - 2 XYᵀ with BLAS (``X Xᵀ`` by ``syrk``,
+exactly symmetric), after subtracting the mean
 of ``X`` from both inputs (distances are translation invariant; centring removes
 the cancellation for data far from the origin), and clamped at 0.
 

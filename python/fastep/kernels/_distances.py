@@ -2,12 +2,14 @@
 :mod:`fastep._linalg`)."""
 import numpy as np
 
+from .._linalg import gram, matmul
+
 
 def _gram(X, Y=None):
     """X Xᵀ (syrk, exactly symmetric) or X Yᵀ."""
     if Y is None:
-        return X @ X.T
-    return X @ Y.T
+        return gram(X)
+    return matmul(X, Y.T)
 
 
 def _row_sq_norms(X):

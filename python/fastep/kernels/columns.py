@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from .. import _validation as _v
+from .._linalg import inner, matmul
 from ._distances import _row_sq_norms
 
 __all__ = ["KernelColumns", "ColumnProductCache"]
@@ -29,8 +30,8 @@ class _CentredColumns:
         mu = X.mean(axis=0)
         self.Xc = np.ascontiguousarray(X - mu)
         self.norms_c = _row_sq_norms(self.Xc)
-        self.xc_mu = self.Xc @ mu
-        self.mu2 = float(mu @ mu)
+        self.xc_mu = matmul(self.Xc, mu)
+        self.mu2 = inner(mu, mu)
         self.norms = _row_sq_norms(X)
         self.max_columns = int(max_columns)
         self._stored = collections.OrderedDict()
@@ -39,14 +40,14 @@ class _CentredColumns:
 
     def centred_product(self, j):
         if self.max_columns <= 0:
-            return self.Xc @ self.Xc[j]
+            return matmul(self.Xc, self.Xc[j])
         pc = self._stored.get(j)
         if pc is not None:
             self._stored.move_to_end(j)
             self.hits += 1
             return pc
         self.misses += 1
-        pc = self.Xc @ self.Xc[j]
+        pc = matmul(self.Xc, self.Xc[j])
         pc.flags.writeable = False
         self._stored[j] = pc
         if len(self._stored) > self.max_columns:

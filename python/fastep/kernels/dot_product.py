@@ -1,6 +1,7 @@
 """Kernels built on inner products: Linear, LinearARD, MLP (arc-sine) and MLPARD."""
 import numpy as np
 
+from .._linalg import matmul
 from ._distances import _gram, _row_sq_norms
 from .base import _ARDMixin, _Leaf
 
@@ -44,7 +45,7 @@ class Linear(_Leaf):
             yield _gram(X) if state is None else state.copy()
 
     def _column(self, X, j):
-        col = X @ X[j]
+        col = matmul(X, X[j])
         col *= self._value("variance")
         return col
 
@@ -62,7 +63,7 @@ class Linear(_Leaf):
             yield _row_sq_norms(X)
 
     def _input_grad(self, X, Y, W):
-        G = W @ Y
+        G = matmul(W, Y)
         G *= self._value("variance")
         return G
 
@@ -99,13 +100,13 @@ class LinearARD(_ARDMixin, _Leaf):
         return K
 
     def _diag(self, X):
-        return self._value("variance") * (X * X) @ self._column_scales()
+        return self._value("variance") * matmul(X * X, self._column_scales())
 
     def _column_state(self, X):
         return np.ascontiguousarray(X * np.sqrt(self._column_scales()))
 
     def _column(self, Z, j):
-        col = Z @ Z[j]
+        col = matmul(Z, Z[j])
         col *= self._value("variance")
         return col
 
@@ -135,13 +136,13 @@ class LinearARD(_ARDMixin, _Leaf):
         v = self._value("variance")
         for name, j in pairs:
             if name == "variance":
-                yield (X * X) @ self._column_scales()
+                yield matmul(X * X, self._column_scales())
             else:
                 cols = self._columns_of(j)
                 yield v * np.sum(X[:, cols] ** 2, axis=1)
 
     def _input_grad(self, X, Y, W):
-        G = W @ Y
+        G = matmul(W, Y)
         G *= self._value("variance") * self._column_scales()
         return G
 
@@ -250,7 +251,7 @@ class MLP(_Leaf):
         Z, nx = state
         ny = nx[j]
         if P is None:
-            P = Z @ Z[j]
+            P = matmul(Z, Z[j])
         N = nx * ny - P * P
         np.maximum(N, 0.0, out=N)
         N *= w * w
@@ -416,7 +417,7 @@ class MLP(_Leaf):
         a += b
         c = np.einsum("ij,ij->i", R, a)
         c /= d
-        G = R @ Y
+        G = matmul(R, Y)
         G -= c[:, None] * X
         G *= w * self._input_scales(X.shape[1])
         return G

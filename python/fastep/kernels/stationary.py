@@ -2,6 +2,7 @@
 sample) and Bias (a constant)."""
 import numpy as np
 
+from .._linalg import matmul
 from ._distances import _centre, _row_sq_norms, _sqdist_centred
 from .base import _ARDMixin, _Leaf
 
@@ -57,7 +58,7 @@ class RBF(_Leaf):
 
     def _column(self, state, j, pc=None):
         Xc, norms = state
-        D = Xc @ Xc[j] if pc is None else pc * 1.0
+        D = matmul(Xc, Xc[j]) if pc is None else pc * 1.0
         D *= -2.0
         D += norms
         D += norms[j]
@@ -116,7 +117,7 @@ class RBF(_Leaf):
         Xc, Yc = _centre(X, Y)
         P = W * self._K(X, Y)
         G = Xc * P.sum(axis=1)[:, None]
-        G -= P @ Yc
+        G -= matmul(P, Yc)
         G *= -self._value("inverse_width") * self._input_scales(X.shape[1])
         return G
 
