@@ -2,8 +2,8 @@
 learnt feature-selection dependencies.
 
 Model (Hernández-Lobato & Hernández-Lobato, *Learning Feature Selection Dependencies in
-Multi-task Learning*; equation numbers refer to its supplement,
-``../shared/papers/horseshoe_multitask_ep_supplement.md``). Task ``t`` has data
+Multi-task Learning*, NIPS 2013; equation numbers refer to its supplementary material).
+Task ``t`` has data
 ``X_t`` (``n_t x d``), ``y_t = X_t w_t + ε``, ``ε ~ N(0, σ_t² I)``, and each coefficient
 the prior ``N(w_tj | 0, u_tj²/v_tj²)`` with ``u_t ~ N(0, ρ² C)``, ``v_t ~ N(0, γ² C)``;
 ``|u_tj/v_tj|`` is half-Cauchy with scale ``ρ/γ``, so each ``w_tj`` has a horseshoe prior.
@@ -12,7 +12,7 @@ diagonal with ``diag C = 1``) is shared by all tasks: features with correlated `
 ``v`` tend to be relevant or irrelevant together, and ``P`` is learnt from all tasks.
 
 Inference is parallel EP with damping (supplement §1; engine in
-:mod:`fastep._horseshoe_engine`, per-feature quadratures compiled in
+:mod:`fastep._horseshoe_parallel_ep`, per-feature quadratures compiled in
 :mod:`fastep._epcore.horseshoe`), the evidence is eq (27) and the hyperparameters
 (``σ_t²``, ``ρ²``, ``P``) maximise it with L-BFGS-B using the exact gradients of eqs
 (33)-(50). ``γ²`` is held fixed: the prior of ``w`` depends on ``ρ`` and ``γ`` only through
@@ -20,7 +20,7 @@ Inference is parallel EP with damping (supplement §1; engine in
 ``ρ² ∂/∂ρ² + γ² ∂/∂γ² = 0`` at every fixed point), so learning both would only move along a
 flat ridge.
 
-Numerical policies (details in :func:`fastep._horseshoe_engine.run_task_ep`): negative
+Numerical policies (details in :func:`fastep._horseshoe_parallel_ep.run_task_ep`): negative
 u- and v-site precisions are accepted; negative w-site precisions are kept ``>= -0.1/η_j``
 (``negative_precision='clip'``, ``η_j`` the cavity variance) or left free (``'allow'``);
 a damped step that would make the posterior or a cavity improper is halved, and if that
@@ -36,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from . import _horseshoe_engine as _eng
+from . import _horseshoe_parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import BaseEstimator, RegressorMixin, check_is_fitted
@@ -462,7 +462,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
         (exact EP, but it diverged on ambiguous problems; see
-        :func:`fastep._horseshoe_engine.run_task_ep`). Where a site is clipped the evidence
+        :func:`fastep._horseshoe_parallel_ep.run_task_ep`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
         EP step ``ε_k = max(damping · damping_decay^k, floor)`` at iteration ``k``

@@ -2,8 +2,7 @@
 """Horseshoe-prior EP: tilted moments by one-dimensional quadrature, vectorised over features.
 
 Equation numbers refer to the supplement of Hernández-Lobato & Hernández-Lobato,
-*Learning Feature Selection Dependencies in Multi-task Learning*
-(``../shared/papers/horseshoe_multitask_ep_supplement.md``).
+*Learning Feature Selection Dependencies in Multi-task Learning* (NIPS 2013).
 
 The factor ``g_j(w, u, v) = N(w | 0, u²/v²)`` times the cavity
 ``N(w | m, η) N(u | 0, ν) N(v | 0, ξ)`` (eq 14) has, with ``a = ν/ξ`` (``u/v`` is then Cauchy

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Sparse GP EP with inducing inputs: EP-FITC, EP-DTC and power EP in O(nm) memory.
 
-Equations: ``../shared/papers/ep_for_gps_slides.md`` (slides "Sparse EP", "EP-FITC (aka
+Equations: the tutorial slides *Expectation Propagation for Gaussian Processes* (slides "Sparse EP", "EP-FITC (aka
 generalized FITC)", "EP-DTC", "EP variants"); the site algebra is Minka's (quick reference,
 eqs 17-19, 78-83, 87-88) with the power-EP generalisation (Minka 2004; Bui, Yan & Turner
 2017 for pseudo-point models).  The plain-numpy twin is :mod:`fastep.reference.sparse_ep`,

@@ -1,8 +1,7 @@
 """Reference (plain numpy/scipy) twin of horseshoe-prior EP with learnt feature-selection dependencies.
 
 Equation numbers refer to the supplement of Hernández-Lobato & Hernández-Lobato,
-*Learning Feature Selection Dependencies in Multi-task Learning*
-(``../shared/papers/horseshoe_multitask_ep_supplement.md``).
+*Learning Feature Selection Dependencies in Multi-task Learning* (NIPS 2013).
 
 Model (one task)
 ----------------

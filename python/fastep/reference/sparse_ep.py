@@ -1,7 +1,7 @@
 """Reference sparse GP EP with inducing inputs: EP-FITC, EP-DTC and power EP (plain numpy).
 
 Written for clarity: the independent check of :mod:`fastep._epcore.sparse_ep`; it never
-imports the compiled core.  Equations: ``../shared/papers/ep_for_gps_slides.md``
+imports the compiled core.  Equations: the tutorial slides *Expectation Propagation for Gaussian Processes*
 (slides "Sparse EP", "EP-FITC (aka generalized FITC)", "EP-DTC", "EP variants"), Minka's
 quick reference for the site algebra (eqs 17-19 for the moments, 78-83 for the site
 update, 87-88 for the evidence), and the power-EP view of pseudo-point approximations

@@ -1,8 +1,8 @@
-"""Engine of horseshoe-prior EP: marginals, the parallel damped EP loop, evidence and its gradients.
+"""Horseshoe-prior EP's parallel (damped) loop, in numpy around the compiled site step:
+marginals, the EP iteration, the evidence and its gradients.
 
 Equation numbers refer to the supplement of Hernández-Lobato & Hernández-Lobato,
-*Learning Feature Selection Dependencies in Multi-task Learning*
-(``../shared/papers/horseshoe_multitask_ep_supplement.md``). The per-feature work
+*Learning Feature Selection Dependencies in Multi-task Learning* (NIPS 2013). The per-feature work
 (cavities, eq 14; tilted moments by quadrature, eqs 15-21; site targets, eqs 22-25;
 site normalisers, eq 26) runs in one compiled, GIL-free call
 (:func:`fastep._epcore.horseshoe.site_step`); the marginals (eqs 2-13) are BLAS-3
