@@ -96,7 +96,7 @@ def test_predict_before_fit_and_feature_mismatch(classification_data):
     with pytest.raises(NotFittedError, match="not fitted"):
         clf.predict(X)
     clf.fit(X, y)
-    with pytest.raises(ValueError, match="3 features, but the estimator was fitted with 4"):
+    with pytest.raises(ValueError, match="3 features, but LinearEPClassifier is expecting 4 features"):
         clf.predict(X[:, :3])
 
 

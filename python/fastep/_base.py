@@ -4,7 +4,7 @@ import inspect
 import numpy as np
 
 from . import _validation as v
-from .exceptions import NotFittedError
+from .exceptions import not_fitted_error
 
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba"]
 
@@ -51,6 +51,18 @@ class BaseEstimator:
                 setattr(self, name, value)
         return self
 
+    def __sklearn_tags__(self):
+        """scikit-learn's estimator tags (scikit-learn >= 1.6 asks for them; imported lazily, so
+        fastep itself never needs scikit-learn)."""
+        from sklearn.utils import InputTags, Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True),
+                    input_tags=InputTags(allow_nan=False, sparse=False))
+
+    def __sklearn_is_fitted__(self):
+        """Whether ``fit`` has run (the fitted attributes end in an underscore)."""
+        return any(name.endswith("_") and not name.startswith("__") for name in vars(self))
+
     def __repr__(self):
         defaults = {
             name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
@@ -94,6 +106,14 @@ class ClassifierMixin:
 
     _estimator_type = "classifier"
 
+    def __sklearn_tags__(self):
+        from sklearn.utils import ClassifierTags
+
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier"
+        tags.classifier_tags = ClassifierTags()
+        return tags
+
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of ``predict(X)`` against ``y`` (weighted by ``sample_weight`` if given).
 
@@ -118,6 +138,14 @@ class RegressorMixin:
     """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
 
     _estimator_type = "regressor"
+
+    def __sklearn_tags__(self):
+        from sklearn.utils import RegressorTags
+
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "regressor"
+        tags.regressor_tags = RegressorTags()
+        return tags
 
     def score(self, X, y, sample_weight=None):
         """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.
@@ -151,7 +179,7 @@ class RegressorMixin:
 def check_is_fitted(estimator, attribute):
     """Raise :class:`NotFittedError` unless ``estimator`` has the fitted ``attribute``."""
     if not hasattr(estimator, attribute):
-        raise NotFittedError(
+        raise not_fitted_error(
             f"this {type(estimator).__name__} instance is not fitted yet; call 'fit' first")
 
 

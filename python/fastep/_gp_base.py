@@ -284,7 +284,7 @@ class GPEstimator(BaseEstimator):
     def _check_X(self, X):
         """Prediction-time X, validated against the training features (raises if not fitted)."""
         check_is_fitted(self, "_problems")
-        return v.check_n_features(X, self.n_features_in_)
+        return v.check_n_features(X, self.n_features_in_, estimator=self)
 
     def predict_latent(self, X):
         """Latent predictive mean and variance at the rows of ``X``.

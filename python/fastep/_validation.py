@@ -6,28 +6,44 @@ Validation never modifies its inputs.
 """
 import numbers
 
+import warnings
+
 import numpy as np
 
 from ._linalg import cholesky_lower
+from .exceptions import data_conversion_warning
 
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
-    "encode_binary_labels", "encode_one_vs_rest_labels", "check_choice", "check_positive",
+    "encode_binary_labels", "encode_one_vs_rest_labels", "check_class_labels", "check_choice", "check_positive",
     "check_in_range", "check_int", "check_prior", "check_bool", "check_seed",
 ]
+
+
+class ComplexDataError(TypeError, ValueError):
+    """Complex numbers where real ones are needed: the wrong kind of data (``TypeError``) and,
+    as scikit-learn reports it, a bad value (``ValueError``)."""
 
 
 def _as_float_array(value, name):
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    if hasattr(value, "tocsr") or hasattr(value, "todense"):       # scipy.sparse, without importing it
+        raise TypeError(f"{name} is a sparse matrix; sparse input is not supported: pass a dense array "
+                        f"({name}.toarray())")
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"{name} could not be converted to an array: {exc}") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     if np.iscomplexobj(arr):
-        raise TypeError(f"{name} must hold real numbers, got complex values")
+        raise ComplexDataError(f"Complex data not supported: {name} must hold real numbers, got complex values")
+    if arr.dtype == object:                  # e.g. a DataFrame of mixed dtypes: numbers only
+        try:
+            return arr.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must hold real numbers: {exc}") from None
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     return arr.astype(np.float64, copy=False)
 
 
@@ -35,17 +51,22 @@ def _check_finite(arr, name):
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         where = tuple(int(i) for i in bad)
-        raise ValueError(f"{name} must be finite; found {arr[tuple(bad)]} at index {where if len(where) > 1 else where[0]}")
+        raise ValueError(f"{name} must be finite (no NaN or inf); found {arr[tuple(bad)]} at index "
+                         f"{where if len(where) > 1 else where[0]}")
 
 
 def as_float_matrix(value, name, *, min_rows=1, min_cols=1):
     """Return a C-contiguous float64 copy-if-needed 2-D array, checked finite and non-empty."""
     arr = _as_float_array(value, name)
     if arr.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features), got shape {arr.shape}")
+        hint = (" Reshape your data either using X.reshape(-1, 1) if it has a single feature or "
+                "X.reshape(1, -1) if it is a single sample.") if arr.ndim == 1 else ""
+        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features), got shape {arr.shape}.{hint}")
     if arr.shape[0] < min_rows or arr.shape[1] < min_cols:
         raise ValueError(
-            f"{name} must have at least {min_rows} row(s) and {min_cols} column(s), got shape {arr.shape}")
+            f"{name} must have at least {min_rows} row(s) and {min_cols} column(s), got shape {arr.shape}: "
+            f"found {arr.shape[0]} sample(s) and {arr.shape[1]} feature(s) (shape={arr.shape}) while a "
+            f"minimum of {min_rows if arr.shape[0] < min_rows else min_cols} is required.")
     _check_finite(arr, name)
     return np.ascontiguousarray(arr)
 
@@ -69,9 +90,11 @@ def check_X_y(X, y, *, y_numeric=False):
     """
     X = as_float_matrix(X, "X")
     if y is None:
-        raise TypeError("y must be an array of targets, got None")
+        raise ValueError("this estimator requires y to be passed, but the target y is None")
     y_arr = np.asarray(y)
     if y_arr.ndim == 2 and y_arr.shape[1] == 1:
+        warnings.warn("A column-vector y was passed when a 1d array was expected; it is used as "
+                      "y.ravel()", data_conversion_warning(), stacklevel=3)
         y_arr = y_arr[:, 0]
     if y_arr.ndim != 1:
         raise ValueError(f"y must be a 1-D array of length n_samples, got shape {y_arr.shape}")
@@ -88,13 +111,22 @@ def check_X_y(X, y, *, y_numeric=False):
     return X, y_arr
 
 
-def check_n_features(X, n_features, name="X"):
+def check_n_features(X, n_features, name="X", *, estimator=None):
     """Validate a prediction-time matrix against the number of features seen in ``fit``."""
     X = as_float_matrix(X, name)
     if X.shape[1] != n_features:
-        raise ValueError(
-            f"{name} has {X.shape[1]} features, but the estimator was fitted with {n_features} features")
+        who = "the estimator" if estimator is None else type(estimator).__name__
+        raise ValueError(f"{name} has {X.shape[1]} features, but {who} is expecting {n_features} features "
+                         f"as input (the number it was fitted with)")
     return X
+
+
+def check_class_labels(y):
+    """Class labels, not a continuous target (float labels must be integral)."""
+    y = np.asarray(y)
+    if y.dtype.kind == "f" and np.any(y != np.round(y)):
+        raise ValueError("Unknown label type: continuous. y holds non-integer floats; a classifier needs "
+                         "class labels (use a regressor for a continuous target)")
 
 
 def encode_binary_labels(y):
@@ -102,6 +134,7 @@ def encode_binary_labels(y):
 
     Returns ``(classes, y_pm)``. Raises ``ValueError`` for one class or more than two.
     """
+    check_class_labels(y)
     try:
         classes, inverse = np.unique(y, return_inverse=True)
     except TypeError as exc:
@@ -111,7 +144,8 @@ def encode_binary_labels(y):
             f"y must contain two classes for a binary classifier; got only one class: {classes.tolist()}")
     if classes.shape[0] > 2:
         raise ValueError(
-            f"y must contain exactly two classes for a binary classifier; got {classes.shape[0]}: "
+            f"Only binary classification is supported. y must contain exactly two classes for a binary "
+            f"classifier; got {classes.shape[0]}: "
             f"{classes.tolist()[:10]}")
     return classes, np.where(inverse.reshape(-1) == 1, 1.0, -1.0)
 
@@ -122,6 +156,7 @@ def encode_one_vs_rest_labels(y):
     Returns ``(classes, targets)`` with ``targets`` a list of float64 vectors; for two
     classes ``classes[1]`` is the positive class. Raises ``ValueError`` for a single class.
     """
+    check_class_labels(y)
     try:
         classes, inverse = np.unique(y, return_inverse=True)
     except TypeError as exc:

@@ -1,6 +1,6 @@
 """Warnings and errors raised by fastep."""
 
-__all__ = ["ConvergenceWarning", "NotFittedError"]
+__all__ = ["ConvergenceWarning", "NotFittedError", "DataConversionWarning"]
 
 
 class ConvergenceWarning(UserWarning):
@@ -13,3 +13,39 @@ class ConvergenceWarning(UserWarning):
 
 class NotFittedError(ValueError, AttributeError):
     """An estimator was used for prediction before ``fit`` was called."""
+
+
+class DataConversionWarning(UserWarning):
+    """An input was converted to the form the estimator needs (e.g. a column-vector ``y``)."""
+
+
+# scikit-learn's estimator checks and meta-estimators recognise its own NotFittedError and
+# DataConversionWarning. When scikit-learn is installed, fastep raises subclasses of both
+# fastep's class and scikit-learn's; scikit-learn is imported only then (on the error or
+# warning path), never to import or fit.
+_SKLEARN_COMPATIBLE = {}
+
+
+def _sklearn_compatible(cls):
+    """``cls``, or a subclass of ``cls`` and scikit-learn's class of the same name if available."""
+    if cls.__name__ not in _SKLEARN_COMPATIBLE:
+        try:
+            from sklearn import exceptions as sklearn_exceptions
+        except ImportError:
+            return cls
+        name = f"_SklearnCompatible{cls.__name__}"
+        combined = type(name, (cls, getattr(sklearn_exceptions, cls.__name__)),
+                        {"__module__": __name__, "__doc__": cls.__doc__})
+        globals()[name] = combined           # picklable by its qualified name
+        _SKLEARN_COMPATIBLE[cls.__name__] = combined
+    return _SKLEARN_COMPATIBLE[cls.__name__]
+
+
+def not_fitted_error(message):
+    """A :class:`NotFittedError` (also scikit-learn's, when scikit-learn is installed)."""
+    return _sklearn_compatible(NotFittedError)(message)
+
+
+def data_conversion_warning():
+    """The :class:`DataConversionWarning` class to warn with (also scikit-learn's when installed)."""
+    return _sklearn_compatible(DataConversionWarning)

@@ -132,6 +132,12 @@ class _HorseshoeBase(BaseEstimator):
             y = v.as_float_vector(y, f"ys[{t}]")
             if y.shape[0] != X.shape[0]:
                 raise ValueError(f"Xs[{t}] has {X.shape[0]} rows but ys[{t}] has {y.shape[0]} entries")
+            if X.shape[0] < 2:
+                raise ValueError(f"Xs[{t}] has n_samples = {X.shape[0]}; horseshoe regression needs at least 2 "
+                                 "samples (the noise variance is learnt from the residuals)")
+            if X.shape[0] < 2:
+                raise ValueError(f"Xs[{t}] has n_samples = {X.shape[0]}; horseshoe regression needs at least 2 "
+                                 "samples (the noise variance is learnt from the residuals)")
             out_X.append(X)
             out_y.append(y)
         return out_X, out_y
@@ -142,11 +148,12 @@ class _HorseshoeBase(BaseEstimator):
                 "damping": float(self.damping), "damping_decay": float(self.damping_decay),
                 "min_damping": float(self.min_damping), "tol": float(self.tol), "max_iter": int(self.max_iter)}
 
-    def _run_all(self, tasks, sigma2, rho2, gamma2, cf, sites_list, *, warm):
+    def _run_all(self, tasks, sigma2, rho2, gamma2, cf, sites_list, *, warm, iterations=None):
         """EP for every task; sites updated in place.
 
         A warm start (from the sites of the previous hyperparameters) that is invalid or does
-        not converge is retried from the cold start.
+        not converge is retried from the cold start. ``iterations`` (one count per task), if
+        given, is increased by the EP iterations run.
         """
         results = []
         for t, task in enumerate(tasks):
@@ -159,6 +166,8 @@ class _HorseshoeBase(BaseEstimator):
                                            n_threads=threads, **self._ep_options())
                 except ValueError:
                     res = None
+                if res is not None and iterations is not None:
+                    iterations[t] += res["n_iter"]
                 if res is not None and not res["converged"]:
                     sites_list[t] = saved
                     res = None
@@ -169,6 +178,8 @@ class _HorseshoeBase(BaseEstimator):
                                            n_threads=threads, **self._ep_options())
                 except ValueError:   # hyperparameters so extreme that even the cold start is improper
                     return None
+                if iterations is not None:
+                    iterations[t] += res["n_iter"]
             results.append(res)
         return results
 
@@ -288,6 +299,7 @@ class _HorseshoeBase(BaseEstimator):
         gamma2, D, m = opts["gamma2"], opts["D"], opts["m"]
         P = opts["P0"].copy()
         n_evals = 0
+        ep_iterations = np.zeros(T, dtype=int)
         if opts["rho2"] is not None:
             rho2 = opts["rho2"]
         elif self.learn_hyperparameters:
@@ -312,7 +324,8 @@ class _HorseshoeBase(BaseEstimator):
                 r2 = float(np.exp(theta[T]))
                 P_ = theta[T + 1:].reshape(d, m) if learn_P else P
                 cf_ = _eng.CorrelationFactors(P_, D)
-                res = self._run_all(tasks, s2, r2, gamma2, cf_, sites_list, warm=state["warm"])
+                res = self._run_all(tasks, s2, r2, gamma2, cf_, sites_list, warm=state["warm"],
+                                    iterations=ep_iterations)
                 state["warm"] = True
                 # An EP run that stopped early has no trustworthy evidence: report the point
                 # as unusable so that the line search backs off.
@@ -349,7 +362,8 @@ class _HorseshoeBase(BaseEstimator):
             if learn_P:
                 P = theta[T + 1:].reshape(d, m).copy()
         cf = _eng.CorrelationFactors(P, D)
-        results = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites_list, warm=n_evals > 0)
+        results = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites_list, warm=n_evals > 0,
+                                iterations=ep_iterations)
         if results is None:
             raise ValueError(f"EP cannot start at sigma2={sigma2}, rho2={rho2}, gamma2={gamma2}: the cold-start "
                              "posterior or a cavity is improper (extreme hyperparameters?)")
@@ -388,7 +402,7 @@ class _HorseshoeBase(BaseEstimator):
         self.P_ = P
         self.D_ = D
         self._log_z = log_z
-        self.n_iter_ = np.array([r["n_iter"] for r in results])
+        self.n_iter_ = ep_iterations
         self.converged_ = bool(all(r["converged"] for r in results))
         self.n_evaluations_ = int(n_evals)
         self.n_features_in_ = d
@@ -406,7 +420,7 @@ class _HorseshoeBase(BaseEstimator):
         return C
 
     def _predict_task(self, X, t, return_std):
-        X = v.check_n_features(X, self.n_features_in_)
+        X = v.check_n_features(X, self.n_features_in_, estimator=self)
         mean = matmul(X, self._coef[t]) + self._intercept[t]
         if not return_std:
             return mean
@@ -498,7 +512,9 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         The shared ``C`` (formed on access).
     log_evidence_ : float
         Sum over tasks of eq (27) at the fitted hyperparameters; per task in ``log_evidence_per_task_``.
-    n_iter_ : ndarray (n_tasks,); converged_ : bool; n_evaluations_ : int
+    n_iter_ : ndarray (n_tasks,)
+        EP iterations run for each task over the whole fit (every evaluation of the evidence).
+    converged_ : bool; n_evaluations_ : int
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
     """

@@ -95,6 +95,8 @@ _LOG_2PI = np.log(2.0 * np.pi)
 # the optimum lies on its face). Without it L-BFGS-B's first trial was the whole gradient
 # of Σ_n log Z_n, O(N) in size (see maximize_log_likelihood_trust_region).
 _NOISE_TRUST_RADIUS = 1.0
+#: The learnt Gaussian noise variance stays above this fraction of the largest prior variance.
+_NOISE_FLOOR = 1e-6
 
 
 def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
@@ -252,8 +254,15 @@ class _IVMProblem:
         """Starting point and bounds of ``kernel_objective``."""
         theta, bounds = self.kernel.theta, self.kernel.bounds
         if self.joint_noise:
-            theta = np.append(theta, [np.log(self.likelihood.noise_variance), self.offset])
-            bounds = np.vstack([bounds, likelihood_theta(self.likelihood)[2], [[-np.inf, np.inf]]])
+            noise_bounds = likelihood_theta(self.likelihood)[2].copy()
+            # eq 32 tends to zero noise when the data are (nearly) noise-free and every point is
+            # active; below 1e-6 of the prior variance the Gaussian sites of the next selection
+            # are numerically improper (ν ς >= 1), so the noise variance is kept above that
+            floor = np.log(_NOISE_FLOOR * float(np.max(self.kernel._unchecked_diag(self.X))))
+            noise_bounds[0, 0] = max(noise_bounds[0, 0], floor)
+            log_noise = max(np.log(self.likelihood.noise_variance), noise_bounds[0, 0])
+            theta = np.append(theta, [log_noise, self.offset])
+            bounds = np.vstack([bounds, noise_bounds, [[-np.inf, np.inf]]])
         return theta, bounds
 
     def set_kernel_theta(self, theta):
@@ -630,10 +639,10 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         return self
 
     def decision_function(self, X):
-        """Latent mean plus the likelihood's bias, ``μ* + b``, of each binary problem.
-
-        Binary: > 0 means ``classes_[1]``. One-vs-rest: one column per class, the largest
-        wins (the paper's USPS rule, §4.2).
+        """Binary: the predictive log-odds ``log p(classes_[1] | x) - log p(classes_[0] | x)``
+        (> 0 means ``classes_[1]``; it ranks points as ``predict_proba`` does). One-vs-rest: one
+        column per class, the latent mean plus that problem's likelihood bias, ``μ* + b``; the
+        largest wins (the paper's USPS rule, §4.2).
 
         Parameters
         ----------
@@ -643,9 +652,9 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         -------
         ndarray (n_samples,) or (n_samples, n_classes)
         """
+        if len(getattr(self, "_problems", ())) == 1:
+            return super().decision_function(X)
         mean, _ = self.predict_latent(X)
-        if mean.ndim == 1:
-            return mean + self._problems[0].likelihood.get_params().get("bias", 0.0)
         return mean + np.array([p.likelihood.get_params().get("bias", 0.0) for p in self._problems])
 
     def _multiclass_scores(self, X):
@@ -822,13 +831,15 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         X, y = v.check_X_y(X, y)
         options = self._options(X.shape[0])
         options["kernel"]._validate_X(X, "X")
+        v.check_class_labels(y)
         try:
             classes, inverse = np.unique(y, return_inverse=True)
         except TypeError as exc:
             raise TypeError(f"y labels must be mutually comparable: {exc}") from None
         n_categories = classes.shape[0]
         if n_categories < 2:
-            raise ValueError(f"y must contain at least two ordered categories; got only one: {classes.tolist()}")
+            raise ValueError(f"y must contain at least two ordered categories (classes); got only one class: "
+                             f"{classes.tolist()}")
         if self.likelihood is None:
             lik = OrderedCategorical(n_categories, slope=1.0, bias=-(n_categories - 2) / 2.0)
         else:
@@ -854,4 +865,5 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     def predict(self, X):
         """The most probable category."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]

@@ -19,6 +19,7 @@ Gaussian(noise_variance=1.0)
 OrderedCategorical(n_categories, slope=1.0, bias=0.0, widths=None)
     Ordinal regression with thresholds (IVM §2.4).
 """
+import copy
 import math
 
 import numpy as np
@@ -68,6 +69,10 @@ class Likelihood:
         self._spec = None
 
     # -- parameters -----------------------------------------------------------------
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``: an independent deep copy."""
+        return copy.deepcopy(self)
+
     def get_params(self):
         """Parameters as a dict (copies of any arrays)."""
         return {name: (np.array(v) if isinstance(v, np.ndarray) else v)

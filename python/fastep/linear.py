@@ -112,7 +112,7 @@ class _LinearEPBase(BaseEstimator):
         mean, var : ndarray of shape (n_samples,)
         """
         check_is_fitted(self, "posterior_mean_")
-        design = self._design(v.check_n_features(X, self.n_features_in_))
+        design = self._design(v.check_n_features(X, self.n_features_in_, estimator=self))
         mean = matmul(design, self.posterior_mean_)
         var = np.einsum("ij,ij->i", matmul(design, self.posterior_cov_), design)
         return mean, np.maximum(var, 0.0)
@@ -161,6 +161,16 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     n_sweeps_ : int
     converged_ : bool
     """
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False          # binary: one weight vector
+        return tags
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False          # binary: one weight vector
+        return tags
 
     def __init__(self, likelihood=None, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",

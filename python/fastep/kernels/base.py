@@ -54,6 +54,10 @@ class Kernel:
         """(n_theta, 2) array of lower/upper limits for ``theta`` (see ``Transform.bounds``)."""
         return np.array(self._bounds(), dtype=float).reshape(-1, 2)
 
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``: an independent deep copy (parameters and transforms)."""
+        return copy.deepcopy(self)
+
     def clone_with_theta(self, theta):
         """Return a deep copy with ``theta`` set."""
         new = copy.deepcopy(self)
