@@ -428,19 +428,7 @@ class _HorseshoeBase(BaseEstimator):
         return mean, np.sqrt(var + self._sigma2[t])
 
 
-class MultiTaskHorseshoeRegression(_HorseshoeBase):
-    """Multi-task sparse linear regression with horseshoe priors and learnt selection dependencies.
-
-    Every task ``t`` has its own coefficients ``w_t`` (its own relevant features and
-    values), noise ``σ_t²`` and auxiliary ``u_t, v_t``; all tasks share the correlation
-    matrix ``C = ΔDΔ + ΔPPᵀΔ`` of ``u`` and ``v`` (so of which features are selected
-    together) and the scales ``ρ², γ²``. EP (supplement §1) approximates each task's
-    posterior; ``σ_t²``, ``ρ²`` and ``P`` maximise the summed EP evidence (eq 27) by
-    L-BFGS-B with the exact gradients of eqs (33)-(50) (``P``'s gradient summed over tasks).
-
-    Parameters
-    ----------
-    n_components : int, default 2
+_PARAMETERS_DOC = """    n_components : int, default 2
         Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
     learn_dependencies : bool, default True
         False fixes ``P = 0`` (then ``C = I`` whatever ``D``): independent horseshoes.
@@ -481,13 +469,10 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
         EP step ``ε_k = max(damping · damping_decay^k, floor)`` at iteration ``k``
         (the supplement: 0.5, reduced by 1% per iteration), the floor starting at
-        ``min_damping``. The floor keeps EP moving: the unfloored schedule sums to 50 and
-        stalled above 1e-10 in 2 of 12 test problems; over 16 test runs floors of
-        0.1 / 0.2 / 0.3 needed at most 1619 / 867 / 599 iterations to reach 1e-8, while 0.5
-        oscillated in 2 of them. When 50 iterations at the scheduled step lower the residual
-        by less than half, the floor is halved (down to 0.02): with strongly correlated
-        ``C`` a floor of 0.3 left a slowly contracting oscillation (1701 iterations to 1e-8;
-        344 with the halving).
+        ``min_damping``. The floor keeps EP moving (the unfloored schedule sums to 50 and can
+        stall before ``tol``); when 50 iterations at the scheduled step lower the residual by
+        less than half, the floor is halved (down to 0.02), which damps the slow oscillations
+        a strongly correlated ``C`` can cause.
     tol : float, default 1e-8
         EP stops when the largest scaled site residual is below ``tol``.
     max_iter : int, default 1000
@@ -496,8 +481,22 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         L-BFGS-B iterations.
     verbose : bool, default False
         Print the evidence at every optimiser evaluation.
+"""
 
-    Attributes
+
+class MultiTaskHorseshoeRegression(_HorseshoeBase):
+    __doc__ = """Multi-task sparse linear regression with horseshoe priors and learnt selection dependencies.
+
+    Every task ``t`` has its own coefficients ``w_t`` (its own relevant features and
+    values), noise ``σ_t²`` and auxiliary ``u_t, v_t``; all tasks share the correlation
+    matrix ``C = ΔDΔ + ΔPPᵀΔ`` of ``u`` and ``v`` (so of which features are selected
+    together) and the scales ``ρ², γ²``. EP (supplement §1) approximates each task's
+    posterior; ``σ_t²``, ``ρ²`` and ``P`` maximise the summed EP evidence (eq 27) by
+    L-BFGS-B with the exact gradients of eqs (33)-(50) (``P``'s gradient summed over tasks).
+
+    Parameters
+    ----------
+%PARAMETERS%    Attributes
     ----------
     coef_, coef_var_ : ndarray (n_tasks, d)
         Posterior means and variances of the coefficients.
@@ -517,7 +516,30 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     converged_ : bool; n_evaluations_ : int
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
-    """
+
+    References
+    ----------
+    Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
+    Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
+    updates eqs 2-26, evidence eq 27, gradients eqs 33-50).
+    Carvalho, C. M., Polson, N. G. and Scott, J. G. *The horseshoe estimator for sparse
+    signals*, Biometrika 97 (2010).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import MultiTaskHorseshoeRegression
+    >>> rng = np.random.default_rng(0)
+    >>> w = np.zeros(30)
+    >>> w[:3] = (2.0, -1.5, 1.0)
+    >>> Xs = [rng.normal(size=(40, 30)) for _ in range(2)]
+    >>> ys = [X @ w + 0.3 * rng.normal(size=40) for X in Xs]
+    >>> model = MultiTaskHorseshoeRegression(n_components=2, max_opt_iter=20, random_state=0).fit(Xs, ys)
+    >>> model.coef_.shape
+    (2, 30)
+    >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
+    [0, 1, 2]
+    """.replace("%PARAMETERS%", _PARAMETERS_DOC)
 
     def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
@@ -604,7 +626,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
 
 
 class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
-    """Sparse linear regression with a horseshoe prior on every coefficient, fitted by EP.
+    __doc__ = """Sparse linear regression with a horseshoe prior on every coefficient, fitted by EP.
 
     The single-task case of :class:`MultiTaskHorseshoeRegression` (same model, inference and
     hyperparameter learning). By default ``n_components=0``: independent horseshoes,
@@ -613,15 +635,42 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
 
     Parameters
     ----------
-    See :class:`MultiTaskHorseshoeRegression`; ``sigma2`` is a float.
+%PARAMETERS%
 
     Attributes
     ----------
     coef_, coef_var_, inclusion_ : ndarray (d,)
         Posterior means, variances and relevance (see the multi-task class).
     intercept_, sigma2_, rho2_, gamma2_, log_evidence_ : float
-    P_, D_, correlation_, n_iter_ (int), converged_, n_evaluations_, sites_ (dict)
-    """
+    P_, D_, correlation_, converged_, n_evaluations_, sites_ (dict)
+        As in the multi-task class, for the one task.
+    n_iter_ : int
+        EP iterations run over the whole fit.
+
+    References
+    ----------
+    Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
+    Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
+    updates eqs 2-26, evidence eq 27, gradients eqs 33-50).
+    Carvalho, C. M., Polson, N. G. and Scott, J. G. *The horseshoe estimator for sparse
+    signals*, Biometrika 97 (2010).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import HorseshoeRegression
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(50, 40))
+    >>> w = np.zeros(40)
+    >>> w[[3, 17]] = (2.0, -1.5)
+    >>> y = X @ w + 0.3 * rng.normal(size=50)
+    >>> model = HorseshoeRegression(max_opt_iter=20).fit(X, y)
+    >>> sorted(np.argsort(-model.inclusion_)[:2].tolist())
+    [3, 17]
+    >>> bool(model.score(X, y) > 0.9)
+    True
+    """.replace("%PARAMETERS%", _PARAMETERS_DOC.replace("n_components : int, default 2",
+                                                            "n_components : int, default 0"))
 
     def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,

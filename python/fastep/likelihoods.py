@@ -59,6 +59,17 @@ class Likelihood:
 
     Subclasses define ``_param_names``, ``_validate(params) -> dict``,
     ``_make_spec() -> SiteSpec``, ``encode_targets`` and ``predictive``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import Likelihood, Probit
+    >>> likelihood = Probit(slope=2.0)
+    >>> isinstance(likelihood, Likelihood), likelihood.get_params()
+    (True, {'slope': 2.0, 'bias': 0.0})
+    >>> log_z, alpha, beta = likelihood.moments(np.array([1.0]), np.array([0.0]), np.array([1.0]))
+    >>> round(float(np.exp(log_z[0])), 6)
+    0.5
     """
 
     _param_names = ()
@@ -194,6 +205,17 @@ class Probit(_Binary):
         ``lambda > 0``; ``inf`` gives a noiseless step at ``-bias`` (then the
         cavity variance must be > 0).
     bias : float, default 0.0
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import Probit
+    >>> likelihood = Probit()
+    >>> log_z, alpha, beta = likelihood.moments(np.array([1.0, -1.0]), np.zeros(2), np.ones(2))
+    >>> np.round(np.exp(log_z), 6)
+    array([0.5, 0.5])
+    >>> np.round(likelihood.predictive(np.array([0.0, 2.0]), np.array([1.0, 1.0])), 4)
+    array([0.5   , 0.9214])
     """
 
     _param_names = ("slope", "bias")
@@ -236,6 +258,15 @@ class Step(_Binary):
     flip_noise : float in [0, 0.5), default 0.0
         Probability ``eps`` that a label is flipped. Site moments need a cavity
         variance > 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import Step
+    >>> likelihood = Step(flip_noise=0.1)
+    >>> log_z, alpha, beta = likelihood.moments(np.array([1.0]), np.array([0.0]), np.array([1.0]))
+    >>> round(float(np.exp(log_z[0])), 6)
+    0.5
     """
 
     _param_names = ("flip_noise",)
@@ -277,6 +308,15 @@ class Logistic(_Binary):
         exact mu-derivatives of the quadrature estimate.
     n_nodes : int, default 32
         Quadrature nodes for ``'gauss-hermite'`` (2..256).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import Logistic
+    >>> mackay = Logistic().moments(np.array([1.0]), np.array([1.0]), np.array([2.0]))[0]
+    >>> quadrature = Logistic(method="gauss-hermite").moments(np.array([1.0]), np.array([1.0]), np.array([2.0]))[0]
+    >>> bool(abs(mackay[0] - quadrature[0]) < 0.01)
+    True
     """
 
     _param_names = ("method", "n_nodes")
@@ -312,6 +352,14 @@ class Gaussian(Likelihood):
     Parameters
     ----------
     noise_variance : float > 0, default 1.0
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import Gaussian
+    >>> log_z, alpha, beta = Gaussian(noise_variance=0.5).moments(np.array([1.0]), np.array([0.0]), np.array([1.5]))
+    >>> round(float(beta[0]), 6)
+    0.5
     """
 
     _param_names = ("noise_variance",)
@@ -364,6 +412,17 @@ class OrderedCategorical(Likelihood):
     bias : float, default 0.0
     widths : array_like of C-2 positive floats, optional
         Gaps between consecutive thresholds; default all ones.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.likelihoods import OrderedCategorical
+    >>> likelihood = OrderedCategorical(3, slope=2.0, bias=-0.5, widths=[1.0])
+    >>> proba = likelihood.predictive(np.array([-2.0, 0.0, 2.0]), np.full(3, 0.1))
+    >>> proba.shape, np.round(proba.sum(axis=1), 12)
+    ((3, 3), array([1., 1., 1.]))
+    >>> proba.argmax(axis=1)
+    array([0, 1, 2])
     """
 
     _param_names = ("n_categories", "slope", "bias", "widths")

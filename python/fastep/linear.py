@@ -118,18 +118,7 @@ class _LinearEPBase(BaseEstimator):
         return mean, np.maximum(var, 0.0)
 
 
-class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
-    """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
-
-    Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
-    for a binary likelihood ``t`` (probit, step with flip noise, or logistic).
-    EP (Minka 2001, §1.1, eqs 23–49) approximates the posterior by
-    ``N(posterior_mean_, posterior_cov_)`` and gives the evidence ``log_evidence_``.
-
-    Parameters
-    ----------
-    likelihood : fastep.likelihoods.Probit, Step or Logistic, default Probit()
-    prior_mean : None, float or array of shape (n_features,), default None (zero)
+_SHARED_PARAMETERS_DOC = """    prior_mean : None, float or array of shape (n_features,), default None (zero)
     prior_cov : float, array of shape (n_features,) or (n_features, n_features), default 1.0
         Isotropic variance, diagonal variances, or a positive-definite matrix.
     update_form : {'natural', 'moment'}, default 'natural'
@@ -149,23 +138,55 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     fit_intercept : bool, default False
         Append a constant feature whose weight has prior N(0, intercept_prior_var).
     intercept_prior_var : float, default 1.0
+"""
 
-    Attributes
-    ----------
-    classes_ : ndarray of shape (2,)
-        The two labels; ``classes_[1]`` is the positive class.
-    posterior_mean_, posterior_cov_ : ndarray
+_SHARED_ATTRIBUTES_DOC = """    posterior_mean_, posterior_cov_ : ndarray
     site_precision_, site_natural_mean_ : ndarray of shape (n_samples,)
         Site parameters v_i^-1 and v_i^-1 m_i (eq 20 onward).
     log_evidence_ : float
     n_sweeps_ : int
     converged_ : bool
-    """
+"""
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False          # binary: one weight vector
-        return tags
+
+class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
+    __doc__ = """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
+
+    Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
+    for a binary likelihood ``t`` (probit, step with flip noise, or logistic).
+    EP (Minka 2001, §1.1, eqs 23–49) approximates the posterior by
+    ``N(posterior_mean_, posterior_cov_)`` and gives the evidence ``log_evidence_``.
+
+    Parameters
+    ----------
+    likelihood : fastep.likelihoods.Probit, Step or Logistic, default Probit()
+%SHARED_PARAMETERS%
+    Attributes
+    ----------
+    classes_ : ndarray of shape (2,)
+        The two labels; ``classes_[1]`` is the positive class.
+%SHARED_ATTRIBUTES%
+
+    References
+    ----------
+    Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
+    *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
+    evidence eqs 48-49.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import LinearEPClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 3))
+    >>> y = np.where(X @ np.array([2.0, -1.0, 0.0]) + 0.3 * rng.normal(size=200) > 0, "pos", "neg")
+    >>> clf = LinearEPClassifier(fit_intercept=True).fit(X, y)
+    >>> clf.classes_.tolist()
+    ['neg', 'pos']
+    >>> bool(clf.score(X, y) > 0.9), clf.posterior_cov_.shape
+    (True, (4, 4))
+    """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
+        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -244,16 +265,39 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
 
 
 class LinearEPRegressor(RegressorMixin, _LinearEPBase):
-    """Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
+    __doc__ = """Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
 
     With a Gaussian likelihood EP is exact: one sweep gives the conjugate
     posterior and the evidence ``log N(y; X m0, X V0 X^T + σ² I)``; this
     estimator exists so that the EP engine's answer can be used (and checked)
     as ordinary Bayesian linear regression.
 
-    Parameters are those of :class:`LinearEPClassifier` except ``likelihood``:
-    ``noise_variance`` (float > 0, default 1.0) sets σ².
-    """
+    Parameters
+    ----------
+    noise_variance : float > 0, default 1.0
+        σ², the variance of the Gaussian noise.
+%SHARED_PARAMETERS%
+    Attributes
+    ----------
+%SHARED_ATTRIBUTES%
+    References
+    ----------
+    Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
+    *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
+    evidence eqs 48-49.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import LinearEPRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(100, 2))
+    >>> y = X @ np.array([1.5, -0.5]) + 0.1 * rng.normal(size=100)
+    >>> reg = LinearEPRegressor(noise_variance=0.01, prior_cov=10.0).fit(X, y)
+    >>> np.round(reg.posterior_mean_, 1)
+    array([ 1.5, -0.5])
+    """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
+        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC)
 
     def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",

@@ -89,6 +89,27 @@ class RankKEP:
     converged_ : bool
     n_skipped_ : int
         Factor updates skipped because they would make a cavity or the posterior improper.
+
+    References
+    ----------
+    Minka, T. P. *EP: a quick reference*, §1 (Gaussian EP over weights; site updates with
+    rank-k factors, eqs 103-110).
+
+    Examples
+    --------
+    Each sample has a (k, d) design: its k outputs are ``X_i w`` plus Gaussian noise.
+
+    >>> import numpy as np
+    >>> from fastep import RankKEP
+    >>> rng = np.random.default_rng(0)
+    >>> w = np.array([1.0, -2.0, 0.5])
+    >>> X = rng.normal(size=(200, 2, 3))
+    >>> Y = X @ w + 0.1 * rng.normal(size=(200, 2))
+    >>> model = RankKEP(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    >>> np.round(model.posterior_mean_, 1)
+    array([ 1. , -2. ,  0.5])
+    >>> model.converged_
+    True
     """
 
     def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,

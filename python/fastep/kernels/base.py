@@ -31,6 +31,22 @@ class Kernel:
     generator of dK/dθ_s for the requested unconstrained indices, each a fresh
     array) and ``_value_and_gradient(X, dK_out)`` (K, with dK written into
     ``dK_out``, sharing intermediate results between the two).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBF, Linear
+    >>> kernel = RBF(variance=2.0, inverse_width=0.5) + Linear(variance=0.1)
+    >>> kernel.hyperparameter_names
+    ['k0__variance', 'k0__inverse_width', 'k1__variance']
+    >>> kernel(X).shape, kernel.diag(X).shape
+    ((3, 3), (3,))
+    >>> K, dK = kernel(X, eval_gradient=True)
+    >>> dK.shape
+    (3, 3, 3)
+    >>> bool(np.allclose(K, kernel(X)))
+    True
     """
 
     # ---- public parameter API -------------------------------------------------------------

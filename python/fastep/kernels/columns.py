@@ -85,6 +85,17 @@ class ColumnProductCache:
     ----------
     hits, misses : int
         Products served from the cache / computed.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBF, ColumnProductCache
+    >>> cache = ColumnProductCache(X, max_columns=3)
+    >>> first = RBF(1.0, 0.5).columns(X, product_cache=cache)(2)
+    >>> again = RBF(2.0, 0.1).columns(X, product_cache=cache)(2)
+    >>> bool(np.allclose(again, RBF(2.0, 0.1)(X)[:, 2]))
+    True
     """
 
     def __init__(self, X, max_columns):
@@ -142,6 +153,25 @@ class KernelColumns:
     X : ndarray (n, d)
     diag : ndarray (n,)
         ``kernel.diag(X)``.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        The kernel.
+    X : ndarray (n, d)
+        Validated inputs (float64, C-ordered).
+    shared : object, optional
+        Products shared with a :class:`ColumnProductCache` (built by :meth:`Kernel.columns`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBF
+    >>> kernel = RBF(1.0, 0.5)
+    >>> columns = kernel.columns(X)
+    >>> bool(np.allclose(columns(1), kernel(X)[:, 1]))
+    True
     """
 
     def __init__(self, kernel, X, shared=None):

@@ -10,6 +10,22 @@ class Sum(_Composite):
     ``Sum([k1, k2, ...])`` or ``k1 + k2``; the terms are deep-copied, so
     ``k + k`` has two independent sets of parameters. ∂K/∂θ of a term's
     parameter is that term's derivative.
+
+    Parameters
+    ----------
+    kernels : sequence of Kernel
+        The terms (at least one); each is deep-copied.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBF, Sum, White
+    >>> kernel = Sum([RBF(), White(0.01)])
+    >>> bool(np.allclose(kernel(X), RBF()(X) + 0.01 * np.eye(3)))
+    True
+    >>> kernel.hyperparameter_names
+    ['k0__variance', 'k0__inverse_width', 'k1__variance']
     """
 
     _symbol = "+"
@@ -70,6 +86,20 @@ class Product(_Composite):
 
     ``Product([k1, k2, ...])`` or ``k1 * k2``; terms are deep-copied.
     ∂K/∂θ of a parameter of term c is ∂K_c/∂θ ∘ ∏_{o≠c} K_o.
+
+    Parameters
+    ----------
+    kernels : sequence of Kernel
+        The factors (at least one); each is deep-copied.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBF, Linear
+    >>> kernel = RBF() * Linear()
+    >>> bool(np.allclose(kernel(X), RBF()(X) * Linear()(X)))
+    True
     """
 
     _symbol = "*"

@@ -19,6 +19,14 @@ class Linear(_Leaf):
         Process variance v.
     transforms : dict, optional
         ``{'variance': 'softplus' | 'log' | 'sigmoid' | 'fixed'}``; default softplus.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.kernels import Linear
+    >>> Linear(variance=0.5)(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    array([[ 2.5,  5.5],
+           [ 5.5, 12.5]])
     """
 
     _scalar_params = ("variance",)
@@ -86,6 +94,17 @@ class LinearARD(_ARDMixin, _Leaf):
     Notes
     -----
     ∂K/∂v = X A Xᵀ, ∂K/∂α_g = v X_g X_gᵀ (columns of group g).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.kernels import LinearARD
+    >>> kernel = LinearARD([0.5, 0.1], variance=2.0)
+    >>> kernel(np.array([[1.0, 2.0], [0.0, 1.0]]))
+    array([[1.8, 0.4],
+           [0.4, 0.2]])
+    >>> kernel.n_theta
+    3
     """
 
     _scalar_params = ("variance",)
@@ -186,6 +205,15 @@ class MLP(_Leaf):
       ∂/∂w = q |x|², ∂/∂b = q, ∂/∂α_g = q w |x_g|² with q = (2/π) v / ((s + 1) sqrt(2s + 1));
     * ∂k(x, y)/∂x (``input_gradient``) = (2/π) v w A (y - (a/d) x) / sqrt(N) (e does not
       depend on x).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import MLP
+    >>> K = MLP(variance=1.0, weight_variance=10.0, bias_variance=10.0)(X)
+    >>> bool(np.all(np.abs(K) < 1.0)), bool(np.allclose(K, K.T))
+    (True, True)
     """
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
@@ -435,6 +463,15 @@ class MLPARD(_ARDMixin, MLP):
     variance, weight_variance, bias_variance : float > 0
     ard_groups : int array (n_features,), optional
     transforms : dict, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import MLPARD
+    >>> kernel = MLPARD([0.9, 0.2])
+    >>> kernel(X).shape, kernel.hyperparameter_names
+    ((3, 3), ['variance', 'weight_variance', 'bias_variance', 'scales[0]', 'scales[1]'])
     """
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")

@@ -23,6 +23,17 @@ class RBF(_Leaf):
     Notes
     -----
     With E = exp(-γ D/2): ∂K/∂v = E, ∂K/∂γ = -(v/2) D ∘ E.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.kernels import RBF
+    >>> kernel = RBF(variance=2.0, inverse_width=0.5)
+    >>> np.round(kernel(np.array([[0.0], [2.0]])), 4)
+    array([[2.    , 0.7358],
+           [0.7358, 2.    ]])
+    >>> kernel.lengthscale
+    np.float64(1.414213562373095)
     """
 
     _scalar_params = ("variance", "inverse_width")
@@ -138,6 +149,15 @@ class RBFARD(_ARDMixin, RBF):
     Notes
     -----
     ∂K/∂α_g = -(γ v/2) D_g ∘ E with D_g the squared distance over the columns of group g.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import RBFARD
+    >>> kernel = RBFARD([0.9, 0.01], inverse_width=1.0)
+    >>> np.round(kernel(X)[0], 3)
+    array([1.   , 0.634, 0.164])
     """
 
     _scalar_params = ("variance", "inverse_width")
@@ -176,6 +196,27 @@ class White(_Leaf):
 
     ``K(X, X) = v I``; ``K(X*, X) = 0`` for any second argument (new
     observations carry independent noise), ``diag(X) = v``.
+
+    Parameters
+    ----------
+    variance : float > 0, default 1.0
+        The noise variance v.
+    transforms : dict, optional
+        ``{'variance': 'softplus' | 'log' | 'fixed'}``; default softplus.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import White
+    >>> White(0.1)(X)
+    array([[0.1, 0. , 0. ],
+           [0. , 0.1, 0. ],
+           [0. , 0. , 0.1]])
+    >>> White(0.1)(X, X)
+    array([[0., 0., 0.],
+           [0., 0., 0.],
+           [0., 0., 0.]])
     """
 
     _scalar_params = ("variance",)
@@ -213,7 +254,24 @@ class White(_Leaf):
 
 
 class Bias(_Leaf):
-    """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset."""
+    """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset.
+
+    Parameters
+    ----------
+    variance : float > 0, default 1.0
+        The variance v of the constant offset.
+    transforms : dict, optional
+        ``{'variance': 'softplus' | 'log' | 'fixed'}``; default softplus.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    >>> from fastep.kernels import Bias
+    >>> Bias(2.0)(X[:2])
+    array([[2., 2.],
+           [2., 2.]])
+    """
 
     _scalar_params = ("variance",)
 

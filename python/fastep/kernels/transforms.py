@@ -18,6 +18,15 @@ class Transform:
     bounds : (float, float)
         Unconstrained interval on which g(t) is a finite, positive, normal float;
         ``Kernel.bounds`` reports it per parameter (usable by L-BFGS-B).
+
+    Examples
+    --------
+    >>> from fastep.kernels import TRANSFORMS
+    >>> softplus = TRANSFORMS["softplus"]
+    >>> round(float(softplus.forward(0.0)), 6)
+    0.693147
+    >>> round(float(softplus.inverse(softplus.forward(1.5))), 12)
+    1.5
     """
 
     name = None

@@ -1,0 +1,86 @@
+"""Every public class and function has a docstring a user can read: numpydoc sections, an
+example, and the example runs as written (doctest)."""
+import doctest
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import fastep
+import fastep.kernels
+import fastep.likelihoods
+
+_ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "decision_function",
+                      "score", "log_marginal_likelihood")
+
+
+def _public_objects():
+    seen = {}
+    for module in (fastep, fastep.kernels, fastep.likelihoods):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                seen.setdefault(f"{obj.__module__}.{obj.__qualname__}", obj)
+    return dict(sorted(seen.items()))
+
+
+PUBLIC = _public_objects()
+ESTIMATORS = {k: v for k, v in PUBLIC.items() if inspect.isclass(v) and hasattr(v, "fit")}
+
+
+def _sections(doc):
+    """numpydoc section titles: a line followed by a line of dashes of the same length."""
+    lines = inspect.cleandoc(doc).splitlines()
+    return {a.strip() for a, b in zip(lines, lines[1:]) if b.strip() and set(b.strip()) == {"-"}
+            and len(b.strip()) == len(a.strip())}
+
+
+def test_the_public_surface_is_found():
+    assert len(ESTIMATORS) >= 12
+    assert any("RBF" in k for k in PUBLIC) and any("Probit" in k for k in PUBLIC)
+
+
+@pytest.mark.parametrize("name", list(PUBLIC))
+def test_public_object_has_a_numpydoc_docstring(name):
+    obj = PUBLIC[name]
+    doc = obj.__doc__
+    assert doc and len(doc.strip()) > 40, f"{name} has no docstring"
+    sections = _sections(doc)
+    if inspect.isclass(obj) and issubclass(obj, Warning | Exception):
+        return
+    params = [p for p in inspect.signature(obj).parameters.values()
+              if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if params:
+        assert "Parameters" in sections, f"{name}: no Parameters section ({sorted(sections)})"
+        documented = {name.strip() for names in re.findall(r"^\s*(\w+(?:\s*,\s*\w+)*)\s*:", inspect.cleandoc(doc),
+                                                        flags=re.M) for name in names.split(",")}
+        missing = [p.name for p in params if p.name not in documented]
+        assert not missing, f"{name}: parameters not documented: {missing}"
+    assert "Examples" in sections, f"{name}: no Examples section"
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_estimator_documents_attributes_references_and_methods(name):
+    cls = ESTIMATORS[name]
+    sections = _sections(cls.__doc__)
+    assert {"Attributes", "References"} <= sections, f"{name}: sections {sorted(sections)}"
+    for method in _ESTIMATOR_METHODS:
+        if hasattr(cls, method):
+            doc = getattr(cls, method).__doc__
+            assert doc and doc.strip(), f"{name}.{method} has no docstring"
+
+
+@pytest.mark.parametrize("name", list(PUBLIC))
+def test_docstring_examples_run_as_written(name):
+    obj = PUBLIC[name]
+    finder = doctest.DocTestFinder(recurse=False)
+    tests = [t for t in finder.find(obj, name, globs={"np": np}) if t.examples]
+    if inspect.isclass(obj) and issubclass(obj, Warning | Exception):
+        return
+    assert tests, f"{name}: no runnable example"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
