@@ -245,3 +245,21 @@ def test_a_kernel_that_is_not_psd_raises_linalg_error():
     st = engine.IVMState(y, Gaussian(0.5).site_spec(), np.diag(K).copy(), n)
     with pytest.raises((np.linalg.LinAlgError, RuntimeError)):
         st.select(n, lambda j: K[:, j])
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+def test_active_set_evidence_matches_the_dense_twin(scale):
+    """Eq 32 and the weights from the factor of A = I + B^½ K_I B^½ (the one implementation the
+    engine and the estimators share) against a dense Cholesky of K_I + B⁻¹."""
+    rng = np.random.default_rng(3)
+    d = 12
+    F = rng.normal(size=(d, d + 3))
+    K_I = F @ F.T / d + 1e-3 * np.eye(d)
+    beta = scale * rng.uniform(0.1, 10.0, size=d)
+    m = rng.normal(size=d)
+    sb = np.sqrt(beta)
+    L = np.linalg.cholesky(np.eye(d) + sb[:, None] * K_I * sb[None, :])
+    value, w = engine.active_set_evidence(L, m, beta)
+    assert value == pytest.approx(ref.log_likelihood(K_I, m, beta), rel=1e-10, abs=1e-9)
+    np.testing.assert_allclose(w, np.linalg.solve(K_I + np.diag(1.0 / beta), m), rtol=1e-8,
+                               atol=1e-10 * np.max(np.abs(w)))

@@ -71,14 +71,14 @@ import time
 import warnings
 
 import numpy as np
-from scipy.linalg import lapack, solve_triangular
+from scipy.linalg import lapack
 
 from . import _validation as v
 from ._base import ClassifierMixin
 from ._epcore import ivm as _engine
 from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_binary_likelihood,
                        check_kernel, check_optimizer, stack_problems)
-from ._linalg import cholesky_lower, inner, matmul
+from ._linalg import cholesky_lower, matmul
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
@@ -111,10 +111,7 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
     A = sb[:, None] * K_I * sb[None, :]
     A.flat[:: d + 1] += 1.0
     L = cholesky_lower(A, what="A = I + B^1/2 K_I B^1/2")
-    t = solve_triangular(L, sb * site_mean, lower=True)
-    w = sb * solve_triangular(L, t, lower=True, trans="T")
-    value = (-0.5 * inner(t, t) - float(np.sum(np.log(np.diag(L))))
-             + 0.5 * float(np.sum(np.log(site_precision))) - 0.5 * d * _LOG_2PI)
+    value, w = _engine.active_set_evidence(L, site_mean, site_precision)
     grad = None
     if dK is not None:
         # C⁻¹ = B^½ A⁻¹ B^½ from the factor (dpotri: one triangle, about d³/3 flops).

@@ -15,7 +15,8 @@ State (all row-major, n = number of sites = size of the kernel matrix K):
 Every routine here is ``noexcept nogil`` and does no allocation.
 """
 from fastep._epcore.sites cimport SiteModel
-from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats
+from fastep._epcore._common cimport (SiteUpdateOptions, SweepStats, splitmix64_next,
+                                    random_permutation)
 
 
 cpdef enum GPSchedule:
@@ -34,10 +35,6 @@ cpdef enum GPOutput:
 
 
 # --- order ------------------------------------------------------------------------------
-cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil
-
-cdef void random_permutation(int n, int* perm, unsigned long long* state) noexcept nogil
-
 cdef double entropy_score(const SiteModel* model, double y, double post_var, double post_mean,
                           double site_precision_i, double site_natural_mean_i) noexcept nogil
 

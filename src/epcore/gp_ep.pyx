@@ -135,45 +135,13 @@ nonnegative diagonal and targets in the likelihood's support (ValueError); a
 refactorised variance ``Σ_ii < -1e-8 K_ii`` (K not PSD) raises LinAlgError like a
 failing Cholesky.  The nogil building blocks are declared in ``gp_ep.pxd``.
 
-Measured cost
--------------
-Issue-3 benchmark problem (2-D inputs, RBF kernel, probit), warm state two sweeps
-in; 2-core AMD EPYC, scipy's OpenBLAS 0.3.30; the machine was shared (load average
-3-4 on 2 cores), so each figure is the minimum of 2-3 repetitions and single runs
-varied by up to ~50 %.  Seconds per sweep (the sweep alone) and per refactorisation:
-
-==========================  ========  =========  ========  =========
-                            n = 2000             n = 4000
---------------------------  -------------------  -------------------
-BLAS threads                1         default 2  1         default 2
-==========================  ========  =========  ========  =========
-sequential sweep (dsyr)     2.03      7.0        23.5      38.2
-blocked sweep, k = 16       0.32      2.06       3.67      8.07
-blocked sweep, k = 32       0.27      1.31       2.57      5.29
-blocked sweep, k = 64       0.25      1.02       2.09      3.87
-blocked sweep, k = 128      0.27      0.77       1.89      3.05
-blocked sweep, k = 256      0.27      0.89       2.06      4.27
-blocked k = 64, entropy     0.41      1.00       2.78      3.98
-refactorisation, full Σ     0.46      0.97       4.19      5.78
-refactorisation, diag only  0.27      0.60       2.28      2.66
-==========================  ========  =========  ========  =========
-
-A parallel iteration costs one diag-only refactorisation (its n site updates take
-< 1 ms); a sequential/blocked sweep costs the sweep plus one full refactorisation.
-The bare ``syrk`` folds of one sweep (n³ flops, k = 128, n = 2000) took 0.18-0.29 s
-in the same session, so the blocked sweep is close to its BLAS-3 floor; the
-sequential ``dsyr`` path is memory bound (8-10x slower).  With two BLAS threads on
-the loaded machine every kernel was slower than with one (not measured on an idle
-machine, where the BLAS-3 parts should scale).  Default block size
-(``auto_block_size``): k = 64 for n < 3000 (best at n = 2000), k = 128 above (best
-at n = 4000, both thread settings), k = n for n <= 64.
-
-Sweeps to convergence (tol 1e-8, cold start, benchmark problem, n = 200 / 1000 /
-2000): sequential and blocked (fixed order) 10 / 10 / 11; blocked, entropy order
-12 / 13 / 14; blocked, random order 11 / 12 / 13; parallel with damping 0.5
-38 / 43 / 46, 0.7 25 / 29 / 31, 1.0 15 / 17 / 22.  Whole run at n = 2000, one
-BLAS thread: blocked 8.3 s, parallel (damping 1) 7.3 s, parallel (damping 0.5)
-14.5 s, sequential 49 s.  log Z = -63.81317 / -237.42267 / -407.09450.
+Costs
+-----
+A parallel iteration costs one diag-only refactorisation (its n site updates are O(n));
+a sequential or blocked sweep costs the sweep plus one full refactorisation. The blocked
+sweep is close to its BLAS-3 floor (the ``syrk`` folds); the sequential ``dsyr`` path is
+memory bound. Timings, the choice of ``auto_block_size`` and sweep counts to convergence
+are in the project's ``benchmarks/README.md``.
 """
 import numpy as np
 
@@ -183,11 +151,12 @@ from fastep._epcore._blas cimport (
     daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, trsv, potrf, trtri, symmetrize,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
-from fastep._epcore.linear_ep cimport (
+from fastep._epcore._common cimport (
     site_step, SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 
 # Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
 # callers; Cython exposes the cpdef enums of gp_ep.pxd only as classes.
@@ -207,33 +176,6 @@ cdef double _NEGATIVE_VARIANCE_RTOL = 1e-8
 # --------------------------------------------------------------------------- #
 # order
 # --------------------------------------------------------------------------- #
-
-cdef unsigned long long _GOLDEN = (<unsigned long long>0x9E3779B9 << 32) | <unsigned long long>0x7F4A7C15
-cdef unsigned long long _MIX1 = (<unsigned long long>0xBF58476D << 32) | <unsigned long long>0x1CE4E5B9
-cdef unsigned long long _MIX2 = (<unsigned long long>0x94D049BB << 32) | <unsigned long long>0x133111EB
-
-
-cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil:
-    """Next output of Steele-Lea-Flood's splitmix64 generator (state advanced in place)."""
-    cdef unsigned long long z
-    state[0] += _GOLDEN
-    z = state[0]
-    z = (z ^ (z >> 30)) * _MIX1
-    z = (z ^ (z >> 27)) * _MIX2
-    return z ^ (z >> 31)
-
-
-cdef void random_permutation(int n, int* perm, unsigned long long* state) noexcept nogil:
-    """A uniformly random permutation of 0..n-1 (Fisher-Yates; modulo bias < n / 2**64)."""
-    cdef int i, j, tmp
-    for i in range(n):
-        perm[i] = i
-    for i in range(n - 1, 0, -1):
-        j = <int>(splitmix64_next(state) % <unsigned long long>(i + 1))
-        tmp = perm[i]
-        perm[i] = perm[j]
-        perm[j] = tmp
-
 
 cdef double entropy_score(const SiteModel* model, double y, double post_var, double post_mean,
                           double site_precision_i, double site_natural_mean_i) noexcept nogil:
@@ -899,13 +841,11 @@ cdef double gp_log_z_stable_factored(const SiteModel* model, const double* y, in
 # --------------------------------------------------------------------------- #
 
 def auto_block_size(int n):
-    """Default ``block_size`` of the blocked schedule for n sites (measured; module docstring).
+    """Default ``block_size`` of the blocked schedule for n sites.
 
-    n for n <= 64 (one fold per sweep), 64 for n < 3000 (fastest at n = 2000: 0.25 s per
-    sweep vs 0.27 s for 32 or 128, one BLAS thread), 128 above (fastest at n = 4000: 1.89 s
-    vs 2.09 s for 64 and 2.06 s for 256, one thread; 3.05 s vs 3.87 s / 4.27 s with two).
-    Larger blocks make the syrk folds more efficient but cost O(k n) per site in the
-    column reconstruction.
+    n for n <= 64 (one fold per sweep), 64 for n < 3000, 128 above (the fastest measured
+    at n = 2000 and n = 4000). Larger blocks make the syrk folds more efficient but cost
+    O(k n) per site in the column reconstruction.
     """
     if n <= 64:
         return max(n, 1)
@@ -957,22 +897,6 @@ cdef Py_ssize_t _first_non_finite(const double* a, Py_ssize_t count) noexcept no
     return -1
 
 
-def _check_vector(name, const double[::1] v, int n, bint nonnegative=False):
-    if v.shape[0] != n:
-        raise ValueError(f"{name} must have length n = K.shape[0] = {n}; got {v.shape[0]}")
-    a = np.asarray(v)
-    bad = ~np.isfinite(a)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must be finite; {name}[{i}] = {float(a[i])!r}")
-    if nonnegative:
-        bad = a < 0
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name} must be >= 0 (negative site precisions are not supported "
-                             f"by GP EP); {name}[{i}] = {float(a[i])!r}")
-
-
 def _check_kernel_matrix(const double[:, ::1] K):
     cdef int n = K.shape[0], bad_i = -1, bad_j = -1, code
     if K.shape[1] != n:
@@ -989,35 +913,6 @@ def _check_kernel_matrix(const double[:, ::1] K):
         raise ValueError(f"K must be symmetric; K[{bad_i}, {bad_j}] = {K[bad_i, bad_j]!r} but "
                          f"K[{bad_j}, {bad_i}] = {K[bad_j, bad_i]!r}")
     return n
-
-
-def _check_targets(SiteSpec spec, const double[::1] y, int n):
-    """y finite and in the support of the likelihood (checked with a unit cavity)."""
-    cdef int i, status = 0, bad = -1
-    cdef double log_z, alpha, beta
-    _check_vector("y", y, n)
-    with nogil:
-        for i in range(n):
-            status = site_moments(&spec.model, y[i], 0.0, 1.0, &log_z, &alpha, &beta)
-            if status == SITE_BAD_LABEL or status == SITE_BAD_PARAMS:
-                bad = i
-                break
-    if bad >= 0:
-        if status == SITE_BAD_PARAMS:
-            raise ValueError("spec is inconsistent (site kernel reports bad parameters)")
-        raise ValueError(f"y[{bad}] = {y[bad]!r} is not a valid target for this likelihood")
-
-
-def _check_no_aliasing(inputs, outputs):
-    names = list(outputs)
-    for a_pos, out_name in enumerate(names):
-        out_arr = np.asarray(outputs[out_name])
-        for in_name, in_arr in inputs.items():
-            if np.may_share_memory(out_arr, np.asarray(in_arr)):
-                raise ValueError(f"{out_name} must not share memory with {in_name}")
-        for other in names[a_pos + 1:]:
-            if np.may_share_memory(out_arr, np.asarray(outputs[other])):
-                raise ValueError(f"{out_name} must not share memory with {other}")
 
 
 def _check_outputs(post_cov, post_mean, int n):

@@ -94,7 +94,7 @@ from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport dcopy, gemv_t
 from fastep._epcore.sites cimport (SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN,
                                    LIK_PROBIT)
-from fastep._epcore.gp_ep cimport splitmix64_next
+from fastep._epcore._common cimport splitmix64_next
 
 # Module-level integer constants (CRITERION_*, IVM_*) for Python callers.
 for _enum_class in (IVMCriterion, IVMStatus):
@@ -672,7 +672,7 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 # Memory: S and the cached kernel rows K[I, :] are k x n each, so O(d n) in all.
 
 from fastep._epcore._blas cimport potrf, trsm, gemm, ger, trsv as _trsv
-from fastep._epcore.gp_ep cimport random_permutation
+from fastep._epcore._common cimport random_permutation
 
 cdef enum:
     EP_APPLIED = 0
@@ -1023,6 +1023,28 @@ def _readonly(arr):
     return view
 
 
+def active_set_evidence(L, site_mean, site_precision):
+    """Eq 32 and the prediction weights from the factor of the active set's ``A``.
+
+    Given the lower Cholesky factor ``L`` of ``A = I + B^½ K_I B^½`` (``B = diag(β)``, the
+    active sites' precisions) and the site means ``m``, returns ``(value, w)`` with
+    ``value = log N(m; 0, K_I + B⁻¹)`` (the approximate log likelihood of the active set,
+    eq 32 of Lawrence, Seeger & Herbrich, *Fast Sparse Gaussian Process Methods: The
+    Informative Vector Machine*) and ``w = (K_I + B⁻¹)⁻¹ m`` (Seeger's notes §2.2). Both
+    come from ``t = L⁻¹ B^½ m``: ``value = -½ tᵀt - Σ log L_ii + ½ Σ log β_i - (d/2) log 2π``
+    and ``w = B^½ L⁻ᵀ t``.
+    """
+    from scipy.linalg import solve_triangular
+    from scipy.linalg.blas import ddot
+
+    beta = np.ascontiguousarray(site_precision, dtype=np.float64)
+    sb = np.sqrt(beta)
+    t = solve_triangular(L, sb * site_mean, lower=True)
+    value = (-0.5 * float(ddot(t, t)) - float(np.sum(np.log(np.diag(L))))
+             + 0.5 * float(np.sum(np.log(beta))) - 0.5 * beta.shape[0] * np.log(2.0 * np.pi))
+    return value, sb * solve_triangular(L, t, lower=True, trans="T")
+
+
 cdef class IVMState:
     """The IVM posterior after k inclusions, with Algorithm 1's selection and inclusion steps.
 
@@ -1277,28 +1299,17 @@ cdef class IVMState:
     # -- derived quantities -----------------------------------------------------------------
     def weights(self):
         """Prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I`` (active order), Seeger §2.2."""
-        from scipy.linalg import solve_triangular
-        k = self.a.k
-        if k == 0:
+        if self.a.k == 0:
             return np.zeros(0)
         idx = self.active
-        sb = np.sqrt(self._site_prec[idx])
-        L = self.L
-        t = solve_triangular(L, sb * self._site_mean[idx], lower=True)
-        return sb * solve_triangular(L, t, lower=True, trans="T")
+        return active_set_evidence(self.L, self._site_mean[idx], self._site_prec[idx])[1]
 
     def log_likelihood(self):
         """Approximate log likelihood of the active set, ``log N(m_I; 0, K_I + B_I⁻¹)`` (eq 32)."""
-        from scipy.linalg import solve_triangular
-        k = self.a.k
-        if k == 0:
+        if self.a.k == 0:
             return 0.0
         idx = self.active
-        beta = self._site_prec[idx]
-        L = self.L
-        t = solve_triangular(L, np.sqrt(beta) * self._site_mean[idx], lower=True)
-        return float(-0.5 * (t @ t) - np.sum(np.log(np.diag(L))) + 0.5 * np.sum(np.log(beta))
-                     - 0.5 * k * np.log(2.0 * np.pi))
+        return active_set_evidence(self.L, self._site_mean[idx], self._site_prec[idx])[0]
 
     # -- refinement on a fixed-size active set (Seeger's notes §2.1, §2.3) ---------------------
     def entropy_reduction(self):
@@ -1770,51 +1781,3 @@ cdef int* _iptr(arr):
 cdef unsigned char* _bptr(arr):
     cdef unsigned char[::1] v = arr
     return &v[0]
-
-
-# --------------------------------------------------------------------------- #
-# benchmark yardstick
-# --------------------------------------------------------------------------- #
-
-from fastep._epcore._blas cimport trsv, gemv
-
-
-def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const int[::1] points,
-                        bint solves=True, X=None):
-    """The BLAS work of a d-point selection and nothing else (benchmarks only).
-
-    For k = 0..d-1 (d = len(points)): gather ``a = M[:k, points[k]]``, ``s = -M[:k]ᵀ a``
-    (the M reads of eq 30, one gemv) and, with ``solves``, the Cholesky row-append
-    solve ``L[:k, :k]⁻¹ a`` (one trsv; the engine obtains that row from M without it).
-    ``M`` is (>= d) x n, ``L`` (>= d) x (>= d) lower triangular with a nonzero diagonal.
-    With ``X`` (n x p, C-contiguous float64) each step first forms ``X x_{points[k]}`` (one
-    gemv: the O(n p) product of a kernel column), so that X and M compete for the caches as
-    in a selection.
-    """
-    cdef int d = points.shape[0], n = M.shape[1], ldl = L.shape[1], k, j, p = 0
-    if M.shape[0] < d or L.shape[0] < d or ldl < d:
-        raise ValueError("M and L need at least len(points) rows (and L as many columns)")
-    cdef const double[:, ::1] Xv
-    cdef const double* xp = NULL
-    if X is not None:
-        Xv = X
-        if Xv.shape[0] != n:
-            raise ValueError("X must have as many rows as M has columns")
-        p = Xv.shape[1]
-        xp = &Xv[0, 0]
-    s_arr = np.empty(n)
-    a_arr = np.empty(max(d, 1))
-    xs_arr = np.empty(n)
-    cdef double[::1] s = s_arr
-    cdef double[::1] a = a_arr
-    cdef double[::1] xs = xs_arr
-    with nogil:
-        for k in range(d):
-            if xp != NULL:
-                gemv(n, p, 1.0, xp, p, xp + <Py_ssize_t>points[k] * p, 0.0, &xs[0])
-            for j in range(k):
-                a[j] = M[j, points[k]]
-            if k > 0:
-                gemv_t(k, n, -1.0, &M[0, 0], n, &a[0], 0.0, &s[0])
-                if solves:
-                    trsv(True, False, k, &L[0, 0], ldl, &a[0])

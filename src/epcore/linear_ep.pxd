@@ -5,77 +5,21 @@ State: posterior covariance V (d x d, row-major, only the LOWER triangle is kept
 current during sweeps), posterior mean m (d), and per-site natural parameters
 site_precision[i] = 1/v_i and site_natural_mean[i] = m_i/v_i (Minka eqs 20-22).
 """
-from libc.math cimport fabs
 from fastep._epcore.sites cimport SiteModel
 
 
-cpdef enum UpdateForm:
-    UPDATE_MOMENT = 0        # (v_i, m_i) form, Minka eqs 34, 36, 38
-    UPDATE_NATURAL = 1       # natural-parameter form, Minka eqs 39-45
+from fastep._epcore._common cimport (
+    UpdateForm, UPDATE_MOMENT, UPDATE_NATURAL,
+    NegativePrecisionPolicy, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
+    SiteStepResult, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
+    SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record, site_step,
+)
 
-cpdef enum NegativePrecisionPolicy:
-    NEGATIVE_CLIP = 0        # clip a negative site precision to 0, keep the tilted mean matched
-    NEGATIVE_SKIP = 1        # leave the site unchanged
-    NEGATIVE_ALLOW = 2       # accept it unless V or the site's cavity would become improper
 
 cpdef enum SweepAlgorithm:
     ALGORITHM_AUTO = 0       # RANK1 for small d, BLOCKED otherwise
     ALGORITHM_RANK1 = 1      # symv + syr per site (plain BLAS-2 path, the cross-check)
     ALGORITHM_BLOCKED = 2    # delayed rank-1 updates flushed every block_size sites as BLAS-3
-
-cdef enum SiteStepResult:
-    STEP_APPLIED = 0         # site moved to the (damped) moment-matched value
-    STEP_CLIPPED = 1         # applied with its precision clipped at 0 (NEGATIVE_CLIP)
-    STEP_SKIPPED = 2         # left unchanged by the negative-precision policy / PD guard
-    STEP_FAILED = 3          # left unchanged: improper cavity, kernel status != 0 or non-finite moments
-
-cdef struct SiteUpdateOptions:
-    int update_form          # UpdateForm
-    double damping           # in (0, 1]
-    int negative_precision   # NegativePrecisionPolicy
-
-cdef struct SweepStats:
-    double max_change_precision      # max_i |Δτ_i| / max(1, |τ_i new|)
-    double max_change_natural_mean   # max_i |Δν_i| / max(1, |ν_i new|)
-    int n_skipped                    # STEP_SKIPPED + STEP_FAILED
-    int n_clipped
-    int n_failed
-
-
-# Sweep bookkeeping shared by the rank-1 engines (linear_ep, gp_ep).
-cdef inline void sweep_stats_reset(SweepStats* stats) noexcept nogil:
-    stats.max_change_precision = 0.0
-    stats.max_change_natural_mean = 0.0
-    stats.n_skipped = 0
-    stats.n_clipped = 0
-    stats.n_failed = 0
-
-
-cdef inline void sweep_stats_record(SweepStats* stats, int result, double tau_old, double nu_old,
-                                    double tau_new, double nu_new) noexcept nogil:
-    cdef double change, scale
-    if result == STEP_CLIPPED:
-        stats.n_clipped += 1
-    elif result == STEP_SKIPPED:
-        stats.n_skipped += 1
-        return
-    elif result == STEP_FAILED:
-        stats.n_skipped += 1
-        stats.n_failed += 1
-        return
-    scale = fabs(tau_new)
-    change = fabs(tau_new - tau_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_precision:
-        stats.max_change_precision = change
-    scale = fabs(nu_new)
-    change = fabs(nu_new - nu_old) / (scale if scale > 1.0 else 1.0)
-    if change > stats.max_change_natural_mean:
-        stats.max_change_natural_mean = change
-
-
-cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
-                   double* site_precision_i, double* site_natural_mean_i,
-                   const SiteUpdateOptions* opts, double* cov_coef, double* mean_coef) noexcept nogil
 
 cdef int site_update(const SiteModel* model, double y, const double* x, int d,
                      double* post_cov, double* post_mean, double* work,

@@ -82,9 +82,8 @@ loops (BLAS call overhead dominates there).
 ``V x_t = G_t + sum_{r<t} a_r u_r (u_r^T x_t)`` (two small ``gemv`` against the
 stored ``sqrt|a_r| u_r``), and at the end of the block the accumulated
 ``sum_r a_r u_r u_r^T`` is added with two ``syrk`` (positive and negative
-coefficients).  Same arithmetic up to rounding.  Measured (single BLAS thread,
-n = 10 000, d = 1000, probit): one sweep 0.78 s vs 1.75 s for n bare ``dsyr``
-and 3.5 s for symv + syr.
+coefficients).  Same arithmetic up to rounding (timings against the bare ``dsyr``
+yardstick in the project's ``benchmarks/README.md``).
 
 Refresh
 -------
@@ -105,6 +104,7 @@ from fastep._epcore._blas cimport (
     symmetrize, symm_right,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
+from fastep._epcore._common import site_update_constants as _site_update_constants
 
 # Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
 # doubles (fewer, larger syrk/symm calls for small d), at most n rows.
@@ -118,86 +118,15 @@ cdef int _scratch_rows(int n, int d):
 
 # Module-level integer constants (UPDATE_MOMENT, ..., ALGORITHM_BLOCKED) for Python callers;
 # Cython exposes the cpdef enums of linear_ep.pxd only as classes.
-for _enum_class in (UpdateForm, NegativePrecisionPolicy, SweepAlgorithm):
-    for _member in _enum_class:
-        globals()[_member.name] = int(_member)
-del _enum_class, _member
+globals().update(_site_update_constants())
+for _member in SweepAlgorithm:
+    globals()[_member.name] = int(_member)
+del _member
 
 
 # --------------------------------------------------------------------------- #
 # nogil building blocks
 # --------------------------------------------------------------------------- #
-
-cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
-                   double* site_precision_i, double* site_natural_mean_i,
-                   const SiteUpdateOptions* opts, double* cov_coef, double* mean_coef) noexcept nogil:
-    """Scalar part of one site update: deletion, moment matching, inclusion coefficients.
-
-    Given ``xVx = x_i^T V x_i`` and ``xm = x_i^T m`` of the current posterior,
-    computes the new site (written to ``site_precision_i``/``site_natural_mean_i``
-    unless the result is STEP_SKIPPED/STEP_FAILED) and the coefficients of the
-    posterior update ``V += cov_coef u u^T``, ``m += mean_coef u`` with
-    ``u = V x_i`` (eqs 36/38 or 44/45).  Returns a ``SiteStepResult``.
-    """
-    cdef double tau_old = site_precision_i[0], nu_old = site_natural_mean_i[0]
-    cdef double denom = 1.0 - tau_old * xVx
-    cdef double cavity_var, cavity_mean, log_z = 0.0, alpha = 0.0, beta = 0.0
-    cdef double one_minus, tau_target, nu_target, beta_eff, tau_new, nu_new, d_tau, d_nu, c, inv_denom
-    cdef int result = STEP_APPLIED
-    cov_coef[0] = 0.0
-    mean_coef[0] = 0.0
-    if not (denom > 0.0 and xVx >= 0.0 and isfinite(xVx) and isfinite(xm)):
-        return STEP_FAILED
-    cavity_var = xVx / denom                                      # eq 25
-    cavity_mean = xm + cavity_var * (tau_old * xm - nu_old)       # eq 29
-    if not (isfinite(cavity_var) and isfinite(cavity_mean)):
-        return STEP_FAILED
-    if site_moments(model, y, cavity_mean, cavity_var, &log_z, &alpha, &beta) != 0:
-        return STEP_FAILED
-    if not (isfinite(alpha) and isfinite(beta)):
-        return STEP_FAILED
-    one_minus = 1.0 - cavity_var * beta
-    if not one_minus > 0.0:
-        return STEP_FAILED
-    tau_target = beta / one_minus                                 # eqs 39-40
-    nu_target = (alpha + beta * cavity_mean) / one_minus          # eq 41
-    beta_eff = beta
-    if tau_target < 0.0:
-        if opts.negative_precision == NEGATIVE_SKIP:
-            return STEP_SKIPPED
-        if opts.negative_precision == NEGATIVE_CLIP:
-            tau_target = 0.0
-            nu_target = alpha
-            beta_eff = 0.0
-            result = STEP_CLIPPED
-    if opts.damping == 1.0:
-        tau_new = tau_target
-        nu_new = nu_target
-    else:
-        tau_new = tau_old + opts.damping * (tau_target - tau_old)
-        nu_new = nu_old + opts.damping * (nu_target - nu_old)
-        if tau_new < 0.0:
-            if opts.negative_precision == NEGATIVE_CLIP:
-                tau_new = 0.0
-                result = STEP_CLIPPED
-            elif opts.negative_precision == NEGATIVE_SKIP:
-                return STEP_SKIPPED
-    d_tau = tau_new - tau_old                                     # eq 42
-    d_nu = nu_new - nu_old                                        # eq 43
-    c = 1.0 + xVx * d_tau
-    if not c > 0.0:
-        return STEP_SKIPPED
-    if opts.update_form == UPDATE_MOMENT and opts.damping == 1.0:
-        inv_denom = 1.0 / denom                                   # d_i, eq 34
-        cov_coef[0] = inv_denom * (tau_old - beta_eff * inv_denom)        # eq 38
-        mean_coef[0] = inv_denom * (tau_old * xm - nu_old + alpha)        # eq 36
-    else:
-        cov_coef[0] = -d_tau / c                                  # eq 44
-        mean_coef[0] = (d_nu - xm * d_tau) / c                    # eq 45
-    site_precision_i[0] = tau_new
-    site_natural_mean_i[0] = nu_new
-    return result
-
 
 cdef enum:
     # Below this dimension site_update uses plain loops instead of BLAS-2 calls: the call

@@ -113,15 +113,14 @@ from fastep._epcore.sites cimport (
     SiteModel, SiteSpec, site_moments, LIK_GAUSSIAN, LIK_ORDINAL, GH_MAX_NODES, SITE_OK,
     SITE_BAD_PARAMS,
 )
-from fastep._epcore.linear_ep cimport (
+from fastep._epcore._common cimport (
     SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
     STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
-from fastep._epcore.gp_ep cimport random_permutation
-from fastep._epcore.gp_ep import (
-    ORDER_FIXED, ORDER_RANDOM, _check_targets, _check_vector, _check_no_aliasing,
-)
+from fastep._epcore._common cimport random_permutation
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
+from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
 
 for _member in SparseSchedule:
     globals()[_member.name] = int(_member)
