@@ -33,7 +33,7 @@ def _classification(n, d, seed=0):
 CASES = {
     "gpc-opt n=400": (lambda: fastep.GaussianProcessClassifier(RBF()), (400, 4)),
     "gpc-fixed n=2000": (lambda: fastep.GaussianProcessClassifier(RBF(), optimizer=None), (2000, 4)),
-    "sparse-gpc n=4000 m=50": (lambda: fastep.SparseGPClassifier(n_inducing=50), (4000, 4)),
+    "sparse-gpc n=2000 m=50": (lambda: fastep.SparseGPClassifier(n_inducing=50), (2000, 4)),
     "ivm n=5000 d=200": (lambda: fastep.IVMClassifier(active_set_size=200, n_iterations=2), (5000, 4)),
     "linear-ep n=2000 d=300": (lambda: fastep.LinearEPClassifier(), (2000, 300)),
     "gpc-opt n=100 (small)": (lambda: fastep.GaussianProcessClassifier(RBF()), (100, 3)),
