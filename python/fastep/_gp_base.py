@@ -244,6 +244,16 @@ def check_binary_likelihood(likelihood, allowed=(Probit, Step, Logistic)):
     return lik
 
 
+def check_classifier_likelihood(likelihood, learn_likelihood, allowed=(Probit, Step, Logistic)):
+    """``(likelihood, learn)``: the binary likelihood (see :func:`check_binary_likelihood`) and
+    ``learn_likelihood`` as a bool; raises if learning was asked for parameters that cannot be learnt."""
+    likelihood = check_binary_likelihood(likelihood, allowed)
+    learn = v.check_bool(learn_likelihood, "learn_likelihood")
+    if learn:
+        likelihood_theta(likelihood)            # raises for parameters that cannot be learnt
+    return likelihood, learn
+
+
 def check_optimizer(optimizer, allowed=("L-BFGS-B",)):
     """Raise ``ValueError`` unless ``optimizer`` is None or one of ``allowed``."""
     if not (optimizer is None or (isinstance(optimizer, str) and optimizer in allowed)):

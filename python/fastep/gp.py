@@ -32,8 +32,8 @@ from scipy.linalg import lapack, solve_triangular
 from . import _validation as v
 from ._epcore import gp_ep as _engine
 from ._gp_base import (EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters,
-                       SiteProblem, check_binary_likelihood, check_kernel, check_optimizer)
-from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
+                       SiteProblem, check_classifier_likelihood, check_kernel, check_optimizer)
+from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
 from .likelihoods import Gaussian
 
@@ -383,10 +383,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood = check_binary_likelihood(self.likelihood)
-        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
-        if learn_likelihood:
-            likelihood_theta(likelihood)        # raises for parameters that cannot be learnt
+        likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         X, y = v.check_X_y(X, y)
         kernel._validate_X(X, "X")
         classes, targets = v.encode_one_vs_rest_labels(y)

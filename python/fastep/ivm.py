@@ -76,7 +76,7 @@ from scipy.linalg import lapack
 from . import _validation as v
 from ._base import ClassifierMixin
 from ._epcore import ivm as _engine
-from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_binary_likelihood,
+from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_classifier_likelihood,
                        check_kernel, check_optimizer, stack_problems)
 from ._linalg import cholesky_lower, matmul
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
@@ -618,10 +618,8 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         options = self._options(X.shape[0])
         kernel = options["kernel"]
         kernel._validate_X(X, "X")
-        lik = check_binary_likelihood(self.likelihood, (Probit, Logistic, Step))
-        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
-        if learn_likelihood:
-            likelihood_theta(lik)                      # raises for parameters that cannot be learnt
+        lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
+                                                            (Probit, Logistic, Step))
         classes, targets = v.encode_one_vs_rest_labels(y)
         problems, histories = [], []
         for c, t in enumerate(targets):

@@ -62,7 +62,7 @@ from scipy.linalg import solve_triangular
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._gp_base import (EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
-                       check_binary_likelihood, check_kernel, check_optimizer, stack_problems)
+                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems)
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
 from ._linalg import inner, matmul
 from .ivm import select_active_set
@@ -561,10 +561,8 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood = check_binary_likelihood(self.likelihood)
-        learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
+        likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         if learn_likelihood:
-            likelihood_theta(likelihood)        # raises for parameters that cannot be learnt
             _check_likelihood_learnable_with_power(likelihood, options["power"])
         X, y = v.check_X_y(X, y)
         kernel._validate_X(X, "X")
