@@ -149,3 +149,23 @@ def test_fastep_imports_and_fits_without_scikit_learn():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# RankKEP takes a (n, k, d) design (one k x d block per sample) and MultiTaskHorseshoeRegression a
+# list of tasks: scikit-learn's checks (2-D X) cannot express either input, so they are not run
+# through check_estimator; they still take part in the parameter protocol (clone, set_params).
+@pytest.mark.parametrize("make", [
+    lambda: fastep.RankKEP(noise_cov=0.5 * np.eye(2), tol=1e-9),
+    lambda: fastep.MultiTaskHorseshoeRegression(n_components=1, max_opt_iter=3, random_state=0),
+], ids=["RankKEP", "MultiTaskHorseshoeRegression"])
+def test_estimators_with_structured_inputs_follow_the_parameter_protocol(make):
+    est = make()
+    copy = clone(est)
+    assert type(copy) is type(est) and repr(copy) == repr(est)
+    params = est.get_params()
+    for name, value in params.items():
+        if isinstance(value, np.ndarray):
+            assert copy.get_params()[name] is not value and np.array_equal(copy.get_params()[name], value)
+    assert est.set_params(tol=1e-7) is est and est.tol == 1e-7
+    with pytest.raises(ValueError, match="invalid parameter"):
+        est.set_params(not_a_parameter=1)

@@ -14,6 +14,7 @@ import numpy as np
 
 from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore.sites import SiteSpec
+from fastep._base import BaseEstimator
 from fastep._linalg import cholesky_lower
 from fastep.exceptions import ConvergenceWarning
 from fastep.likelihoods import Likelihood
@@ -50,7 +51,7 @@ def _check_spd(mat, name):
     return mat
 
 
-class RankKEP:
+class RankKEP(BaseEstimator):
     """Gaussian EP over weights with rank-k (k-output) likelihood factors.
 
     Parameters
@@ -123,12 +124,6 @@ class RankKEP:
         self.tol = tol
         self.max_sweeps = max_sweeps
         self.refresh_every = refresh_every
-
-    def get_params(self, deep=True):
-        """Constructor parameters as a dict."""
-        return {name: getattr(self, name) for name in (
-            'likelihood', 'noise_cov', 'n_nodes', 'prior_mean', 'prior_cov', 'damping', 'tol',
-            'max_sweeps', 'refresh_every')}
 
     def _build_likelihood(self, k):
         lik = self.likelihood
