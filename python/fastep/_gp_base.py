@@ -33,7 +33,7 @@ from ._linalg import matmul
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import RBF, Kernel
-from .likelihoods import Logistic, Probit, Step
+from .likelihoods import Gaussian, Logistic, Probit, Step
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
@@ -415,6 +415,15 @@ class GPRegressorMixin(RegressorMixin):
     #: Added to the latent mean (the IVM regressor's bias); 0 for a zero-mean GP.
     def _output_offset(self):
         return 0.0
+
+    def _check_regression_inputs(self, X, y, kernel):
+        """``(likelihood, learn_noise, X, y)``: the Gaussian noise model from ``noise_variance``,
+        ``learn_noise`` as a bool, and X (validated once, also against the kernel) and real y."""
+        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
+        X, y = v.check_X_y(X, y, y_numeric=True)
+        kernel._validate_X(X, "X")
+        return likelihood, learn_noise, X, y
 
     def predict(self, X, return_std=False):
         """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).

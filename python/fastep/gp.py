@@ -35,7 +35,6 @@ from ._gp_base import (EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEst
                        SiteProblem, check_classifier_likelihood, check_kernel, check_optimizer)
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
-from .likelihoods import Gaussian
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
@@ -478,10 +477,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
-        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
-        X, y = v.check_X_y(X, y, y_numeric=True)
-        kernel._validate_X(X, "X")
+        likelihood, learn_noise, X, y = self._check_regression_inputs(X, y, kernel)
         problem = self._fit_problem(X, y, kernel, likelihood, options, learn_noise)
         self.X_train_ = X
         self._set_problems(X, [problem])

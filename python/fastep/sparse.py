@@ -66,7 +66,6 @@ from ._gp_base import (EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegres
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
 from ._linalg import inner, matmul
 from .ivm import select_active_set
-from .likelihoods import Gaussian
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
 
@@ -668,10 +667,7 @@ class SparseGPRegressor(GPRegressorMixin, _SparseGPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
-        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
-        X, y = v.check_X_y(X, y, y_numeric=True)
-        kernel._validate_X(X, "X")
+        likelihood, learn_noise, X, y = self._check_regression_inputs(X, y, kernel)
         self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
         if learn_noise:
             _check_likelihood_learnable_with_power(likelihood, options["power"])
