@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fastep
+import fastep.batch
 import fastep.kernels
 import fastep.likelihoods
 
@@ -17,7 +18,7 @@ _ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "deci
 
 def _public_objects():
     seen = {}
-    for module in (fastep, fastep.kernels, fastep.likelihoods):
+    for module in (fastep, fastep.batch, fastep.kernels, fastep.likelihoods):
         for name in module.__all__:
             obj = getattr(module, name)
             if inspect.isclass(obj) or inspect.isfunction(obj):

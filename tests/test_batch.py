@@ -1,0 +1,176 @@
+"""fastep.batch.fit_many: many independent fits in a thread pool or on a Dask cluster."""
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import fastep
+from fastep.batch import BatchProgress, effective_n_jobs, fit_many
+from fastep.kernels import RBF
+
+
+def _datasets(count, n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        X = rng.normal(size=(n, 2))
+        y = np.where(X[:, 0] + 0.5 * X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1, 0)
+        out.append((X, y))
+    return out
+
+
+def _proba(models, datasets):
+    return [m.predict_proba(X) for m, (X, _) in zip(models, datasets)]
+
+
+def test_thread_pool_results_are_bitwise_identical_for_every_n_jobs_and_in_input_order():
+    datasets = _datasets(6)
+    est = fastep.GaussianProcessClassifier(RBF())
+    one = fit_many(est, datasets, n_jobs=1)
+    two = fit_many(est, datasets, n_jobs=2)
+    assert all(isinstance(m, fastep.GaussianProcessClassifier) for m in two)
+    for a, b in zip(_proba(one, datasets), _proba(two, datasets)):
+        assert np.array_equal(a, b)
+    # input order: each model is the one fitted on its own data set
+    for model, (X, y) in zip(two, datasets):
+        alone = fastep.GaussianProcessClassifier(RBF()).fit(X, y)
+        np.testing.assert_allclose(model.predict_proba(X), alone.predict_proba(X), rtol=1e-6, atol=1e-9)
+    assert not hasattr(est, "classes_")                 # the template is never fitted
+
+
+def test_thread_counts_are_restored_after_the_batch():
+    before = [(i["filepath"], i["num_threads"]) for i in threadpool_info()]
+    fit_many(fastep.LinearEPClassifier(), _datasets(3), n_jobs=2)
+    assert [(i["filepath"], i["num_threads"]) for i in threadpool_info()] == before
+
+
+def test_a_list_of_estimators_on_one_data_set_is_a_grid():
+    (X, y), = _datasets(1)
+    grid = [fastep.GaussianProcessClassifier(RBF(1.0, g), optimizer=None) for g in (0.1, 1.0, 10.0)]
+    models = fit_many(grid, [(X, y)], n_jobs=2)
+    assert [m.kernel.get_params()["inverse_width"] for m in models] == [0.1, 1.0, 10.0]
+    scores = [m.log_marginal_likelihood_value_ for m in models]
+    assert len(set(scores)) == 3
+
+
+def test_collect_keeps_the_other_fits_and_raise_raises():
+    datasets = _datasets(4)
+    X_bad = datasets[2][0].copy()
+    X_bad[0, 0] = np.nan
+    datasets[2] = (X_bad, datasets[2][1])
+    for n_jobs in (None, 2):
+        out = fit_many(fastep.LinearEPClassifier(), datasets, n_jobs=n_jobs, on_error="collect")
+        assert isinstance(out[2], ValueError) and "X must be finite" in str(out[2])
+        assert all(isinstance(out[i], fastep.LinearEPClassifier) for i in (0, 1, 3))
+        with pytest.raises(ValueError, match="X must be finite"):
+            fit_many(fastep.LinearEPClassifier(), datasets, n_jobs=n_jobs)
+
+
+def test_progress_reports_every_fit():
+    reports = []
+    datasets = _datasets(5)
+    fit_many(fastep.LinearEPClassifier(), datasets, n_jobs=2, progress=reports.append)
+    assert [r.n_done for r in reports] == [1, 2, 3, 4, 5]
+    assert sorted(r.index for r in reports) == [0, 1, 2, 3, 4]
+    assert all(isinstance(r, BatchProgress) and r.n_total == 5 and not r.failed for r in reports)
+    assert all(b.elapsed >= a.elapsed for a, b in zip(reports, reports[1:]))
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(n_jobs=0), ValueError, "n_jobs"),
+    (dict(n_jobs=1.5), ValueError, "n_jobs"),
+    (dict(on_error="ignore"), ValueError, "on_error"),
+    (dict(progress=3), TypeError, "progress"),
+])
+def test_bad_options_are_named(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        fit_many(fastep.LinearEPClassifier(), _datasets(2), **kwargs)
+
+
+def test_bad_datasets_and_estimators_are_named():
+    X, y = _datasets(1)[0]
+    with pytest.raises(TypeError, match=r"\[\(X, y\)\]"):
+        fit_many(fastep.LinearEPClassifier(), (X, y))
+    with pytest.raises(TypeError, match=r"datasets\[1\]"):
+        fit_many(fastep.LinearEPClassifier(), [(X, y), X])
+    with pytest.raises(ValueError, match="2 estimators and 3 data sets"):
+        fit_many([fastep.LinearEPClassifier()] * 2, _datasets(3))
+    with pytest.raises(TypeError, match="estimator"):
+        fit_many("svm", [(X, y)])
+
+
+def test_effective_n_jobs():
+    assert effective_n_jobs(None) == 1 and effective_n_jobs(4) == 4
+    assert 1 <= effective_n_jobs(-1) and effective_n_jobs(-1) >= effective_n_jobs(-2)
+
+
+def test_client_without_dask_names_the_extra():
+    script = textwrap.dedent("""
+        import sys
+
+        class _Block:
+            def find_spec(self, name, path=None, target=None):
+                if name in ("distributed", "dask") or name.startswith(("distributed.", "dask.")):
+                    raise ImportError("blocked")
+
+        sys.meta_path.insert(0, _Block())
+        import numpy as np
+        import fastep
+        from fastep.batch import fit_many
+        X = np.random.default_rng(0).normal(size=(10, 2))
+        try:
+            fit_many(fastep.LinearEPRegressor(), [(X, X[:, 0])], client=object())
+        except ImportError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 'pip install "fastep[dask]"' in out.stdout
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def test_dask_cluster_fits_equal_the_thread_pool_fits(client):
+    datasets = _datasets(5, seed=3)
+    est = fastep.GaussianProcessClassifier(RBF())
+    local = fit_many(est, datasets, n_jobs=2)
+    remote = fit_many(est, datasets, client=client)
+    assert len(client.scheduler_info()["workers"]) == 2
+    for a, b in zip(_proba(local, datasets), _proba(remote, datasets)):
+        assert np.array_equal(a, b)
+
+
+def test_dask_scatters_each_array_once_and_collects_errors(client, monkeypatch):
+    (X, y), = _datasets(1, seed=4)
+    calls = []
+    original = client.scatter
+
+    def counting(data, *args, **kwargs):
+        calls.append(id(data))
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(client, "scatter", counting)
+    grid = [fastep.LinearEPClassifier(prior_cov=v) for v in (0.1, 1.0, 10.0, -1.0)]
+    reports = []
+    out = fit_many(grid, [(X, y)], client=client, on_error="collect", progress=reports.append)
+    assert sorted(calls) == sorted([id(X), id(y)])          # X and y sent once for four fits
+    assert all(isinstance(m, fastep.LinearEPClassifier) for m in out[:3])
+    assert isinstance(out[3], ValueError) and "prior_cov" in str(out[3])
+    assert sorted(r.index for r in reports) == [0, 1, 2, 3] and sum(r.failed for r in reports) == 1
+    with pytest.raises(ValueError, match="prior_cov"):
+        fit_many(grid, [(X, y)], client=client)
