@@ -7,10 +7,13 @@
   tasks.
 * a 20-point hyperparameter grid of the dense GP classifier on one data set (n = 600):
   n_jobs=2 against n_jobs=1.
+* one-vs-rest IVM on USPS (10 digits, 7291 x 256, d = 200), n_jobs=2 against n_jobs=1 (when
+  ../shared/data/usps.npz is present).
 
     python benchmarks/batch_fitting.py [--n-datasets 200] [--no-dask]
 """
 import argparse
+import os
 import time
 import warnings
 
@@ -18,7 +21,7 @@ import numpy as np
 
 import fastep
 from fastep.batch import fit_many
-from fastep.kernels import RBF
+from fastep.kernels import RBF, Bias, White
 
 
 def _datasets(count, n, d, seed=0):
@@ -62,6 +65,21 @@ def main():
     g2, b = _timed("grid of 20, n = 600, n_jobs=2", lambda: fit_many(grid, [(X, y)], n_jobs=2), 20)
     same = all(np.array_equal(p.predict_proba(X), q.predict_proba(X)) for p, q in zip(a, b))
     print(f"grid speed-up {g1 / g2:.2f}x; bitwise equal: {same}")
+
+    usps = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "usps.npz")
+    if os.path.exists(usps):
+        data = np.load(usps)
+        Xu, yu = 2.0 * data["X_train"] - 1.0, data["y_train"]
+        kernel = RBF(1.0, 1.0 / 256.0) + Bias(0.1) + White(0.01)
+        make = lambda n_jobs: fastep.IVMClassifier(kernel, active_set_size=200, n_iterations=1, n_jobs=n_jobs)
+        u1, m1 = _timed("USPS 10-class IVM (d = 200), n_jobs=1", lambda: make(1).fit(Xu, yu), 10)
+        u2, m2 = _timed("USPS 10-class IVM (d = 200), n_jobs=2", lambda: make(2).fit(Xu, yu), 10)
+        Xt = 2.0 * data["X_test"] - 1.0
+        same = np.array_equal(m1.predict_proba(Xt), m2.predict_proba(Xt))
+        error = np.mean(m2.predict(Xt) != data["y_test"])
+        print(f"USPS one-vs-rest speed-up {u1 / u2:.2f}x; bitwise equal: {same}; test error {100 * error:.2f} %")
+    else:
+        print("USPS one-vs-rest: skipped (../shared/data/usps.npz not found)")
 
     if args.no_dask:
         return

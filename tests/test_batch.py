@@ -174,3 +174,30 @@ def test_dask_scatters_each_array_once_and_collects_errors(client, monkeypatch):
     assert sorted(r.index for r in reports) == [0, 1, 2, 3] and sum(r.failed for r in reports) == 1
     with pytest.raises(ValueError, match="prior_cov"):
         fit_many(grid, [(X, y)], client=client)
+
+
+def _three_classes(n=150, seed=5):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[0.0, 0.0], [2.5, 0.0], [0.0, 2.5]])
+    labels = rng.integers(0, 3, size=n)
+    return centres[labels] + rng.normal(size=(n, 2)), np.array(["a", "b", "c"])[labels]
+
+
+@pytest.mark.parametrize("make", [
+    lambda n_jobs: fastep.GaussianProcessClassifier(RBF(), n_jobs=n_jobs),
+    lambda n_jobs: fastep.SparseGPClassifier(n_inducing=8, n_jobs=n_jobs),
+    lambda n_jobs: fastep.IVMClassifier(active_set_size=30, n_iterations=2, n_jobs=n_jobs),
+], ids=["GPC", "SGPC", "IVM"])
+def test_one_vs_rest_n_jobs_gives_bitwise_identical_fits(make):
+    X, y = _three_classes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastep.ConvergenceWarning)
+        one = make(1).fit(X, y)
+        two = make(2).fit(X, y)
+        serial = make(None).fit(X, y)
+    assert np.array_equal(one.predict_proba(X), two.predict_proba(X))
+    assert list(two.classes_) == ["a", "b", "c"]
+    # None keeps the process's BLAS threads: the same model up to round-off
+    assert np.mean(serial.predict(X) == two.predict(X)) > 0.95
+    with pytest.raises(ValueError, match="n_jobs"):
+        make(0).fit(X, y)

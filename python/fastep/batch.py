@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from threadpoolctl import threadpool_limits
 
-__all__ = ["fit_many", "BatchProgress", "effective_n_jobs"]
+__all__ = ["fit_many", "map_in_order", "BatchProgress", "effective_n_jobs"]
 
 
 class BatchProgress:
@@ -102,6 +102,49 @@ def _n_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def map_in_order(function, items, n_jobs):
+    """``[function(item) for item in items]``, in a thread pool when ``n_jobs`` is an integer.
+
+    The policy of ``n_jobs`` in fastep: None runs the calls one after the other with the
+    process's BLAS threads; an integer ``k`` (``-1``: one per core) runs them in a pool of
+    ``min(k, len(items))`` threads, every BLAS call on one thread (so the results are
+    bitwise identical for every integer ``n_jobs``, 1 included). The first exception raised
+    by a call is raised after the running calls end.
+
+    Parameters
+    ----------
+    function : callable
+        Called once per item; must be safe to run in several threads at once.
+    items : sequence
+    n_jobs : int or None
+
+    Returns
+    -------
+    list
+        The results, in the order of ``items``.
+
+    Examples
+    --------
+    >>> from fastep.batch import map_in_order
+    >>> map_in_order(lambda x: x * x, [1, 2, 3], n_jobs=2)
+    [1, 4, 9]
+    """
+    items = list(items)
+    if n_jobs is None:
+        return [function(item) for item in items]
+    n_workers = min(effective_n_jobs(n_jobs), max(len(items), 1))
+    with threadpool_limits(1, user_api="blas"):
+        if n_workers == 1:
+            return [function(item) for item in items]
+        with ThreadPoolExecutor(n_workers, thread_name_prefix="fastep-n-jobs") as pool:
+            futures = [pool.submit(function, item) for item in items]
+            errors = [f.exception() for f in futures]
+            for error in errors:
+                if error is not None:
+                    raise error
+            return [f.result() for f in futures]
 
 
 def _fresh_copy(estimator):

@@ -35,6 +35,7 @@ from ._gp_base import (EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEst
                        SiteProblem, check_classifier_likelihood, check_kernel, check_optimizer)
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
+from .batch import map_in_order
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
@@ -309,6 +310,11 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     {_EP_PARAMS}
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (probit bias and finite slope, step flip noise).
+    n_jobs : int or None, default None
+        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
+        fits them one after the other with the process's BLAS threads; with an integer,
+        including 1, each problem's BLAS calls run on one thread, so the results are
+        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`).
 
     Attributes
     ----------
@@ -349,9 +355,10 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
-                 random_state=None, warm_start=True):
+                 random_state=None, warm_start=True, n_jobs=None):
         self.kernel = kernel
         self.likelihood = likelihood
+        self.n_jobs = n_jobs
         self.schedule = schedule
         self.order = order
         self.damping = damping
@@ -386,7 +393,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         X, y = v.check_X_y(X, y)
         kernel._validate_X(X, "X")
         classes, targets = v.encode_one_vs_rest_labels(y)
-        problems = [self._fit_problem(X, t, kernel, likelihood, options, learn_likelihood) for t in targets]
+        problems = map_in_order(lambda t: self._fit_problem(X, t, kernel, likelihood, options, learn_likelihood),
+                                targets, self.n_jobs)
         # Everything computed: set the fitted attributes.
         self.classes_ = classes
         self.X_train_ = X

@@ -79,6 +79,7 @@ from ._epcore import ivm as _engine
 from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_classifier_likelihood,
                        check_kernel, check_optimizer, stack_problems)
 from ._linalg import cholesky_lower, matmul
+from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
@@ -560,6 +561,11 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         then increases with λ); the trust regions of Algorithm 2 (module notes) let it grow
         only until the gradient, which decays like λ⁻², falls below the optimiser's
         tolerance. The decision ``μ* + b > 0`` hardly depends on it.
+    n_jobs : int or None, default None
+        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
+        fits them one after the other with the process's BLAS threads; with an integer,
+        including 1, each problem's BLAS calls run on one thread, so the results are
+        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`).
     {_COMMON_DOC.strip()}
 
     Attributes
@@ -596,7 +602,8 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
                  random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None):
+                 max_exchanges=None, n_jobs=None):
+        self.n_jobs = n_jobs
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange
         self.exchange_tol = exchange_tol
@@ -621,14 +628,15 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
                                                             (Probit, Logistic, Step))
         classes, targets = v.encode_one_vs_rest_labels(y)
-        problems, histories = [], []
-        for c, t in enumerate(targets):
-            problem = _IVMProblem(X, t, copy.deepcopy(kernel), lik, options["d"], options["criterion"],
+
+        def fit_class(c):
+            problem = _IVMProblem(X, targets[c], copy.deepcopy(kernel), lik, options["d"], options["criterion"],
                                   options["seed"], refine=options["refine"])
             label = "" if len(targets) == 1 else f"class {classes[c]!r}"
-            problem, history = self._fit_problem(problem, options, learn_likelihood, False, label)
-            problems.append(problem)
-            histories.append(history)
+            return self._fit_problem(problem, options, learn_likelihood, False, label)
+
+        fitted = map_in_order(fit_class, range(len(targets)), self.n_jobs)
+        problems, histories = [p for p, _ in fitted], [h for _, h in fitted]
         self.classes_ = classes
         self._set_common(X, problems, histories)
         return self

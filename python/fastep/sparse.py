@@ -65,6 +65,7 @@ from ._gp_base import (EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegres
                        check_classifier_likelihood, check_kernel, check_optimizer, stack_problems)
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
 from ._linalg import inner, matmul
+from .batch import map_in_order
 from .ivm import select_active_set
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
@@ -485,6 +486,11 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
     {_COMMON_PARAMS.strip()}
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (power = 1 only).
+    n_jobs : int or None, default None
+        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
+        fits them one after the other with the process's BLAS threads; with an integer,
+        including 1, each problem's BLAS calls run on one thread, so the results are
+        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`).
 
     Attributes
     ----------
@@ -523,9 +529,10 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
                  inducing_init="kmeans++", learn_inducing=True, schedule="sequential", order="fixed",
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
-                 random_state=None, warm_start=True):
+                 random_state=None, warm_start=True, n_jobs=None):
         self.kernel = kernel
         self.likelihood = likelihood
+        self.n_jobs = n_jobs
         self.n_inducing = n_inducing
         self.approximation = approximation
         self.power = power
@@ -572,8 +579,9 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
             _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
                                         power=options["power"], n_quadrature=options["n_quadrature"])
         Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
-        problems = [self._fit_problem(X, t, Z, kernel, likelihood, options, learn_likelihood)
-                    for t, Z in zip(targets, Zs)]
+        problems = map_in_order(
+            lambda tz: self._fit_problem(X, tz[0], tz[1], kernel, likelihood, options, learn_likelihood),
+            list(zip(targets, Zs)), self.n_jobs)
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
