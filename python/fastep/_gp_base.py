@@ -227,6 +227,14 @@ class DensePredictor:
         return mean, np.maximum(var, 0.0)
 
 
+#: The ``n_jobs`` parameter of the one-vs-rest classifiers, as their docstrings give it.
+N_JOBS_DOC = """n_jobs : int or None, default None
+        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
+        fits them one after the other with the process's BLAS threads; with an integer,
+        including 1, each problem's BLAS calls run on one thread, so the results are
+        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`)."""
+
+
 def check_kernel(kernel):
     """The estimator's kernel: ``RBF()`` for None, else a :class:`fastep.kernels.Kernel`."""
     kernel = RBF() if kernel is None else kernel

@@ -31,8 +31,9 @@ from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._epcore import gp_ep as _engine
-from ._gp_base import (EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters,
-                       SiteProblem, check_classifier_likelihood, check_kernel, check_optimizer)
+from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
+                       GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
+                       check_kernel, check_optimizer)
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
 from .batch import map_in_order
@@ -310,11 +311,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     {_EP_PARAMS}
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (probit bias and finite slope, step flip noise).
-    n_jobs : int or None, default None
-        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
-        fits them one after the other with the process's BLAS threads; with an integer,
-        including 1, each problem's BLAS calls run on one thread, so the results are
-        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`).
+    {N_JOBS_DOC}
 
     Attributes
     ----------

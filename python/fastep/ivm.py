@@ -76,8 +76,8 @@ from scipy.linalg import lapack
 from . import _validation as v
 from ._base import ClassifierMixin
 from ._epcore import ivm as _engine
-from ._gp_base import (DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin, check_classifier_likelihood,
-                       check_kernel, check_optimizer, stack_problems)
+from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin,
+                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems)
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
@@ -561,11 +561,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         then increases with λ); the trust regions of Algorithm 2 (module notes) let it grow
         only until the gradient, which decays like λ⁻², falls below the optimiser's
         tolerance. The decision ``μ* + b > 0`` hardly depends on it.
-    n_jobs : int or None, default None
-        One-vs-rest problems fitted at once in a thread pool (``-1``: one per core). None
-        fits them one after the other with the process's BLAS threads; with an integer,
-        including 1, each problem's BLAS calls run on one thread, so the results are
-        bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`).
+    {N_JOBS_DOC}
     {_COMMON_DOC.strip()}
 
     Attributes
