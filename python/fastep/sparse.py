@@ -56,18 +56,25 @@ Prediction (O(m) for the mean, O(m²) for the variance per test point)
 Jitter policy: ``jitter`` (absolute, default 1e-6) is added to the diagonal of K_mm before
 its Cholesky factorisation; a failure raises ``numpy.linalg.LinAlgError`` asking for more.
 """
-import numpy as np
-from scipy.linalg import solve_triangular
+import copy
+import functools
 
+import numpy as np
+
+from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
+from ._base import check_is_fitted
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
                        check_kernel, check_optimizer, stack_problems)
-from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
-from ._linalg import inner, matmul
+from ._likelihood_params import likelihood_theta
+from ._linalg import matmul
+from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
+                             gradient_second_sums, project_rows, times_inverse_a)
 from .batch import map_in_order
 from .ivm import select_active_set
+from .likelihoods import Gaussian
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
 
@@ -76,9 +83,6 @@ _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
 _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
 _INDUCING_INITS = ("kmeans++", "random", "ivm")
-_PREDICT_BATCH = 4096
-#: Columns (training points) per block of the gradient computation.
-_GRADIENT_BLOCK_ELEMENTS = 1 << 21
 
 
 def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
@@ -134,22 +138,8 @@ class _BinarySparseEP(SiteProblem):
 
     # -- EP --------------------------------------------------------------------------------
     def _prior(self, kernel, Z):
-        opts = self.options
         Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
-        # K(X, Z) by blocks of rows into one n x m buffer (the kernel's temporaries stay
-        # O(block x m)); the engine then turns it into Vt in place
-        n, m = self.X.shape[0], Z.shape[0]
-        Knm = np.empty((n, m))
-        rows = max(1, _GRADIENT_BLOCK_ELEMENTS // max(m, 1))
-        for s in range(0, n, rows):
-            Knm[s:s + rows] = kernel._unchecked_call(self.X[s:s + rows], Z)
-        kdiag = np.ascontiguousarray(kernel._unchecked_diag(self.X), dtype=np.float64)
-        for name, arr in (("K(Z, Z)", Kmm), ("K(X, Z)", Knm), ("diag K(X, X)", kdiag)):
-            if not np.all(np.isfinite(arr)):
-                raise ValueError(f"the kernel {kernel!r} produced non-finite values in {name}")
-        L, Vt, d = _engine._sparse_projection(Kmm, Knm, kdiag, approximation=opts["approximation"],
-                                             jitter=opts["jitter"], overwrite_knm=True)
-        return L, Vt, d
+        return project_rows(kernel, self.X, Z, Kmm, self.options)
 
     def _run_once(self, prior, likelihood, warm):
         Vt, d = prior
@@ -190,105 +180,37 @@ class _BinarySparseEP(SiteProblem):
         info = state["info"]
         if keep:
             self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
-            self.chol_mm = L
-            self.factor = state["R"]
-            self.w_mean = state["w_mean"]
-            self.weights = solve_triangular(L, state["w_mean"], lower=True, trans="T")   # K_mm⁻¹ E[u]
+            self.predictor = SparsePredictor(kernel, likelihood, Z, L, state["R"], state["w_mean"])
             self.log_ml, self.info = float(info["log_z"]), info
         return float(info["log_z"]), grad, info
 
-    def _cavity_moments(self, likelihood, d, state):
-        """Final cavities of f and the powered site kernel there (for gradients)."""
-        opts = self.options
-        power = opts["power"]
-        tau, nu, g_mean, g_var = state["tau"], state["nu"], state["g_mean"], state["g_var"]
-        v_c = g_var / (1.0 - power * tau * g_var)
-        m_c = g_mean + v_c * power * (tau * g_mean - nu)
-        var_f = v_c + d
-        _, a, b = _engine.power_moments_array(likelihood.site_spec(), self.y, m_c, var_f, power=power,
-                                              n_quadrature=opts["n_quadrature"])
-        return m_c, var_f, a, b
-
     def _gradient(self, kernel, likelihood, Z, L, Vt, d, state, learn_likelihood, learn_inducing):
         opts = self.options
-        power = opts["power"]
-        X = self.X
+        X, y = self.X, self.y
         n, m = Vt.shape
-        tau, nu, R = state["tau"], state["nu"], state["R"]
-        m_c, var_f, az, bz = self._cavity_moments(likelihood, d, state)
-        a = nu - tau * state["g_mean"]
-        # (1/α) ∂ log Z_i/∂v_i = (a² - b)/(2α): ∂Z/∂v = ½ ∂²Z/∂m² for a Gaussian convolution
-        c = (az * az - bz) / (2.0 * power) if opts["approximation"] == "fitc" else np.zeros(n)
-        block = max(1, min(n, _GRADIENT_BLOCK_ELEMENTS // max(m, 1)))
+        tau, nu, g_mean, g_var = state["tau"], state["nu"], state["g_mean"], state["g_var"]
+        block = min(n, block_rows(m))
         blocks = [slice(s, min(s + block, n)) for s in range(0, n, block)]
-
-        def U_block(sl):                                      # K_mm⁻¹ K_m,block = L⁻ᵀ V_block
-            return solve_triangular(L, Vt[sl].T, lower=True, trans="T")
-
-        # pass 1: U T Vᵀ and U a
-        P = np.zeros((m, m))
-        Ua = np.zeros(m)
+        P, Ua, lik_grad, ac = 0.0, 0.0, 0.0, []
         for sl in blocks:
-            U = U_block(sl)
-            P += matmul(U * tau[sl], Vt[sl])
-            Ua += matmul(U, a[sl])
-        # (U T Vᵀ) A⁻¹ with A = Rᵀ R
-        PA = solve_triangular(R, solve_triangular(R, P.T, trans="T")).T
-        n_kernel = kernel.n_theta
-        g_kernel = np.zeros(n_kernel)
-        Gmm = np.zeros((m, m))
-        g_z = np.zeros_like(Z) if learn_inducing else None
-        dkdiag = kernel._unchecked_diag_gradient(X) if n_kernel else None
-        for sl in blocks:
-            U = U_block(sl)
-            G = 0.5 * np.outer(Ua, a[sl])
-            G -= U * (0.5 * tau[sl] + c[sl])
-            G += 0.5 * matmul(PA, Vt[sl].T) * tau[sl]
-            Gmm += matmul(G, U.T)
-            if n_kernel:
-                for j, dK in enumerate(kernel._unchecked_cross_gradient_iter(Z, X[sl])):
-                    g_kernel[j] += 2.0 * inner(G, dK)
-            if learn_inducing:
-                g_z += kernel._unchecked_input_gradient(Z, X[sl], 2.0 * G)
-        Gmm = 0.5 * (Gmm + Gmm.T)
-        if n_kernel:
-            for j, dK in enumerate(kernel._unchecked_gradient_iter(Z)):
-                g_kernel[j] -= inner(Gmm, dK)
-            g_kernel += matmul(c, dkdiag)
-        grads = [g_kernel]
-        if learn_likelihood:
-            grads.append(_likelihood_gradient(likelihood, self.y, m_c, var_f, az, bz, power))
-        if learn_inducing:
-            g_z -= kernel._unchecked_input_gradient(Z, Z, 2.0 * Gmm)
-            grads.append(g_z.ravel())
-        return np.concatenate(grads)
+            P_b, Ua_b, lik_b, a, c = gradient_first_sums(L, Vt[sl], d[sl], y[sl], tau[sl], nu[sl],
+                                                         g_mean[sl], g_var[sl], likelihood, opts,
+                                                         learn_likelihood)
+            P, Ua, lik_grad = P + P_b, Ua + Ua_b, lik_grad + lik_b
+            ac.append((a, c))
+        PA = times_inverse_a(P, state["R"])
+        g_kernel, Gmm, g_z = 0.0, 0.0, 0.0
+        for sl, (a, c) in zip(blocks, ac):
+            gk_b, Gmm_b, gz_b = gradient_second_sums(kernel, Z, X[sl], L, Vt[sl], tau[sl], a, c, Ua, PA,
+                                                     learn_inducing)
+            g_kernel, Gmm = g_kernel + gk_b, Gmm + Gmm_b
+            g_z = g_z + gz_b if learn_inducing else None
+        return gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, lik_grad, learn_likelihood,
+                                  learn_inducing)
 
     # -- prediction --------------------------------------------------------------------------
     def latent(self, Xs):
-        n_test = Xs.shape[0]
-        mean = np.empty(n_test)
-        var = np.empty(n_test)
-        for s in range(0, n_test, _PREDICT_BATCH):
-            sl = slice(s, min(s + _PREDICT_BATCH, n_test))
-            Kms = self.kernel._unchecked_call(self.Z, Xs[sl])                       # (m, batch)
-            mean[sl] = matmul(self.weights, Kms)
-            Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
-            Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
-            var[sl] = (self.kernel._unchecked_diag(Xs[sl]) - np.einsum("ij,ij->j", Pm, Pm)
-                       + np.einsum("ij,ij->j", Pq, Pq))
-        return mean, np.maximum(var, 0.0)
-
-
-def _likelihood_gradient(likelihood, y, cavity_mean, cavity_var, a, b, power):
-    """``Σ_i (1/α) ∂ log Z_i/∂t`` for the learnable likelihood parameters (module docstring)."""
-    if power == 1.0:
-        return likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var)
-    names, _, _ = likelihood_theta(likelihood)
-    if names != ["log_noise"]:
-        raise ValueError(f"learning the likelihood parameters {names} is not supported with power < 1")
-    # Z = (2πσ²)^((1-α)/2) α^(-1/2) N(y; m, v + σ²/α):  ∂ log Z/∂σ² = (1-α)/(2σ²) + (a² - b)/(2α)
-    s2 = likelihood.noise_variance
-    return np.array([float(np.sum(0.5 * (1.0 - power) + s2 * (a * a - b) / (2.0 * power))) / power])
+        return self.predictor.latent(Xs)
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
@@ -347,9 +269,13 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                             "optimizer=None, or learn_inducing=False if only input gradients are missing)"
                             ) from None
 
-    def _inducing_inputs(self, X, options, kernel, likelihood, targets):
+    def _inducing_inputs(self, X, options, kernel, likelihood, targets, executor=None):
         """Initial inducing inputs from ``inducing_init`` / ``n_inducing`` (validated), one array per
-        problem of ``targets`` (the same array except for ``'ivm'``, which selects per problem)."""
+        problem of ``targets`` (the same array except for ``'ivm'``, which selects per problem).
+
+        With ``executor`` (X a dask array) the rows are fetched from the cluster: the random
+        subset itself, and for k-means++ all rows up to ``KMEANS_SAMPLE_ROWS`` (else a seeded
+        uniform subsample of that many), so the result equals the in-core one up to that size."""
         n, dim = X.shape
         init = self.inducing_init
         if isinstance(init, str):
@@ -366,8 +292,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                         for t in targets]
             rng = np.random.default_rng(options["seed"])
             if init == "random":
-                Z = np.ascontiguousarray(X[np.sort(rng.choice(n, size=m, replace=False))])
+                index = np.sort(rng.choice(n, size=m, replace=False))
+                Z = (np.ascontiguousarray(X[index]) if executor is None
+                     else _chunked.take_rows(executor, X, index))
             else:
+                if executor is not None:
+                    sample = _chunked.KMEANS_SAMPLE_ROWS
+                    X = _chunked.take_rows(executor, X, np.arange(n) if n <= sample
+                                           else np.sort(rng.choice(n, size=sample, replace=False)))
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
             return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
@@ -380,13 +312,59 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None."""
-        learn_inducing = bool(self.learn_inducing)
-        problem = _BinarySparseEP(kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing)
+        problem = _BinarySparseEP(kernel, likelihood, Z, X, y, options, learn_likelihood,
+                                  bool(self.learn_inducing))
+        return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
+
+    def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood):
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  extra=Z if learn_inducing else None)
+                                                  extra=Z if self.learn_inducing else None)
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+
+    def _check_fit_options(self, options, kernel, likelihood, learn_likelihood):
+        """Checks of the likelihood against ``power`` shared by every fit, before any work."""
+        if learn_likelihood:
+            _check_likelihood_learnable_with_power(likelihood, options["power"])
+        if options["power"] < 1.0:
+            # the same check as the engine: a pointwise log density is needed
+            _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
+                                        power=options["power"], n_quadrature=options["n_quadrature"])
+
+    def _fit_chunked(self, X, y, client, kernel, likelihood, options, learn_likelihood, classifier):
+        """Fit on a row-chunked dask array by the map-reduce form of the parallel schedule
+        (:mod:`fastep._sparse_distributed`); returns the fitted problems."""
+        caller = f"{type(self).__name__}.fit"
+        if options["schedule"] != _engine.SPARSE_PARALLEL:
+            raise ValueError(f"{caller} on a dask array runs the parallel EP schedule: set "
+                             "schedule='parallel' (the sequential schedule visits one site at a time)")
+        if isinstance(self.inducing_init, str) and self.inducing_init == "ivm":
+            raise ValueError(f"inducing_init='ivm' is not available for a dask array in {caller}; use "
+                             "'kmeans++', 'random' or explicit inducing inputs")
+        executor, data, sizes, X = _chunked.load_dask_data(X, y, client, kernel, classifier, caller)
+        self._check_kernel_gradients(kernel, _chunked.take_rows(executor, X, [0]), bool(self.learn_inducing))
+        if classifier:
+            labels = executor.summaries(data)
+            try:
+                classes = np.unique(np.concatenate(labels))
+            except TypeError as exc:
+                raise TypeError(f"y labels must be mutually comparable: {exc}") from None
+            if classes.shape[0] < 2:
+                raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
+            positives = [classes[1]] if classes.shape[0] == 2 else list(classes)
+        else:
+            classes, positives = None, [None]
+        Z = self._inducing_inputs(X, options, kernel, likelihood, [None], executor=executor)[0]
+        learn_inducing = bool(self.learn_inducing)
+
+        def fit_one(positive):
+            chunks = executor.map(_chunked.binary_targets, data, positive)
+            problem = _chunked.DistributedSparseEP(kernel, likelihood, Z, executor, chunks, sizes, options,
+                                                   learn_likelihood, learn_inducing)
+            return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
+
+        return classes, X, map_in_order(fit_one, positives, getattr(self, "n_jobs", None))
 
     def _set_fitted(self, X, problems):
         self._set_problems(X, problems)
@@ -467,7 +445,86 @@ _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approxima
     "EP-FITC", "EP-DTC", "EP variants"."""
 
 
-class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
+class _ChunkedPredictMixin:
+    """Predictions on a dask array: the same method mapped over its row chunks (a dask array back).
+
+    The workers receive a copy of the estimator that holds only the m-sized prediction state.
+    """
+
+    def _map_chunks(self, X, method, n_cols, dtype, **kwargs):
+        check_is_fitted(self, "_problems")
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[-1] if X.ndim else 0} features, but {type(self).__name__} "
+                             f"is expecting {self.n_features_in_} features as input (shape {X.shape})")
+        light = copy.copy(self)
+        light.__dict__ = {key: val for key, val in self.__dict__.items()
+                          if key not in ("site_precision_", "site_natural_mean_", "_problems")}
+        light._problems = [p.predictor for p in self._problems]
+        X = X.rechunk({1: -1})
+        apply = functools.partial(_predict_chunk, light, method, kwargs)
+        if n_cols is None:
+            return X.map_blocks(apply, drop_axis=1, dtype=dtype)
+        return X.map_blocks(apply, chunks=(X.chunks[0], (n_cols,)), dtype=dtype)
+
+    def predict_latent(self, X):
+        if _chunked.is_dask_array(X):
+            both = self._map_chunks(X, "_latent_columns", 2 * len(self._problems), np.float64)
+            k = len(self._problems)
+            if k == 1:
+                return both[:, 0], both[:, 1]
+            return both[:, :k], both[:, k:]
+        return super().predict_latent(X)
+
+    def _latent_columns(self, X):
+        mean, var = self.predict_latent(X)
+        return np.column_stack([mean, var])
+
+    predict_latent.__doc__ = GPEstimator.predict_latent.__doc__
+
+
+def _predict_chunk(estimator, method, kwargs, block):
+    return getattr(estimator, method)(block, **kwargs)
+
+
+class _ChunkedClassifierMixin(_ChunkedPredictMixin):
+    def predict_proba(self, X):
+        if _chunked.is_dask_array(X):
+            return self._map_chunks(X, "predict_proba", len(self.classes_), np.float64)
+        return super().predict_proba(X)
+
+    def decision_function(self, X):
+        if _chunked.is_dask_array(X):
+            k = len(self._problems)
+            return self._map_chunks(X, "decision_function", None if k == 1 else k, np.float64)
+        return super().decision_function(X)
+
+    def predict(self, X):
+        if _chunked.is_dask_array(X):
+            check_is_fitted(self, "_problems")
+            return self._map_chunks(X, "predict", None, self.classes_.dtype)
+        return super().predict(X)
+
+    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
+    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
+    predict.__doc__ = GPClassifierMixin.predict.__doc__
+
+
+class _ChunkedRegressorMixin(_ChunkedPredictMixin):
+    def predict(self, X, return_std=False):
+        if _chunked.is_dask_array(X):
+            if return_std:
+                both = self._map_chunks(X, "_mean_std_columns", 2, np.float64)
+                return both[:, 0], both[:, 1]
+            return self._map_chunks(X, "predict", None, np.float64)
+        return super().predict(X, return_std=return_std)
+
+    def _mean_std_columns(self, X):
+        return np.column_stack(self.predict(X, return_std=True))
+
+    predict.__doc__ = GPRegressorMixin.predict.__doc__
+
+
+class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
     __doc__ = f"""Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
 
     The API of :class:`fastep.GaussianProcessClassifier` (one-vs-rest for more than two
@@ -549,14 +606,23 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
-    def fit(self, X, y):
+    def fit(self, X, y, client=None):
         """Fit the sparse EP posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
         Parameters
         ----------
-        X : array-like (n_samples, n_features)
-        y : array-like (n_samples,)
+        X : array-like (n_samples, n_features), or dask.array.Array
+            A dask array (chunked by rows) is fitted where its chunks live, on the workers of
+            a Dask cluster, by the map-reduce form of the parallel schedule: each chunk keeps
+            its rows of K(X, Z), its FITC diagonal and its sites; every EP iteration sends
+            the m x m posterior to the chunks and sums their m x m contributions, and so do
+            the evidence and its gradient. Needs ``schedule='parallel'`` and the ``dask``
+            extra; ``site_precision_`` and ``site_natural_mean_`` are then dask arrays that
+            stay on the cluster.
+        y : array-like (n_samples,), or dask.array.Array
             Class labels (any sortable values; two or more classes).
+        client : dask.distributed.Client, optional
+            The cluster for a dask ``X`` (default: the current client).
 
         Returns
         -------
@@ -565,26 +631,25 @@ class SparseGPClassifier(GPClassifierMixin, _SparseGPBase):
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
-        if learn_likelihood:
-            _check_likelihood_learnable_with_power(likelihood, options["power"])
-        X, y = v.check_X_y(X, y)
-        kernel._validate_X(X, "X")
-        classes, targets = v.encode_one_vs_rest_labels(y)
-        self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
-        if options["power"] < 1.0:
-            # the same check as the engine, before any work: a pointwise log density is needed
-            _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
-                                        power=options["power"], n_quadrature=options["n_quadrature"])
-        Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
-        problems = map_in_order(
-            lambda tz: self._fit_problem(X, tz[0], tz[1], kernel, likelihood, options, learn_likelihood),
-            list(zip(targets, Zs)), self.n_jobs)
+        self._check_fit_options(options, kernel, likelihood, learn_likelihood)
+        if client is not None or _chunked.is_dask_array(X):
+            classes, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options,
+                                                     learn_likelihood, classifier=True)
+        else:
+            X, y = v.check_X_y(X, y)
+            kernel._validate_X(X, "X")
+            classes, targets = v.encode_one_vs_rest_labels(y)
+            self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
+            Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
+            problems = map_in_order(
+                lambda tz: self._fit_problem(X, tz[0], tz[1], kernel, likelihood, options, learn_likelihood),
+                list(zip(targets, Zs)), self.n_jobs)
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
 
 
-class SparseGPRegressor(GPRegressorMixin, _SparseGPBase):
+class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
     __doc__ = f"""Sparse GP regression (FITC, DTC or power EP with Gaussian noise) through the sparse EP engine.
 
     At the fixed point (one sweep) the evidence is the closed-form FITC
@@ -657,14 +722,18 @@ class SparseGPRegressor(GPRegressorMixin, _SparseGPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
-    def fit(self, X, y):
+    def fit(self, X, y, client=None):
         """Fit the posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
         Parameters
         ----------
-        X : array-like (n_samples, n_features)
-        y : array-like (n_samples,)
+        X : array-like (n_samples, n_features), or dask.array.Array
+            A dask array (chunked by rows) is fitted on the Dask cluster that holds it, as
+            in :meth:`SparseGPClassifier.fit` (``schedule='parallel'``).
+        y : array-like (n_samples,), or dask.array.Array
             Real targets.
+        client : dask.distributed.Client, optional
+            The cluster for a dask ``X`` (default: the current client).
 
         Returns
         -------
@@ -672,12 +741,17 @@ class SparseGPRegressor(GPRegressorMixin, _SparseGPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood, learn_noise, X, y = self._check_regression_inputs(X, y, kernel)
-        self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
-        if learn_noise:
-            _check_likelihood_learnable_with_power(likelihood, options["power"])
-        (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
-        problem = self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)
-        self._set_fitted(X, [problem])
-        self.noise_variance_ = float(problem.likelihood.noise_variance)
+        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
+        self._check_fit_options(options, kernel, likelihood, learn_noise)
+        if client is not None or _chunked.is_dask_array(X):
+            _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
+                                               classifier=False)
+        else:
+            _, _, X, y = self._check_regression_inputs(X, y, kernel)
+            self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
+            (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
+            problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)]
+        self._set_fitted(X, problems)
+        self.noise_variance_ = float(problems[0].likelihood.noise_variance)
         return self

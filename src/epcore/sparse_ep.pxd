@@ -48,6 +48,13 @@ cdef void sparse_parallel_update(const SiteModel* model, const PowerRule* rule, 
                                  const double* g_var, const SiteUpdateOptions* opts,
                                  SweepStats* stats) noexcept nogil
 
+cdef void sparse_natural_sums(const double* Vt, int n, int m, const double* site_precision,
+                              const double* site_natural_mean, double* precision_sum,
+                              double* natural_mean_sum, double* scratch, int scratch_rows) noexcept nogil
+
+cdef void sparse_marginal_variances(const double* Vt, int n, int m, const double* R, double* g_var,
+                                    double* scratch, int scratch_rows) noexcept nogil
+
 cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_precision,
                         const double* site_natural_mean, double* R, double* w_mean,
                         double* g_mean, double* g_var, double* scratch, int scratch_rows,

@@ -406,23 +406,16 @@ cdef void sparse_parallel_update(const SiteModel* model, const PowerRule* rule, 
         sweep_stats_record(stats, result, tau_old, nu_old, site_precision[i], site_natural_mean[i])
 
 
-cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_precision,
-                        const double* site_natural_mean, double* R, double* w_mean,
-                        double* g_mean, double* g_var, double* scratch, int scratch_rows,
-                        double* half_log_det_a, double* quad_b, double* beta) noexcept nogil:
-    """R, μ_w (and, unless NULL, E[g], Var[g] and beta = R⁻ᵀ b) from the sites; ½ log|A| and bᵀA⁻¹b.
-
-    ``scratch``: scratch_rows x m doubles.  Returns 0 or potrf's info (A is SPD in exact
-    arithmetic, so a failure means non-finite input).
-    """
-    cdef Py_ssize_t i, j, k, r0, cnt, mm = m, rows = scratch_rows
-    cdef double si, acc
-    cdef int info
+cdef void sparse_natural_sums(const double* Vt, int n, int m, const double* site_precision,
+                              const double* site_natural_mean, double* precision_sum,
+                              double* natural_mean_sum, double* scratch, int scratch_rows) noexcept nogil:
+    """``precision_sum += Σ_i τ_i v_i v_iᵀ`` (upper triangle, row-major) and
+    ``natural_mean_sum = Vtᵀ ν``: the sites' share of A and b (one chunk's contribution in
+    the distributed parallel schedule). ``scratch``: scratch_rows x m doubles."""
+    cdef Py_ssize_t i, j, r0, cnt, mm = m, rows = scratch_rows
+    cdef double si
     cdef double* row
     cdef const double* src
-    for i in range(mm):
-        memset(R + i * mm, 0, mm * sizeof(double))
-        R[i * mm + i] = 1.0
     r0 = 0
     while r0 < n:
         cnt = rows if n - r0 > rows else n - r0
@@ -433,8 +426,52 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
             src = Vt + (r0 + i) * mm
             for j in range(mm):
                 row[j] = si * src[j]
-        syrk(False, m, <int>cnt, 1.0, scratch, m, 1.0, R, m)      # upper triangle of A
+        syrk(False, m, <int>cnt, 1.0, scratch, m, 1.0, precision_sum, m)
         r0 += cnt
+    if n > 0:
+        gemv_t(n, m, 1.0, Vt, m, site_natural_mean, 0.0, natural_mean_sum)
+    else:
+        memset(natural_mean_sum, 0, mm * sizeof(double))
+
+
+cdef void sparse_marginal_variances(const double* Vt, int n, int m, const double* R, double* g_var,
+                                    double* scratch, int scratch_rows) noexcept nogil:
+    """``g_var[i] = |R⁻ᵀ v_i|²`` = Var[g_i] for the upper-triangular factor R of A (row
+    blocks of one right-side trsm each). ``scratch``: scratch_rows x m doubles."""
+    cdef Py_ssize_t i, k, r0, cnt, mm = m, rows = scratch_rows
+    cdef double acc
+    cdef double* row
+    r0 = 0
+    while r0 < n:
+        cnt = rows if n - r0 > rows else n - r0
+        dcopy(<int>(cnt * mm), Vt + r0 * mm, 1, scratch, 1)
+        trsm_right(False, False, <int>cnt, m, 1.0, R, m, scratch, m)   # rows v_iᵀ R⁻¹
+        for i in range(cnt):
+            row = scratch + i * mm
+            acc = 0.0
+            for k in range(mm):
+                acc += row[k] * row[k]
+            g_var[r0 + i] = acc
+        r0 += cnt
+
+
+cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_precision,
+                        const double* site_natural_mean, double* R, double* w_mean,
+                        double* g_mean, double* g_var, double* scratch, int scratch_rows,
+                        double* half_log_det_a, double* quad_b, double* beta) noexcept nogil:
+    """R, μ_w (and, unless NULL, E[g], Var[g] and beta = R⁻ᵀ b) from the sites; ½ log|A| and bᵀA⁻¹b.
+
+    ``scratch``: scratch_rows x m doubles.  Returns 0 or potrf's info (A is SPD in exact
+    arithmetic, so a failure means non-finite input).
+    """
+    cdef Py_ssize_t i, j, mm = m
+    cdef double acc
+    cdef int info
+    for i in range(mm):
+        memset(R + i * mm, 0, mm * sizeof(double))
+        R[i * mm + i] = 1.0
+    sparse_natural_sums(Vt, n, m, site_precision, site_natural_mean, R, w_mean, scratch,
+                        scratch_rows)                               # upper A; w_mean = b = Vtᵀ ν
     info = potrf(False, m, R, m)                                    # A = Rᵀ R
     if info != 0:
         return info
@@ -444,7 +481,6 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
         for j in range(i):
             R[i * mm + j] = 0.0
     half_log_det_a[0] = acc
-    gemv_t(n, m, 1.0, Vt, m, site_natural_mean, 0.0, w_mean)      # b = Vtᵀ ν
     trsv(False, True, m, R, m, w_mean)                              # R⁻ᵀ b
     quad_b[0] = ddot(m, w_mean, 1, w_mean, 1)
     if beta != NULL:
@@ -453,18 +489,7 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
     if g_mean != NULL:
         gemv(n, m, 1.0, Vt, m, w_mean, 0.0, g_mean)
     if g_var != NULL:
-        r0 = 0
-        while r0 < n:
-            cnt = rows if n - r0 > rows else n - r0
-            dcopy(<int>(cnt * mm), Vt + r0 * mm, 1, scratch, 1)
-            trsm_right(False, False, <int>cnt, m, 1.0, R, m, scratch, m)   # rows v_iᵀ R⁻¹
-            for i in range(cnt):
-                row = scratch + i * mm
-                acc = 0.0
-                for k in range(mm):
-                    acc += row[k] * row[k]
-                g_var[r0 + i] = acc
-            r0 += cnt
+        sparse_marginal_variances(Vt, n, m, R, g_var, scratch, scratch_rows)
     return 0
 
 
@@ -876,6 +901,105 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                 log_z=float(log_z), log_z_change=float(log_z_change),
                 n_skipped=int(total_skipped), n_clipped=int(total_clipped),
                 n_failed=int(total_failed), n_rebuilds=int(total_rebuilds))
+
+
+def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
+                  const double[::1] site_natural_mean):
+    """``(Σ_i τ_i v_i v_iᵀ, Σ_i ν_i v_i)`` of a block of sites (the first matrix upper
+    triangular: its strict lower triangle is zero). The sites' share of
+    ``A = I + Vtᵀ diag(τ) Vt`` and ``b = Vtᵀ ν`` (module docstring, "Rebuild"); no input
+    checks (callers validate)."""
+    cdef int n = Vt.shape[0], m = Vt.shape[1]
+    cdef int rows = _scratch_rows(n, m)
+    precision_sum = np.zeros((m, m))
+    natural_mean_sum = np.zeros(m)
+    cdef double[:, ::1] P = precision_sum
+    cdef double[::1] b = natural_mean_sum
+    cdef double[:, ::1] scratch = np.empty((rows, m))
+    if n > 0 and m > 0:
+        with nogil:
+            sparse_natural_sums(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0], &P[0, 0],
+                                &b[0], &scratch[0, 0], rows)
+    return precision_sum, natural_mean_sum
+
+
+def _parallel_chunk_step(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
+                         SiteSpec spec not None, const double[::1] site_precision,
+                         const double[::1] site_natural_mean, const double[:, ::1] post_factor,
+                         const double[::1] post_w_mean, *, double power=1.0,
+                         int n_quadrature=DEFAULT_N_QUADRATURE, double damping=1.0,
+                         int negative_precision=NEGATIVE_CLIP, bint update=True):
+    """One block of sites' share of a parallel sparse EP iteration (the map of a map-reduce).
+
+    Given the posterior of all sites, ``R`` (upper, ``Rᵀ R = A``) and ``μ_w``, this computes
+    for the block's sites what the parallel schedule of :func:`run_sparse_ep` computes for
+    all of them: the marginals ``E[g_i] = v_iᵀ μ_w`` and ``Var[g_i] = |R⁻ᵀ v_i|²``, their
+    evidence terms ``Σ_i (1/α)[log Z_i + Ψ(cavity) - Ψ(marginal)]`` (module docstring,
+    "Evidence"; the global ``-½ log|A| + ½ bᵀA⁻¹b`` is the caller's), and, with ``update``,
+    the damped parallel site update and the new sites' natural-parameter sums
+    (:func:`_natural_sums`).  Summing the blocks' sums, adding the identity and factorising
+    gives the next iteration's posterior, so the blocks can live on different machines.
+    The input sites are not modified.  No input checks (callers validate).
+
+    Returns
+    -------
+    dict
+        ``g_mean``, ``g_var`` (the block's marginals); ``log_z_sites`` (NaN if a cavity is
+        improper or the site kernel fails, ``bad_site`` then the block-local index, else -1);
+        with ``update``: ``site_precision``, ``site_natural_mean`` (new arrays),
+        ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` (the update's SweepStats),
+        ``precision_sum``, ``natural_mean_sum``.
+    """
+    cdef int n = Vt.shape[0], m = Vt.shape[1]
+    nodes, log_weights = _gauss_hermite(n_quadrature)
+    cdef const double[::1] nodes_v = nodes
+    cdef const double[::1] lw_v = log_weights
+    cdef PowerRule rule
+    rule.power = power
+    rule.nodes = &nodes_v[0]
+    rule.log_weights = &lw_v[0]
+    rule.n_nodes = n_quadrature
+    cdef SiteUpdateOptions opts
+    opts.update_form = UPDATE_NATURAL
+    opts.damping = damping
+    opts.negative_precision = negative_precision
+    cdef int rows = _scratch_rows(n, m)
+    g_mean = np.zeros(n)
+    g_var = np.zeros(n)
+    new_tau = np.array(site_precision, dtype=np.float64, copy=True)
+    new_nu = np.array(site_natural_mean, dtype=np.float64, copy=True)
+    precision_sum = np.zeros((m, m))
+    natural_mean_sum = np.zeros(m)
+    cdef double[::1] gm = g_mean
+    cdef double[::1] gv = g_var
+    cdef double[::1] tau_v = new_tau
+    cdef double[::1] nu_v = new_nu
+    cdef double[:, ::1] P = precision_sum
+    cdef double[::1] b = natural_mean_sum
+    cdef double[:, ::1] scratch = np.empty((rows, max(m, 1)))
+    cdef SweepStats stats
+    cdef int bad_site = -1
+    cdef double log_z_sites = 0.0
+    sweep_stats_reset(&stats)
+    if n > 0 and m > 0:
+        with nogil:
+            gemv(n, m, 1.0, &Vt[0, 0], m, &post_w_mean[0], 0.0, &gm[0])
+            sparse_marginal_variances(&Vt[0, 0], n, m, &post_factor[0, 0], &gv[0], &scratch[0, 0], rows)
+            log_z_sites = sparse_log_z(&spec.model, &rule, &y[0], &d[0], n, &site_precision[0],
+                                       &site_natural_mean[0], &gm[0], &gv[0], 0.0, 0.0, &bad_site)
+            if update:
+                sparse_parallel_update(&spec.model, &rule, &y[0], &d[0], n, &tau_v[0], &nu_v[0],
+                                       &gm[0], &gv[0], &opts, &stats)
+                sparse_natural_sums(&Vt[0, 0], n, m, &tau_v[0], &nu_v[0], &P[0, 0], &b[0],
+                                    &scratch[0, 0], rows)
+    out = dict(g_mean=g_mean, g_var=g_var, log_z_sites=float(log_z_sites), bad_site=int(bad_site))
+    if update:
+        out.update(site_precision=new_tau, site_natural_mean=new_nu,
+                   max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
+                   n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
+                   n_failed=int(stats.n_failed), precision_sum=precision_sum,
+                   natural_mean_sum=natural_mean_sum)
+    return out
 
 
 def rebuild(const double[:, ::1] Vt, const double[::1] site_precision,

@@ -338,6 +338,57 @@ def run_sparse_ep(V, d, y, pm, site_precision=None, site_natural_mean=None, *, p
     }
 
 
+def parallel_chunk_step(V, d, y, pm, site_precision, site_natural_mean, w_mean, w_cov, *, power=1.0,
+                        damping=1.0, negative_precision="clip", update=True):
+    """One block of sites' share of a parallel sparse EP iteration (the map of a map-reduce).
+
+    Given the posterior ``q(w) = N(w_mean, w_cov)`` of *all* sites, the block's marginals
+    ``E[g_i] = v_iᵀ μ_w`` and ``Var[g_i] = v_iᵀ Σ_w v_i``, its evidence terms
+    ``Σ_i (1/α)[log Z_i + Ψ(cavity) - Ψ(marginal)]``, and with ``update`` the damped parallel
+    update of its sites and their sums ``Σ τ_i v_i v_iᵀ`` and ``Σ ν_i v_i``.  Summing the
+    blocks' sums and adding the identity gives the next ``A``.
+
+    Parameters
+    ----------
+    V : ndarray (m, n_block)
+        Projections of the block's sites.
+    d, y, site_precision, site_natural_mean : ndarray (n_block,)
+    pm : callable
+        Powered moments (:func:`power_moments`).
+    w_mean, w_cov : ndarray (m,), (m, m)
+        Posterior of w from all sites.
+
+    Returns
+    -------
+    dict with ``g_mean``, ``g_var``, ``log_z_sites``; with ``update`` also
+    ``site_precision``, ``site_natural_mean``, ``n_clipped``, ``n_skipped``, ``n_failed``,
+    ``precision_sum`` (m x m, symmetric), ``natural_mean_sum``.
+    """
+    V = np.asarray(V, dtype=float)
+    tau = np.array(site_precision, dtype=float)
+    nu = np.array(site_natural_mean, dtype=float)
+    g_mean = V.T @ w_mean
+    g_var = np.einsum("in,ij,jn->n", V, w_cov, V)
+    tau_q, nu_q = 1.0 / g_var, g_mean / g_var
+    tau_c, nu_c = tau_q - power * tau, nu_q - power * nu
+    v_c = 1.0 / tau_c
+    log_z, _, _ = pm(np.asarray(y, dtype=float), nu_c * v_c, v_c + d, power)
+    sites = (np.asarray(log_z) + _psi(tau_c, nu_c) - _psi(tau_q, nu_q)) / power
+    out = {"g_mean": g_mean, "g_var": g_var, "log_z_sites": float(np.sum(sites))}
+    if not update:
+        return out
+    counts = {"clipped": 0, "skipped": 0, "failed": 0}
+    for i in range(tau.shape[0]):
+        status, tau[i], nu[i] = _new_site(y[i], pm, g_mean[i], g_var[i], d[i], tau[i], nu[i], power,
+                                          damping, negative_precision)
+        if status != "applied":
+            counts[status] += 1
+    out.update(site_precision=tau, site_natural_mean=nu, n_clipped=counts["clipped"],
+               n_skipped=counts["skipped"] + counts["failed"], n_failed=counts["failed"],
+               precision_sum=(V * tau) @ V.T, natural_mean_sum=V @ nu)
+    return out
+
+
 def _psi(tau, nu):
     return 0.5 * _LOG_2PI - 0.5 * np.log(tau) + 0.5 * nu * nu / tau
 
