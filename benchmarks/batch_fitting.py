@@ -46,8 +46,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--n-datasets", type=int, default=200)
     parser.add_argument("--no-dask", action="store_true")
+    parser.add_argument("--usps-only", action="store_true", help="only the one-vs-rest USPS IVM section")
     args = parser.parse_args()
     warnings.simplefilter("ignore", fastep.ConvergenceWarning)
+    if args.usps_only:
+        return _usps()
+    batch = _batches(args)
+    _usps()
+    if not args.no_dask:
+        _cluster(*batch)
+
+
+def _batches(args):
     datasets = _datasets(args.n_datasets, 200, 5)
     est = fastep.GaussianProcessClassifier(RBF())
     count = len(datasets)
@@ -65,7 +75,10 @@ def main():
     g2, b = _timed("grid of 20, n = 600, n_jobs=2", lambda: fit_many(grid, [(X, y)], n_jobs=2), 20)
     same = all(np.array_equal(p.predict_proba(X), q.predict_proba(X)) for p, q in zip(a, b))
     print(f"grid speed-up {g1 / g2:.2f}x; bitwise equal: {same}")
+    return est, datasets, r2, t2
 
+
+def _usps():
     usps = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "usps.npz")
     if os.path.exists(usps):
         data = np.load(usps)
@@ -81,8 +94,9 @@ def main():
     else:
         print("USPS one-vs-rest: skipped (../shared/data/usps.npz not found)")
 
-    if args.no_dask:
-        return
+
+def _cluster(est, datasets, r2, t2):
+    count = len(datasets)
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",

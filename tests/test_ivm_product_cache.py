@@ -82,3 +82,18 @@ def test_one_vs_rest_prediction_includes_the_learnt_bias():
     mean, _ = model.predict_latent(X[180:])
     np.testing.assert_array_equal(model.decision_function(X[180:]), mean + biases)
     np.testing.assert_array_equal(model.predict(X[180:]), np.argmax(mean + biases, axis=1))
+
+
+def test_a_single_selection_keeps_no_products(monkeypatch):
+    # optimizer=None and select_active_set select once: the cache would only add O(d n)
+    # memory beside M (at N = 1e6, d = 500 it would double the 4 GB budget)
+    X, y = _data()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a ColumnProductCache was built for a single selection")
+
+    monkeypatch.setattr(fivm, "ColumnProductCache", forbidden)
+    model = IVMClassifier(RBF(1.0, 0.3) + White(0.1), active_set_size=20, optimizer=None).fit(X, y)
+    active = fivm.select_active_set(X, np.where(y > 0, 1.0, -1.0), RBF(1.0, 0.3) + White(0.1),
+                                    fivm.Probit(), 20)
+    np.testing.assert_array_equal(model.active_set_, active)

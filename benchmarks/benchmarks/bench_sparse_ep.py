@@ -122,3 +122,61 @@ class SparseGPClassifierEvidence(_OneThread):
 
     def peakmem_evidence_gradient(self, n, m):
         self.clf.log_marginal_likelihood(self.theta, eval_gradient=True)
+
+
+class SparseEPChunked(_OneThread):
+    """The map-reduce form of the parallel schedule (``fastep._sparse_distributed``) run in
+    process over row chunks (``LocalChunks``; asv does not host a Dask cluster, which
+    ``benchmarks/distributed_sparse.py`` measures): one iteration (map over the chunks + the
+    m x m reduction) and a full run, against one iteration of the in-core parallel engine."""
+    params = [[20000], [50, 200], [1, 8]]
+    param_names = ["n", "m", "n_chunks"]
+    timeout = 900
+
+    def setup(self, n, m, n_chunks):
+        from fastep import _sparse_distributed as chunked
+        self._limit()
+        self.chunked = chunked
+        X, y, Z = _problem(n, m)
+        self.likelihood = Probit()
+        self.options = fastep.SparseGPClassifier(RBF(), self.likelihood)._engine_options()
+        kernel = RBF(variance=1.0, inverse_width=1.0)
+        Kmm = np.ascontiguousarray(kernel(Z))
+        self.executor = chunked.LocalChunks()
+        bounds = np.linspace(0, n, n_chunks + 1).astype(int)
+        data = [chunked.Chunk(X[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        projected = self.executor.map(chunked.chunk_project, data, kernel, Z, Kmm, self.options)
+        self.start = self.executor.map(chunked.chunk_start, projected, False)
+        # a warm state two iterations in, as for SparseEPSweep
+        chunks = self.start
+        for _ in range(2):
+            chunks, self.R, self.w_mean = self._iterate(chunks)
+        self.warm = chunks
+        self.Vt, self.d, self.y = _projection(X, Z) + (y,)
+        self.spec = self.likelihood.site_spec()
+
+    def _iterate(self, chunks):
+        chunked = self.chunked
+        if chunks is self.start:
+            sums = self.executor.summaries(chunks)
+            R, w_mean, _, _ = chunked.posterior_from_sums(chunked._sum([s[0] for s in sums]),
+                                                          chunked._sum([s[1] for s in sums]))
+        else:
+            R, w_mean = self.R, self.w_mean
+        new = self.executor.map(chunked.chunk_iterate, chunks, R, w_mean, self.likelihood, self.options, True)
+        sums = self.executor.summaries(new)
+        R, w_mean, _, _ = chunked.posterior_from_sums(chunked._sum([s["precision_sum"] for s in sums]),
+                                                      chunked._sum([s["natural_mean_sum"] for s in sums]))
+        return new, R, w_mean
+
+    def time_chunked_iteration(self, n, m, n_chunks):
+        self._iterate(self.warm)
+
+    def time_incore_parallel_iteration(self, n, m, n_chunks):
+        # one damped parallel iteration of the compiled engine from zero sites (the same work)
+        tau, nu = np.zeros(n), np.zeros(n)
+        sparse_ep.run_sparse_ep(self.Vt, self.d, self.y, self.spec, tau, nu, np.empty((m, m)), np.empty(m),
+                                schedule=sparse_ep.SPARSE_PARALLEL, damping=0.5, tol=1e-300, max_sweeps=1)
+
+    def time_chunked_run(self, n, m, n_chunks):
+        self.chunked.run_parallel_ep(self.executor, self.start, self.likelihood, self.options)

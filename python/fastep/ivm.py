@@ -160,9 +160,8 @@ class _IVMProblem:
         """Kernel column oracle; the parameter-free products ``Xc x̃_j`` of the non-ARD
         Linear/RBF/MLP terms are kept between the selections of Algorithm 2 (which mostly
         reselect the same points under new parameters), at most 2d of them (O(d n) memory,
-        like M), dropped by ``finalize``."""
-        if self.product_cache is None:
-            self.product_cache = ColumnProductCache(self.X, max_columns=2 * self.d)
+        like M), dropped by ``finalize``. A problem selected once keeps none
+        (``product_cache`` None), so that its memory stays M alone."""
         return self.kernel._unchecked_columns(self.X, self.product_cache)
 
     # -- Algorithm 1 ---------------------------------------------------------------------
@@ -390,6 +389,8 @@ class _IVMBase(GPEstimator):
         history = []
         t0 = time.perf_counter()
         prefix = f"[{label}] " if label else ""
+        if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
+            problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
         def report(iteration, stage):
             ll = problem.log_likelihood()
