@@ -28,11 +28,13 @@ from scipy.linalg import solve_triangular
 
 from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
+from ._defaults import default_kernel, default_noise_variance
+from ._learning_checks import warn_if_kernel_stuck
 from ._likelihood_params import likelihood_theta, likelihood_with_theta
 from ._linalg import matmul
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
-from .kernels import RBF, Kernel
+from .kernels import Kernel
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
@@ -111,6 +113,8 @@ class SiteProblem:
 
     #: Name of the algorithm in the non-convergence warning.
     algorithm = "EP"
+    #: Name of the estimator in the learning warnings (set by the estimator).
+    estimator_name = "type-II ML"
 
     def __init__(self, kernel, likelihood, X, y, options):
         self.kernel = kernel
@@ -157,8 +161,10 @@ class SiteProblem:
 
             rng = np.random.default_rng(seed)
             theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
-                                                  n_restarts=n_restarts, rng=rng)
+                                                  n_restarts=n_restarts, rng=rng, stacklevel=5)
             params = hyper.unpack(theta)
+            warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
+                                 stacklevel=4)
         else:
             params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)
         self.evaluate(params, gradient=False, warm=optimizer is not None and warm_start, keep=True)
@@ -236,11 +242,25 @@ N_JOBS_DOC = """n_jobs : int or None, default None
 
 
 def check_kernel(kernel):
-    """The estimator's kernel: ``RBF()`` for None, else a :class:`fastep.kernels.Kernel`."""
-    kernel = RBF() if kernel is None else kernel
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"kernel must be a fastep.kernels.Kernel, got {type(kernel).__name__}")
+    """The estimator's ``kernel`` parameter: None (a data-aware start, :func:`start_kernel`)
+    or a :class:`fastep.kernels.Kernel`."""
+    if kernel is not None and not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a fastep.kernels.Kernel or None, got {type(kernel).__name__}")
     return kernel
+
+
+def check_noise_variance(noise_variance):
+    """``noise_variance``: None (var(y) / 10, :func:`fastep._defaults.default_noise_variance`)
+    or a positive float."""
+    return None if noise_variance is None else v.check_positive(noise_variance, "noise_variance")
+
+
+def start_kernel(kernel, X, y=None, *, regression=False, bias=True):
+    """The kernel type-II ML starts from: ``kernel`` when given, else the data-aware default
+    of :func:`fastep._defaults.default_kernel` on X (validated) and real targets y."""
+    if kernel is not None:
+        return kernel
+    return default_kernel(X, y, regression=regression, bias=bias)
 
 
 def check_binary_likelihood(likelihood, allowed=(Probit, Step, Logistic)):
@@ -425,13 +445,17 @@ class GPRegressorMixin(RegressorMixin):
         return 0.0
 
     def _check_regression_inputs(self, X, y, kernel):
-        """``(likelihood, learn_noise, X, y)``: the Gaussian noise model from ``noise_variance``,
-        ``learn_noise`` as a bool, and X (validated once, also against the kernel) and real y."""
-        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        """``(likelihood, learn_noise, X, y, kernel)``: the Gaussian noise model from
+        ``noise_variance`` (data-aware when None), ``learn_noise`` as a bool, X (validated
+        once, also against the kernel), real y, and the starting kernel (:func:`start_kernel`)."""
+        noise_variance = check_noise_variance(self.noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         X, y = v.check_X_y(X, y, y_numeric=True)
+        if noise_variance is None:
+            noise_variance = default_noise_variance(y)
+        kernel = start_kernel(kernel, X, y, regression=True)
         kernel._validate_X(X, "X")
-        return likelihood, learn_noise, X, y
+        return Gaussian(noise_variance=noise_variance), learn_noise, X, y, kernel
 
     def predict(self, X, return_std=False):
         """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).

@@ -12,7 +12,7 @@ __all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "m
 
 
 def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None, restart_scale=1.0,
-                            maxiter=200, stall_fallback=True):
+                            maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3):
     """Maximise ``objective(theta) -> (value, gradient)`` with L-BFGS-B from ``theta0`` and restarts.
 
     Each start runs L-BFGS-B. A run *stalls* when the value at its result is not above the
@@ -57,6 +57,10 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         Search a stalled start again in trust regions (see above). Callers that confine
         L-BFGS-B to their own trust boxes and handle rounds without progress themselves
         (the horseshoe's type-II ML) switch it off.
+    check_gradient : bool, default True
+        Warn when the returned point's projected gradient is not small (see Warns).
+    stacklevel : int, default 3
+        Passed to :func:`warnings.warn` (the caller of the caller by default).
 
     Returns
     -------
@@ -66,7 +70,9 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     -----
     ConvergenceWarning
         If the L-BFGS-B run that gave the result stopped before converging (not raised
-        for a trust-region result).
+        for a trust-region result); otherwise, with ``check_gradient``, if the projected
+        gradient at the returned point exceeds ``GRADIENT_WARN_RTOL * max(|value|, 1)`` in
+        some coordinate (the result is not a stationary point of the evidence).
     """
     theta0 = np.asarray(theta0, dtype=float)
     bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
@@ -75,11 +81,15 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     n_evals = [0]
     first = []                      # (value, gradient) of the first evaluation of each run
 
+    seen = {}                       # theta bytes -> gradient, for the check of the result
+
     def negated(theta):
         n_evals[0] += 1
         value, grad = objective(theta)
         if not first:
             first.append((float(value), np.asarray(grad, dtype=float)))
+        if np.isfinite(value):
+            seen[np.asarray(theta, dtype=float).tobytes()] = np.array(grad, dtype=float)
         if not np.isfinite(value):
             return 1e300, np.zeros_like(theta)
         return -value, -np.asarray(grad, dtype=float)
@@ -112,8 +122,22 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             best = found
     if best[2] is not None and not best[2].success:
         warnings.warn(f"L-BFGS-B stopped before convergence: {best[2].message}", ConvergenceWarning,
-                      stacklevel=3)
+                      stacklevel=stacklevel)
+    elif check_gradient and best[1].tobytes() in seen:
+        size = _projected_gradient_size(best[1], seen[best[1].tobytes()], bounds)
+        value = float(-best[0])
+        if np.isfinite(size) and size > GRADIENT_WARN_RTOL * max(abs(value), 1.0):
+            warnings.warn(
+                f"type-II ML ended at a point that is not stationary: the projected gradient of the log "
+                f"evidence ({value:.6g}) is {size:.3g} in some parameter. The optimiser stopped short "
+                "(a step it could not take); try n_restarts_optimizer > 0, other starting values, or "
+                "rescaled inputs.", ConvergenceWarning, stacklevel=stacklevel)
     return best[1].copy(), float(-best[0]), n_evals[0]
+
+
+#: Relative size of the projected gradient (per unit of the log evidence's magnitude) above which
+#: a returned point is reported as not stationary.
+GRADIENT_WARN_RTOL = 1e-3
 
 
 #: L-BFGS-B's defaults in scipy: relative reduction ``factr * eps`` and projected-gradient tolerance.

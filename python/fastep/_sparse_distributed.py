@@ -73,12 +73,20 @@ class Chunk:
 def load_chunk(X, y, kernel, classifier):
     """Validate one chunk of (X, y) (finite float64 X, matching y) and wrap it as a :class:`Chunk`."""
     X, y = v.check_X_y(X, y, y_numeric=not classifier)
-    kernel._validate_X(X, "X")
+    if kernel is not None:
+        kernel._validate_X(X, "X")
     if classifier:
         v.check_class_labels(y)
     chunk = Chunk(X, y)
     chunk.summary = np.unique(y) if classifier else None
     return chunk
+
+
+def target_moments(chunk):
+    """The chunk, summarised by ``(rows, Σ y, Σ y²)`` of its targets."""
+    new = chunk.replace()
+    new.summary = (chunk.y.shape[0], float(np.sum(chunk.y)), float(np.sum(chunk.y * chunk.y)))
+    return new
 
 
 def binary_targets(chunk, positive):

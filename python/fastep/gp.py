@@ -33,7 +33,7 @@ from . import _validation as v
 from ._epcore import gp_ep as _engine
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_optimizer)
+                       check_kernel, check_optimizer, start_kernel)
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
 from .batch import map_in_order
@@ -225,6 +225,7 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
         problem = _BinaryGPEP(kernel, likelihood, X, y, options, learn_likelihood)
+        problem.estimator_name = type(self).__name__
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood)
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
@@ -304,8 +305,11 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance; its ``theta`` is the optimiser's starting point.
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its ``theta`` is the optimiser's starting point. None starts from ``RBF(1,
+        γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded sample of
+        at most 1000 rows), so that inputs of any scale give a kernel whose evidence can be learnt;
+        a kernel given here is the start as it is.
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model (:mod:`fastep.likelihoods`).
     {_EP_PARAMS}
@@ -388,6 +392,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         X, y = v.check_X_y(X, y)
+        kernel = start_kernel(kernel, X)
         kernel._validate_X(X, "X")
         classes, targets = v.encode_one_vs_rest_labels(y)
         problems = map_in_order(lambda t: self._fit_problem(X, t, kernel, likelihood, options, learn_likelihood),
@@ -410,10 +415,13 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance; its ``theta`` is the optimiser's starting point.
-    noise_variance : float > 0, default 1.0
-        Variance σ² of the Gaussian noise (the starting point when learnt).
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its ``theta`` is the optimiser's starting point. None starts from
+        ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between the training
+        inputs, over a seeded sample of at most 1000 rows); a kernel given here is the start as it
+        is.
+    noise_variance : float > 0 or None, default None
+        Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     learn_noise : bool, default True
         Learn σ² with the kernel hyperparameters (when ``optimizer`` is set).
     {_EP_PARAMS}
@@ -446,7 +454,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     (True, True)
     """
 
-    def __init__(self, kernel=None, noise_variance=1.0, *, learn_noise=True, schedule="blocked",
+    def __init__(self, kernel=None, noise_variance=None, *, learn_noise=True, schedule="blocked",
                  order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
                  n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True):
@@ -482,7 +490,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood, learn_noise, X, y = self._check_regression_inputs(X, y, kernel)
+        likelihood, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
         problem = self._fit_problem(X, y, kernel, likelihood, options, learn_noise)
         self.X_train_ = X
         self._set_problems(X, [problem])

@@ -230,7 +230,7 @@ class _HorseshoeBase(BaseEstimator):
                 # no trust-region fallback inside a round: the rounds are trust boxes already, and a
                 # round without progress is handled below (the behaviour before that fallback existed)
                 new, value, evals = maximize_log_likelihood(counted, theta, box, maxiter=rounds,
-                                                             stall_fallback=False)
+                                                             stall_fallback=False, check_gradient=False)
             n_evals += evals
             budget -= min(rounds, max(evals, 1))         # iterations <= evaluations
             if not np.isfinite(value) or value < best["value"]:

@@ -75,9 +75,12 @@ from scipy.linalg import lapack
 
 from . import _validation as v
 from ._base import ClassifierMixin
+from ._defaults import default_noise_variance
 from ._epcore import ivm as _engine
 from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin,
-                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems)
+                       check_classifier_likelihood, check_kernel, check_noise_variance, check_optimizer,
+                       stack_problems, start_kernel)
+from ._learning_checks import warn_if_kernel_stuck
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
@@ -389,6 +392,7 @@ class _IVMBase(GPEstimator):
         history = []
         t0 = time.perf_counter()
         prefix = f"[{label}] " if label else ""
+        kernel_at_start = copy.deepcopy(problem.kernel)
         if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
             problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
@@ -437,6 +441,9 @@ class _IVMBase(GPEstimator):
         problem.select()
         for message in problem.refinement_warnings():
             warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
+        if options["n_iterations"] > 0:
+            warn_if_kernel_stuck(kernel_at_start, problem.kernel, problem.X,
+                                 what=f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}", stacklevel=3)
         problem.finalize()
         if options["verbose"]:
             print(f"{prefix}IVM final selection: log likelihood (eq 32) {problem.log_lik:.6g}, "
@@ -550,8 +557,11 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance; its parameters are the starting point of Algorithm 2.
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
+        ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
+        sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
+        be learnt; a kernel given here is the start as it is.
     likelihood : Probit, Logistic or Step, default Probit()
         The binary site model.
     learn_likelihood : bool, default False
@@ -620,7 +630,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
         options = self._options(X.shape[0])
-        kernel = options["kernel"]
+        kernel = options["kernel"] = start_kernel(options["kernel"], X)
         kernel._validate_X(X, "X")
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
                                                             (Probit, Logistic, Step))
@@ -674,10 +684,12 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance; its parameters are the starting point of Algorithm 2.
-    noise_variance : float > 0, default 1.0
-        Variance σ² of the noise (the starting point when learnt).
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
+        ``RBF(var(y), γ)``, γ = 1 / (median squared distance between the training inputs, over a
+        seeded sample of at most 1000 rows); a kernel given here is the start as it is.
+    noise_variance : float > 0 or None, default None
+        Variance σ² of the noise (the starting point when learnt); None starts from var(y) / 10.
     bias : float or None, default None
         Output offset; None uses the mean of y.
     learn_noise : bool, default True
@@ -716,7 +728,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
     True
     """
 
-    def __init__(self, kernel=None, noise_variance=1.0, *, bias=None, learn_noise=True, active_set_size=None,
+    def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None):
@@ -740,8 +752,10 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y, y_numeric=True)
         options = self._options(X.shape[0])
+        options["kernel"] = start_kernel(options["kernel"], X, y, regression=True, bias=False)
         options["kernel"]._validate_X(X, "X")
-        lik = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        noise_variance = check_noise_variance(self.noise_variance)
+        lik = Gaussian(noise_variance=default_noise_variance(y) if noise_variance is None else noise_variance)
         bias = float(np.mean(y)) if self.bias is None else v.check_in_range(self.bias, "bias", -np.inf, np.inf,
                                                                              low_inclusive=False,
                                                                              high_inclusive=False)
@@ -768,8 +782,11 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance; its parameters are the starting point of Algorithm 2.
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
+        ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
+        sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
+        be learnt; a kernel given here is the start as it is.
     likelihood : OrderedCategorical or None, default None
         Starting likelihood (its ``n_categories`` must equal the number of distinct labels);
         None: slope 1, with the thresholds spread over C categories of unit width centred at 0.
@@ -830,6 +847,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
         options = self._options(X.shape[0])
+        options["kernel"] = start_kernel(options["kernel"], X)
         options["kernel"]._validate_X(X, "X")
         v.check_class_labels(y)
         try:

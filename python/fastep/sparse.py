@@ -67,7 +67,9 @@ from ._epcore import sparse_ep as _engine
 from ._base import check_is_fitted
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_optimizer, stack_problems)
+                       check_kernel, check_noise_variance, check_optimizer, stack_problems,
+                       start_kernel)
+from ._defaults import default_noise_variance, sample_rows
 from ._likelihood_params import likelihood_theta
 from ._linalg import matmul
 from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
@@ -317,6 +319,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
 
     def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood):
+        problem.estimator_name = type(self).__name__
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
                                                   extra=Z if self.learn_inducing else None)
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
@@ -343,6 +346,17 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
             raise ValueError(f"inducing_init='ivm' is not available for a dask array in {caller}; use "
                              "'kmeans++', 'random' or explicit inducing inputs")
         executor, data, sizes, X = _chunked.load_dask_data(X, y, client, kernel, classifier, caller)
+        if kernel is None or (not classifier and self.noise_variance is None):
+            # data-aware starts from a seeded sample of the rows and the targets' moments
+            moments = None
+            if not classifier:
+                parts = executor.summaries(executor.map(_chunked.target_moments, data))
+                moments = tuple(float(sum(p[i] for p in parts)) for i in range(3))
+                if self.noise_variance is None:
+                    likelihood = Gaussian(noise_variance=default_noise_variance(moments))
+            if kernel is None:
+                sample = _chunked.take_rows(executor, X, sample_rows(X.shape[0]))
+                kernel = start_kernel(None, sample, moments, regression=not classifier)
         self._check_kernel_gradients(kernel, _chunked.take_rows(executor, X, [0]), bool(self.learn_inducing))
         if classifier:
             labels = executor.summaries(data)
@@ -535,8 +549,11 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance. With an optimiser it must provide ``cross_gradient_iter`` and
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance. With an optimiser it must provide ``cross_gradient_iter`` and None starts
+        from ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a
+        seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
+        evidence can be learnt; a kernel given here is the start as it is.
         ``diag_gradient`` (and ``input_gradient`` to learn Z); every kernel of
         :mod:`fastep.kernels` and their sums and products do.
     likelihood : Probit, Step or Logistic, default Probit()
@@ -637,6 +654,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                                                      learn_likelihood, classifier=True)
         else:
             X, y = v.check_X_y(X, y)
+            kernel = start_kernel(kernel, X)
             kernel._validate_X(X, "X")
             classes, targets = v.encode_one_vs_rest_labels(y)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
@@ -659,10 +677,13 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel, default RBF()
-        Prior covariance (see :class:`SparseGPClassifier` for the gradients it must provide).
-    noise_variance : float > 0, default 1.0
-        Variance σ² of the Gaussian noise (the starting point when learnt).
+    kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance (see :class:`SparseGPClassifier` for the gradients it must provide). None
+        starts from ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between
+        the training inputs, over a seeded sample of at most 1000 rows); a kernel given here is the
+        start as it is.
+    noise_variance : float > 0 or None, default None
+        Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     learn_noise : bool, default True
         Learn σ² with the kernel hyperparameters and Z.
     {_COMMON_PARAMS.strip()}
@@ -696,7 +717,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     True
     """
 
-    def __init__(self, kernel=None, noise_variance=1.0, *, learn_noise=True, n_inducing=50,
+    def __init__(self, kernel=None, noise_variance=None, *, learn_noise=True, n_inducing=50,
                  approximation="fitc", power=1.0, inducing_init="kmeans++", learn_inducing=True,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
@@ -741,14 +762,15 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
+        noise_variance = check_noise_variance(self.noise_variance)
+        likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         self._check_fit_options(options, kernel, likelihood, learn_noise)
         if client is not None or _chunked.is_dask_array(X):
             _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
                                                classifier=False)
         else:
-            _, _, X, y = self._check_regression_inputs(X, y, kernel)
+            likelihood, _, X, y, kernel = self._check_regression_inputs(X, y, kernel)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
             (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
             problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)]

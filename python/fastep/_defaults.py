@@ -1,0 +1,127 @@
+"""Data-aware starting values for the estimators' default kernel and noise variance.
+
+A GP estimator left at ``kernel=None`` starts from a kernel whose width and scale come from
+the data, so that type-II ML starts where the evidence has a usable gradient (with 256
+inputs in [0, 255], ``RBF(1, 1)`` makes every off-diagonal kernel value ~0 and the
+evidence flat in the width). The rules, written once for every estimator:
+
+* RBF inverse width γ = 1 / median of the squared distances |x_i - x_j|² over the pairs
+  of a seeded random subsample of at most 1000 rows (the median heuristic), so that a
+  typical pair has k(x_i, x_j) = v e^(-1/2);
+* classification (and ordinal regression): ``RBF(1, γ)``, a unit latent scale for the
+  probit / logistic links;
+* regression (targets y): ``RBF(var(y), γ) + Bias(mean(y)²)`` for the zero-mean GP
+  regressors (the bias term carries the targets' offset), ``RBF(var(y), γ)`` where the
+  estimator subtracts the offset itself (the IVM regressor); noise variance
+  ``var(y) / 10`` when ``noise_variance=None``.
+
+Degenerate data keep finite, positive values: all pairs at distance 0 give γ = 1, constant
+targets give unit variances.
+"""
+import numpy as np
+
+from .kernels import RBF, Bias
+from .kernels._distances import _centre, _sqdist_centred
+
+__all__ = ["median_inverse_width", "default_kernel", "default_noise_variance", "target_scale", "sample_rows",
+           "SAMPLE_ROWS"]
+
+SAMPLE_ROWS = 1000
+_SEED = 0
+
+
+def sample_rows(n, max_rows=SAMPLE_ROWS, seed=_SEED):
+    """Sorted indices of a seeded random subsample of ``min(n, max_rows)`` of ``n`` rows."""
+    if n <= max_rows:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_rows, replace=False))
+
+
+def median_inverse_width(X, *, ard=False, max_rows=SAMPLE_ROWS, seed=_SEED):
+    """The median heuristic for an RBF inverse width: γ = 1 / median |x_i - x_j|².
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Finite inputs.
+    ard : bool, default False
+        One γ_d per input dimension, 1 / median (x_id - x_jd)² (for ``RBFARD``).
+    max_rows : int, default 1000
+        The median is taken over the pairs of a seeded random subsample of this many rows.
+    seed : int, default 0
+
+    Returns
+    -------
+    float, or ndarray (p,) with ``ard``
+        Zero medians (duplicated rows, constant columns) fall back to the median of the
+        positive squared distances, and to 1 when there are none.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    S = X[sample_rows(X.shape[0], max_rows, seed)]
+    upper = np.triu_indices(S.shape[0], k=1)
+    if ard:
+        return np.array([_inverse_median((S[:, j][:, None] - S[:, j][None, :])[upper] ** 2)
+                         for j in range(S.shape[1])])
+    Sc, _ = _centre(S)
+    return _inverse_median(_sqdist_centred(Sc)[upper])
+
+
+def _inverse_median(squared):
+    squared = squared[np.isfinite(squared)]
+    if squared.size == 0:
+        return 1.0
+    median = float(np.median(squared))
+    if not median > 0.0:
+        positive = squared[squared > 0.0]
+        if positive.size == 0:
+            return 1.0
+        median = float(np.median(positive))
+    return 1.0 / median
+
+
+def target_scale(y):
+    """(variance, mean²) of the targets y, each replaced by 1 when not positive and finite.
+
+    ``y`` may also be the triple ``(n, Σ y_i, Σ y_i²)`` (targets summed where they live)."""
+    if isinstance(y, tuple):
+        n, total, total_sq = (float(t) for t in y)
+    else:
+        y = np.asarray(y, dtype=np.float64)
+        n, total, total_sq = float(y.size), float(np.sum(y)), float(np.sum(y * y))
+    mean = total / n if n > 0 else 0.0
+    variance = max(total_sq / n - mean * mean, 0.0) if n > 1 else 0.0
+    if not isinstance(y, tuple) and n > 1:
+        variance = float(np.var(y))                  # the two-pass form when y is at hand
+    offset = mean * mean
+    variance = variance if np.isfinite(variance) and variance > 0.0 else 1.0
+    offset = offset if np.isfinite(offset) and offset > 0.0 else 1.0
+    return variance, offset
+
+
+def default_kernel(X, y=None, *, regression=False, bias=True):
+    """The starting kernel of an estimator left at ``kernel=None`` (rules in the module docstring).
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Training inputs (or a sample of their rows).
+    y : ndarray (n,) or tuple, optional
+        Real targets, or their moments (see :func:`target_scale`); regression only.
+    regression : bool, default False
+    bias : bool, default True
+        Regression: add ``Bias(mean(y)²)`` for the targets' offset (False where the estimator
+        subtracts it).
+    """
+    gamma = median_inverse_width(X)
+    if not regression:
+        return RBF(1.0, gamma)
+    variance, offset = target_scale(y)
+    kernel = RBF(variance, gamma)
+    return kernel + Bias(offset) if bias else kernel
+
+
+def default_noise_variance(y):
+    """Starting noise variance for ``noise_variance=None``: var(y) / 10 (1/10 if y is constant).
+
+    ``y``: the targets or their moments (see :func:`target_scale`)."""
+    return target_scale(y)[0] / 10.0

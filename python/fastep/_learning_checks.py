@@ -1,0 +1,74 @@
+"""Warnings for type-II ML that ends where learning did nothing.
+
+A kernel whose values between distinct training inputs are all (nearly) equal — ≈ 0 (every
+point its own island: an RBF width far below the distances) or ≈ the diagonal (an RBF
+width far above them) — makes the evidence flat in the kernel's parameters: the gradient
+is ~0 and the optimiser ends at its start with no complaint of its own.
+:func:`warn_if_kernel_stuck` says so, and what to change.
+"""
+import warnings
+
+import numpy as np
+
+from ._defaults import median_inverse_width, sample_rows
+from .exceptions import ConvergenceWarning
+
+__all__ = ["kernel_structure", "warn_if_kernel_stuck"]
+
+#: Off-diagonal kernel values within this fraction of the mean prior variance of each other (all
+#: but the top and bottom 10 %) count as equal: the kernel does not tell the training points apart.
+DEGENERATE_SPREAD = 1e-6
+#: A parameter change (in the optimiser's unconstrained coordinates) below this counts as none.
+MOVED_ATOL = 1e-3
+_MAX_ROWS = 200
+
+
+def kernel_structure(kernel, X, max_rows=_MAX_ROWS):
+    """``'diagonal'``, ``'constant'`` or None: whether ``kernel`` on (a seeded sample of) X has
+    its off-diagonal values equal (the 10 % and 90 % quantiles within ``DEGENERATE_SPREAD``
+    times the mean prior variance), ≈ 0 (``'diagonal'``) or not (``'constant'``, possibly
+    plus a diagonal)."""
+    S = X[sample_rows(X.shape[0], max_rows)]
+    if S.shape[0] < 2:
+        return None
+    K = kernel(S)
+    scale = float(np.mean(np.diag(K)))
+    if not (np.isfinite(scale) and scale > 0.0):
+        return None
+    off = K[np.triu_indices(S.shape[0], k=1)]
+    low, high = np.quantile(off, [0.1, 0.9])       # a few near-duplicate rows do not count
+    tol = DEGENERATE_SPREAD * scale
+    if high - low > tol:
+        return None
+    return "diagonal" if max(abs(low), abs(high)) <= tol else "constant"
+
+
+def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2):
+    """Warn (``ConvergenceWarning``) if type-II ML left the kernel at its start on a kernel
+    that does not tell the training inputs apart (:func:`kernel_structure`).
+
+    Parameters
+    ----------
+    start, fitted : Kernel
+        The optimiser's starting kernel and the kernel it returned.
+    X : ndarray (n, p) or None
+        Training inputs (None: no check).
+    what : str
+        The estimator's name, for the message.
+    """
+    if X is None or not isinstance(X, np.ndarray) or X.ndim != 2:
+        return
+    if start.theta.shape != fitted.theta.shape or np.max(np.abs(start.theta - fitted.theta), initial=0.0) > MOVED_ATOL:
+        return
+    kind = kernel_structure(fitted, X)
+    if kind is None:
+        return
+    gamma = median_inverse_width(X)
+    looks = ("≈ 0 between every pair of distinct training inputs (its length-scale is far shorter than their distances)"
+             if kind == "diagonal" else
+             "the same for every pair of distinct training inputs (its length-scale is far longer than their distances)")
+    warnings.warn(
+        f"{what}: type-II ML did not move the kernel from its start {fitted!r}: its value is {looks}, so the "
+        f"evidence is flat in its parameters. Leave kernel=None for a start from the data (an RBF inverse "
+        f"width of 1 / median squared distance = {gamma:.3g} here), rescale the inputs, or set the width "
+        "near that value.", ConvergenceWarning, stacklevel=stacklevel + 1)
