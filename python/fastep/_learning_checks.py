@@ -18,8 +18,6 @@ __all__ = ["kernel_structure", "warn_if_kernel_stuck"]
 #: Off-diagonal kernel values within this fraction of the mean prior variance of each other (all
 #: but the top and bottom 10 %) count as equal: the kernel does not tell the training points apart.
 DEGENERATE_SPREAD = 1e-6
-#: A parameter change (in the optimiser's unconstrained coordinates) below this counts as none.
-MOVED_ATOL = 1e-3
 _MAX_ROWS = 200
 
 
@@ -44,8 +42,9 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS):
 
 
 def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2):
-    """Warn (``ConvergenceWarning``) if type-II ML left the kernel at its start on a kernel
-    that does not tell the training inputs apart (:func:`kernel_structure`).
+    """Warn (``ConvergenceWarning``) if type-II ML started from a kernel that does not tell the
+    training inputs apart (:func:`kernel_structure`) and ended with one that still does not, in
+    the same way (a variance may have moved; the width, whose gradient is ~0, did not).
 
     Parameters
     ----------
@@ -58,17 +57,15 @@ def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2):
     """
     if X is None or not isinstance(X, np.ndarray) or X.ndim != 2:
         return
-    if start.theta.shape != fitted.theta.shape or np.max(np.abs(start.theta - fitted.theta), initial=0.0) > MOVED_ATOL:
-        return
     kind = kernel_structure(fitted, X)
-    if kind is None:
+    if kind is None or kernel_structure(start, X) != kind:
         return
     gamma = median_inverse_width(X)
     looks = ("≈ 0 between every pair of distinct training inputs (its length-scale is far shorter than their distances)"
              if kind == "diagonal" else
              "the same for every pair of distinct training inputs (its length-scale is far longer than their distances)")
     warnings.warn(
-        f"{what}: type-II ML did not move the kernel from its start {fitted!r}: its value is {looks}, so the "
-        f"evidence is flat in its parameters. Leave kernel=None for a start from the data (an RBF inverse "
+        f"{what}: type-II ML did not move the kernel out of its degenerate start: the fitted {fitted!r} is "
+        f"{looks}, so the evidence is flat in its width. Leave kernel=None for a start from the data (an RBF inverse "
         f"width of 1 / median squared distance = {gamma:.3g} here), rescale the inputs, or set the width "
         "near that value.", ConvergenceWarning, stacklevel=stacklevel + 1)

@@ -1,0 +1,196 @@
+"""Data-aware defaults: kernel=None learns on badly scaled inputs; a degenerate start warns."""
+import warnings
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist
+
+import fastep
+from fastep import ConvergenceWarning
+from fastep._defaults import default_kernel, default_noise_variance, median_inverse_width
+from fastep._learning_checks import kernel_structure
+from fastep._optimize import maximize_log_likelihood
+from fastep.kernels import RBF, Bias
+
+
+# ---- the median heuristic ---------------------------------------------------------------------
+
+def test_median_inverse_width_is_one_over_the_median_squared_distance():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 3)) * [1.0, 10.0, 100.0]
+    assert median_inverse_width(X) == pytest.approx(1.0 / np.median(pdist(X, "sqeuclidean")), rel=1e-12)
+    per_dim = median_inverse_width(X, ard=True)
+    expected = [1.0 / np.median(pdist(X[:, [j]], "sqeuclidean")) for j in range(3)]
+    np.testing.assert_allclose(per_dim, expected, rtol=1e-12)
+
+
+def test_median_inverse_width_uses_a_seeded_subsample_and_survives_degenerate_inputs():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 255, size=(3000, 4))
+    first, again = median_inverse_width(X), median_inverse_width(X)
+    assert first == again                                   # deterministic
+    full = 1.0 / np.median(pdist(X, "sqeuclidean"))
+    assert first == pytest.approx(full, rel=0.05)           # a 1000-row sample is close
+    # duplicated rows: the zero distances do not make γ infinite
+    Xd = np.repeat(X[:3], 40, axis=0)
+    assert np.isfinite(median_inverse_width(Xd)) and median_inverse_width(Xd) > 0
+    assert median_inverse_width(np.ones((5, 2))) == 1.0     # all pairs at distance 0
+    assert median_inverse_width(np.ones((1, 2))) == 1.0     # no pairs
+
+
+def test_default_kernels_follow_the_targets_scale():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 2))
+    y = 500.0 + 30.0 * rng.normal(size=40)
+    gamma = median_inverse_width(X)
+    k = default_kernel(X)
+    assert isinstance(k, RBF) and k.get_params() == RBF(1.0, gamma).get_params()
+    k = default_kernel(X, y, regression=True)
+    np.testing.assert_allclose(k.theta, (RBF(np.var(y), gamma) + Bias(np.mean(y) ** 2)).theta)
+    assert default_noise_variance(y) == pytest.approx(np.var(y) / 10)
+    assert default_noise_variance(np.full(5, 3.0)) == pytest.approx(0.1)    # constant targets
+    # moments summed elsewhere (the dask path) give the same scale
+    assert default_noise_variance((40, y.sum(), (y * y).sum())) == pytest.approx(np.var(y) / 10, rel=1e-9)
+
+
+# ---- estimators learn from the default start on badly scaled, high-dimensional inputs --------
+
+def _pixels(n, p=64, seed=0):
+    """Two classes of 'images' in [0, 255] (p pixels) whose first p/4 pixels differ in mean, 5 % labels flipped."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, size=n)
+    X = rng.uniform(0, 255, size=(n, p))
+    block = X[:, : p // 4] * 0.5 + 64.0 + 40.0 * (labels[:, None] - 0.5) + rng.normal(0, 20, (n, p // 4))
+    X[:, : p // 4] = np.clip(block, 0, 255)
+    flip = rng.random(n) < 0.05
+    return X, np.where(flip, 1 - labels, labels)
+
+
+CLASSIFIERS = [
+    lambda kernel: fastep.GaussianProcessClassifier(kernel),
+    lambda kernel: fastep.SparseGPClassifier(kernel, n_inducing=20, learn_inducing=False),
+    lambda kernel: fastep.IVMClassifier(kernel, active_set_size=40),
+]
+
+
+@pytest.mark.parametrize("make", CLASSIFIERS, ids=["gpc", "sparse-gpc", "ivm"])
+def test_classifier_default_learns_on_badly_scaled_inputs(make):
+    X, y = _pixels(200)
+    Xt, yt = _pixels(400, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)     # no learning warning on the default
+        default = make(None).fit(X, y)
+    start = default_kernel(X)
+    assert np.max(np.abs(default.kernel_.theta - start.theta)) > 1e-2     # the kernel moved
+    # a tuned fit: the same model on inputs rescaled to unit scale, from a width that suits them
+    tuned = make(RBF(1.0, 1.0 / X.shape[1])).fit(X / 255.0, y)
+    error_default = np.mean(default.predict(Xt) != yt)
+    error_tuned = np.mean(tuned.predict(Xt / 255.0) != yt)
+    assert error_default <= error_tuned + 0.03
+    assert error_default < 0.4
+
+
+@pytest.mark.parametrize("make", [CLASSIFIERS[0], CLASSIFIERS[2]], ids=["gpc", "ivm"])
+def test_degenerate_start_warns_and_the_default_does_better(make):
+    X, y = _pixels(200)
+    Xt, yt = _pixels(400, seed=1)
+    # RBF(1, 1) on the raw pixels: every pair of inputs is at kernel value ~0
+    with pytest.warns(ConvergenceWarning, match="did not move the kernel out of its degenerate start"):
+        stuck = make(RBF()).fit(X, y)
+    assert kernel_structure(stuck.kernel_, X) == "diagonal"
+    default = make(None).fit(X, y)
+    assert np.mean(default.predict(Xt) != yt) < np.mean(stuck.predict(Xt) != yt) - 0.05
+
+
+REGRESSORS = [
+    lambda kernel: fastep.GaussianProcessRegressor(kernel),
+    lambda kernel: fastep.SparseGPRegressor(kernel, n_inducing=20, learn_inducing=False),
+    lambda kernel: fastep.IVMRegressor(kernel, active_set_size=60),
+]
+
+
+@pytest.mark.parametrize("make", REGRESSORS, ids=["gpr", "sparse-gpr", "ivm-regressor"])
+def test_regressor_default_learns_on_badly_scaled_inputs_and_targets(make):
+    rng = np.random.default_rng(3)
+
+    def data(n):
+        X = rng.uniform(0, 255, size=(n, 8))
+        return X, 1000.0 + 300.0 * np.sin(1.5 * X.sum(axis=1) / 255.0)
+
+    X, f = data(200)
+    y = f + 30.0 * rng.normal(size=200)
+    Xt, ft = data(300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        reg = make(None).fit(X, y)
+    # the IVM regressor subtracts the targets' mean itself: its default has no Bias term
+    start = default_kernel(X, y, regression=True, bias=not isinstance(reg, fastep.IVMRegressor))
+    assert np.max(np.abs(reg.kernel_.theta - start.theta)) > 1e-2
+    rmse = np.sqrt(np.mean((reg.predict(Xt) - ft) ** 2))
+    # tuned: the same model on standardised targets and inputs scaled to [0, 1]
+    mu, sd = y.mean(), y.std()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        tuned = make(RBF(1.0, 1.0 / 8)).set_params(noise_variance=0.1).fit(X / 255.0, (y - mu) / sd)
+    rmse_tuned = np.sqrt(np.mean((tuned.predict(Xt / 255.0) * sd + mu - ft) ** 2))
+    assert rmse <= 1.1 * rmse_tuned
+    assert rmse < 0.75 * np.std(ft)
+
+
+@pytest.mark.parametrize("make", [REGRESSORS[0], REGRESSORS[2]], ids=["gpr", "ivm-regressor"])
+def test_regressor_old_default_start_warns(make):
+    # RBF(1, 1) with unit noise on raw [0, 255] inputs and targets near 1000: the kernel is ~I
+    rng = np.random.default_rng(7)
+    X = rng.uniform(0, 255, size=(150, 8))
+    y = 1000.0 + 300.0 * np.sin(1.5 * X.sum(axis=1) / 255.0) + 30.0 * rng.normal(size=150)
+    with pytest.warns(ConvergenceWarning, match="degenerate start"):
+        old = make(RBF()).set_params(noise_variance=1.0).fit(X, y)
+    new = make(None).fit(X, y)
+    assert np.mean((new.predict(X) - y) ** 2) < 0.25 * np.mean((old.predict(X) - y) ** 2)
+
+
+def test_ordinal_default_moves_the_kernel():
+    X, y = _pixels(150, p=32, seed=4)
+    grades = y + (X[:, 0] > 128)                            # three ordered categories
+    model = fastep.IVMOrdinalRegressor(active_set_size=40).fit(X, grades)
+    assert np.max(np.abs(model.kernel_.theta - default_kernel(X).theta)) > 1e-2
+    with pytest.warns(ConvergenceWarning, match="degenerate start"):
+        fastep.IVMOrdinalRegressor(RBF(), active_set_size=40).fit(X, grades)
+
+
+# ---- the learning warnings ---------------------------------------------------------------------
+
+def test_kernel_structure_tells_degenerate_kernels_apart():
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0, 255, size=(100, 64))
+    assert kernel_structure(RBF(1.0, 1.0), X) == "diagonal"
+    assert kernel_structure(RBF(1.0, 1e-12), X) == "constant"
+    assert kernel_structure(RBF(1.0, median_inverse_width(X)), X) is None
+    assert kernel_structure(RBF(1.0, 1.0) + Bias(0.5), X) == "constant"
+
+
+def test_warning_names_the_fix_for_a_constant_kernel():
+    X, y = _pixels(120, p=16, seed=6)
+    with pytest.warns(ConvergenceWarning, match=r"kernel=None .* 1 / median squared distance"):
+        fastep.GaussianProcessClassifier(RBF(1.0, 1e-14)).fit(X, y)
+
+
+def test_optimizer_warns_when_it_returns_a_non_stationary_point():
+    # finite only at the start: L-BFGS-B stalls, the trust-region fallback cannot move either
+    theta0 = np.array([0.5, -0.2])
+
+    def objective(theta):
+        if np.allclose(theta, theta0, atol=0, rtol=0):
+            return -10.0, np.array([5.0, 0.0])
+        return -np.inf, np.zeros(2)
+
+    bounds = np.array([[-5.0, 5.0], [-5.0, 5.0]])
+    with pytest.warns(ConvergenceWarning, match="not stationary"):
+        theta, value, _ = maximize_log_likelihood(objective, theta0, bounds)
+    np.testing.assert_array_equal(theta, theta0)
+    # a stationary optimum stays silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        theta, _, _ = maximize_log_likelihood(lambda t: (-float(np.sum((t - 1.0) ** 2)), -2.0 * (t - 1.0)),
+                                              theta0, bounds)
+    np.testing.assert_allclose(theta, 1.0, atol=1e-5)
