@@ -17,6 +17,7 @@ import pytest
 
 from fastep import Logistic, Probit, SparseGPClassifier, SparseGPRegressor
 from fastep import _sparse_distributed as chunked
+from fastep._defaults import default_kernel
 from fastep._epcore import sparse_ep as engine
 from fastep.kernels import RBF
 from fastep.likelihoods import Gaussian
@@ -228,6 +229,9 @@ def test_dask_fit_equals_the_in_core_parallel_fit(client):
     assert len(client.scheduler_info()["workers"]) == 2
     np.testing.assert_array_equal(remote.classes_, incore.classes_)
     np.testing.assert_array_equal(remote.inducing_inputs_, incore.inducing_inputs_)   # same k-means++
+    # kernel=None: the same data-aware start, from rows fetched off the cluster
+    np.testing.assert_array_equal(remote.kernel_.theta, incore.kernel_.theta)
+    np.testing.assert_array_equal(remote.kernel_.theta, default_kernel(X).theta)
     np.testing.assert_allclose(remote.log_marginal_likelihood_value_, incore.log_marginal_likelihood_value_,
                                rtol=1e-10)
     assert remote.n_sweeps_ == incore.n_sweeps_ and remote.converged_
@@ -263,6 +267,10 @@ def test_dask_type_ii_ml_learns_what_the_in_core_fit_learns(client):
     remote = SparseGPRegressor(**kw).fit(*_dask(X, y, 200), client=client)
     np.testing.assert_allclose(remote.kernel_.theta, incore.kernel_.theta, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(remote.noise_variance_, incore.noise_variance_, rtol=1e-6)
+    # noise_variance=None starts at var(y) / 10 there too (from the chunks' summed moments)
+    start = SparseGPRegressor(**kw, optimizer=None).fit(*_dask(X, y, 200), client=client)
+    np.testing.assert_allclose(start.noise_variance_, np.var(y) / 10, rtol=1e-10)
+    np.testing.assert_allclose(start.kernel_.theta, default_kernel(X, y, regression=True).theta, rtol=1e-10)
     np.testing.assert_allclose(remote.log_marginal_likelihood_value_, incore.log_marginal_likelihood_value_,
                                rtol=1e-8)
     Xt = np.random.default_rng(10).uniform(-2, 2, size=(100, 2))
