@@ -26,11 +26,10 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 
 import numpy as np
+from _child import run_child
 
 DIM = 10
 SEED = 20261124
@@ -194,14 +193,10 @@ def main():
     for n in args.n:
         rows = min(args.rows, max(1, n // 8))
         for mode in args.modes:
-            cmd = [sys.executable, __file__, "--mode", mode, "--n", str(n), "--m", str(args.m),
-                   "--rows", str(rows), "--iterations", str(args.iterations)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                print(f"N={n} {mode}: failed\n{proc.stderr[-3000:]}")
+            res = run_child(__file__, ["--mode", mode, "--n", n, "--m", args.m, "--rows", rows,
+                                       "--iterations", args.iterations], f"N={n} {mode}")
+            if res is None:
                 continue
-            res = json.loads(line[0][7:])
             results[(n, mode)] = res
             workers = (" workers " + " / ".join(f"{w:.0f}" for w in res["worker_rss_mb"]) + " MB"
                        if "worker_rss_mb" in res else "")

@@ -22,11 +22,10 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 
 import numpy as np
+from _child import run_child
 
 DIM = 10
 SEED = 20261125
@@ -85,13 +84,9 @@ def main():
     print(f"load average {os.getloadavg()[0]:.2f}; N = {args.n}, d = {args.d}, {DIM} inputs; "
           f"M is {m_mb:.0f} MB, X and y {inputs_mb:.0f} MB")
     for mode in args.modes:
-        cmd = [sys.executable, __file__, "--mode", mode, "--n", str(args.n), "--d", str(args.d)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            print(f"{mode}: failed\n{proc.stderr[-3000:]}")
+        res = run_child(__file__, ["--mode", mode, "--n", args.n, "--d", args.d], mode)
+        if res is None:
             continue
-        res = json.loads(line[0][7:])
         extra = (f", fit {res['fit_s']:.1f} s, test error {100 * res['test_error']:.2f} % on 1e5 points"
                  if mode == "estimator" else "")
         print(f"{mode:10s} {res['time_s']:7.1f} s, peak RSS {res['peak_rss_mb']:.0f} MB "
