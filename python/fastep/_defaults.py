@@ -85,13 +85,12 @@ def target_scale(y):
     ``y`` may also be the triple ``(n, Σ y_i, Σ y_i²)`` (targets summed where they live)."""
     if isinstance(y, tuple):
         n, total, total_sq = (float(t) for t in y)
+        mean = total / n if n > 0 else 0.0
+        variance = max(total_sq / n - mean * mean, 0.0) if n > 1 else 0.0
     else:
         y = np.asarray(y, dtype=np.float64)
-        n, total, total_sq = float(y.size), float(np.sum(y)), float(np.sum(y * y))
-    mean = total / n if n > 0 else 0.0
-    variance = max(total_sq / n - mean * mean, 0.0) if n > 1 else 0.0
-    if not isinstance(y, tuple) and n > 1:
-        variance = float(np.var(y))                  # the two-pass form when y is at hand
+        mean = float(np.mean(y)) if y.size else 0.0
+        variance = float(np.var(y)) if y.size > 1 else 0.0
     offset = mean * mean
     variance = variance if np.isfinite(variance) and variance > 0.0 else 1.0
     offset = offset if np.isfinite(offset) and offset > 0.0 else 1.0

@@ -444,16 +444,17 @@ class GPRegressorMixin(RegressorMixin):
     def _output_offset(self):
         return 0.0
 
-    def _check_regression_inputs(self, X, y, kernel):
+    def _check_regression_inputs(self, X, y, kernel, bias=True):
         """``(likelihood, learn_noise, X, y, kernel)``: the Gaussian noise model from
         ``noise_variance`` (data-aware when None), ``learn_noise`` as a bool, X (validated
-        once, also against the kernel), real y, and the starting kernel (:func:`start_kernel`)."""
+        once, also against the kernel), real y, and the starting kernel (:func:`start_kernel`;
+        ``bias`` False for an estimator that subtracts the targets' offset itself)."""
         noise_variance = check_noise_variance(self.noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         X, y = v.check_X_y(X, y, y_numeric=True)
         if noise_variance is None:
             noise_variance = default_noise_variance(y)
-        kernel = start_kernel(kernel, X, y, regression=True)
+        kernel = start_kernel(kernel, X, y, regression=True, bias=bias)
         kernel._validate_X(X, "X")
         return Gaussian(noise_variance=noise_variance), learn_noise, X, y, kernel
 

@@ -80,7 +80,6 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
                     for lo, hi in bounds]
     n_evals = [0]
     first = []                      # (value, gradient) of the first evaluation of each run
-
     seen = {}                       # theta bytes -> gradient, for the check of the result
 
     def negated(theta):
@@ -88,10 +87,9 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         value, grad = objective(theta)
         if not first:
             first.append((float(value), np.asarray(grad, dtype=float)))
-        if np.isfinite(value):
-            seen[np.asarray(theta, dtype=float).tobytes()] = np.array(grad, dtype=float)
         if not np.isfinite(value):
             return 1e300, np.zeros_like(theta)
+        seen[np.asarray(theta, dtype=float).tobytes()] = np.array(grad, dtype=float)
         return -value, -np.asarray(grad, dtype=float)
 
     starts = [theta0]

@@ -306,10 +306,10 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     Parameters
     ----------
     kernel : fastep.kernels.Kernel or None, default None
-        Prior covariance; its ``theta`` is the optimiser's starting point. None starts from ``RBF(1,
-        γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded sample of
-        at most 1000 rows), so that inputs of any scale give a kernel whose evidence can be learnt;
-        a kernel given here is the start as it is.
+        Prior covariance; its ``theta`` is the optimiser's starting point. None starts from
+        ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a
+        seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
+        evidence can be learnt; a kernel given here is the start as it is.
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model (:mod:`fastep.likelihoods`).
     {_EP_PARAMS}

@@ -75,11 +75,10 @@ from scipy.linalg import lapack
 
 from . import _validation as v
 from ._base import ClassifierMixin
-from ._defaults import default_noise_variance
 from ._epcore import ivm as _engine
 from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin,
-                       check_classifier_likelihood, check_kernel, check_noise_variance, check_optimizer,
-                       stack_problems, start_kernel)
+                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
+                       start_kernel)
 from ._learning_checks import warn_if_kernel_stuck
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
@@ -750,16 +749,12 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
-        X, y = v.check_X_y(X, y, y_numeric=True)
+        lik, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, check_kernel(self.kernel), bias=False)
         options = self._options(X.shape[0])
-        options["kernel"] = start_kernel(options["kernel"], X, y, regression=True, bias=False)
-        options["kernel"]._validate_X(X, "X")
-        noise_variance = check_noise_variance(self.noise_variance)
-        lik = Gaussian(noise_variance=default_noise_variance(y) if noise_variance is None else noise_variance)
+        options["kernel"] = kernel
         bias = float(np.mean(y)) if self.bias is None else v.check_in_range(self.bias, "bias", -np.inf, np.inf,
                                                                              low_inclusive=False,
                                                                              high_inclusive=False)
-        learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         problem = _IVMProblem(X, y, copy.deepcopy(options["kernel"]), lik, options["d"], options["criterion"],
                               options["seed"], offset=bias, joint_noise=learn_noise,
                               refine=options["refine"])

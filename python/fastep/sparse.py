@@ -550,12 +550,12 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     Parameters
     ----------
     kernel : fastep.kernels.Kernel or None, default None
-        Prior covariance. With an optimiser it must provide ``cross_gradient_iter`` and None starts
-        from ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a
-        seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
-        evidence can be learnt; a kernel given here is the start as it is.
+        Prior covariance. With an optimiser it must provide ``cross_gradient_iter`` and
         ``diag_gradient`` (and ``input_gradient`` to learn Z); every kernel of
-        :mod:`fastep.kernels` and their sums and products do.
+        :mod:`fastep.kernels` and their sums and products do. None starts from ``RBF(1, γ)``,
+        γ = 1 / (median squared distance between the training inputs, over a seeded sample of
+        at most 1000 rows), so that inputs of any scale give a kernel whose evidence can be
+        learnt; a kernel given here is the start as it is.
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model.
     {_COMMON_PARAMS.strip()}
@@ -763,6 +763,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
         noise_variance = check_noise_variance(self.noise_variance)
+        # a placeholder σ² for the checks before the data are read; None becomes var(y) / 10 below
         likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         self._check_fit_options(options, kernel, likelihood, learn_noise)

@@ -2,7 +2,6 @@
 cache of the parameter-free products it shares between selections."""
 import collections
 import numbers
-import threading
 
 import numpy as np
 
@@ -36,28 +35,23 @@ class _CentredColumns:
         self.norms = _row_sq_norms(X)
         self.max_columns = int(max_columns)
         self._stored = collections.OrderedDict()
-        self._lock = threading.Lock()         # problems in a thread pool may share the products
         self.hits = 0
         self.misses = 0
 
     def centred_product(self, j):
         if self.max_columns <= 0:
             return matmul(self.Xc, self.Xc[j])
-        with self._lock:
-            pc = self._stored.get(j)
-            if pc is not None:
-                self._stored.move_to_end(j)
-                self.hits += 1
-                return pc
-            self.misses += 1
-        # outside the lock: two threads may both compute j, with bitwise equal results
+        pc = self._stored.get(j)
+        if pc is not None:
+            self._stored.move_to_end(j)
+            self.hits += 1
+            return pc
+        self.misses += 1
         pc = matmul(self.Xc, self.Xc[j])
         pc.flags.writeable = False
-        with self._lock:
-            self._stored[j] = pc
-            self._stored.move_to_end(j)
-            while len(self._stored) > self.max_columns:
-                self._stored.popitem(last=False)
+        self._stored[j] = pc
+        if len(self._stored) > self.max_columns:
+            self._stored.popitem(last=False)
         return pc
 
     def inner_product(self, pc, j):
