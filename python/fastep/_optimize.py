@@ -12,7 +12,7 @@ __all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "m
 
 
 def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None, restart_scale=1.0,
-                            maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3):
+                            maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3, ftol=None):
     """Maximise ``objective(theta) -> (value, gradient)`` with L-BFGS-B from ``theta0`` and restarts.
 
     Each start runs L-BFGS-B. A run *stalls* when the value at its result is not above the
@@ -61,6 +61,10 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         Warn when the returned point's projected gradient is not small (see Warns).
     stacklevel : int, default 3
         Passed to :func:`warnings.warn` (the caller of the caller by default).
+    ftol : float, optional
+        L-BFGS-B's relative-reduction tolerance (default scipy's, ``factr * eps`` ≈ 2.2e-9).
+        Callers whose objective is only accurate to a known absolute error raise it to that
+        error relative to the objective's size.
 
     Returns
     -------
@@ -102,7 +106,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     for start in starts:
         first.clear()
         res = minimize(negated, start, jac=True, method="L-BFGS-B", bounds=scipy_bounds,
-                       options={"maxiter": maxiter})
+                       options={"maxiter": maxiter} if ftol is None else {"maxiter": maxiter, "ftol": ftol})
         found = (float(res.fun), np.asarray(res.x, dtype=float), res)
         if stall_fallback and first and _stalled(first[0], float(-res.fun), start, bounds):
             theta, value, evals = maximize_log_likelihood_trust_region(objective, start, bounds,

@@ -15,7 +15,9 @@ Inference is parallel EP with damping (supplement §1; engine in
 :mod:`fastep._horseshoe_parallel_ep`, per-feature quadratures compiled in
 :mod:`fastep._epcore.horseshoe`), the evidence is eq (27) and the hyperparameters
 (``σ_t²``, ``ρ²``, ``P``) maximise it with L-BFGS-B using the exact gradients of eqs
-(33)-(50). ``γ²`` is held fixed: the prior of ``w`` depends on ``ρ`` and ``γ`` only through
+(33)-(50), started from the best point of a coarse search over ``(σ², ρ²)`` (parameter
+``rho2``; :mod:`fastep._horseshoe_search`), every EP evaluation warm-started from the
+sites of the nearest point evaluated before and none repeated. ``γ²`` is held fixed: the prior of ``w`` depends on ``ρ`` and ``γ`` only through
 ``ρ/γ``, and so does the EP evidence (its gradient satisfies
 ``ρ² ∂/∂ρ² + γ² ∂/∂γ² = 0`` at every fixed point), so learning both would only move along a
 flat ridge.
@@ -40,20 +42,17 @@ from . import _horseshoe_parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import BaseEstimator, RegressorMixin, check_is_fitted
-from ._optimize import maximize_log_likelihood
+from ._horseshoe_search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 
 __all__ = ["HorseshoeRegression", "MultiTaskHorseshoeRegression"]
 
-#: Features per task below which the compiled site step runs on one OpenMP thread.
-_SINGLE_OMP_THREAD_BELOW = 4096
-#: Type-II ML moves log σ² and log ρ² by at most this much per L-BFGS-B round, rounds of _ROUND_ITER.
-_TRUST_LOG = 2.0
-#: Trust box (±) of the P coordinates in the rounds after an EP failure, before halving.
-_TRUST_P = 1.0
-_ROUND_ITER = 15
-#: During type-II ML an EP run stopped by max_iter is still used if its residual is below this.
-_ACCEPT_RESIDUAL = 1e-5
+
+
+def _noise_fractions(floor):
+    """``σ²/Var(y)`` tried by the coarse start: ``10^-1, 10^-2, ...`` down to ``floor``."""
+    fractions = [10.0 ** -k for k in range(1, 17) if 10.0 ** -k >= floor * (1 - 1e-12)]
+    return fractions or [floor]
 
 
 class _HorseshoeBase(BaseEstimator):
@@ -148,135 +147,6 @@ class _HorseshoeBase(BaseEstimator):
                 "damping": float(self.damping), "damping_decay": float(self.damping_decay),
                 "min_damping": float(self.min_damping), "tol": float(self.tol), "max_iter": int(self.max_iter)}
 
-    def _run_all(self, tasks, sigma2, rho2, gamma2, cf, sites_list, *, warm, iterations=None):
-        """EP for every task; sites updated in place.
-
-        A warm start (from the sites of the previous hyperparameters) that is invalid or does
-        not converge is retried from the cold start. ``iterations`` (one count per task), if
-        given, is increased by the EP iterations run.
-        """
-        results = []
-        for t, task in enumerate(tasks):
-            threads = 1 if task.d < _SINGLE_OMP_THREAD_BELOW else None
-            res = None
-            if warm:
-                saved = {k: a.copy() for k, a in sites_list[t].items()}
-                try:
-                    res = _eng.run_task_ep(task, sigma2[t], rho2, gamma2, cf, sites_list[t],
-                                           n_threads=threads, **self._ep_options())
-                except ValueError:
-                    res = None
-                if res is not None and iterations is not None:
-                    iterations[t] += res["n_iter"]
-                if res is not None and not res["converged"]:
-                    sites_list[t] = saved
-                    res = None
-            if res is None:
-                sites_list[t] = _eng.initial_sites(task.d, rho2, gamma2)
-                try:
-                    res = _eng.run_task_ep(task, sigma2[t], rho2, gamma2, cf, sites_list[t],
-                                           n_threads=threads, **self._ep_options())
-                except ValueError:   # hyperparameters so extreme that even the cold start is improper
-                    return None
-                if iterations is not None:
-                    iterations[t] += res["n_iter"]
-            results.append(res)
-        return results
-
-    def _maximize(self, objective, theta0, bounds, n_log):
-        """L-BFGS-B in rounds, each confined to a trust box around the round's start.
-
-        The box is ±_TRUST_LOG in the first ``n_log`` (log-variance) coordinates; the other
-        coordinates (``P``) are free until an EP evaluation fails. A single unconstrained run
-        took steps of 5 in log σ² (to σ² = 0.02 from 1.3) where EP needs > 1000 iterations.
-        A failed evaluation (EP not converged: the objective is ``-inf``) makes L-BFGS-B's
-        line search shrink the step to almost nothing and then stop on its relative-reduction
-        test, far from a stationary point (seen with learnt ``P``: steps into strongly
-        correlated ``C``, where EP gets 'stuck'), and it can even return the failed point. So
-        every round continues from the best point evaluated so far, and a round with a failed
-        evaluation never ends the search: the next round has its box halved in every
-        coordinate (``P`` included, from ±_TRUST_P); a round without failures doubles it
-        again (up to the initial size). The search ends when a round's solution is inside
-        its box without failures or optimiser warnings, when the budget of ``max_opt_iter``
-        iterations is spent, or when the box has been halved below 1/64 of its size, which
-        warns that EP does not converge around the point reached.
-        """
-        theta = np.asarray(theta0, dtype=float)
-        budget = int(self.max_opt_iter)
-        n_evals = 0
-        shrink = 1.0
-        n_failed_rounds = 0
-        failures = [0]
-        best = {"value": -np.inf, "theta": theta.copy()}
-
-        def counted(th):
-            value, grad = objective(th)
-            if not np.isfinite(value):
-                failures[0] += 1
-            elif value > best["value"]:
-                best["value"], best["theta"] = value, np.array(th, dtype=float)
-            return value, grad
-
-        while budget > 0:
-            radius = np.full(theta.size, _TRUST_LOG * shrink)
-            radius[n_log:] = np.inf if shrink == 1.0 else _TRUST_P * shrink
-            box = bounds.copy()
-            box[:, 0] = np.maximum(bounds[:, 0], theta - radius)
-            box[:, 1] = np.minimum(bounds[:, 1], theta + radius)
-            rounds = min(budget, _ROUND_ITER)
-            failures[0] = 0
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", ConvergenceWarning)
-                # no trust-region fallback inside a round: the rounds are trust boxes already, and a
-                # round without progress is handled below (the behaviour before that fallback existed)
-                new, value, evals = maximize_log_likelihood(counted, theta, box, maxiter=rounds,
-                                                             stall_fallback=False, check_gradient=False)
-            n_evals += evals
-            budget -= min(rounds, max(evals, 1))         # iterations <= evaluations
-            if not np.isfinite(value) or value < best["value"]:
-                # L-BFGS-B can end on a failed line-search point: continue from the best one seen
-                new = best["theta"].copy()
-            at_edge = np.any((np.abs(new - box[:, 0]) < 1e-8) & (box[:, 0] > bounds[:, 0])
-                             | (np.abs(new - box[:, 1]) < 1e-8) & (box[:, 1] < bounds[:, 1]))
-            theta = new
-            if failures[0]:
-                n_failed_rounds += 1
-                shrink *= 0.5
-                if shrink < 1.0 / 64:
-                    warnings.warn(
-                        f"type-II ML stopped: EP did not converge near the point reached ({n_failed_rounds} "
-                        "optimiser rounds had evaluations where EP failed; the hyperparameters are the best "
-                        "point found)", ConvergenceWarning, stacklevel=4)
-                    return theta, n_evals
-                continue
-            shrink = min(1.0, 2.0 * shrink)
-            if not at_edge and not caught:
-                return theta, n_evals
-        warnings.warn(f"L-BFGS-B used its budget of max_opt_iter={self.max_opt_iter} iterations before converging",
-                      ConvergenceWarning, stacklevel=4)
-        return theta, n_evals
-
-    def _initial_rho2(self, tasks, sigma2, gamma2, cf):
-        """Best ``ρ²`` on a coarse grid (the evidence is multi-scale in ``ρ²``; L-BFGS-B starts there).
-
-        Grid: ``ρ² = γ² · 10^-k · Var(y)/mean_j Var(x_j)``, ``k = 0, ..., 8``, the EP evidence
-        with the initial ``σ²`` and ``P``; points where EP does not converge are skipped.
-        """
-        y_var = np.mean([max(float(np.var(t.y)), 1e-12) for t in tasks])
-        x_var = np.mean([max(float(np.mean(t.col_sq)) / max(t.n, 1), 1e-12) for t in tasks])
-        best, best_value = None, -np.inf
-        for k in range(9):
-            rho2 = gamma2 * 10.0 ** (-k) * y_var / x_var
-            sites = [_eng.initial_sites(t.d, rho2, gamma2) for t in tasks]
-            res = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites, warm=False)
-            if res is not None and all(r["converged"] for r in res):
-                value = sum(r["log_z"] for r in res)
-                if self.verbose:
-                    print(f"[horseshoe] grid rho2 {rho2:.3g}: log evidence {value:.6f}")
-                if value > best_value:
-                    best, best_value = rho2, value
-        return best if best is not None else gamma2 * y_var / x_var
-
     def _fit_tasks(self, Xs, ys):
         Xs, ys = self._check_tasks(Xs, ys)
         T, d = len(Xs), Xs[0].shape[1]
@@ -295,75 +165,41 @@ class _HorseshoeBase(BaseEstimator):
                 j = int(np.flatnonzero(task.col_sq == 0)[0])
                 raise ValueError(f"Xs[{t}] column {j} is constant{' after centring' if self.fit_intercept else ''}: "
                                  "its coefficient is not identified by the data; remove the column")
-        sigma2 = opts["sigma2"] if opts["sigma2"] is not None else 0.1 * y_scale
         gamma2, D, m = opts["gamma2"], opts["D"], opts["m"]
         P = opts["P0"].copy()
+        sigma2 = opts["sigma2"] if opts["sigma2"] is not None else 0.1 * y_scale
+        rho2 = opts["rho2"] if opts["rho2"] is not None else 0.1
+        starts = [None] * T
         n_evals = 0
         ep_iterations = np.zeros(T, dtype=int)
-        if opts["rho2"] is not None:
-            rho2 = opts["rho2"]
-        elif self.learn_hyperparameters:
-            rho2 = self._initial_rho2(tasks, sigma2, gamma2, _eng.CorrelationFactors(P, D))
-        else:
-            rho2 = 0.1
-        sites_list = [_eng.initial_sites(d, rho2, gamma2) for _ in tasks]
         if self.learn_hyperparameters:
-            learn_P = m > 0
-            theta0 = np.concatenate([np.log(sigma2), [np.log(rho2)], P.ravel() if learn_P else []])
+            log = (lambda line: print(f"[horseshoe] {line}")) if self.verbose else None
+            search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter, log=log)
             # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
-            bounds = np.full((theta0.size, 2), np.inf) * np.array([-1.0, 1.0])
+            bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
             bounds[:T, 0] = np.log(float(self.sigma2_floor) * y_scale)
             bounds[:T, 1] = np.log(100.0 * y_scale)
-            theta0[:T] = np.clip(theta0[:T], bounds[:T, 0], bounds[:T, 1])
-            scale = 1.0 / sum(t.n for t in tasks)      # mean log evidence per sample
-            state = {"warm": False}
-
-            def objective(theta):
-                s2 = np.exp(theta[:T])
-                r2 = float(np.exp(theta[T]))
-                P_ = theta[T + 1:].reshape(d, m) if learn_P else P
-                cf_ = _eng.CorrelationFactors(P_, D)
-                res = self._run_all(tasks, s2, r2, gamma2, cf_, sites_list, warm=state["warm"],
-                                    iterations=ep_iterations)
-                state["warm"] = True
-                # An EP run that stopped early has no trustworthy evidence: report the point
-                # as unusable so that the line search backs off.
-                if res is None or not all(r["converged"] or (r["status"] == "max_iter" and
-                                                             r["residual"] < _ACCEPT_RESIDUAL)
-                                              for r in res):
-                    if self.verbose:
-                        print(f"[horseshoe] EP failed at sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
-                    state["warm"] = False
-                    return -np.inf, np.zeros_like(theta)
-                value = sum(r["log_z"] for r in res)
-                grad = np.empty_like(theta)
-                grad[:T] = [r["state"]["w"]["grad_sigma2"] * s for r, s in zip(res, s2)]
-                grad[T] = r2 * sum(r["state"]["u"]["grad_scale2"] for r in res)
-                if learn_P:
-                    grad[T + 1:] = sum(r["state"]["u"]["grad_P"] + r["state"]["v"]["grad_P"]
-                                       for r in res).ravel()
-                if self.verbose:
-                    print(f"[horseshoe] log evidence {value:.6f}, sigma2 {np.round(s2, 5)}, rho2 {r2:.5g}")
-                if not (np.isfinite(value) and np.all(np.isfinite(grad))):
-                    return -np.inf, np.zeros_like(theta)
-                if value > state.get("best_value", -np.inf):
-                    state["best_value"], state["best_theta"] = value, theta.copy()
-                    state["best_sites"] = [{k: a.copy() for k, a in st.items()} for st in sites_list]
-                return value * scale, grad * scale
-
-            theta, n_evals = self._maximize(objective, theta0, bounds, T + 1)
-            if "best_theta" in state and np.array_equal(theta, state["best_theta"]):
-                # warm-start the final EP from this point's own sites: EP's fixed point can
-                # depend on the start when C is strongly correlated (a cold start may get stuck)
-                sites_list[:] = state["best_sites"]
-            sigma2 = np.exp(theta[:T])
-            rho2 = float(np.exp(theta[T]))
-            if learn_P:
-                P = theta[T + 1:].reshape(d, m).copy()
+            if opts["sigma2"] is not None:
+                candidates = [np.clip(sigma2, np.exp(bounds[:T, 0]), np.exp(bounds[:T, 1]))]
+            else:
+                candidates = [f * y_scale for f in _noise_fractions(float(self.sigma2_floor))]
+            x_var = np.mean([max(float(np.mean(t.col_sq)) / t.n, 1e-300) for t in tasks])
+            rho2_top = gamma2 * float(np.mean(y_scale)) / x_var * min(1.0, 10.0 / d)
+            start = search.coarse_start(candidates, rho2_top=rho2_top, rho2_fixed=opts["rho2"])
+            theta0 = search.pack(candidates[0], rho2) if start is None else start["theta"]
+            best = search.maximize(theta0, bounds, scale=1.0 / sum(t.n for t in tasks))
+            if best is None:    # no evaluation at the full tolerance was accepted: the coarse start's best
+                best = start
+            if best is not None:
+                sigma2, rho2, P = search.unpack(best["theta"])
+                P = P.copy()
+                starts = best["sites"]
+            n_evals = search.n_evaluations
+            ep_iterations += search.ep_iterations
         cf = _eng.CorrelationFactors(P, D)
-        results = self._run_all(tasks, sigma2, rho2, gamma2, cf, sites_list, warm=n_evals > 0,
-                                iterations=ep_iterations)
+        out = run_tasks(tasks, sigma2, rho2, gamma2, cf, starts, self._ep_options(), iterations=ep_iterations)
+        results, sites_list = (None, None) if out is None else out
         if results is None:
             raise ValueError(f"EP cannot start at sigma2={sigma2}, rho2={rho2}, gamma2={gamma2}: the cold-start "
                              "posterior or a cavity is improper (extreme hyperparameters?)")
@@ -437,11 +273,20 @@ _PARAMETERS_DOC = """    n_components : int, default 2
         likelihood; False keeps the given/initial values (``P`` stays at ``P_init`` or its
         random start).
     sigma2 : float or array (n_tasks,), optional
-        Noise variances (initial values when learning); default ``0.1 · Var(y_t)``.
+        Noise variances (the start when learning). Default: when learning, the start is
+        found by a coarse search (below); otherwise ``0.1 · Var(y_t)``.
     rho2 : float, optional
-        ``ρ²`` (initial value when learning). Default: when learning, the best of a coarse
-        grid ``γ² 10^-k Var(y)/Var(x)``, ``k = 0..8`` (the evidence varies over many decades
-        of ``ρ²``); otherwise 0.1.
+        ``ρ²`` (the start when learning). Default: when learning, found by the coarse
+        search; otherwise 0.1.
+
+        The coarse search (type-II ML's start): the evidence has a region where the data are
+        explained as noise (large ``σ²``) and one where a few features explain them (small
+        ``σ²`` and ``ρ²``), and gradient ascent stays in the region it starts in. So each
+        ``σ_t² = f · Var(y_t)``, ``f = 10^-1, 10^-2, ...`` down to ``sigma2_floor``, is
+        paired with ``ρ² = γ² Var(y)/Var(x) · min(1, 10/d) · 10^-k`` walked from weak to strong
+        shrinkage (``k = 0, 1, ...``, each EP warm-started from the previous decade, until the
+        evidence stops rising), and L-BFGS-B starts from the best pair. A given ``sigma2``
+        or ``rho2`` is kept fixed in this search.
     gamma2 : float, default 1.0
         ``γ²``, held fixed (the evidence depends on ``ρ²/γ²`` only; module docstring).
     D : float or array (d,), default 1.0
@@ -480,7 +325,7 @@ _PARAMETERS_DOC = """    n_components : int, default 2
     max_opt_iter : int, default 100
         L-BFGS-B iterations.
     verbose : bool, default False
-        Print the evidence at every optimiser evaluation.
+        Print the evidence at every evaluation of the type-II ML search.
 """
 
 
@@ -513,7 +358,9 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         Sum over tasks of eq (27) at the fitted hyperparameters; per task in ``log_evidence_per_task_``.
     n_iter_ : ndarray (n_tasks,)
         EP iterations run for each task over the whole fit (every evaluation of the evidence).
-    converged_ : bool; n_evaluations_ : int
+    converged_ : bool
+    n_evaluations_ : int
+        EP evaluations of the evidence by type-II ML (coarse search and L-BFGS-B; 0 without learning).
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
 
