@@ -223,7 +223,7 @@ def _n_length_arrays(obj, n, seen=None):
 def test_dask_fit_equals_the_in_core_parallel_fit(client):
     X, y, _ = _data(900, seed=7)
     labels = np.where(y > 0, "yes", "no")
-    kw = dict(schedule="parallel", n_inducing=12, random_state=0, optimizer=None)
+    kw = dict(schedule="parallel", n_inducing=12, random_state=0, optimizer=None, learn_inducing=True)
     incore = SparseGPClassifier(**kw).fit(X, labels)
     remote = SparseGPClassifier(**kw).fit(*_dask(X, labels, 250), client=client)
     assert len(client.scheduler_info()["workers"]) == 2

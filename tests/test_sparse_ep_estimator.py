@@ -55,7 +55,7 @@ def central_differences(fun, theta, h=1e-5):
 def test_classifier_gradient_matches_finite_differences(approximation, power, likelihood, learn_likelihood):
     X, y, _ = toy(50, seed=1)
     kernel = RBFARD(scales=[0.6, 0.4], variance=1.3, inverse_width=1.5) + White(0.05)
-    clf = SparseGPClassifier(kernel, likelihood, n_inducing=5, approximation=approximation, power=power,
+    clf = SparseGPClassifier(kernel, likelihood, n_inducing=5, learn_inducing=True, approximation=approximation, power=power,
                              learn_likelihood=learn_likelihood, optimizer=None, tol=1e-12, max_sweeps=500,
                              random_state=3).fit(X, y)
     lik_theta = [np.array([0.15, -0.1])] if learn_likelihood else []
@@ -70,7 +70,7 @@ def test_classifier_gradient_matches_finite_differences(approximation, power, li
 def test_regressor_gradient_matches_finite_differences(approximation, power):
     X, _, y = toy(40, seed=2)
     reg = SparseGPRegressor(RBF(variance=1.2, inverse_width=0.8) + Linear(0.1), noise_variance=0.1,
-                            n_inducing=6, approximation=approximation, power=power, optimizer=None,
+                            n_inducing=6, learn_inducing=True, approximation=approximation, power=power, optimizer=None,
                             tol=1e-12, random_state=1).fit(X, y)
     theta = np.concatenate([reg.kernel_.theta, [np.log(0.15)], reg.inducing_inputs_.ravel()])
     _, grad = reg.log_marginal_likelihood(theta, eval_gradient=True)
@@ -84,10 +84,10 @@ def test_classifier_learns_with_an_mlp_kernel_and_its_gradient_matches_finite_di
     # (the learnt one runs to extreme values on this nearly separable toy) and near the learnt Z
     X, y, _ = toy(40, seed=4)
     kernel = MLPARD(scales=[0.7, 0.5], variance=1.5, weight_variance=2.0, bias_variance=0.5)
-    start = SparseGPClassifier(kernel, n_inducing=5, optimizer=None, random_state=0).fit(X, y)
+    start = SparseGPClassifier(kernel, n_inducing=5, learn_inducing=True, optimizer=None, random_state=0).fit(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        clf = SparseGPClassifier(kernel, n_inducing=5, random_state=0).fit(X, y)
+        clf = SparseGPClassifier(kernel, n_inducing=5, learn_inducing=True, random_state=0).fit(X, y)
     assert clf.log_marginal_likelihood_value_ > start.log_marginal_likelihood_value_ + 1.0
     assert not np.allclose(clf.inducing_inputs_, start.inducing_inputs_)
     theta = np.concatenate([kernel.theta, clf.inducing_inputs_.ravel() - 0.05])
@@ -102,7 +102,7 @@ def test_gradient_matches_the_dense_reference_formula():
     X, y, _ = toy(45, seed=4)
     y = np.where(y == 1, 1.0, -1.0)
     kernel = RBF(variance=1.4, inverse_width=0.9)
-    clf = SparseGPClassifier(kernel, n_inducing=5, optimizer=None, tol=1e-12, jitter=1e-8,
+    clf = SparseGPClassifier(kernel, n_inducing=5, learn_inducing=True, optimizer=None, tol=1e-12, jitter=1e-8,
                              random_state=0).fit(X, y)
     Z = clf.inducing_inputs_
     k = clf.kernel_
@@ -146,7 +146,7 @@ def test_inducing_inputs_at_the_training_inputs_reproduce_dense_ep():
 @pytest.mark.parametrize("approximation, power", [("fitc", 1.0), ("dtc", 1.0), ("fitc", 0.5)])
 def test_regressor_equals_closed_form_evidence_and_predictions(approximation, power):
     X, _, y = toy(60, seed=7)
-    reg = SparseGPRegressor(RBF(variance=1.1, inverse_width=1.3), noise_variance=0.2, n_inducing=7,
+    reg = SparseGPRegressor(RBF(variance=1.1, inverse_width=1.3), noise_variance=0.2, n_inducing=7, learn_inducing=True,
                             approximation=approximation, power=power, optimizer=None, tol=1e-12,
                             random_state=0).fit(X, y)
     k, Z = reg.kernel_, reg.inducing_inputs_
@@ -175,10 +175,10 @@ def test_regressor_equals_closed_form_evidence_and_predictions(approximation, po
 
 def test_learning_improves_the_evidence_and_moves_the_inducing_inputs():
     X, y, _ = toy(120, seed=9)
-    start = SparseGPClassifier(RBF(), n_inducing=8, optimizer=None, random_state=0).fit(X, y)
+    start = SparseGPClassifier(RBF(), n_inducing=8, learn_inducing=True, optimizer=None, random_state=0).fit(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        fitted = SparseGPClassifier(RBF(), n_inducing=8, random_state=0).fit(X, y)
+        fitted = SparseGPClassifier(RBF(), n_inducing=8, learn_inducing=True, random_state=0).fit(X, y)
     assert fitted.log_marginal_likelihood_value_ > start.log_marginal_likelihood_value_ + 1.0
     assert not np.allclose(fitted.inducing_inputs_, start.inducing_inputs_)
     assert fitted.score(X, y) > 0.85
@@ -212,11 +212,11 @@ def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_like
 
 def test_inducing_initialisation():
     X, y, _ = toy(200, seed=10)
-    a = SparseGPClassifier(n_inducing=12, optimizer=None, random_state=4).fit(X, y).inducing_inputs_
-    b = SparseGPClassifier(n_inducing=12, optimizer=None, random_state=4).fit(X, y).inducing_inputs_
+    a = SparseGPClassifier(n_inducing=12, learn_inducing=True, optimizer=None, random_state=4).fit(X, y).inducing_inputs_
+    b = SparseGPClassifier(n_inducing=12, learn_inducing=True, optimizer=None, random_state=4).fit(X, y).inducing_inputs_
     np.testing.assert_array_equal(a, b)
     assert a.shape == (12, 2)
-    r = SparseGPClassifier(n_inducing=12, inducing_init="random", optimizer=None, random_state=4).fit(X, y)
+    r = SparseGPClassifier(n_inducing=12, learn_inducing=True, inducing_init="random", optimizer=None, random_state=4).fit(X, y)
     Zr = r.inducing_inputs_
     assert all(np.any(np.all(X == z, axis=1)) for z in Zr)
     assert len(np.unique(Zr, axis=0)) == 12
@@ -234,7 +234,7 @@ def test_ivm_inducing_inputs_are_the_ivm_active_set():
     kernel = RBF(variance=1.5, inverse_width=2.0) + White(0.01)
     lik = fastep.Probit(bias=0.1)
     ivm = fastep.IVMClassifier(kernel, lik, active_set_size=9, optimizer=None).fit(X, y)
-    fixed = SparseGPClassifier(kernel, lik, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, y)
+    fixed = SparseGPClassifier(kernel, lik, n_inducing=9, learn_inducing=True, inducing_init="ivm", optimizer=None).fit(X, y)
     np.testing.assert_array_equal(fixed.inducing_inputs_, X[ivm.active_set_])
     # learning starts from the same selection (made before the kernel moves); a fit works
     with warnings.catch_warnings():
@@ -247,17 +247,17 @@ def test_ivm_inducing_inputs_are_the_ivm_active_set():
     # regression: IVMRegressor with the initial noise variance, no learning
     reg_ivm = fastep.IVMRegressor(kernel, noise_variance=0.05, bias=0.0, learn_noise=False, active_set_size=9,
                                   optimizer=None).fit(X, f)
-    reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm", optimizer=None).fit(X, f)
+    reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, learn_inducing=True, inducing_init="ivm", optimizer=None).fit(X, f)
     np.testing.assert_array_equal(reg.inducing_inputs_, X[reg_ivm.active_set_])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, inducing_init="ivm",
+        reg = SparseGPRegressor(kernel, noise_variance=0.05, n_inducing=9, learn_inducing=True, inducing_init="ivm",
                                 random_state=0).fit(X, f)
     assert reg.score(X, f) > 0.9
     # one-vs-rest: each binary problem gets its own selection
     X3, y3, _ = toy(90, seed=11, classes=3)
     ivm3 = fastep.IVMClassifier(RBF(variance=2.0), active_set_size=6, optimizer=None).fit(X3, y3)
-    clf3 = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, inducing_init="ivm", optimizer=None).fit(X3, y3)
+    clf3 = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, learn_inducing=True, inducing_init="ivm", optimizer=None).fit(X3, y3)
     assert clf3.inducing_inputs_.shape == (3, 6, 2)
     for c in range(3):
         np.testing.assert_array_equal(clf3.inducing_inputs_[c], X3[ivm3.active_set_[c]])
@@ -266,7 +266,7 @@ def test_ivm_inducing_inputs_are_the_ivm_active_set():
 
 def test_one_vs_rest():
     X, y, _ = toy(90, seed=11, classes=3)
-    clf = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, optimizer=None, random_state=0).fit(X, y)
+    clf = SparseGPClassifier(RBF(variance=2.0), n_inducing=6, learn_inducing=True, optimizer=None, random_state=0).fit(X, y)
     assert clf.inducing_inputs_.shape == (3, 6, 2)
     assert clf.site_precision_.shape == (3, 90)
     p = clf.predict_proba(X[:10])
@@ -283,15 +283,15 @@ def test_one_vs_rest():
 def test_convergence_warning_and_parallel_schedule():
     X, y, _ = toy(60, seed=12)
     with pytest.warns(ConvergenceWarning, match="did not converge"):
-        SparseGPClassifier(n_inducing=5, optimizer=None, max_sweeps=1).fit(X, y)
-    seq = SparseGPClassifier(n_inducing=5, optimizer=None, tol=1e-10, random_state=0).fit(X, y)
-    par = SparseGPClassifier(n_inducing=5, optimizer=None, tol=1e-10, schedule="parallel",
+        SparseGPClassifier(n_inducing=5, learn_inducing=True, optimizer=None, max_sweeps=1).fit(X, y)
+    seq = SparseGPClassifier(n_inducing=5, learn_inducing=True, optimizer=None, tol=1e-10, random_state=0).fit(X, y)
+    par = SparseGPClassifier(n_inducing=5, learn_inducing=True, optimizer=None, tol=1e-10, schedule="parallel",
                              random_state=0, max_sweeps=500).fit(X, y)
     assert abs(seq.log_marginal_likelihood_value_ - par.log_marginal_likelihood_value_) < 1e-7
 
 
 def test_params_roundtrip():
-    clf = SparseGPClassifier(n_inducing=7, approximation="dtc", power=0.5)
+    clf = SparseGPClassifier(n_inducing=7, learn_inducing=True, approximation="dtc", power=0.5)
     params = clf.get_params()
     assert params["n_inducing"] == 7 and params["approximation"] == "dtc" and params["power"] == 0.5
     clf.set_params(n_inducing=9)
@@ -332,7 +332,7 @@ X_BAD, Y_BAD, _ = toy(20, seed=13)
     ({}, np.where(np.arange(40).reshape(20, 2) == 3, np.nan, 1.0), ValueError, "X must be finite"),
 ])
 def test_bad_input_raises_naming_the_argument_and_changes_nothing(params, X, exc, message):
-    clf = SparseGPClassifier(n_inducing=4, optimizer=None, random_state=0).fit(X_BAD, Y_BAD)
+    clf = SparseGPClassifier(n_inducing=4, learn_inducing=True, optimizer=None, random_state=0).fit(X_BAD, Y_BAD)
     before = {k: np.copy(v) for k, v in vars(clf).items() if k.endswith("_") and isinstance(v, np.ndarray)}
     good_params = clf.get_params(deep=False)
     clf.set_params(**params)
@@ -345,7 +345,7 @@ def test_bad_input_raises_naming_the_argument_and_changes_nothing(params, X, exc
 
 
 def test_prediction_input_checked_and_mlp_without_optimizer_works():
-    clf = SparseGPClassifier(MLP(), n_inducing=4, optimizer=None).fit(X_BAD, Y_BAD)
+    clf = SparseGPClassifier(MLP(), n_inducing=4, learn_inducing=True, optimizer=None).fit(X_BAD, Y_BAD)
     with pytest.raises(ValueError, match="features"):
         clf.predict_proba(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="theta must have length"):

@@ -115,6 +115,9 @@ class SiteProblem:
     algorithm = "EP"
     #: Name of the estimator in the learning warnings (set by the estimator).
     estimator_name = "type-II ML"
+    #: EP tolerance during the type-II ML search when looser than the estimator's ``tol``
+    #: (None: the estimator's); the final EP run at the learnt point always uses ``tol``.
+    search_tol = None
 
     def __init__(self, kernel, likelihood, X, y, options):
         self.kernel = kernel
@@ -146,7 +149,9 @@ class SiteProblem:
 
         Maximises the EP log marginal likelihood over ``hyper``'s θ with L-BFGS-B
         (:func:`fastep._optimize.maximize_log_likelihood`, ``n_restarts`` extra starts seeded
-        by ``seed``); a point where EP or a factorisation fails counts as ``-inf``. Warns
+        by ``seed``); a point where EP or a factorisation fails counts as ``-inf``. During the
+        search EP runs to ``search_tol`` when that is looser than ``tol`` (the final run, warm
+        from the search's sites, to ``tol``). Warns
         with :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
         if optimizer is not None and hyper.size:
@@ -160,8 +165,14 @@ class SiteProblem:
                 return value, grad
 
             rng = np.random.default_rng(seed)
-            theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
-                                                  n_restarts=n_restarts, rng=rng, stacklevel=5)
+            final_options = self.options
+            if self.search_tol is not None and self.search_tol > final_options["tol"]:
+                self.options = dict(final_options, tol=self.search_tol)
+            try:
+                theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
+                                                      n_restarts=n_restarts, rng=rng, stacklevel=5)
+            finally:
+                self.options = final_options
             params = hyper.unpack(theta)
             warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
                                  stacklevel=4)

@@ -83,8 +83,20 @@ def gram(a):
         out = _blas.dsyrk(1.0, operand, trans=0, lower=1)
     else:
         out = _blas.dsyrk(1.0, operand, trans=1, lower=1)
-    lower = np.tril(out)
-    return np.ascontiguousarray(lower + np.tril(out, -1).T)
+    symmetrize_from_lower(out)
+    return out.T                                   # symmetric: the C-ordered view holds the same matrix
+
+
+def symmetrize_from_lower(A, block=256):
+    """Copy the lower triangle of square ``A`` onto its upper triangle in place, blockwise
+    (temporaries of ``n x block``, never ``n x n``); ``A`` may be C- or F-ordered."""
+    n = A.shape[0]
+    for j0 in range(0, n, block):
+        j1 = min(j0 + block, n)
+        # the upper part of columns j0:j1 (rows < column) from the lower part of rows j0:j1
+        blk = A[j0:j1, :j1].T.copy()               # blk[r, c - j0] = A[c, r]
+        mask = np.arange(j1)[:, None] < np.arange(j0, j1)[None, :]
+        A[:j1, j0:j1] = np.where(mask, blk, A[:j1, j0:j1])
 
 
 def inner(a, b):
