@@ -194,3 +194,22 @@ def test_optimizer_warns_when_it_returns_a_non_stationary_point():
         theta, _, _ = maximize_log_likelihood(lambda t: (-float(np.sum((t - 1.0) ** 2)), -2.0 * (t - 1.0)),
                                               theta0, bounds)
     np.testing.assert_allclose(theta, 1.0, atol=1e-5)
+
+
+def test_learning_that_ends_on_a_vanishing_or_degenerate_kernel_warns():
+    """A classifier whose learnt kernel variance collapsed (the latent function is ~0, so every
+    probability is ~0.5) is reported, although it moved away from a good start; the same kernel
+    is not 'vanishing' without a latent scale (a regression target may be small)."""
+    from fastep._learning_checks import warn_if_kernel_stuck
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    start, collapsed = RBF(1.0, 0.1), RBF(1e-7, 0.1)
+    assert kernel_structure(collapsed, X, latent_scale=1.0) == "vanishing"
+    assert kernel_structure(collapsed, X) is None and kernel_structure(start, X, latent_scale=1.0) is None
+    with pytest.warns(ConvergenceWarning, match="ended on a kernel that does not tell the training inputs apart"):
+        warn_if_kernel_stuck(start, collapsed, X, what="IVMClassifier", latent_scale=1.0)
+    with pytest.warns(ConvergenceWarning, match="≈ 0 between every pair"):
+        warn_if_kernel_stuck(start, RBF(1.0, 1e4), X, what="IVMClassifier", latent_scale=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        warn_if_kernel_stuck(start, collapsed, X, what="GaussianProcessRegressor")
+        warn_if_kernel_stuck(start, RBF(2.0, 0.3), X, what="IVMClassifier", latent_scale=1.0)

@@ -115,6 +115,8 @@ class SiteProblem:
     algorithm = "EP"
     #: Name of the estimator in the learning warnings (set by the estimator).
     estimator_name = "type-II ML"
+    #: The latent scale of the likelihood for the learning checks (1 for classifiers; set by the estimator).
+    latent_scale = None
     #: EP tolerance during the type-II ML search when looser than the estimator's ``tol``
     #: (None: the estimator's); the final EP run at the learnt point always uses ``tol``.
     search_tol = None
@@ -175,6 +177,7 @@ class SiteProblem:
                 self.options = final_options
             params = hyper.unpack(theta)
             warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
+                                 latent_scale=self.latent_scale,
                                  stacklevel=4)
         else:
             params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)

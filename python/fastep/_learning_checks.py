@@ -21,11 +21,13 @@ DEGENERATE_SPREAD = 1e-6
 _MAX_ROWS = 200
 
 
-def kernel_structure(kernel, X, max_rows=_MAX_ROWS):
+def kernel_structure(kernel, X, max_rows=_MAX_ROWS, latent_scale=None):
     """``'diagonal'``, ``'constant'`` or None: whether ``kernel`` on (a seeded sample of) X has
     its off-diagonal values equal (the 10 % and 90 % quantiles within ``DEGENERATE_SPREAD``
     times the mean prior variance), ≈ 0 (``'diagonal'``) or not (``'constant'``, possibly
-    plus a diagonal)."""
+    plus a diagonal). With ``latent_scale`` (the scale on which the likelihood reads the latent
+    function: 1 for probit and logistic classification), a mean prior variance below
+    ``DEGENERATE_SPREAD · latent_scale`` is ``'vanishing'`` (the latent function is ~0)."""
     S = X[sample_rows(X.shape[0], max_rows)]
     if S.shape[0] < 2:
         return None
@@ -33,6 +35,8 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS):
     scale = float(np.mean(np.diag(K)))
     if not (np.isfinite(scale) and scale > 0.0):
         return None
+    if latent_scale is not None and scale <= DEGENERATE_SPREAD * latent_scale:
+        return "vanishing"
     off = K[np.triu_indices(S.shape[0], k=1)]
     low, high = np.quantile(off, [0.1, 0.9])       # a few near-duplicate rows do not count
     tol = DEGENERATE_SPREAD * scale
@@ -41,10 +45,12 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS):
     return "diagonal" if max(abs(low), abs(high)) <= tol else "constant"
 
 
-def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2):
-    """Warn (``ConvergenceWarning``) if type-II ML started from a kernel that does not tell the
-    training inputs apart (:func:`kernel_structure`) and ended with one that still does not, in
-    the same way (a variance may have moved; the width, whose gradient is ~0, did not).
+def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2, latent_scale=None):
+    """Warn (``ConvergenceWarning``) if type-II ML ended with a kernel that does not tell the
+    training inputs apart (:func:`kernel_structure`): either it started from one that does not
+    either (a variance may have moved; the width, whose gradient is ~0, did not), or it moved
+    there from a start that did (the evidence preferred a model whose
+    predictions ignore the inputs).
 
     Parameters
     ----------
@@ -54,16 +60,29 @@ def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2):
         Training inputs (None: no check).
     what : str
         The estimator's name, for the message.
+    latent_scale : float, optional
+        Passed to :func:`kernel_structure` (1 for classifiers).
     """
     if X is None or not isinstance(X, np.ndarray) or X.ndim != 2:
         return
-    kind = kernel_structure(fitted, X)
-    if kind is None or kernel_structure(start, X) != kind:
+    kind = kernel_structure(fitted, X, latent_scale=latent_scale)
+    if kind is None:
         return
     gamma = median_inverse_width(X)
-    looks = ("≈ 0 between every pair of distinct training inputs (its length-scale is far shorter than their distances)"
-             if kind == "diagonal" else
-             "the same for every pair of distinct training inputs (its length-scale is far longer than their distances)")
+    looks = {"diagonal": "≈ 0 between every pair of distinct training inputs (its length-scale is far shorter "
+                         "than their distances)",
+             "constant": "the same for every pair of distinct training inputs (its length-scale is far longer "
+                         "than their distances)",
+             "vanishing": "≈ 0 everywhere (a prior latent variance far below the likelihood's unit scale)"}[kind]
+    if kernel_structure(start, X, latent_scale=latent_scale) is None:
+        warnings.warn(
+            f"{what}: type-II ML ended on a kernel that does not tell the training inputs apart: the fitted "
+            f"{fitted!r} is {looks}, so the predictions ignore the inputs. The evidence preferred it to the start "
+            f"{start!r}; if the inputs should matter, fix a kernel (optimizer=None; an RBF inverse width of "
+            f"1 / median squared distance = {gamma:.3g} here), give the model more points (active_set_size, "
+            "n_inducing) or use the dense GaussianProcessClassifier/Regressor.",
+            ConvergenceWarning, stacklevel=stacklevel + 1)
+        return
     warnings.warn(
         f"{what}: type-II ML did not move the kernel out of its degenerate start: the fitted {fitted!r} is "
         f"{looks}, so the evidence is flat in its width. Leave kernel=None for a start from the data (an RBF inverse "

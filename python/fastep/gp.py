@@ -220,6 +220,7 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
         problem = _BinaryGPEP(kernel, likelihood, X, y, options, learn_likelihood)
         problem.estimator_name = type(self).__name__
+        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood)
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],

@@ -442,6 +442,7 @@ class _IVMBase(GPEstimator):
             warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
         if options["n_iterations"] > 0:
             warn_if_kernel_stuck(kernel_at_start, problem.kernel, problem.X,
+                                 latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None,
                                  what=f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}", stacklevel=3)
         problem.finalize()
         if options["verbose"]:

@@ -320,6 +320,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood):
         problem.estimator_name = type(self).__name__
+        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
                                                   extra=Z if self.learn_inducing else None)
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
