@@ -35,10 +35,12 @@ def test_thread_pool_results_are_bitwise_identical_for_every_n_jobs_and_in_input
     assert all(isinstance(m, fastep.GaussianProcessClassifier) for m in two)
     for a, b in zip(_proba(one, datasets), _proba(two, datasets)):
         assert np.array_equal(a, b)
-    # input order: each model is the one fitted on its own data set
+    # input order: each model is the one fitted on its own data set (alone, with the default BLAS
+    # threads: other rounding, and type-II ML searches with EP to 1e-2, so the learnt point agrees
+    # to about 1e-4 relative)
     for model, (X, y) in zip(two, datasets):
         alone = fastep.GaussianProcessClassifier(RBF()).fit(X, y)
-        np.testing.assert_allclose(model.predict_proba(X), alone.predict_proba(X), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(model.predict_proba(X), alone.predict_proba(X), rtol=1e-3, atol=1e-7)
     assert not hasattr(est, "classes_")                 # the template is never fitted
 
 

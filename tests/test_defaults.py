@@ -69,7 +69,10 @@ def _pixels(n, p=64, seed=0):
 CLASSIFIERS = [
     lambda kernel: fastep.GaussianProcessClassifier(kernel),
     lambda kernel: fastep.SparseGPClassifier(kernel, n_inducing=20, learn_inducing=False),
-    lambda kernel: fastep.IVMClassifier(kernel, active_set_size=40),
+    # 120 of 200: with 40 or 80 active points the IVM's evidence (eq 32 on the active set) prefers a
+    # kernel that is ~0 between distinct inputs, from the default start and from a tuned one alike
+    # (37 % / 34 % test error; the learning check warns)
+    lambda kernel: fastep.IVMClassifier(kernel, active_set_size=120),
 ]
 
 
