@@ -225,30 +225,29 @@ class EvidenceSearch:
         fails; then upwards from ``k0`` if ``k0`` was the best.
         Returns ``{k: point}`` of the accepted points."""
         walked = {}
-        for direction in (1, -1):
-            k = k0 if direction == 1 else k0 - 1
-            best_value, misses = -np.inf, 0
-            prev = start if direction == 1 else walked.get(k0, {}).get("sites")
-            if direction == -1 and (not walked or max(walked, key=lambda j: walked[j]["value"]) != k0
-                                    or prev is None):
-                break
-            if direction == -1:
-                best_value = walked[k0]["value"]
-            while k_range[0] <= k <= k_range[1]:
-                point = self.evaluate(self.pack(sigma2, rho2_of(k)), tol=START_TOL,
-                                      start=prev if prev is not None else "cold")
-                if point["sites"] is None:
-                    break
-                walked[k] = point
-                prev = point["sites"]
-                if point["value"] > best_value:
-                    best_value, misses = point["value"], 0
-                else:
-                    misses += 1
-                    if misses >= START_PATIENCE or point["value"] < best_value - START_DROP:
-                        break
-                k += direction
+        self._walk_one_way(sigma2, rho2_of, k0, 1, k_range, start, -np.inf, walked)
+        first = walked.get(k0)
+        if first is not None and first["sites"] is not None and max(walked.values(), key=lambda p: p["value"]) is first:
+            self._walk_one_way(sigma2, rho2_of, k0 - 1, -1, k_range, first["sites"], first["value"], walked)
         return walked
+
+    def _walk_one_way(self, sigma2, rho2_of, k, step, k_range, prev, best_value, walked):
+        """One direction of :meth:`_walk` from decade ``k`` (``step`` ±1); adds to ``walked``."""
+        misses = 0
+        while k_range[0] <= k <= k_range[1]:
+            point = self.evaluate(self.pack(sigma2, rho2_of(k)), tol=START_TOL,
+                                  start=prev if prev is not None else "cold")
+            if point["sites"] is None:
+                return
+            walked[k] = point
+            prev = point["sites"]
+            if point["value"] > best_value:
+                best_value, misses = point["value"], 0
+            else:
+                misses += 1
+                if misses >= START_PATIENCE or point["value"] < best_value - START_DROP:
+                    return
+            k += step
 
     def coarse_start(self, sigma2_candidates, rho2_top=None, rho2_fixed=None):
         """The best point of a coarse search over ``(σ², ρ²)`` (a dict as from :meth:`evaluate`,

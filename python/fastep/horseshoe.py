@@ -134,9 +134,6 @@ class _HorseshoeBase(BaseEstimator):
             if X.shape[0] < 2:
                 raise ValueError(f"Xs[{t}] has n_samples = {X.shape[0]}; horseshoe regression needs at least 2 "
                                  "samples (the noise variance is learnt from the residuals)")
-            if X.shape[0] < 2:
-                raise ValueError(f"Xs[{t}] has n_samples = {X.shape[0]}; horseshoe regression needs at least 2 "
-                                 "samples (the noise variance is learnt from the residuals)")
             out_X.append(X)
             out_y.append(y)
         return out_X, out_y
