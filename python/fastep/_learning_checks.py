@@ -18,6 +18,10 @@ __all__ = ["kernel_structure", "warn_if_kernel_stuck"]
 #: Off-diagonal kernel values within this fraction of the mean prior variance of each other (all
 #: but the top and bottom 10 %) count as equal: the kernel does not tell the training points apart.
 DEGENERATE_SPREAD = 1e-6
+#: A latent function whose prior variance of differences f(x) - f(x') is below this fraction of the
+#: likelihood's scale for 90 % of the training pairs is ≈ constant where the likelihood reads it
+#: (latent differences ~1e-2 move a probit probability by < 0.4 %).
+VANISHING_SPREAD = 1e-4
 _MAX_ROWS = 200
 
 
@@ -26,8 +30,10 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS, latent_scale=None):
     its off-diagonal values equal (the 10 % and 90 % quantiles within ``DEGENERATE_SPREAD``
     times the mean prior variance), ≈ 0 (``'diagonal'``) or not (``'constant'``, possibly
     plus a diagonal). With ``latent_scale`` (the scale on which the likelihood reads the latent
-    function: 1 for probit and logistic classification), a mean prior variance below
-    ``DEGENERATE_SPREAD · latent_scale`` is ``'vanishing'`` (the latent function is ~0)."""
+    function: 1 for probit and logistic classification), a kernel under which the latent function
+    barely varies on that scale is ``'vanishing'``: a mean prior variance below
+    ``DEGENERATE_SPREAD · latent_scale``, or a prior variance of the differences
+    ``f(x) - f(x')`` below ``VANISHING_SPREAD · latent_scale`` for 90 % of the pairs."""
     S = X[sample_rows(X.shape[0], max_rows)]
     if S.shape[0] < 2:
         return None
@@ -37,7 +43,13 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS, latent_scale=None):
         return None
     if latent_scale is not None and scale <= DEGENERATE_SPREAD * latent_scale:
         return "vanishing"
-    off = K[np.triu_indices(S.shape[0], k=1)]
+    upper = np.triu_indices(S.shape[0], k=1)
+    off = K[upper]
+    if latent_scale is not None:
+        diag = np.diag(K)
+        difference_variance = diag[upper[0]] + diag[upper[1]] - 2.0 * off
+        if np.quantile(difference_variance, 0.9) <= VANISHING_SPREAD * latent_scale:
+            return "vanishing"
     low, high = np.quantile(off, [0.1, 0.9])       # a few near-duplicate rows do not count
     tol = DEGENERATE_SPREAD * scale
     if high - low > tol:
@@ -73,7 +85,8 @@ def warn_if_kernel_stuck(start, fitted, X, *, what, stacklevel=2, latent_scale=N
                          "than their distances)",
              "constant": "the same for every pair of distinct training inputs (its length-scale is far longer "
                          "than their distances)",
-             "vanishing": "≈ 0 everywhere (a prior latent variance far below the likelihood's unit scale)"}[kind]
+             "vanishing": "≈ constant across the inputs on the likelihood's scale (the prior latent function "
+                          "varies far less than the likelihood's unit scale between inputs)"}[kind]
     if kernel_structure(start, X, latent_scale=latent_scale) is None:
         warnings.warn(
             f"{what}: type-II ML ended on a kernel that does not tell the training inputs apart: the fitted "

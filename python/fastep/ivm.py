@@ -79,7 +79,7 @@ from ._epcore import ivm as _engine
 from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin,
                        check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
                        start_kernel)
-from ._learning_checks import warn_if_kernel_stuck
+from ._learning_checks import kernel_structure, warn_if_kernel_stuck
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
@@ -392,6 +392,7 @@ class _IVMBase(GPEstimator):
         t0 = time.perf_counter()
         prefix = f"[{label}] " if label else ""
         kernel_at_start = copy.deepcopy(problem.kernel)
+        last_good = (0, kernel_at_start, problem.likelihood, problem.offset)
         if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
             problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
@@ -437,6 +438,19 @@ class _IVMBase(GPEstimator):
                     if learn_offset:
                         problem.offset = float(theta[n_lik])
                 report(iteration, "noise")
+            if not self._ignores_inputs(problem.kernel, problem.X):
+                last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
+        if (options["n_iterations"] > 0 and self._ignores_inputs(problem.kernel, problem.X)
+                and not self._ignores_inputs(kernel_at_start, problem.X)):
+            learnt = problem.kernel
+            rounds, problem.kernel, problem.likelihood, problem.offset = last_good
+            warnings.warn(
+                f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}: Algorithm 2 (eq 32) ended on "
+                f"{learnt!r}, under which the latent function is ≈ constant across the training inputs (the active "
+                f"set's approximate evidence can favour a model that ignores the inputs); kept {problem.kernel!r}, the "
+                f"kernel after round {rounds} of {options['n_iterations']} (0: the start). A larger "
+                "active_set_size, or the dense GaussianProcessClassifier, learns the kernel from more of the data.",
+                ConvergenceWarning, stacklevel=4)
         problem.select()
         for message in problem.refinement_warnings():
             warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
@@ -450,6 +464,13 @@ class _IVMBase(GPEstimator):
                   f"active set {problem.active.shape[0]}, elapsed {time.perf_counter() - t0:.2f} s",
                   flush=True)
         return problem, history
+
+    def _ignores_inputs(self, kernel, X):
+        """Whether, for a classifier, the latent function under ``kernel`` is ≈ constant on the
+        likelihood's scale (``'vanishing'`` in :func:`fastep._learning_checks.kernel_structure`).
+        A short length-scale (``'diagonal'`` there) is not counted: near neighbours still interact."""
+        return (isinstance(self, GPClassifierMixin)
+                and kernel_structure(kernel, X, latent_scale=1.0) == "vanishing")
 
     @staticmethod
     def _maximize(objective, theta0, bounds, options, trust_radius=None):
@@ -561,7 +582,10 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
         ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
         sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
-        be learnt; a kernel given here is the start as it is.
+        be learnt; a kernel given here is the start as it is. If Algorithm 2 ends on a kernel
+        under which the latent function is ≈ constant across the training inputs (the active
+        set's eq 32 can prefer such a model), the kernel of its last round that was not is kept,
+        with a ``ConvergenceWarning``.
     likelihood : Probit, Logistic or Step, default Probit()
         The binary site model.
     learn_likelihood : bool, default False
