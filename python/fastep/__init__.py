@@ -24,6 +24,8 @@ fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
     Plain-numpy twins of the compiled kernels, for cross-checking.
+save, load
+    Store a fitted estimator in one ``.npz`` file and read it back, without pickle.
 get_include
     Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
 """
@@ -39,6 +41,7 @@ from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .sparse import SparseGPClassifier, SparseGPRegressor
 from .multioutput import RankKEP
+from .persistence import load, save
 
 try:
     __version__ = _version("fastep")
@@ -52,5 +55,5 @@ __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
     "SparseGPClassifier", "SparseGPRegressor",
-    "HorseshoeRegression", "MultiTaskHorseshoeRegression",
+    "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load",
 ]

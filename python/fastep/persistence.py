@@ -1,0 +1,407 @@
+"""Save and load fitted estimators without pickle: :func:`save` and :func:`load`.
+
+A model is one ``.npz`` file (a zip of ``.npy`` arrays, read with ``allow_pickle=False``):
+every array of the estimator's state is one member, and one member holds a JSON document
+(UTF-8 bytes) that describes the rest:
+
+- ``format`` (``"fastep-model"``) and ``format_version`` (:data:`FORMAT_VERSION`);
+- ``fastep_version``: the version that wrote the file;
+- ``estimator``: the estimator's class name; ``params``: its constructor parameters
+  (``get_params(deep=False)``; numbers and strings as they are, anything else as its ``repr``);
+  ``summary``: kernel, likelihood and evidence, for ``fastep info``; both are for reading only;
+- ``state``: the estimator's whole state as a tree of JSON values (numbers, strings, lists,
+  dicts), references to the array members, and tagged nodes for tuples, numpy scalars and the
+  fastep objects it holds (kernels, likelihoods, fitted sub-problems);
+- ``checksum``: SHA-256 over the JSON document (without the checksum) and every array's name,
+  dtype, shape and bytes.
+
+Loading never imports or calls anything the file names: a class must be one of fastep's own
+(looked up in a table built from the modules fastep has already imported), an object is
+rebuilt by setting the saved attributes on ``cls.__new__(cls)`` (or, for the compiled site
+model ``SiteSpec``, by calling it with the saved numbers and arrays). A file that is not a
+fastep model, comes from an unknown format version, fails its checksum (truncated, modified),
+or names anything else raises ``ValueError``.
+
+Floats are stored exactly (JSON floats as Python writes them, ``repr`` round-trip; arrays
+byte for byte), so a loaded model predicts bitwise identically to the one saved.
+"""
+import hashlib
+import io
+import json
+import numbers
+import os
+import warnings
+import zipfile
+
+import numpy as np
+
+__all__ = ["save", "load", "FORMAT_VERSION"]
+
+#: Version of the file layout; files from another version are refused.
+FORMAT_VERSION = 1
+_FORMAT = "fastep-model"
+_METADATA = "__fastep_model__"
+_TAG = "__fastep__"                          # key of a tagged node in the state tree
+
+
+# -- the classes a file may name ----------------------------------------------------------------
+
+def _class_table():
+    """``{qualified name: class}`` for every class defined in fastep's own modules."""
+    import sys
+    table = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "fastep" or name.startswith("fastep.")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                table[f"{name}.{value.__qualname__}"] = value
+    return table
+
+
+def _qualified_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_fastep_class(cls):
+    module = getattr(cls, "__module__", "") or ""
+    return module == "fastep" or module.startswith("fastep.")
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+class _Encoder:
+    """Turns an estimator's state into a JSON tree plus a dict of named arrays."""
+
+    def __init__(self):
+        self.arrays = {}
+        self._array_names = {}
+        self._seen = {}
+        self._keep = []                                   # keeps encoded temporaries alive (ids stay unique)
+
+    def array(self, value):
+        if value.dtype.hasobject:
+            items = value.ravel().tolist()
+            if not all(isinstance(item, (str, bool, numbers.Integral, numbers.Real)) or item is None
+                       for item in items):
+                kinds = sorted({type(item).__name__ for item in items})
+                raise TypeError(f"cannot save an object array holding {kinds} without pickle; labels and "
+                                "arrays must hold numbers, strings or booleans")
+            return {_TAG: "object_array", "shape": list(value.shape),
+                    "items": [self.encode(item, "object array item") for item in items]}
+        if value.dtype.kind not in "biufcUSMm":
+            raise TypeError(f"cannot save an array of dtype {value.dtype}")
+        if id(value) in self._array_names:                   # the same array object twice: one member
+            return {_TAG: "array", "name": self._array_names[id(value)]}
+        name = f"a{len(self.arrays)}"
+        self.arrays[name] = value
+        self._array_names[id(value)] = name
+        self._keep.append(value)
+        return {_TAG: "array", "name": name}
+
+    def encode(self, value, where):
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if type(value) is int:
+            return value
+        if type(value) is float:
+            if np.isfinite(value):
+                return value
+            return {_TAG: "float", "repr": repr(value)}
+        if isinstance(value, np.ndarray):
+            return self.array(value)
+        if isinstance(value, np.generic):
+            scalar = np.asarray(value)
+            self._keep.append(scalar)
+            return {_TAG: "numpy_scalar", "value": self.array(scalar)}
+        if type(value) is list:
+            return [self.encode(item, where) for item in value]
+        if type(value) is tuple:
+            return {_TAG: "tuple", "items": [self.encode(item, where) for item in value]}
+        if type(value) is dict:
+            if all(type(key) is str for key in value) and _TAG not in value:
+                return {key: self.encode(item, f"{where}[{key!r}]") for key, item in value.items()}
+            return {_TAG: "dict", "items": [[self.encode(key, where), self.encode(item, f"{where}[{key!r}]")]
+                                           for key, item in value.items()]}
+        if _is_dask_array(value):
+            computed = np.asarray(value)                      # the model file holds its numbers
+            self._keep.append(computed)
+            return self.array(computed)
+        if _is_fastep_class(type(value)):
+            return self.fastep_object(value, where)
+        raise TypeError(f"cannot save {where}: a {type(value).__module__}.{type(value).__qualname__} "
+                        "(fastep saves numbers, strings, arrays and fastep's own objects, without pickle)")
+
+    def fastep_object(self, value, where):
+        cls = type(value)
+        key = id(value)
+        if key in self._seen:                               # shared references stay shared
+            return {_TAG: "ref", "id": self._seen[key]}
+        self._seen[key] = len(self._seen)
+        self._keep.append(value)
+        node = {_TAG: "object", "id": self._seen[key], "class": _qualified_name(cls)}
+        if hasattr(value, "__dict__"):
+            state = value.__getstate__() if _own_getstate(cls) else vars(value)
+            node["state"] = self.encode(dict(state), f"{where}.{cls.__name__}")
+            return node
+        reduced = value.__reduce__()
+        if not (isinstance(reduced, tuple) and len(reduced) == 2 and reduced[0] is cls):
+            raise TypeError(f"cannot save {where}: {_qualified_name(cls)} does not reduce to its own constructor")
+        node["args"] = self.encode(list(reduced[1]), f"{where}.{cls.__name__}")
+        return node
+
+
+def _own_getstate(cls):
+    for base in cls.__mro__:
+        if "__getstate__" in vars(base):
+            return base is not object
+    return False
+
+
+def _is_dask_array(value):
+    return type(value).__module__.split(".")[0] == "dask" and hasattr(value, "map_blocks")
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+class _Decoder:
+    def __init__(self, arrays, classes):
+        self.arrays = arrays
+        self.classes = classes
+        self.objects = {}
+
+    def decode(self, node):
+        if node is None or isinstance(node, (bool, str, int, float)):
+            return node
+        if isinstance(node, list):
+            return [self.decode(item) for item in node]
+        if not isinstance(node, dict):
+            raise ValueError(f"unexpected {type(node).__name__} in the model's state")
+        tag = node.get(_TAG)
+        if tag is None:
+            return {key: self.decode(item) for key, item in node.items()}
+        if tag == "array":
+            array = self.arrays.get(node.get("name"))
+            if array is None:
+                raise ValueError(f"the model's state refers to a missing array {node.get('name')!r}")
+            return array
+        if tag == "object_array":
+            items = [self.decode(item) for item in node["items"]]
+            out = np.empty(len(items), dtype=object)
+            out[:] = items
+            return out.reshape(node["shape"])
+        if tag == "numpy_scalar":
+            return self.decode(node["value"])[()]
+        if tag == "float":
+            if node.get("repr") not in ("inf", "-inf", "nan"):
+                raise ValueError(f"bad float {node.get('repr')!r} in the model's state")
+            return float(node["repr"])
+        if tag == "tuple":
+            return tuple(self.decode(item) for item in node["items"])
+        if tag == "dict":
+            return {_hashable(self.decode(key)): self.decode(item) for key, item in node["items"]}
+        if tag == "ref":
+            if node.get("id") not in self.objects:
+                raise ValueError("the model's state refers to an object before it is defined")
+            return self.objects[node["id"]]
+        if tag == "object":
+            return self.fastep_object(node)
+        raise ValueError(f"unknown node {tag!r} in the model's state")
+
+    def fastep_object(self, node):
+        name = node.get("class")
+        cls = self.classes.get(name)
+        if cls is None:
+            raise ValueError(f"the model file names {name!r}, which is not one of fastep's classes; "
+                             "fastep loads only its own objects")
+        if "args" in node:
+            value = cls(*self.decode(node["args"]))
+        else:
+            value = cls.__new__(cls)
+            self.objects[node["id"]] = value                  # before its state: cycles resolve to it
+            state = self.decode(node["state"])
+            if not isinstance(state, dict):
+                raise ValueError(f"bad state for {name}")
+            if hasattr(cls, "__setstate__") and "__setstate__" in dir(cls) and _own_setstate(cls):
+                value.__setstate__(state)
+            else:
+                value.__dict__.update(state)
+        self.objects[node["id"]] = value
+        return value
+
+
+def _own_setstate(cls):
+    for base in cls.__mro__:
+        if "__setstate__" in vars(base):
+            return base is not object
+    return False
+
+
+def _hashable(key):
+    return tuple(key) if isinstance(key, list) else key
+
+
+# -- checksum and file I/O ----------------------------------------------------------------------
+
+def _checksum(document, arrays):
+    digest = hashlib.sha256()
+    digest.update(json.dumps(document, sort_keys=True, allow_nan=False).encode("utf-8"))
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode("utf-8"))
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _summary(estimator):
+    summary = {}
+    for attribute in ("kernel_", "likelihood_", "log_marginal_likelihood_value_", "log_evidence_",
+                      "n_features_in_", "classes_", "fit_time_"):
+        value = getattr(estimator, attribute, None)
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        elif isinstance(value, (np.generic, numbers.Number)):
+            value = float(value) if not isinstance(value, (int, np.integer)) else int(value)
+        else:
+            value = repr(value)
+        summary[attribute] = value
+    return summary
+
+
+def save(estimator, path):
+    """Save a fastep estimator (fitted or not) to ``path``, one ``.npz`` file, without pickle.
+
+    Parameters
+    ----------
+    estimator : fastep estimator
+        Any of fastep's estimators. An estimator fitted on a dask array is saved with its
+        site parameters computed into the file.
+    path : str or os.PathLike or file object
+        Where to write. A path without the ``.npz`` suffix is used as given.
+
+    Raises
+    ------
+    TypeError
+        ``estimator`` is not a fastep estimator, or holds something that cannot be stored
+        without pickle (for example an object array of tuples as class labels).
+
+    Examples
+    --------
+    >>> import numpy as np, os, tempfile
+    >>> import fastep
+    >>> X = np.array([[0.0], [1.0], [2.0], [3.0]]); y = np.array([0, 0, 1, 1])
+    >>> model = fastep.GaussianProcessClassifier(optimizer=None).fit(X, y)
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.npz")
+    >>> fastep.save(model, path)
+    >>> again = fastep.load(path)
+    >>> bool(np.array_equal(again.predict_proba(X), model.predict_proba(X)))
+    True
+    """
+    from ._base import BaseEstimator
+    if not isinstance(estimator, BaseEstimator) or not _is_fastep_class(type(estimator)):
+        raise TypeError(f"estimator must be a fastep estimator, got {type(estimator).__name__}")
+    from . import __version__
+    encoder = _Encoder()
+    state = encoder.fastep_object(estimator, "estimator")
+    params = {name: (value if value is None or isinstance(value, (bool, str, int)) or
+                     (type(value) is float and np.isfinite(value)) else repr(value))
+              for name, value in estimator.get_params(deep=False).items()}
+    document = {"format": _FORMAT, "format_version": FORMAT_VERSION, "fastep_version": __version__,
+                "estimator": type(estimator).__name__, "params": params, "summary": _summary(estimator),
+                "state": state}
+    document["checksum"] = _checksum(document, encoder.arrays)
+    members = dict(encoder.arrays)
+    members[_METADATA] = np.frombuffer(json.dumps(document, allow_nan=False).encode("utf-8"), dtype=np.uint8)
+    if isinstance(path, (str, os.PathLike)):
+        with open(path, "wb") as handle:
+            np.savez(handle, **members)
+    else:
+        np.savez(path, **members)
+
+
+def _read(path):
+    """(document, arrays) of a model file, checked; ``ValueError`` for anything else."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            members = {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"{path!r} is not a readable fastep model file (truncated or not an .npz archive): "
+                         f"{error}") from None
+    raw = members.pop(_METADATA, None)
+    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ValueError(f"{path!r} is not a fastep model file (no {_METADATA} member)")
+    try:
+        document = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path!r}: the model description is not valid JSON ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != _FORMAT:
+        raise ValueError(f"{path!r} is not a fastep model file")
+    version = document.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{path!r} has model format version {version!r}; this fastep reads version "
+                         f"{FORMAT_VERSION} only")
+    expected = document.pop("checksum", None)
+    if expected != _checksum(document, members):
+        raise ValueError(f"{path!r} fails its checksum: the file was modified or damaged after it was saved")
+    return document, members
+
+
+def load(path):
+    """Load an estimator saved by :func:`save`.
+
+    Nothing named in the file is imported or executed: the classes it names must be fastep's
+    own, and arrays are read with ``allow_pickle=False``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike or file object
+
+    Returns
+    -------
+    estimator
+        The estimator as saved; fitted models predict bitwise identically.
+
+    Raises
+    ------
+    ValueError
+        The file is not a fastep model, has another format version, fails its checksum
+        (truncated or modified), or names a class that is not fastep's.
+    FileNotFoundError
+        No such file.
+
+    Warns
+    -----
+    UserWarning
+        The file was written by another fastep version (the model is loaded; its internal state
+        may not match this version's code).
+    """
+    from . import __version__
+    document, arrays = _read(path)
+    decoder = _Decoder(arrays, _class_table())
+    estimator = decoder.decode(document["state"])
+    from ._base import BaseEstimator
+    if not isinstance(estimator, BaseEstimator):
+        raise ValueError(f"{path!r} does not hold a fastep estimator")
+    if document.get("fastep_version") != __version__:
+        warnings.warn(f"{path!r} was saved by fastep {document.get('fastep_version')}, loaded by fastep "
+                      f"{__version__}; refit if predictions look wrong", UserWarning, stacklevel=2)
+    return estimator
+
+
+def read_metadata(path):
+    """The checked JSON description of a model file (class, parameters, summary, versions),
+    without building the estimator (used by ``fastep info``)."""
+    document, _ = _read(path)
+    return {key: value for key, value in document.items() if key != "state"}
+
+
+def _roundtrip_bytes(estimator):
+    """Save to memory and load again (tests)."""
+    buffer = io.BytesIO()
+    save(estimator, buffer)
+    buffer.seek(0)
+    return load(buffer)
