@@ -24,6 +24,8 @@ fastep.likelihoods
     Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
 fastep.reference
     Plain-numpy twins of the compiled kernels, for cross-checking.
+ProgressRecord
+    What an estimator's ``callback`` receives during ``fit`` (stage, iteration, log evidence, ...).
 save, load
     Store a fitted estimator in one ``.npz`` file and read it back, without pickle.
 get_include
@@ -42,6 +44,7 @@ from .linear import LinearEPClassifier, LinearEPRegressor
 from .sparse import SparseGPClassifier, SparseGPRegressor
 from .multioutput import RankKEP
 from .persistence import load, save
+from ._progress import ProgressRecord
 
 try:
     __version__ = _version("fastep")
@@ -55,5 +58,5 @@ __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
     "SparseGPClassifier", "SparseGPRegressor",
-    "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load",
+    "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load", "ProgressRecord",
 ]

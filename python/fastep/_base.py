@@ -51,6 +51,22 @@ class BaseEstimator:
                 setattr(self, name, value)
         return self
 
+    def _new_progress(self):
+        """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
+        from ._progress import Progress, check_callback, check_verbose
+        return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
+                        check_callback(getattr(self, "callback", None)))
+
+    @staticmethod
+    def _warn_if_stopped(progress, stacklevel=3):
+        """The ``ConvergenceWarning`` of a fit its callback stopped."""
+        if progress.stopped:
+            import warnings
+            from .exceptions import ConvergenceWarning
+            warnings.warn(f"{progress.stop_message()}; the model is fitted with the best state reached so far "
+                          "(hyperparameters: the best evaluated; EP: the current sites)",
+                          ConvergenceWarning, stacklevel=stacklevel)
+
     def __sklearn_tags__(self):
         """scikit-learn's estimator tags (scikit-learn >= 1.6 asks for them; imported lazily, so
         fastep itself never needs scikit-learn)."""
@@ -106,6 +122,22 @@ class ClassifierMixin:
 
     _estimator_type = "classifier"
 
+    def _new_progress(self):
+        """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
+        from ._progress import Progress, check_callback, check_verbose
+        return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
+                        check_callback(getattr(self, "callback", None)))
+
+    @staticmethod
+    def _warn_if_stopped(progress, stacklevel=3):
+        """The ``ConvergenceWarning`` of a fit its callback stopped."""
+        if progress.stopped:
+            import warnings
+            from .exceptions import ConvergenceWarning
+            warnings.warn(f"{progress.stop_message()}; the model is fitted with the best state reached so far "
+                          "(hyperparameters: the best evaluated; EP: the current sites)",
+                          ConvergenceWarning, stacklevel=stacklevel)
+
     def __sklearn_tags__(self):
         from sklearn.utils import ClassifierTags
 
@@ -138,6 +170,22 @@ class RegressorMixin:
     """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
 
     _estimator_type = "regressor"
+
+    def _new_progress(self):
+        """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
+        from ._progress import Progress, check_callback, check_verbose
+        return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
+                        check_callback(getattr(self, "callback", None)))
+
+    @staticmethod
+    def _warn_if_stopped(progress, stacklevel=3):
+        """The ``ConvergenceWarning`` of a fit its callback stopped."""
+        if progress.stopped:
+            import warnings
+            from .exceptions import ConvergenceWarning
+            warnings.warn(f"{progress.stop_message()}; the model is fitted with the best state reached so far "
+                          "(hyperparameters: the best evaluated; EP: the current sites)",
+                          ConvergenceWarning, stacklevel=stacklevel)
 
     def __sklearn_tags__(self):
         from sklearn.utils import RegressorTags

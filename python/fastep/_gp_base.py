@@ -30,6 +30,7 @@ from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._defaults import default_kernel, default_noise_variance
 from ._learning_checks import warn_if_kernel_stuck
+from ._progress import StopRequested, quiet
 from ._likelihood_params import likelihood_theta, likelihood_with_theta
 from ._linalg import matmul
 from ._optimize import maximize_log_likelihood
@@ -156,14 +157,25 @@ class SiteProblem:
         from the search's sites, to ``tol``). Warns
         with :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
-        if optimizer is not None and hyper.size:
+        progress = self.options.get("progress") or quiet()
+        if optimizer is not None and hyper.size and not progress.stopped:
+            best = {"value": -np.inf, "theta": None, "count": 0}
+
             def objective(theta):
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", ConvergenceWarning)
                         value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=True, warm=warm_start)
                 except np.linalg.LinAlgError:
-                    return -np.inf, np.zeros_like(theta)
+                    value, grad = -np.inf, np.zeros_like(theta)
+                if progress.stopped:                  # asked during this evaluation's sweeps
+                    raise StopRequested
+                best["count"] += 1
+                gain = value - best["value"] if np.isfinite(best["value"]) else np.nan
+                if value > best["value"]:
+                    best["value"], best["theta"] = value, np.array(theta, copy=True)
+                if not progress.report("type-II ML", best["count"], value, gain):
+                    raise StopRequested
                 return value, grad
 
             rng = np.random.default_rng(seed)
@@ -173,17 +185,23 @@ class SiteProblem:
             try:
                 theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
                                                       n_restarts=n_restarts, rng=rng, stacklevel=5)
+            except StopRequested:
+                theta = best["theta"] if best["theta"] is not None else np.asarray(hyper.theta0, dtype=float)
             finally:
                 self.options = final_options
             params = hyper.unpack(theta)
-            warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
-                                 latent_scale=self.latent_scale,
-                                 stacklevel=4)
+            if not progress.stopped:
+                warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
+                                     latent_scale=self.latent_scale,
+                                     stacklevel=4)
         else:
             params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)
         self.evaluate(params, gradient=False, warm=optimizer is not None and warm_start, keep=True)
         info = self.info
-        if not info["converged"]:
+        progress.report("done", info["n_sweeps"], self.log_ml, info["max_change"])
+        if info.get("stopped"):
+            pass                                        # the estimator warns once for the whole fit
+        elif not info["converged"]:
             warnings.warn(
                 f"{self.algorithm} did not converge in {info['n_sweeps']} sweeps (max_sweeps={max_sweeps}); "
                 f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
@@ -332,6 +350,11 @@ class GPEstimator(BaseEstimator):
         self.n_sweeps_ = (problems[0].info["n_sweeps"] if len(problems) == 1
                           else np.array([p.info["n_sweeps"] for p in problems]))
         self.converged_ = all(bool(p.info["converged"]) for p in problems)
+        progress = None
+        for p in problems:                      # the fit's reporter is not part of the fitted state
+            progress = p.options.pop("progress", None) or progress
+        if progress is not None:
+            self._warn_if_stopped(progress, stacklevel=4)
 
     def _check_X(self, X):
         """Prediction-time X, validated against the training features (raises if not fitted)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _horseshoe_parallel_ep as _eng
 from ._optimize import GRADIENT_WARN_RTOL, _LBFGSB_FTOL, _projected_gradient_size, maximize_log_likelihood
+from ._progress import StopRequested, quiet
 from .exceptions import ConvergenceWarning
 
 __all__ = ["EvidenceSearch", "maximize_in_trust_boxes", "run_tasks"]
@@ -116,8 +117,9 @@ class EvidenceSearch:
         Keyword arguments of :func:`fastep._horseshoe_parallel_ep.run_task_ep` (``tol`` included).
     max_opt_iter : int
         L-BFGS-B iterations over all rounds.
-    log : callable or None
-        Called with a progress line per evaluation.
+    progress : fastep._progress.Progress, optional
+        Told of every evaluation (a line at ``verbose >= 1``; the callback's record). A stop
+        request raises :class:`fastep._progress.StopRequested` after the evaluation is stored.
 
     Attributes
     ----------
@@ -130,7 +132,7 @@ class EvidenceSearch:
         ``value``, ``grad``, ``sites``.
     """
 
-    def __init__(self, tasks, gamma2, D, P, learn_P, ep_options, max_opt_iter, log=None):
+    def __init__(self, tasks, gamma2, D, P, learn_P, ep_options, max_opt_iter, progress=None):
         self.tasks = tasks
         self.T = len(tasks)
         self.gamma2 = float(gamma2)
@@ -139,7 +141,7 @@ class EvidenceSearch:
         self.learn_P = bool(learn_P)
         self.ep_options = dict(ep_options)
         self.max_opt_iter = int(max_opt_iter)
-        self.log = log
+        self.progress = progress if progress is not None else quiet()
         self.points = []
         self.n_evaluations = 0
         self.ep_iterations = np.zeros(self.T, dtype=int)
@@ -203,11 +205,12 @@ class EvidenceSearch:
                                         for r in results).ravel()
             if np.isfinite(value) and np.all(np.isfinite(grad)):
                 point.update(value=float(value), grad=grad, sites=sites)
-        if self.log is not None:
-            if np.isfinite(point["value"]):
-                self.log(f"log evidence {point['value']:.6f}, sigma2 {np.round(sigma2, 5)}, rho2 {rho2:.5g}")
-            else:
-                self.log(f"EP failed at sigma2 {np.round(sigma2, 5)}, rho2 {rho2:.5g}")
+        if np.isfinite(point["value"]):
+            self.progress.message(f"type-II ML {self.n_evaluations}: log evidence {point['value']:.6f}, "
+                                  f"sigma2 {np.round(sigma2, 5)}, rho2 {rho2:.5g}, EP tol {tol:g}")
+        else:
+            self.progress.message(f"type-II ML {self.n_evaluations}: EP failed at sigma2 {np.round(sigma2, 5)}, "
+                                  f"rho2 {rho2:.5g}")
         self.points.append(point)
         if (point["sites"] is not None and tol == self.ep_options["tol"]
                 and (self.best is None or point["value"] > self.best["value"])):
@@ -215,7 +218,17 @@ class EvidenceSearch:
         kept = [p for p in self.points if p["sites"] is not None and p is not self.best and not p["keep"]]
         for p in kept[:max(0, len(kept) - KEEP_SITES)]:
             p["sites"] = None
+        if not self.progress.report("type-II ML", self.n_evaluations, point["value"], level=3):
+            raise StopRequested
         return point
+
+    def best_so_far(self):
+        """After a stop: the best point at the full tolerance, else the best evaluated point that
+        kept its sites (None if there is none)."""
+        if self.best is not None:
+            return self.best
+        with_sites = [p for p in self.points if p["sites"] is not None and np.isfinite(p["value"])]
+        return max(with_sites, key=lambda p: p["value"]) if with_sites else None
 
     # ---------------------------------------------------------------- the coarse start
     def _walk(self, sigma2, rho2_of, k0, k_range, start):

@@ -36,6 +36,7 @@ from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifier
                        check_kernel, check_optimizer, start_kernel)
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul, symmetrize_from_lower
+from ._progress import CALLBACK_DOC, sweep_callback_of
 from .batch import map_in_order
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
@@ -107,7 +108,8 @@ class _BinaryGPEP(SiteProblem):
             damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
             negative_precision=opts["negative_precision"], block_size=opts["block_size"],
             refactor_every=opts["refactor_every"], output=_engine.OUTPUT_FACTOR,
-            post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
+            post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+            sweep_callback=sweep_callback_of(opts))
         if not np.isfinite(info["log_z"]):
             if info["n_failed"]:
                 raise np.linalg.LinAlgError(
@@ -214,7 +216,7 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
         return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "block_size": block_size,
-                "jitter": jitter, "refactor_every": refactor_every}
+                "jitter": jitter, "refactor_every": refactor_every, "progress": self._new_progress()}
 
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
@@ -265,7 +267,8 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
         Seed of the random site order and of the optimiser restarts (None: 0).
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm
-        start that fails is retried from zero sites)."""
+        start that fails is retried from zero sites).
+    """ + CALLBACK_DOC
 
 _EP_ATTRIBUTES = """log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted hyperparameters (summed over the
@@ -351,7 +354,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
-                 random_state=None, warm_start=True, n_jobs=None):
+                 random_state=None, warm_start=True, n_jobs=None, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.kernel = kernel
         self.likelihood = likelihood
         self.n_jobs = n_jobs
@@ -452,7 +457,9 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     def __init__(self, kernel=None, noise_variance=None, *, learn_noise=True, schedule="blocked",
                  order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
-                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True):
+                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.kernel = kernel
         self.noise_variance = noise_variance
         self.learn_noise = learn_noise

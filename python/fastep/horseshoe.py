@@ -43,6 +43,7 @@ from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import BaseEstimator, RegressorMixin, check_is_fitted
 from ._horseshoe_search import EvidenceSearch, run_tasks
+from ._progress import CALLBACK_DOC, StopRequested
 from .exceptions import ConvergenceWarning
 
 __all__ = ["HorseshoeRegression", "MultiTaskHorseshoeRegression"]
@@ -148,6 +149,7 @@ class _HorseshoeBase(BaseEstimator):
         Xs, ys = self._check_tasks(Xs, ys)
         T, d = len(Xs), Xs[0].shape[1]
         opts = self._check_options(T, d)
+        progress = self._new_progress()
         # centring (intercepts are estimated as ȳ_t - x̄_tᵀ E[w_t])
         if self.fit_intercept:
             x_means = [X.mean(axis=0) for X in Xs]
@@ -170,8 +172,8 @@ class _HorseshoeBase(BaseEstimator):
         n_evals = 0
         ep_iterations = np.zeros(T, dtype=int)
         if self.learn_hyperparameters:
-            log = (lambda line: print(f"[horseshoe] {line}")) if self.verbose else None
-            search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter, log=log)
+            search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter,
+                                    progress=progress)
             # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
             bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
@@ -183,11 +185,14 @@ class _HorseshoeBase(BaseEstimator):
                 candidates = [f * y_scale for f in _noise_fractions(float(self.sigma2_floor))]
             x_var = np.mean([max(float(np.mean(t.col_sq)) / t.n, 1e-300) for t in tasks])
             rho2_top = gamma2 * float(np.mean(y_scale)) / x_var * min(1.0, 10.0 / d)
-            start = search.coarse_start(candidates, rho2_top=rho2_top, rho2_fixed=opts["rho2"])
-            theta0 = search.pack(candidates[0], rho2) if start is None else start["theta"]
-            best = search.maximize(theta0, bounds, scale=1.0 / sum(t.n for t in tasks))
-            if best is None:    # no evaluation at the full tolerance was accepted: the coarse start's best
-                best = start
+            try:
+                start = search.coarse_start(candidates, rho2_top=rho2_top, rho2_fixed=opts["rho2"])
+                theta0 = search.pack(candidates[0], rho2) if start is None else start["theta"]
+                best = search.maximize(theta0, bounds, scale=1.0 / sum(t.n for t in tasks))
+                if best is None:    # no evaluation at the full tolerance was accepted: the coarse start's best
+                    best = start
+            except StopRequested:
+                best = search.best_so_far()
             if best is not None:
                 sigma2, rho2, P = search.unpack(best["theta"])
                 P = P.copy()
@@ -240,6 +245,8 @@ class _HorseshoeBase(BaseEstimator):
         self.n_evaluations_ = int(n_evals)
         self.n_features_in_ = d
         self.n_tasks_ = T
+        progress.report("done", int(np.max(ep_iterations)) if T else 0, float(np.sum(log_z)))
+        self._warn_if_stopped(progress, stacklevel=4)
         return self
 
     # ------------------------------------------------------------------ shared outputs
@@ -321,9 +328,7 @@ _PARAMETERS_DOC = """    n_components : int, default 2
         EP iterations per task and hyperparameter setting.
     max_opt_iter : int, default 100
         L-BFGS-B iterations.
-    verbose : bool, default False
-        Print the evidence at every evaluation of the type-II ML search.
-"""
+    """ + CALLBACK_DOC + "\n"
 
 
 class MultiTaskHorseshoeRegression(_HorseshoeBase):
@@ -389,7 +394,8 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
                  damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
-                 verbose=False):
+                 verbose=0, callback=None):
+        self.callback = callback
         self.n_components = n_components
         self.learn_dependencies = learn_dependencies
         self.learn_hyperparameters = learn_hyperparameters
@@ -520,7 +526,8 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
                  damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
-                 verbose=False):
+                 verbose=0, callback=None):
+        self.callback = callback
         self.n_components = n_components
         self.learn_dependencies = learn_dependencies
         self.learn_hyperparameters = learn_hyperparameters

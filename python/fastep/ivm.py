@@ -80,6 +80,7 @@ from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimato
                        check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
                        start_kernel)
 from ._learning_checks import kernel_structure, warn_if_kernel_stuck
+from ._progress import CALLBACK_DOC, StopRequested
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
@@ -371,7 +372,7 @@ class _IVMBase(GPEstimator):
         check_optimizer(self.optimizer, ("L-BFGS-B", "SCG"))
         n_iterations = v.check_int(self.n_iterations, "n_iterations", minimum=0)
         max_iter = v.check_int(self.max_optimizer_iter, "max_optimizer_iter", minimum=1)
-        v.check_bool(self.verbose, "verbose")
+        progress = self._new_progress()
         seed = v.check_seed(self.random_state)
         refine_sweeps = v.check_int(self.refine_sweeps, "refine_sweeps", minimum=0)
         if self.exchange is not None and (not isinstance(self.exchange, str)
@@ -384,7 +385,7 @@ class _IVMBase(GPEstimator):
                   "max_exchanges": max_exchanges}
         return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
                 "n_iterations": n_iterations if self.optimizer is not None else 0,
-                "max_iter": max_iter, "seed": seed, "verbose": bool(self.verbose), "optimizer": self.optimizer}
+                "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer}
 
     def _fit_problem(self, problem, options, learn_noise, learn_offset, label=""):
         """Algorithm 2 on one problem; returns the finalized problem and its history."""
@@ -396,17 +397,39 @@ class _IVMBase(GPEstimator):
         if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
             problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
+        progress = options["progress"]
+
         def report(iteration, stage):
+            """Record a stage of Algorithm 2; False if the callback asks to stop."""
             ll = problem.log_likelihood()
             entry = {"iteration": iteration, "stage": stage, "log_likelihood": ll,
                      "n_active": int(problem.active.shape[0]), "elapsed": time.perf_counter() - t0}
             history.append(entry)
-            if options["verbose"]:
-                print(f"{prefix}IVM iteration {iteration}/{options['n_iterations']} ({stage}): "
-                      f"log likelihood (eq 32) {ll:.6g}, active set {entry['n_active']}, "
-                      f"elapsed {entry['elapsed']:.2f} s", flush=True)
+            return progress.report(f"{prefix}Algorithm 2 {stage}", iteration, ll)
+
+        def search(objective, theta0, bounds, name, trust_radius=None):
+            """Maximise one Algorithm 2 objective; each evaluation is reported (level 2), and a
+            stop request ends the search at its best point so far."""
+            best = {"value": -np.inf, "theta": np.array(theta0, dtype=float), "count": 0}
+
+            def reported(theta):
+                value, grad = objective(theta)
+                best["count"] += 1
+                if value > best["value"]:
+                    best["value"], best["theta"] = value, np.array(theta, copy=True)
+                if not progress.report(f"{prefix}{name}", best["count"], value, level=2):
+                    raise StopRequested
+                return value, grad
+            if progress.stopped:
+                return best["theta"]
+            try:
+                return self._maximize(reported, theta0, bounds, options, trust_radius=trust_radius)[0]
+            except StopRequested:
+                return best["theta"]
 
         for iteration in range(1, options["n_iterations"] + 1):
+            if progress.stopped:
+                break
             problem.select()
             theta0, bounds = problem.kernel_theta()
             if theta0.size:
@@ -415,9 +438,10 @@ class _IVMBase(GPEstimator):
                         return problem.kernel_objective(theta)
                     except (np.linalg.LinAlgError, ValueError):
                         return -np.inf, np.zeros_like(theta)
-                theta, _, _ = self._maximize(kernel_obj, theta0, bounds, options)
+                theta = search(kernel_obj, theta0, bounds, "eq 32")
                 problem.set_kernel_theta(theta)
-            report(iteration, "kernel")
+            if not report(iteration, "kernel"):
+                break
             if learn_noise:
                 problem.select()
                 _, lik_theta, lik_bounds = likelihood_theta(problem.likelihood)
@@ -431,13 +455,13 @@ class _IVMBase(GPEstimator):
                             return problem.noise_objective(theta, learn_offset)
                         except ValueError:
                             return -np.inf, np.zeros_like(theta)
-                    theta, _, _ = self._maximize(noise_obj, theta0, bounds, options,
-                                                 trust_radius=_NOISE_TRUST_RADIUS)
+                    theta = search(noise_obj, theta0, bounds, "eq 34", trust_radius=_NOISE_TRUST_RADIUS)
                     n_lik = lik_theta.shape[0]
                     problem.likelihood = likelihood_with_theta(problem.likelihood, theta[:n_lik])
                     if learn_offset:
                         problem.offset = float(theta[n_lik])
-                report(iteration, "noise")
+                if not report(iteration, "noise"):
+                    break
             if not self._ignores_inputs(problem.kernel, problem.X):
                 last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
         if (options["n_iterations"] > 0 and self._ignores_inputs(problem.kernel, problem.X)
@@ -459,10 +483,7 @@ class _IVMBase(GPEstimator):
                                  latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None,
                                  what=f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}", stacklevel=3)
         problem.finalize()
-        if options["verbose"]:
-            print(f"{prefix}IVM final selection: log likelihood (eq 32) {problem.log_lik:.6g}, "
-                  f"active set {problem.active.shape[0]}, elapsed {time.perf_counter() - t0:.2f} s",
-                  flush=True)
+        progress.report(f"{prefix}done", problem.active.shape[0], problem.log_lik)
         return problem, history
 
     def _ignores_inputs(self, kernel, X):
@@ -502,7 +523,7 @@ class _IVMBase(GPEstimator):
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
 
-_COMMON_DOC = """
+_COMMON_DOC = f"""
     active_set_size : int or None, default None
         d, the number of active points (1 <= d <= n_samples); None means min(100, n_samples).
     criterion : {'entropy', 'info_gain', 'random'}, default 'entropy'
@@ -518,8 +539,7 @@ _COMMON_DOC = """
         L-BFGS-B (or SCG) iterations per optimisation of eq 32 or eq 34.
     random_state : int or None
         Seed of the random criterion and of the random exchange search.
-    verbose : bool, default False
-        Print iteration, log likelihood (eq 32), active-set size and elapsed time.
+    {CALLBACK_DOC}
     refine_sweeps : int >= 0, default 0
         EP deletion-inclusion sweeps over the active set after every selection (Seeger's
         notes §2.1: cavity from the marginal, moment matching (eq 5), eq (7) and the h
@@ -632,8 +652,9 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
-                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, n_jobs=None):
+                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None, n_jobs=None, callback=None):
+        self.callback = callback
         self.n_jobs = n_jobs
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange
@@ -669,6 +690,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         fitted = map_in_order(fit_class, range(len(targets)), self.n_jobs)
         problems, histories = [p for p, _ in fitted], [h for _, h in fitted]
         self.classes_ = classes
+        self._warn_if_stopped(options['progress'])
         self._set_common(X, problems, histories)
         return self
 
@@ -754,8 +776,9 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None):
+                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None, callback=None):
+        self.callback = callback
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange
         self.exchange_tol = exchange_tol
@@ -784,6 +807,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
                               options["seed"], offset=bias, joint_noise=learn_noise,
                               refine=options["refine"])
         problem, history = self._fit_problem(problem, options, False, False)
+        self._warn_if_stopped(options['progress'])
         self._set_common(X, [problem], [history])
         self.noise_variance_ = float(problem.likelihood.noise_variance)
         self.bias_ = problem.offset
@@ -846,8 +870,9 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=False, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None):
+                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
+                 max_exchanges=None, callback=None):
+        self.callback = callback
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange
         self.exchange_tol = exchange_tol
@@ -893,6 +918,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                               options["criterion"], options["seed"], refine=options["refine"])
         problem, history = self._fit_problem(problem, options, learn_likelihood, False)
         self.classes_ = classes
+        self._warn_if_stopped(options['progress'])
         self._set_common(X, [problem], [history])
         return self
 

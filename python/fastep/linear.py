@@ -12,6 +12,7 @@ from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
+from ._progress import CALLBACK_DOC
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
@@ -55,6 +56,7 @@ class _LinearEPBase(BaseEstimator):
         return mean, cov
 
     def _run_ep(self, design, targets, likelihood):
+        progress = self._new_progress()
         prior_mean, prior_cov = self._prior(design.shape[1] - int(bool(self.fit_intercept)))
         n, d = design.shape
         spec = likelihood.site_spec()
@@ -66,11 +68,15 @@ class _LinearEPBase(BaseEstimator):
             design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
             post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
             tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-            negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
+            negative_precision=_NEGATIVE_POLICIES[self.negative_precision],
+            sweep_callback=progress.sweep_callback())
         log_evidence = _engine._log_evidence(
             design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
             post_mean, post_cov)
-        if not info["converged"]:
+        progress.report("done", info["n_sweeps"], log_evidence, info["max_change"])
+        if info["stopped"]:
+            self._warn_if_stopped(progress, stacklevel=4)
+        elif not info["converged"]:
             warnings.warn(
                 f"EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "
                 f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
@@ -138,7 +144,7 @@ _SHARED_PARAMETERS_DOC = """    prior_mean : None, float or array of shape (n_fe
     fit_intercept : bool, default False
         Append a constant feature whose weight has prior N(0, intercept_prior_var).
     intercept_prior_var : float, default 1.0
-"""
+    """ + CALLBACK_DOC + "\n"
 
 _SHARED_ATTRIBUTES_DOC = """    posterior_mean_, posterior_cov_ : ndarray
     site_precision_, site_natural_mean_ : ndarray of shape (n_samples,)
@@ -195,7 +201,9 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
 
     def __init__(self, likelihood=None, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
-                 fit_intercept=False, intercept_prior_var=1.0):
+                 fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.likelihood = likelihood
         self.prior_mean = prior_mean
         self.prior_cov = prior_cov
@@ -301,7 +309,9 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
 
     def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
-                 fit_intercept=False, intercept_prior_var=1.0):
+                 fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.noise_variance = noise_variance
         self.prior_mean = prior_mean
         self.prior_cov = prior_cov

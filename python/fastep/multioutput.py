@@ -16,6 +16,7 @@ from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_r
 from fastep._epcore.sites import SiteSpec
 from fastep._base import BaseEstimator
 from fastep._linalg import cholesky_lower
+from fastep._progress import CALLBACK_DOC
 from fastep.exceptions import ConvergenceWarning
 from fastep.likelihoods import Likelihood
 
@@ -77,6 +78,7 @@ class RankKEP(BaseEstimator):
     max_sweeps : int, default 200
     refresh_every : int, default 1
         Sweeps between rebuilds of V, m from the sites (0: never).
+    %CALLBACK_DOC%
 
     Attributes
     ----------
@@ -114,7 +116,9 @@ class RankKEP(BaseEstimator):
     """
 
     def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
-                 prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1):
+                 prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.likelihood = likelihood
         self.noise_cov = noise_cov
         self.n_nodes = n_nodes
@@ -179,6 +183,7 @@ class RankKEP(BaseEstimator):
         self
         """
         self._check_options()
+        progress = self._new_progress()
         X = _as_float_array(X, "X", (3,))
         n, k, d = X.shape
         if n < 1 or k < 1 or d < 1:
@@ -220,8 +225,11 @@ class RankKEP(BaseEstimator):
         post_cov = np.empty((d, d))
         info = run_rank_k_ep(X, Y, m0, V0, likelihood, site_precision, site_natural_mean, post_mean,
                              post_cov, damping=float(self.damping), tol=float(self.tol),
-                             max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
+                             max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+                             sweep_callback=progress.sweep_callback())
         log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
+        progress.report("done", info["n_sweeps"], log_evidence, info["max_change"])
+        self._warn_if_stopped(progress)
 
         self.posterior_mean_ = post_mean
         self.posterior_cov_ = post_cov
@@ -240,3 +248,6 @@ class RankKEP(BaseEstimator):
             warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
                           ConvergenceWarning, stacklevel=2)
         return self
+
+
+RankKEP.__doc__ = RankKEP.__doc__.replace("%CALLBACK_DOC%", CALLBACK_DOC)

@@ -25,6 +25,7 @@ or names anything else raises ``ValueError``.
 Floats are stored exactly (JSON floats as Python writes them, ``repr`` round-trip; arrays
 byte for byte), so a loaded model predicts bitwise identically to the one saved.
 """
+import copy
 import hashlib
 import io
 import json
@@ -287,6 +288,12 @@ def save(estimator, path):
         ``estimator`` is not a fastep estimator, or holds something that cannot be stored
         without pickle (for example an object array of tuples as class labels).
 
+    Warns
+    -----
+    UserWarning
+        The estimator has a ``callback``: a function is not stored (the saved model has
+        ``callback=None``).
+
     Examples
     --------
     >>> import numpy as np, os, tempfile
@@ -304,6 +311,12 @@ def save(estimator, path):
         raise TypeError(f"estimator must be a fastep estimator, got {type(estimator).__name__}")
     from . import __version__
     encoder = _Encoder()
+    if getattr(estimator, "callback", None) is not None:
+        # a function cannot be stored without pickle: the saved model has no callback
+        warnings.warn(f"{type(estimator).__name__}.callback ({estimator.callback!r}) is not saved; the loaded model "
+                      "has callback=None", UserWarning, stacklevel=2)
+        estimator = copy.copy(estimator)
+        estimator.callback = None
     state = encoder.fastep_object(estimator, "estimator")
     params = {name: (value if value is None or isinstance(value, (bool, str, int)) or
                      (type(value) is float and np.isfinite(value)) else repr(value))
@@ -378,6 +391,19 @@ def load(path):
     UserWarning
         The file was written by another fastep version (the model is loaded; its internal state
         may not match this version's code).
+
+    Examples
+    --------
+    >>> import io
+    >>> import numpy as np
+    >>> import fastep
+    >>> X = np.arange(8.0)[:, None]; y = X[:, 0] ** 2
+    >>> buffer = io.BytesIO()
+    >>> fastep.save(fastep.LinearEPRegressor(noise_variance=0.5).fit(X, y), buffer)
+    >>> _ = buffer.seek(0)
+    >>> model = fastep.load(buffer)
+    >>> type(model).__name__, model.predict(X[:2]).shape
+    ('LinearEPRegressor', (2,))
     """
     from . import __version__
     document, arrays = _read(path)

@@ -72,6 +72,7 @@ from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimat
 from ._defaults import default_noise_variance, sample_rows
 from ._likelihood_params import likelihood_theta
 from ._linalg import matmul
+from ._progress import CALLBACK_DOC, sweep_callback_of
 from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
 from .batch import map_in_order
@@ -154,7 +155,8 @@ class _BinarySparseEP(SiteProblem):
             Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, power=opts["power"],
             n_quadrature=opts["n_quadrature"], schedule=opts["schedule"], order=opts["order"],
             seed=opts["seed"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            negative_precision=opts["negative_precision"], g_mean=g_mean, g_var=g_var)
+            negative_precision=opts["negative_precision"], g_mean=g_mean, g_var=g_var,
+            sweep_callback=sweep_callback_of(opts))
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"sparse EP could not form a proper cavity at {info['n_failed']} site(s) and the log "
@@ -254,7 +256,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "jitter": jitter,
                 "approximation": self.approximation, "power": float(power),
-                "n_quadrature": n_quadrature}
+                "n_quadrature": n_quadrature, "progress": self._new_progress()}
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):
         """The kernel must provide the sparse derivatives the optimiser will need (tried on one row of X)."""
@@ -442,7 +444,7 @@ _COMMON_PARAMS = """
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm start
         that fails is retried from zero sites).
-"""
+    """ + CALLBACK_DOC + "\n"
 
 _COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted parameters (summed over one-vs-rest problems).
@@ -604,7 +606,9 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                  inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
-                 random_state=None, warm_start=True, n_jobs=None):
+                 random_state=None, warm_start=True, n_jobs=None, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.kernel = kernel
         self.likelihood = likelihood
         self.n_jobs = n_jobs
@@ -725,7 +729,9 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  approximation="fitc", power=1.0, inducing_init="kmeans++", learn_inducing=False,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
-                 jitter=1e-6, random_state=None, warm_start=True):
+                 jitter=1e-6, random_state=None, warm_start=True, verbose=0, callback=None):
+        self.verbose = verbose
+        self.callback = callback
         self.kernel = kernel
         self.noise_variance = noise_variance
         self.learn_noise = learn_noise

@@ -73,3 +73,8 @@ cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
 cdef unsigned long long splitmix64_next(unsigned long long* state) noexcept nogil
 
 cdef void random_permutation(int n, int* perm, unsigned long long* state) noexcept nogil
+
+
+# Per-sweep progress hook (called with the GIL between sweeps, never inside one).
+cdef bint sweep_callback_stops(object callback, int sweep, double max_change, double log_z,
+                               list errors) noexcept

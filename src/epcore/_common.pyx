@@ -179,3 +179,16 @@ def _check_no_aliasing(inputs, outputs):
         for other in names[a_pos + 1:]:
             if np.may_share_memory(out_arr, np.asarray(outputs[other])):
                 raise ValueError(f"{out_name} must not share memory with {other}")
+
+
+cdef bint sweep_callback_stops(object callback, int sweep, double max_change, double log_z,
+                               list errors) noexcept:
+    """Call ``callback(sweep, max_change, log_z)`` (the engines' ``sweep_callback``, with the GIL
+    held, between two sweeps); True if it asks the sweeps to stop (returns ``False``) or raises
+    (the exception is appended to ``errors`` for the engine to re-raise once its state is
+    consistent)."""
+    try:
+        return callback(sweep, max_change, log_z) is False
+    except BaseException as exc:
+        errors.append(exc)
+        return True

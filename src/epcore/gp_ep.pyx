@@ -156,6 +156,7 @@ from fastep._epcore._common cimport (
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
+from fastep._epcore._common cimport sweep_callback_stops
 from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 
 # Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
@@ -971,7 +972,7 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
               double damping=1.0, double tol=1e-8, int max_sweeps=100,
               int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
               int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
-              double[::1] cavity_mean=None, double[::1] cavity_var=None):
+              double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
     """Run dense GP EP to convergence (Minka §2, eqs 77-88).
 
     Parameters
@@ -1028,6 +1029,12 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         If given, receive the cavities ``h_i``, ``λ_i`` (eqs 78-79) of the returned sites,
         computed from the Cholesky of B as in ``gp_log_z_stable`` (accurate also where
         ``τ_i Σ_ii`` is within rounding of 1, where ``1/Σ_ii - τ_i`` is not).
+    sweep_callback : callable, optional
+        Called as ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
+        between sweeps; ``log_z`` as tracked for the convergence test). Returning ``False``
+        stops the sweeps there: the state is finalised from the current sites as after the
+        last sweep, and ``stopped`` is True. An exception it raises is re-raised after the
+        site arrays are restored to their input values.
 
     Returns
     -------
@@ -1039,7 +1046,7 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         ``log_z_change`` (``|Δ log Z|`` over the last sweep); ``n_skipped``, ``n_clipped``,
         ``n_failed`` (totals over all sweeps; as in linear_ep ``n_skipped`` includes the
         failed sites); ``block_size`` (sites per fold used: k for blocked, 1 for
-        sequential, 0 for parallel).
+        sequential, 0 for parallel); ``stopped`` (``sweep_callback`` returned False).
 
     Raises
     ------
@@ -1079,7 +1086,8 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
                       schedule=schedule, order=order, seed=seed, damping=damping, tol=tol,
                       max_sweeps=max_sweeps, negative_precision=negative_precision,
                       block_size=block_size, refactor_every=refactor_every, output=output,
-                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
+                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+                      sweep_callback=sweep_callback)
 
 
 def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
@@ -1089,7 +1097,7 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                double damping=1.0, double tol=1e-8, int max_sweeps=100,
                int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
                int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
-               double[::1] cavity_mean=None, double[::1] cavity_var=None):
+               double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
     """:func:`run_gp_ep` without its input checks, for callers that validated the inputs
     already (the estimators, at every optimiser step). Same arguments and results; invalid
     inputs give undefined results instead of an error."""
@@ -1097,7 +1105,7 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
     cdef int k_block = _effective_block_size(schedule, block_size, n)
     if n == 0:
         return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                    n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block)
+                    n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block, stopped=False)
 
     cdef SiteUpdateOptions opts
     opts.update_form = UPDATE_NATURAL
@@ -1142,6 +1150,8 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
     cdef bint refactor_now, use_marginals, have_factor = False
     cdef bint want_factor = output == OUTPUT_FACTOR
     cdef Py_ssize_t j
+    cdef bint has_callback = sweep_callback is not None, stopped = False
+    cdef list callback_errors = []
     sweep_stats_reset(&stats)
 
     with nogil:
@@ -1204,6 +1214,12 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                                  and stats.n_failed == 0)
                     if not (converged or not isfinite(new_log_z)):
                         log_z = new_log_z
+                        if has_callback:
+                            with gil:
+                                stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
+                                                               callback_errors)
+                            if stopped:
+                                break
                         continue
                     # converged (or something needs a fresh factorisation): refactorise and
                     # report the refactorised posterior and log Z
@@ -1253,7 +1269,11 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                     scale = 1.0
                 converged = (max_change < tol and log_z_change < tol * scale
                              and stats.n_failed == 0)
-                if converged:
+                if has_callback:
+                    with gil:
+                        stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
+                                                       callback_errors)
+                if converged or stopped:
                     break
                 if have_factor and not parallel and sweep < max_sweeps:
                     # not converged after all: the next sweep needs Σ
@@ -1287,6 +1307,10 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                                                 work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
                                                 &bad_site)
                     symmetrize(True, n, cov_ptr, n)
+    if callback_errors:
+        np.asarray(site_precision)[:] = tau_saved
+        np.asarray(site_natural_mean)[:] = nu_saved
+        raise callback_errors[0]
     if info == 0 and post_var is not None:
         np.asarray(post_var)[:] = np.asarray(post_diag)
     if info != 0:
@@ -1299,7 +1323,7 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
     return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
                 log_z=float(log_z), log_z_change=float(log_z_change),
                 n_skipped=int(total_skipped), n_clipped=int(total_clipped),
-                n_failed=int(total_failed), block_size=int(k_block))
+                n_failed=int(total_failed), block_size=int(k_block), stopped=bool(stopped))
 
 
 def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,

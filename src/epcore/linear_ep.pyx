@@ -98,12 +98,13 @@ calls are usually fastest with a single BLAS thread.
 """
 import numpy as np
 
-from libc.math cimport sqrt, log, fabs, isfinite, INFINITY
+from libc.math cimport sqrt, log, fabs, isfinite, INFINITY, NAN
 from fastep._epcore._blas cimport (
     ddot, daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsv, potrf, potri,
     symmetrize, symm_right,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
+from fastep._epcore._common cimport sweep_callback_stops
 from fastep._epcore._common import site_update_constants as _site_update_constants
 
 # Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
@@ -573,10 +574,14 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
                    double[::1] post_mean, double[:, ::1] post_cov,
                    int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
                    int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
-                   int algorithm=ALGORITHM_AUTO, int block_size=0):
+                   int algorithm=ALGORITHM_AUTO, int block_size=0, object sweep_callback=None):
     """:func:`run_linear_ep` without its input checks, for callers that validated the
     inputs already (the estimators, at every optimiser step). Same arguments and
-    results; invalid inputs give undefined results instead of an error."""
+    results; invalid inputs give undefined results instead of an error.
+
+    ``sweep_callback(sweep, max_change, nan)``, if given, is called after every sweep (with the
+    GIL, between sweeps); returning ``False`` stops the sweeps (the posterior is refreshed from
+    the current sites; ``stopped`` is True in the result), an exception it raises is re-raised."""
     cdef int n = X.shape[0], d = X.shape[1]
     if algorithm == ALGORITHM_AUTO:
         algorithm = ALGORITHM_RANK1 if d < 32 else ALGORITHM_BLOCKED
@@ -611,6 +616,8 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
     cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
     cdef bint converged = False, refreshed_last = True
     cdef double log_det_prior = 0.0, prior_quad = 0.0, max_change = INFINITY
+    cdef bint has_callback = sweep_callback is not None, stopped = False
+    cdef list callback_errors = []
     sweep_stats_reset(&stats)
 
     with nogil:
@@ -638,7 +645,12 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
                         max_change = stats.max_change_natural_mean
                     converged = max_change < tol and stats.n_failed == 0
                     refreshed_last = False
-                    if refreshing and (sweep % refresh_every == 0 or converged or sweep == max_sweeps):
+                    if has_callback and not converged:
+                        with gil:
+                            stopped = sweep_callback_stops(sweep_callback, sweep, max_change, NAN,
+                                                           callback_errors)
+                    if refreshing and (sweep % refresh_every == 0 or converged or stopped
+                                       or sweep == max_sweeps):
                         info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
                                              &prior_precision_mean[0], &post_cov[0, 0],
                                              &post_mean[0], &scratch[0, 0], scratch_rows)
@@ -646,16 +658,18 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
                         if info != 0:
                             failed_sweep = sweep
                             break
-                    if converged:
+                    if converged or stopped:
                         break
             if info == 0:
                 symmetrize(True, d, &post_cov[0, 0], d)
+    if callback_errors:
+        raise callback_errors[0]
     if prior_info != 0:
         raise _prior_error(prior_info)
     if info != 0:
         where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
         raise _precision_error(info, where)
-    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
+    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change), stopped=bool(stopped),
                 n_skipped=int(total_skipped), n_clipped=int(total_clipped),
                 n_failed=int(total_failed), n_skipped_last_sweep=int(stats.n_skipped),
                 n_clipped_last_sweep=int(stats.n_clipped),

@@ -759,7 +759,7 @@ def _status_error(int status, Py_ssize_t i):
 
 def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision,
                   site_natural_mean, post_mean, post_cov, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=200, int refresh_every=1):
+                  int max_sweeps=200, int refresh_every=1, object sweep_callback=None):
     """Run sequential rank-k Gaussian EP sweeps (Minka eqs 95-116), updating the state in place.
 
     Parameters
@@ -791,13 +791,17 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
     refresh_every : int >= 0
         Rebuild V, m from the invariant every this many sweeps and after the last
         sweep; 0 never refreshes after the initial build (for drift tests).
+    sweep_callback : callable, optional
+        Called as ``sweep_callback(sweep, max_change, nan)`` after every sweep that did not
+        stall; returning ``False`` stops the sweeps (the state is refreshed from the sites and
+        ``stopped`` is True).
 
     Returns
     -------
     dict
         ``n_sweeps``, ``converged``, ``max_change`` (of the last sweep), ``n_skipped``
-        (factor updates skipped in all sweeps, see the module docstring for the policy)
-        and ``n_skipped_last_sweep``.
+        (factor updates skipped in all sweeps, see the module docstring for the policy),
+        ``n_skipped_last_sweep`` and ``stopped``.
 
     Raises
     ------
@@ -845,7 +849,7 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
     cdef Py_ssize_t bad_i = -1
     cdef int sweep, n_sweeps = 0, n_skip_sweep = 0
     cdef long n_skipped = 0
-    cdef bint converged = False, stalled = False, refreshed_last = True
+    cdef bint converged = False, stalled = False, refreshed_last = True, stopped = False
     _work_layout(&w, &work_v[0], &ipiv_v[0], &iwork_v[0], k_, d_)
 
     with nogil:
@@ -877,7 +881,10 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
         stalled = max_change < tol
         converged = stalled and n_skip_sweep == 0
         refreshed_last = False
-        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or stalled or sweep == max_sweeps - 1):
+        if sweep_callback is not None and not stalled:
+            stopped = sweep_callback(n_sweeps, max_change, float("nan")) is False
+        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or stalled or stopped
+                                  or sweep == max_sweeps - 1):
             with nogil:
                 info = _refresh(n_, k_, d_, &x_v[0, 0, 0], &p_v[0, 0, 0], &b_v[0, 0], &v0i_v[0, 0],
                                 &v0im0_v[0], &v_v[0, 0], &m_v[0], &rhs_v[0], &chunk_v[0], &log_det_prec)
@@ -885,12 +892,12 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
                 raise LinAlgError("posterior precision lost positive definiteness at a refresh "
                                   f"after sweep {n_sweeps}")
             refreshed_last = True
-        if stalled:
+        if stalled or stopped:
             break
     if not refreshed_last:
         symmetrize(True, d_, &v_v[0, 0], d_)
     return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
-                n_skipped=int(n_skipped), n_skipped_last_sweep=int(n_skip_sweep))
+                n_skipped=int(n_skipped), n_skipped_last_sweep=int(n_skip_sweep), stopped=bool(stopped))
 
 
 def rank_k_log_evidence(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision,

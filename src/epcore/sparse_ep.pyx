@@ -118,7 +118,7 @@ from fastep._epcore._common cimport (
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
     STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
-from fastep._epcore._common cimport random_permutation
+from fastep._epcore._common cimport random_permutation, sweep_callback_stops
 from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
 
@@ -703,7 +703,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
                   int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
                   int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
                   int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
-                  double[::1] g_mean=None, double[::1] g_var=None):
+                  double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
     """Run sparse (power) EP to convergence (module docstring).
 
     Parameters
@@ -738,6 +738,11 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
     negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
     g_mean, g_var : (n,) float64, out, optional
         E[g_i] and Var[g_i] of the returned sites.
+    sweep_callback : callable, optional
+        Called as ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
+        between sweeps). Returning ``False`` stops the sweeps there (the returned state is that
+        of the current sites; ``stopped`` is True). An exception it raises is re-raised after
+        the sites are restored to their input values.
 
     Returns
     -------
@@ -745,7 +750,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
         ``n_sweeps``, ``converged``, ``max_change``, ``log_z`` (NaN only if a cavity is
         improper or the kernel fails at the returned state, then ``converged`` is False),
         ``log_z_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` (totals over sweeps),
-        ``n_rebuilds`` (extra rebuilds after failed downdates).
+        ``n_rebuilds`` (extra rebuilds after failed downdates), ``stopped``.
 
     Raises
     ------
@@ -780,7 +785,7 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
     return _run_sparse_ep(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean,
                           power=power, n_quadrature=n_quadrature, schedule=schedule, order=order, seed=seed,
                           damping=damping, tol=tol, max_sweeps=max_sweeps, negative_precision=negative_precision,
-                          g_mean=g_mean, g_var=g_var)
+                          g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback)
 
 
 def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
@@ -789,7 +794,7 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                    int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
                    int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
                    int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
-                   double[::1] g_mean=None, double[::1] g_var=None):
+                   double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
     """:func:`run_sparse_ep` without its input checks, for callers that validated the
     inputs already (the estimators, at every optimiser step). Same arguments and
     results; invalid inputs give undefined results instead of an error."""
@@ -822,7 +827,7 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
         np.asarray(post_factor)[:] = np.eye(m)
         np.asarray(post_w_mean)[:] = 0.0
         return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                    n_skipped=0, n_clipped=0, n_failed=0, n_rebuilds=0)
+                    n_skipped=0, n_clipped=0, n_failed=0, n_rebuilds=0, stopped=False)
 
     cdef const SiteModel* model = &spec.model
     cdef const double* vt_ptr = &Vt[0, 0]
@@ -842,6 +847,8 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
     cdef bint converged = False
     cdef double half_log_det = 0.0, quad_b = 0.0, log_z = NAN, new_log_z
     cdef double log_z_change = INFINITY, max_change = INFINITY, scale
+    cdef bint has_callback = sweep_callback is not None, stopped = False
+    cdef list callback_errors = []
     sweep_stats_reset(&stats)
     with nogil:
         info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
@@ -886,8 +893,16 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                     scale = 1.0
                 converged = (max_change < tol and log_z_change < tol * scale
                              and stats.n_failed == 0)
-                if converged:
+                if has_callback:
+                    with gil:
+                        stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
+                                                       callback_errors)
+                if converged or stopped:
                     break
+    if callback_errors:
+        np.asarray(site_precision)[:] = tau_saved
+        np.asarray(site_natural_mean)[:] = nu_saved
+        raise callback_errors[0]
     if info != 0:
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
@@ -900,7 +915,7 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
     return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
                 log_z=float(log_z), log_z_change=float(log_z_change),
                 n_skipped=int(total_skipped), n_clipped=int(total_clipped),
-                n_failed=int(total_failed), n_rebuilds=int(total_rebuilds))
+                n_failed=int(total_failed), n_rebuilds=int(total_rebuilds), stopped=bool(stopped))
 
 
 def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
