@@ -36,7 +36,7 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["save", "load", "FORMAT_VERSION"]
+__all__ = ["save", "load", "read_metadata", "FORMAT_VERSION"]
 
 #: Version of the file layout; files from another version are refused.
 FORMAT_VERSION = 1
@@ -271,7 +271,7 @@ def _summary(estimator):
     return summary
 
 
-def save(estimator, path):
+def save(estimator, path, *, metadata=None):
     """Save a fastep estimator (fitted or not) to ``path``, one ``.npz`` file, without pickle.
 
     Parameters
@@ -281,6 +281,10 @@ def save(estimator, path):
         site parameters computed into the file.
     path : str or os.PathLike or file object
         Where to write. A path without the ``.npz`` suffix is used as given.
+    metadata : dict, optional
+        Extra description to store with the model (JSON values: strings, numbers, lists, dicts),
+        returned by :func:`read_metadata` under ``'metadata'`` (the command line keeps the
+        feature and target names and the training time there).
 
     Raises
     ------
@@ -321,9 +325,16 @@ def save(estimator, path):
     params = {name: (value if value is None or isinstance(value, (bool, str, int)) or
                      (type(value) is float and np.isfinite(value)) else repr(value))
               for name, value in estimator.get_params(deep=False).items()}
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        try:
+            metadata = json.loads(json.dumps(metadata, allow_nan=False))
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"metadata must hold JSON values only: {error}") from None
     document = {"format": _FORMAT, "format_version": FORMAT_VERSION, "fastep_version": __version__,
                 "estimator": type(estimator).__name__, "params": params, "summary": _summary(estimator),
-                "state": state}
+                "metadata": metadata or {}, "state": state}
     document["checksum"] = _checksum(document, encoder.arrays)
     members = dict(encoder.arrays)
     members[_METADATA] = np.frombuffer(json.dumps(document, allow_nan=False).encode("utf-8"), dtype=np.uint8)
@@ -419,8 +430,33 @@ def load(path):
 
 
 def read_metadata(path):
-    """The checked JSON description of a model file (class, parameters, summary, versions),
-    without building the estimator (used by ``fastep info``)."""
+    """The checked description of a model file, without building the estimator.
+
+    Parameters
+    ----------
+    path : str or os.PathLike or file object
+
+    Returns
+    -------
+    dict
+        ``format``, ``format_version``, ``fastep_version``, ``estimator`` (class name),
+        ``params``, ``summary`` (kernel, likelihood, log evidence, classes as text and numbers)
+        and ``metadata`` (what :func:`save` was given).
+
+    Examples
+    --------
+    >>> import io
+    >>> import numpy as np
+    >>> import fastep
+    >>> from fastep.persistence import read_metadata
+    >>> X = np.arange(6.0)[:, None]; y = 2.0 * X[:, 0]
+    >>> buffer = io.BytesIO()
+    >>> fastep.save(fastep.LinearEPRegressor().fit(X, y), buffer, metadata={"target": "price"})
+    >>> _ = buffer.seek(0)
+    >>> info = read_metadata(buffer)
+    >>> info["estimator"], info["metadata"]
+    ('LinearEPRegressor', {'target': 'price'})
+    """
     document, _ = _read(path)
     return {key: value for key, value in document.items() if key != "state"}
 
