@@ -273,3 +273,73 @@ def test_sparse_linear_and_rank_k_engines_stop_on_request():
                         np.empty(3), np.empty((3, 3)), tol=0.0, max_sweeps=50,
                         sweep_callback=lambda s, c, z: s < 2)
     assert res["stopped"] and res["n_sweeps"] == 2
+
+
+# -- fastep.progress.ProgressBar ------------------------------------------------------------------
+
+class _Terminal:
+    """A stream that says it is a terminal and keeps what was written."""
+
+    def __init__(self):
+        self.parts = []
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+    def getvalue(self):
+        return "".join(self.parts)
+
+
+def test_progress_bar_plain_lines_skip_sweeps():
+    import io
+    from fastep.progress import ProgressBar
+    stream = io.StringIO()
+    bar = ProgressBar(stream)                          # not a terminal: plain lines
+    assert bar.backend == "plain"
+    model = _fit("SparseGPClassifier", callback=bar)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert lines and all(line.startswith("SparseGPClassifier: ") for line in lines)
+    assert not any("EP sweep" in line for line in lines) and "done" in lines[-1]
+    assert model.callback is bar
+
+
+def test_progress_bar_status_line_on_a_terminal():
+    from fastep.progress import ProgressBar
+    stream = _Terminal()
+    bar = ProgressBar(stream, backend="line", min_interval=0.0)
+    _fit("GaussianProcessClassifier", callback=bar)
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") >= 3 and text.endswith("\n") and text.count("\n") == 1
+    assert "GaussianProcessClassifier: done" in text.split("\r")[-1]
+
+
+def test_progress_bar_with_tqdm_or_a_clear_import_error(monkeypatch):
+    import builtins
+    from fastep.progress import ProgressBar
+    pytest.importorskip("tqdm")
+    stream = _Terminal()
+    bar = ProgressBar(stream, backend="tqdm")
+    _fit("LinearEPClassifier", callback=bar)
+    bar.close()
+    assert bar.backend == "tqdm" and "LinearEPClassifier: done" in stream.getvalue()
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name.startswith("tqdm"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    with pytest.raises(ImportError, match=r"fastep\[progress\]"):
+        ProgressBar(stream, backend="tqdm")
+    assert ProgressBar(_Terminal()).backend == "line"          # auto without tqdm
+    with pytest.raises(ValueError, match="backend"):
+        ProgressBar(stream, backend="fancy")

@@ -385,6 +385,29 @@ def _info(args, out):
     return 0
 
 
+def _pyplot_agg():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("fastep demo --plot needs matplotlib: pip install 'fastep[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _demo_figure(model, n_train, n_test, seed, path):
+    """The IVM toy figure: the demo's training points, predictive probability and active set."""
+    from .datasets import make_ivm_toy_classification
+    from .plotting import plot_decision_surface
+    plt = _pyplot_agg()
+    X, y, _ = make_ivm_toy_classification(max(1000, n_train + n_test), random_state=seed)
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    plot_decision_surface(model, X[:n_train], y[:n_train], ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="fastep", description="fastep: fast, trustworthy Expectation Propagation")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -392,6 +415,8 @@ def _parser():
     p_demo.add_argument("--n-train", type=int, default=500)
     p_demo.add_argument("--n-test", type=int, default=500)
     p_demo.add_argument("--seed", type=int, default=0)
+    p_demo.add_argument("--plot", metavar="PNG", help="also draw the IVM's predictive probability and active set "
+                                                       "(the paper's toy figure) to this file (needs fastep[plot])")
 
     p_fit = sub.add_parser("fit", help="fit a model to a CSV or .npz file and save it",
                            description="Fit a model to DATA (CSV with a header row, or .npz with X and y) and "
@@ -452,7 +477,12 @@ def main(argv=None):
     if args.command == "demo":
         if args.n_train < 2 or args.n_test < 1:
             parser.error("--n-train must be >= 2 and --n-test >= 1")
-        demo(n_train=args.n_train, n_test=args.n_test, seed=args.seed)
+        if args.plot:
+            _pyplot_agg()                         # fail before the fits if matplotlib is missing
+        models = demo(n_train=args.n_train, n_test=args.n_test, seed=args.seed)
+        if args.plot:
+            _demo_figure(models["ivm"], args.n_train, args.n_test, args.seed, args.plot)
+            print(f"figure written to {args.plot}", file=out)
         return 0
     commands = {"fit": lambda: _fit(args, err), "predict": lambda: _predict(args, out),
                 "evaluate": lambda: _evaluate(args, out), "info": lambda: _info(args, out)}
