@@ -9,8 +9,12 @@ import pytest
 
 import fastep
 import fastep.batch
+import fastep.cli
 import fastep.kernels
 import fastep.likelihoods
+import fastep.persistence
+import fastep.plotting
+import fastep.progress
 
 _ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "decision_function",
                       "score", "log_marginal_likelihood")
@@ -18,7 +22,8 @@ _ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "deci
 
 def _public_objects():
     seen = {}
-    for module in (fastep, fastep.batch, fastep.kernels, fastep.likelihoods):
+    for module in (fastep, fastep.batch, fastep.kernels, fastep.likelihoods, fastep.persistence, fastep.plotting,
+                   fastep.progress, fastep.cli):
         for name in module.__all__:
             obj = getattr(module, name)
             if inspect.isclass(obj) or inspect.isfunction(obj):

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["main"]
+__all__ = ["main", "parse_kernel", "demo"]
 
 
 def _rbf_features(X, centres, inverse_width):
@@ -24,8 +24,28 @@ def _rbf_features(X, centres, inverse_width):
 def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     """Fit fastep's models to the IVM paper's toy problem and print accuracy, evidence and time.
 
-    Returns a dict of the fitted models: ``linear`` (weight-space EP on RBF features),
-    ``gp_fixed`` and ``gp_learnt`` (dense GP EP classifiers), ``ivm`` (IVM classifier).
+    Parameters
+    ----------
+    n_train, n_test : int, default 500, 500
+        Training and test points (uniform on the unit square, labels from Φ of a GP sample).
+    grid : int, default 12
+        RBF basis centres per axis of the weight-space model.
+    seed : int, default 0
+    out : file-like, default sys.stdout
+
+    Returns
+    -------
+    dict
+        The fitted models: ``linear`` (weight-space EP on RBF features), ``gp_fixed`` and
+        ``gp_learnt`` (dense GP EP classifiers), ``ivm`` (IVM classifier).
+
+    Examples
+    --------
+    >>> import io
+    >>> from fastep.cli import demo
+    >>> models = demo(n_train=60, n_test=30, out=io.StringIO())
+    >>> sorted(models)
+    ['gp_fixed', 'gp_learnt', 'ivm', 'linear']
     """
     from .datasets import make_ivm_toy_classification
     from .likelihoods import Probit
