@@ -22,4 +22,4 @@ def test_readme_examples_run(capsys):
         warnings.simplefilter("ignore")        # optimiser budgets in the short examples
         for i, block in enumerate(blocks):
             exec(compile(block, f"README.md python block {i}", "exec"), namespace)
-    assert "log_z" in namespace
+    assert "same" in namespace and "hs" in namespace

@@ -353,7 +353,10 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         the cavity mean, eq 16).
     intercept_, sigma2_ : ndarray (n_tasks,)
     rho2_, gamma2_ : float
-    P_ : ndarray (d, m); D_ : ndarray (d,)
+    P_ : ndarray (d, m)
+        The learnt loadings of the selection dependencies ``C = ΔDΔ + ΔPPᵀΔ``.
+    D_ : ndarray (d,)
+        The diagonal ``D`` (fixed).
     correlation_ : ndarray (d, d)
         The shared ``C`` (formed on access).
     log_evidence_ : float

@@ -186,23 +186,23 @@ class MLP(_Leaf):
     Notes
     -----
     Evaluated as asin(z) = atan2(a, sqrt(N)) with N = d e - a² formed without
-    cancellation as N = w²(|x|²|y|² - (xᵀy)²) + w b |x - y|² + (d - 1) + (e - 1) + 1
+    cancellation as N = w²(‖x‖²‖y‖² - (xᵀy)²) + w b ‖x - y‖² + (d - 1) + (e - 1) + 1
     (each term ≥ 0, N ≥ 1; exactly 2s + 1 on the diagonal, s = d - 1). With
     Q = (2/π) v / sqrt(N) the derivatives are
 
     * ∂K/∂v = (2/π) asin(z)
-    * ∂K/∂w = Q [e (P + b (P - |x|²)) + d (P + b (P - |y|²))] / (2 d e),  P = xᵀy
-    * ∂K/∂b = Q [d (1 + w (|y|² - P)) + e (1 + w (|x|² - P))] / (2 d e)
+    * ∂K/∂w = Q [e (P + b (P - ‖x‖²)) + d (P + b (P - ‖y‖²))] / (2 d e),  P = xᵀy
+    * ∂K/∂b = Q [d (1 + w (‖y‖² - P)) + e (1 + w (‖x‖² - P))] / (2 d e)
     * ∂K/∂α_g (ARD) = Q w [e T_x + d T_y] / (2 d e),
-      T_x = w (|x|² P_g - P |x_g|²) + b (P_g - |x_g|²) + P_g  (T_y likewise),
+      T_x = w (‖x‖² P_g - P ‖x_g‖²) + b (P_g - ‖x_g‖²) + P_g  (T_y likewise),
 
     from d asin z = [da - (a/2)(dd/d + de/e)] / sqrt(N), arranged so that the
     diagonal has no cancellation. The same formulas, with d for the rows of X and e for
     those of Y, give ∂K(X, Y)/∂θ (``cross_gradient_iter``). For sparse GPs also
 
-    * ∂k(x, x)/∂θ (``diag_gradient``): with s = w|x|² + b, k(x, x) = (2/π) v asin(s/(s + 1))
+    * ∂k(x, x)/∂θ (``diag_gradient``): with s = w‖x‖² + b, k(x, x) = (2/π) v asin(s/(s + 1))
       and d asin(s/(s + 1))/ds = 1/((s + 1) sqrt(2s + 1)), so ∂/∂v = (2/π) asin(s/(s + 1)),
-      ∂/∂w = q |x|², ∂/∂b = q, ∂/∂α_g = q w |x_g|² with q = (2/π) v / ((s + 1) sqrt(2s + 1));
+      ∂/∂w = q ‖x‖², ∂/∂b = q, ∂/∂α_g = q w ‖x_g‖² with q = (2/π) v / ((s + 1) sqrt(2s + 1));
     * ∂k(x, y)/∂x (``input_gradient``) = (2/π) v w A (y - (a/d) x) / sqrt(N) (e does not
       depend on x).
 

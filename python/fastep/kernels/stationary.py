@@ -10,7 +10,7 @@ __all__ = ["RBF", "RBFARD", "White", "Bias"]
 
 
 class RBF(_Leaf):
-    """Squared-exponential kernel k(x, y) = v exp(-γ/2 |x - y|²) (IVM §4, k_rbf).
+    """Squared-exponential kernel k(x, y) = v exp(-γ/2 ‖x - y‖²) (IVM §4, k_rbf).
 
     Parameters
     ----------
