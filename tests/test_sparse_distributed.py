@@ -280,6 +280,23 @@ def test_dask_type_ii_ml_learns_what_the_in_core_fit_learns(client):
     np.testing.assert_allclose(s2.compute(), s1, rtol=1e-5, atol=1e-6)
 
 
+def test_a_dask_fitted_model_saves_loads_and_predicts(client, tmp_path):
+    import fastep
+    X, y, _ = _data(600, seed=11)
+    remote = SparseGPClassifier(schedule="parallel", n_inducing=10, random_state=0, optimizer=None).fit(
+        *_dask(X, np.where(y > 0, 1, 0), 200), client=client)
+    Xt = np.random.default_rng(12).uniform(-3, 3, size=(50, 2))
+    path = tmp_path / "remote.npz"
+    fastep.save(remote, path)
+    loaded = fastep.load(path)
+    np.testing.assert_array_equal(loaded.predict_proba(Xt), remote.predict_proba(Xt))
+    np.testing.assert_array_equal(loaded.site_precision_, remote.site_precision_.compute())
+    with pytest.raises(ValueError, match="fitted on a Dask cluster"):
+        loaded.log_marginal_likelihood(loaded.kernel_.theta)
+    assert remote.log_marginal_likelihood(remote.kernel_.theta) == pytest.approx(
+        remote.log_marginal_likelihood_value_, rel=1e-8)          # the original still has its cluster
+
+
 def test_dask_one_vs_rest(client):
     X, y, _ = _data(450, seed=11, classes=3)
     kw = dict(schedule="parallel", n_inducing=8, random_state=1, optimizer=None, inducing_init="random")

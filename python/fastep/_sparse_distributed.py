@@ -343,6 +343,16 @@ class DistributedSparseEP(SiteProblem):
         self.learn_inducing = learn_inducing
         self.has_sites = False
 
+    def __getstate__(self):
+        """A saved or pickled copy keeps what prediction needs: the cluster's executor and the
+        chunks (futures on its workers) are dropped, the sites are computed into arrays."""
+        state = dict(self.__dict__)
+        state.update(executor=None, chunks=None, has_sites=False)
+        for name in ("site_precision", "site_natural_mean"):
+            if is_dask_array(state.get(name)):
+                state[name] = np.asarray(state[name])
+        return state
+
     def _run_from(self, projected, likelihood, warm):
         started = self.executor.map(chunk_start, projected, warm)
         chunks, R, w_mean, info = run_parallel_ep(self.executor, started, likelihood, self.options)
@@ -354,6 +364,9 @@ class DistributedSparseEP(SiteProblem):
 
     def evaluate(self, params, *, gradient, warm, keep=False):
         """As :meth:`fastep.sparse._BinarySparseEP.evaluate`, by map-reduce over the chunks."""
+        if self.executor is None:
+            raise ValueError("this model was fitted on a Dask cluster and then saved or pickled: its training "
+                             "data stayed on the cluster, so the evidence cannot be evaluated again; refit it")
         kernel, likelihood, Z = params
         if Z is None:
             Z = self.Z
