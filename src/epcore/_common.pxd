@@ -2,6 +2,7 @@
 """Machinery shared by the EP engines (see _common.pyx): the rank-1 site step with its options,
 negative-precision policies and sweep statistics, and the seeded random order of sites."""
 from libc.math cimport fabs
+from cpython.ref cimport PyObject
 from fastep._epcore.sites cimport SiteModel
 
 
@@ -25,12 +26,24 @@ cdef struct SiteUpdateOptions:
     double damping           # in (0, 1]
     int negative_precision   # NegativePrecisionPolicy
 
+# Ctrl-C inside a compiled loop: the loops poll Python's signal handlers (with the GIL, every
+# ``every`` sites) and, if a handler raised, hold the exception here and stop; the engine
+# restores its state and re-raises it (see _common.pyx, "interrupts").
+cdef struct InterruptCheck:
+    int every                        # sites between two polls (>= 1)
+    int countdown
+    int pending                      # a signal handler raised; the exception is held below
+    PyObject* exc_type
+    PyObject* exc_value
+    PyObject* exc_tb
+
 cdef struct SweepStats:
     double max_change_precision      # max_i |Δτ_i| / max(1, |τ_i new|)
     double max_change_natural_mean   # max_i |Δν_i| / max(1, |ν_i new|)
     int n_skipped                    # STEP_SKIPPED + STEP_FAILED
     int n_clipped
     int n_failed
+    InterruptCheck* interrupt        # NULL: no polling (set by the engine, kept by sweep_stats_reset)
 
 
 # Sweep bookkeeping shared by the rank-1 engines (linear_ep, gp_ep).
@@ -78,3 +91,23 @@ cdef void random_permutation(int n, int* perm, unsigned long long* state) noexce
 # Per-sweep progress hook (called with the GIL between sweeps, never inside one).
 cdef bint sweep_callback_stops(object callback, int sweep, double max_change, double log_z,
                                list errors) noexcept
+
+
+# Interrupt polling (_common.pyx).
+cdef void interrupt_init(InterruptCheck* check, SweepStats* stats, double site_cost) noexcept nogil
+cdef bint interrupt_poll(InterruptCheck* check) noexcept nogil
+cdef int interrupt_reraise(InterruptCheck* check) except -1
+
+
+cdef inline bint interrupt_requested(SweepStats* stats) noexcept nogil:
+    """Called once per site: True once a signal handler has raised (polls every ``every`` sites)."""
+    cdef InterruptCheck* check = stats.interrupt
+    if check == NULL:
+        return False
+    if check.pending:
+        return True
+    check.countdown -= 1
+    if check.countdown > 0:
+        return False
+    check.countdown = check.every
+    return interrupt_poll(check)

@@ -8,11 +8,17 @@
 * the seeded random order of sites (splitmix64 and a Fisher-Yates permutation);
 * the input checks of the public engine functions (their private ``_run_*`` twins skip
   them);
-* the enum constants, exported as plain integers for Python callers.
+* the enum constants, exported as plain integers for Python callers;
+* interrupts: the compiled loops poll Python's signal handlers between sites (with the GIL,
+  about every ``INTERRUPT_FLOPS`` floating-point operations of work), so that Ctrl-C stops
+  a long sweep within a fraction of a second; the engine then restores its inputs and
+  re-raises the ``KeyboardInterrupt``.
 """
 import numpy as np
 
 from libc.math cimport isfinite
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+from cpython.ref cimport PyObject
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
 
 
@@ -192,3 +198,64 @@ cdef bint sweep_callback_stops(object callback, int sweep, double max_change, do
     except BaseException as exc:
         errors.append(exc)
         return True
+
+
+
+# --------------------------------------------------------------------------- #
+# interrupts
+# --------------------------------------------------------------------------- #
+
+cdef extern from "Python.h":
+    int _check_signals "PyErr_CheckSignals" () nogil
+
+#: Work between two polls of the signal handlers (floating-point operations): a poll takes the
+#: GIL (well under a microsecond uncontended), 2e6 flops take about a millisecond.
+INTERRUPT_FLOPS = 2_000_000
+cdef int _interrupt_checks_enabled = 1
+
+
+def set_interrupt_checks(bint enabled):
+    """Turn the compiled loops' signal polling on or off (process-wide; for benchmarks that
+    measure its cost, never called by fastep itself). Returns the previous setting."""
+    global _interrupt_checks_enabled
+    previous = bool(_interrupt_checks_enabled)
+    _interrupt_checks_enabled = 1 if enabled else 0
+    return previous
+
+
+cdef void interrupt_init(InterruptCheck* check, SweepStats* stats, double site_cost) noexcept nogil:
+    """Set ``stats`` to poll through ``check`` every ``INTERRUPT_FLOPS / site_cost`` sites (at
+    least every site), or not at all while the checks are turned off."""
+    cdef double every = 2e6 / site_cost if site_cost > 1.0 else 2e6
+    check.every = <int>every if every < 1e9 else 1000000000
+    if check.every < 1:
+        check.every = 1
+    check.countdown = check.every
+    check.pending = 0
+    check.exc_type = NULL
+    check.exc_value = NULL
+    check.exc_tb = NULL
+    stats.interrupt = check if _interrupt_checks_enabled else NULL
+
+
+cdef bint interrupt_poll(InterruptCheck* check) noexcept nogil:
+    """Run Python's pending signal handlers now; if one raised, keep its exception in ``check``."""
+    if check.pending:
+        return True
+    with gil:
+        if _check_signals() != 0:
+            PyErr_Fetch(&check.exc_type, &check.exc_value, &check.exc_tb)
+            check.pending = 1
+    return check.pending
+
+
+cdef int interrupt_reraise(InterruptCheck* check) except -1:
+    """Raise the exception a poll kept (with the GIL held); 0 if there is none."""
+    if not check.pending:
+        return 0
+    check.pending = 0
+    PyErr_Restore(check.exc_type, check.exc_value, check.exc_tb)
+    check.exc_type = NULL
+    check.exc_value = NULL
+    check.exc_tb = NULL
+    return -1

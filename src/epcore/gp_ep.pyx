@@ -156,7 +156,9 @@ from fastep._epcore._common cimport (
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
-from fastep._epcore._common cimport sweep_callback_stops
+from fastep._epcore._common cimport (
+    sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise, interrupt_requested,
+)
 from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 
 # Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
@@ -271,6 +273,8 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
             post_diag[j] = post_cov[<Py_ssize_t>j * n + j]
             done[j] = 0
     for t in range(n):
+        if interrupt_requested(stats):
+            return
         i = _next_site(t, perm, entropy, model, y, n, site_precision, site_natural_mean,
                        post_diag, post_mean, done)
         tau_old = site_precision[i]
@@ -325,6 +329,8 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
         n_pos = 0
         n_neg = 0
         for b in range(kk):
+            if interrupt_requested(stats):
+                return
             i = _next_site(t + b, perm, entropy, model, y, n, site_precision, site_natural_mean,
                            post_diag, post_mean, done)
             # current Σ_ii = Σ₀_ii + Σ_pos R[r, i]² - Σ_neg R[r, i]²   (O(block) work)
@@ -1152,7 +1158,9 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
     cdef Py_ssize_t j
     cdef bint has_callback = sweep_callback is not None, stopped = False
     cdef list callback_errors = []
+    cdef InterruptCheck interrupt
     sweep_stats_reset(&stats)
+    interrupt_init(&interrupt, &stats, <double>n * n)
 
     with nogil:
         # the parallel schedule works from diag Σ and μ alone (L kept in post_cov); the
@@ -1191,6 +1199,8 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                         gp_sweep_blocked(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
                                          perm_ptr, entropy, diag_ptr, &done[0], k_block,
                                          work_ptr, &small[0], &col[0], &opts, &stats, &log_chol)
+                if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
+                    break                   # Ctrl-C: the sites are restored and the exception raised below
                 n_sweeps = sweep
                 total_skipped += stats.n_skipped
                 total_clipped += stats.n_clipped
@@ -1279,7 +1289,7 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                     # not converged after all: the next sweep needs Σ
                     gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
                     have_factor = False
-            if info == 0:
+            if info == 0 and not interrupt.pending:
                 # the reported log Z (and the cavities) always in the stable form, on the
                 # final sites, from the factor at hand: after gp_refactor_marginals its L and
                 # diag(B⁻¹) (O(n²)); for OUTPUT_FACTOR after gp_refactor, the L returned
@@ -1307,6 +1317,10 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                                                 work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
                                                 &bad_site)
                     symmetrize(True, n, cov_ptr, n)
+    if interrupt.pending:
+        np.asarray(site_precision)[:] = tau_saved
+        np.asarray(site_natural_mean)[:] = nu_saved
+        interrupt_reraise(&interrupt)
     if callback_errors:
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
@@ -1477,6 +1491,7 @@ def incremental_sweep(const double[::1] y, SiteSpec spec not None,
     cdef const int* perm_ptr = &perm[0] if shuffled else NULL
     cdef SweepStats stats
     sweep_stats_reset(&stats)
+    stats.interrupt = NULL
     with nogil:
         if shuffled:
             random_permutation(n, &perm[0], &rng_state)

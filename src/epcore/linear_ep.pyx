@@ -104,7 +104,9 @@ from fastep._epcore._blas cimport (
     symmetrize, symm_right,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
-from fastep._epcore._common cimport sweep_callback_stops
+from fastep._epcore._common cimport (
+    sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise, interrupt_requested,
+)
 from fastep._epcore._common import site_update_constants as _site_update_constants
 
 # Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
@@ -218,6 +220,8 @@ cdef void sweep_rank1(const SiteModel* model, const double* X, const double* y, 
     cdef double tau_old, nu_old
     sweep_stats_reset(stats)
     for i in range(n):
+        if interrupt_requested(stats):
+            return
         tau_old = site_precision[i]
         nu_old = site_natural_mean[i]
         result = site_update(model, y[i], X + <Py_ssize_t>i * d, d, post_cov, post_mean, work,
@@ -251,6 +255,8 @@ cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y
         n_pos = 0
         n_neg = 0
         for t in range(kk):
+            if interrupt_requested(stats):
+                return
             i = b0 + t
             x = X + <Py_ssize_t>i * d
             u = cross + <Py_ssize_t>t * d
@@ -618,7 +624,9 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
     cdef double log_det_prior = 0.0, prior_quad = 0.0, max_change = INFINITY
     cdef bint has_callback = sweep_callback is not None, stopped = False
     cdef list callback_errors = []
+    cdef InterruptCheck interrupt
     sweep_stats_reset(&stats)
+    interrupt_init(&interrupt, &stats, 2.0 * d * d)
 
     with nogil:
         prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
@@ -636,6 +644,8 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
                     else:
                         sweep_rank1(model, x_ptr, y_ptr, n, d, tau_ptr, nu_ptr, &post_cov[0, 0],
                                     &post_mean[0], &cross[0, 0], &opts, &stats)
+                    if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
+                        break               # Ctrl-C: re-raised below
                     n_sweeps = sweep
                     total_skipped += stats.n_skipped
                     total_clipped += stats.n_clipped
@@ -662,6 +672,8 @@ def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1
                         break
             if info == 0:
                 symmetrize(True, d, &post_cov[0, 0], d)
+    if interrupt.pending:
+        interrupt_reraise(&interrupt)
     if callback_errors:
         raise callback_errors[0]
     if prior_info != 0:

@@ -118,7 +118,10 @@ from fastep._epcore._common cimport (
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
     STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
-from fastep._epcore._common cimport random_permutation, sweep_callback_stops
+from fastep._epcore._common cimport (
+    random_permutation, sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise,
+    interrupt_requested,
+)
 from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
 
@@ -353,6 +356,8 @@ cdef int sparse_sweep_sequential(const SiteModel* model, const PowerRule* rule, 
     cdef const double* v
     sweep_stats_reset(stats)
     for t in range(n):
+        if interrupt_requested(stats):
+            return n_rebuilds
         i = perm[t] if perm != NULL else t
         v = Vt + <Py_ssize_t>i * m
         dcopy(m, v, 1, w, 1)
@@ -849,7 +854,9 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
     cdef double log_z_change = INFINITY, max_change = INFINITY, scale
     cdef bint has_callback = sweep_callback is not None, stopped = False
     cdef list callback_errors = []
+    cdef InterruptCheck interrupt
     sweep_stats_reset(&stats)
+    interrupt_init(&interrupt, &stats, 3.0 * m * m)
     with nogil:
         info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
                               &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
@@ -872,6 +879,8 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                         failed_sweep = sweep
                         break
                     total_rebuilds += rebuilt
+                if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
+                    break                   # Ctrl-C: the sites are restored and the exception raised below
                 n_sweeps = sweep
                 total_skipped += stats.n_skipped
                 total_clipped += stats.n_clipped
@@ -899,6 +908,10 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                                                        callback_errors)
                 if converged or stopped:
                     break
+    if interrupt.pending:
+        np.asarray(site_precision)[:] = tau_saved
+        np.asarray(site_natural_mean)[:] = nu_saved
+        interrupt_reraise(&interrupt)
     if callback_errors:
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
@@ -996,6 +1009,7 @@ def _parallel_chunk_step(const double[:, ::1] Vt, const double[::1] d, const dou
     cdef int bad_site = -1
     cdef double log_z_sites = 0.0
     sweep_stats_reset(&stats)
+    stats.interrupt = NULL
     if n > 0 and m > 0:
         with nogil:
             gemv(n, m, 1.0, &Vt[0, 0], m, &post_w_mean[0], 0.0, &gm[0])
@@ -1089,6 +1103,7 @@ def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double
     cdef SweepStats stats
     cdef int rebuilt = 0
     sweep_stats_reset(&stats)
+    stats.interrupt = NULL
     if n > 0:
         with nogil:
             _beta_from_w_mean(&post_factor[0, 0], m, &post_w_mean[0], &beta[0])
