@@ -13,6 +13,7 @@
 """
 import _thread
 import argparse
+import signal
 import statistics
 import threading
 import time
@@ -67,6 +68,9 @@ def overhead(name, run, repeats):
 
 
 def main():
+    # a process started in the background by a shell ignores SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: put it back, as an interactive session has it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-latency", action="store_true")

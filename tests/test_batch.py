@@ -203,3 +203,100 @@ def test_one_vs_rest_n_jobs_gives_bitwise_identical_fits(make):
     assert np.mean(serial.predict(X) == two.predict(X)) > 0.95
     with pytest.raises(ValueError, match="n_jobs"):
         make(0).fit(X, y)
+
+
+# -- failure injection (issue 17, part 4) -------------------------------------------------------
+
+def test_unconverged_fits_are_reported_per_task_and_kept():
+    datasets = _datasets(4, seed=9)
+    grid = [fastep.GaussianProcessClassifier(RBF(4.0, 1.0), optimizer=None, max_sweeps=s, tol=1e-10)
+            for s in (200, 1, 200, 1)]
+    for n_jobs in (None, 2):
+        reports = []
+        with pytest.warns(fastep.ConvergenceWarning, match=r"2 of 4 fits did not converge .* positions \[1, 3\]"):
+            out = fit_many(grid, datasets, n_jobs=n_jobs, progress=reports.append)
+        assert [m.converged_ for m in out] == [True, False, True, False]
+        by_index = {r.index: r.converged for r in reports}
+        assert by_index == {0: True, 1: False, 2: True, 3: False}
+
+
+def test_a_failing_fit_is_reported_per_task_with_the_others_kept():
+    datasets = _datasets(5, seed=10)
+    datasets[3] = (datasets[3][0], np.zeros(60, dtype=int))           # one class: the fit raises
+    reports = []
+    out = fit_many(fastep.GaussianProcessClassifier(RBF(), optimizer=None), datasets, n_jobs=2,
+                   on_error="collect", progress=reports.append)
+    assert isinstance(out[3], ValueError) and "two classes" in str(out[3])
+    assert all(isinstance(out[i], fastep.GaussianProcessClassifier) and out[i].converged_ for i in (0, 1, 2, 4))
+    assert {r.index: (r.failed, r.converged) for r in reports}[3] == (True, None)
+
+
+def _kill_a_busy_worker(client, deadline=60.0):
+    """SIGKILL the process of a worker that is running a task (waits until one is)."""
+    import os
+    import signal
+    import time
+    pids = client.run(os.getpid)
+    start = time.perf_counter()
+    while time.perf_counter() - start < deadline:
+        busy = [address for address, keys in client.processing().items() if keys]
+        if busy:
+            time.sleep(0.3)                      # let the fit get going
+            os.kill(pids[busy[0]], signal.SIGKILL)
+            return busy[0]
+        time.sleep(0.05)
+    raise AssertionError("no worker started a task")
+
+
+def _slow_datasets():
+    return _datasets(4, n=500, seed=11)
+
+
+def _fit_many_while_killing(client, on_error):
+    import threading
+    box = {}
+
+    def run():
+        try:
+            box["out"] = fit_many(fastep.GaussianProcessClassifier(RBF(), tol=1e-8), _slow_datasets(), client=client,
+                                  on_error=on_error)
+        except BaseException as exc:            # noqa: BLE001 - handed to the test thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    _kill_a_busy_worker(client)
+    thread.join(timeout=600)
+    assert not thread.is_alive()
+    return box
+
+
+def test_a_worker_killed_mid_fit_is_retried_and_no_fit_is_lost(client):
+    box = _fit_many_while_killing(client, on_error="raise")
+    assert "error" not in box, box.get("error")
+    out = box["out"]
+    local = fit_many(fastep.GaussianProcessClassifier(RBF(), tol=1e-8), _slow_datasets(), n_jobs=1)
+    assert len(out) == 4
+    for a, b in zip(_proba(out, _slow_datasets()), _proba(local, _slow_datasets())):
+        assert np.array_equal(a, b)                # every model complete: the killed fit ran again elsewhere
+
+
+def test_a_worker_killed_once_too_often_is_that_fits_failure():
+    distributed = pytest.importorskip("distributed")
+    import dask
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                           dashboard_address=None)
+        client = distributed.Client(cluster)
+        try:
+            box = _fit_many_while_killing(client, on_error="collect")
+        finally:
+            client.close()
+            cluster.close()
+    assert "error" not in box, box.get("error")
+    out = box["out"]
+    failed = [i for i, r in enumerate(out) if isinstance(r, BaseException)]
+    assert len(failed) >= 1 and all(type(out[i]).__name__ == "KilledWorker" for i in failed)
+    kept = [r for r in out if not isinstance(r, BaseException)]
+    assert kept and all(m.converged_ and np.isfinite(m.log_marginal_likelihood_value_) for m in kept)

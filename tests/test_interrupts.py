@@ -6,6 +6,7 @@ from a timer thread: it trips the main thread's signal flag); the compiled loops
 signal handlers between sites.
 """
 import _thread
+import signal
 import threading
 import time
 
@@ -17,6 +18,15 @@ from fastep._epcore import _common
 from fastep.kernels import RBF
 
 LATENCY = 1.0          # seconds from the interrupt to the KeyboardInterrupt in fit
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """A process started in the background ignores SIGINT (and Python then installs no handler,
+    so interrupt_main does nothing): install Python's default handler for these tests."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt_after(seconds):

@@ -30,6 +30,7 @@ class BatchProgress:
     index, n_done, n_total : int
     failed : bool
     elapsed : float
+    converged : bool or None, default None
         As the attributes.
 
     Attributes
@@ -44,26 +45,30 @@ class BatchProgress:
         Whether this fit raised.
     elapsed : float
         Seconds since the batch started.
+    converged : bool or None
+        The fitted model's ``converged_`` (False: it is returned, but EP or the search did not
+        converge; :func:`fit_many` also warns); None for a failed fit or a model without it.
 
     Examples
     --------
     >>> from fastep.batch import BatchProgress
     >>> BatchProgress(index=3, n_done=1, n_total=10, failed=False, elapsed=0.5)
-    BatchProgress(index=3, n_done=1, n_total=10, failed=False, elapsed=0.50 s)
+    BatchProgress(index=3, n_done=1, n_total=10, failed=False, elapsed=0.50 s, converged=None)
     """
 
-    __slots__ = ("index", "n_done", "n_total", "failed", "elapsed")
+    __slots__ = ("index", "n_done", "n_total", "failed", "elapsed", "converged")
 
-    def __init__(self, index, n_done, n_total, failed, elapsed):
+    def __init__(self, index, n_done, n_total, failed, elapsed, converged=None):
         self.index = index
         self.n_done = n_done
         self.n_total = n_total
         self.failed = failed
         self.elapsed = elapsed
+        self.converged = converged
 
     def __repr__(self):
         return (f"BatchProgress(index={self.index}, n_done={self.n_done}, n_total={self.n_total}, "
-                f"failed={self.failed}, elapsed={self.elapsed:.2f} s)")
+                f"failed={self.failed}, elapsed={self.elapsed:.2f} s, converged={self.converged})")
 
 
 def effective_n_jobs(n_jobs):
@@ -222,7 +227,9 @@ def fit_many(estimator, datasets, *, n_jobs=None, client=None, on_error="raise",
     on_error : {'raise', 'collect'}, default 'raise'
         ``'raise'``: the first failing fit's exception is raised (after the running fits
         end). ``'collect'``: a failing fit's exception object takes its place in the
-        returned list and the other fits are kept.
+        returned list and the other fits are kept. On a cluster a fit whose worker dies is
+        run again on another worker (Dask's ``allowed-failures``); once Dask gives up, its
+        ``KilledWorker`` exception is that fit's failure.
     progress : callable, optional
         Called in the calling thread after each fit finishes, with a :class:`BatchProgress`.
 
@@ -230,6 +237,13 @@ def fit_many(estimator, datasets, *, n_jobs=None, client=None, on_error="raise",
     -------
     list
         The fitted estimators (or, with ``on_error='collect'``, exceptions) in input order.
+        Every estimator in it completed its ``fit``; none is partial.
+
+    Warns
+    -----
+    ConvergenceWarning
+        Once, naming the fits whose model has ``converged_`` False (they are returned; the
+        warnings a fit raises in a pool thread or on a worker do not reach the caller).
 
     Examples
     --------
@@ -257,17 +271,38 @@ def fit_many(estimator, datasets, *, n_jobs=None, client=None, on_error="raise",
         raise TypeError(f"progress must be callable, got {type(progress).__name__}")
     tasks = _pairs(estimator, datasets)
     if client is not None:
-        return _fit_on_cluster(client, tasks, on_error, progress)
-    if n_jobs is None:
-        return _fit_in_threads(tasks, 1, on_error, progress)
-    n_workers = effective_n_jobs(n_jobs)
-    with threadpool_limits(1, user_api="blas"):
-        return _fit_in_threads(tasks, n_workers, on_error, progress)
+        results = _fit_on_cluster(client, tasks, on_error, progress)
+    elif n_jobs is None:
+        results = _fit_in_threads(tasks, 1, on_error, progress)
+    else:
+        n_workers = effective_n_jobs(n_jobs)
+        with threadpool_limits(1, user_api="blas"):
+            results = _fit_in_threads(tasks, n_workers, on_error, progress)
+    _warn_unconverged(results)
+    return results
 
 
-def _report(progress, index, n_done, n_total, failed, start):
+def _converged(result):
+    if isinstance(result, BaseException):
+        return None
+    value = getattr(result, "converged_", None)
+    return None if value is None else bool(value)
+
+
+def _warn_unconverged(results):
+    late = [i for i, result in enumerate(results) if _converged(result) is False]
+    if late:
+        import warnings
+        from .exceptions import ConvergenceWarning
+        warnings.warn(f"fit_many: {len(late)} of {len(results)} fits did not converge (converged_ is False), at "
+                      f"positions {late[:20]}{' ...' if len(late) > 20 else ''}; their models are returned",
+                      ConvergenceWarning, stacklevel=3)
+
+
+def _report(progress, index, n_done, n_total, result, start):
     if progress is not None:
-        progress(BatchProgress(index, n_done, n_total, failed, time.perf_counter() - start))
+        progress(BatchProgress(index, n_done, n_total, isinstance(result, BaseException),
+                               time.perf_counter() - start, _converged(result)))
 
 
 def _fit_in_threads(tasks, n_workers, on_error, progress):
@@ -283,7 +318,7 @@ def _fit_in_threads(tasks, n_workers, on_error, progress):
                 if on_error == "raise":
                     raise
                 results[i] = exc
-            _report(progress, i, i + 1, n_total, isinstance(results[i], Exception), start)
+            _report(progress, i, i + 1, n_total, results[i], start)
         return results
 
     stop = threading.Event()
@@ -309,7 +344,7 @@ def _fit_in_threads(tasks, n_workers, on_error, progress):
                 results[i] = exc
             else:
                 results[i] = future.result()
-            _report(progress, i, n_done, n_total, exc is not None, start)
+            _report(progress, i, n_done, n_total, exc if exc is not None else results[i], start)
     if first_error is not None:
         raise first_error
     return results
@@ -323,37 +358,78 @@ def _import_distributed():
     return distributed
 
 
+#: Resubmissions of a fit whose inputs were lost with a worker (the data scattered to it).
+CLUSTER_RETRIES = 2
+
+
+def _lost(future):
+    """Whether a finished-unsuccessfully future failed because the cluster lost something (a
+    worker and the data on it), not because the fit raised: it is then worth running again."""
+    if future.status in ("cancelled", "lost"):
+        return True
+    try:
+        exc = future.exception()
+    except Exception:                  # noqa: BLE001 - a cancelled future raises here
+        return True
+    name = type(exc).__name__
+    return name in ("FutureCancelledError", "CancelledError", "CommClosedError")
+
+
 def _fit_on_cluster(client, tasks, on_error, progress):
     distributed = _import_distributed()
     if not isinstance(client, distributed.Client):
         raise TypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
     start = time.perf_counter()
-    # Scatter each distinct array once (the same X in a hyperparameter grid, say).
+    # Scatter each distinct array once (the same X in a hyperparameter grid, say); again if the
+    # worker holding it dies.
     scattered = {}
 
     def remote(array):
         key = id(array)
-        if key not in scattered:
-            scattered[key] = (array, client.scatter(array, broadcast=False, hash=False))
+        held = scattered.get(key)
+        if held is None or held[1].status != "finished":
+            for attempt in range(CLUSTER_RETRIES + 1):
+                try:
+                    future = client.scatter(array, broadcast=False, hash=False)
+                    break
+                except (OSError, distributed.comm.CommClosedError):
+                    if attempt == CLUSTER_RETRIES:
+                        raise
+            scattered[key] = (array, future)
         return scattered[key][1]
 
-    futures = []
-    for i, (est, X, y) in enumerate(tasks):
-        futures.append(client.submit(_fit_one, est, remote(X), remote(y), pure=False))
+    def submit(i):
+        est, X, y = tasks[i]
+        return client.submit(_fit_one, est, remote(X), remote(y), pure=False)
+
+    futures = [submit(i) for i in range(len(tasks))]
     index_of = {future.key: i for i, future in enumerate(futures)}
+    attempts = [0] * len(tasks)
     results = [None] * len(tasks)
-    n_total = len(tasks)
+    n_total, n_done = len(tasks), 0
+    pending = distributed.as_completed(futures)
     try:
-        for n_done, future in enumerate(distributed.as_completed(futures), start=1):
+        for future in pending:
             i = index_of[future.key]
-            if future.status == "error":
-                exc = future.exception()
+            if future.status == "finished":
+                results[i] = future.result()
+            elif _lost(future) and attempts[i] < CLUSTER_RETRIES:
+                attempts[i] += 1                  # a worker died with this fit's inputs: run it again
+                again = submit(i)
+                index_of[again.key] = i
+                futures.append(again)
+                pending.add(again)
+                continue
+            else:
+                try:
+                    exc = future.exception()
+                except Exception as cancelled:    # noqa: BLE001 - a cancelled future raises here
+                    exc = cancelled
                 if on_error == "raise":
                     raise exc
                 results[i] = exc
-            else:
-                results[i] = future.result()
-            _report(progress, i, n_done, n_total, future.status == "error", start)
+            n_done += 1
+            _report(progress, i, n_done, n_total, results[i], start)
     finally:
         for future in futures:
             future.cancel()
