@@ -194,7 +194,7 @@ CASE = dict(seed=st.integers(0, 2**16), n=st.sampled_from([1, 2, 3, 4, 7, 15]), 
 
 
 @pytest.mark.parametrize("name", list(CLASSIFIERS))
-@_settings(30)
+@_settings(60)
 @given(labels=st.sampled_from(["int", "str", "bool", "float_int", "object_int", "np_str"]),
        imbalanced=st.booleans(), **CASE)
 def test_fuzzed_classifier_inputs(name, seed, n, p, scale, structure, dtype, layout, corruption, labels,
@@ -210,7 +210,7 @@ def test_fuzzed_classifier_inputs(name, seed, n, p, scale, structure, dtype, lay
 
 
 @pytest.mark.parametrize("name", list(REGRESSORS) + list(ORDINAL))
-@_settings(30)
+@_settings(60)
 @given(y_scale=st.sampled_from([1e-12, 1e-3, 1.0, 1e3, 1e12]), constant_y=st.booleans(), **CASE)
 def test_fuzzed_regressor_inputs(name, seed, n, p, scale, structure, dtype, layout, corruption, y_scale,
                                  constant_y):
@@ -289,3 +289,67 @@ def test_site_kernels_at_extreme_cavities(likelihood, mean, log_var, label):
         assert NAMES.search(str(error)) or "cavity" in str(error), str(error)
         return
     assert np.isfinite(alpha[0]) and np.isfinite(beta[0]) and not np.isnan(log_z[0])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastep.GaussianProcessClassifier(RBF(1.0, 0.5), optimizer=None),
+    lambda: fastep.SparseGPClassifier(n_inducing=10, random_state=0),
+    lambda: fastep.IVMClassifier(active_set_size=30),
+    lambda: fastep.LinearEPClassifier(fit_intercept=True),
+], ids=["gpc", "sparse-gpc", "ivm", "linear"])
+def test_labels_imbalanced_one_to_a_thousand(make):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(1001, 2))
+    y = np.zeros(1001, dtype=int)
+    y[np.argmax(X[:, 0])] = 1                       # one positive among a thousand negatives
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = make().fit(X, y)
+    _check_outputs(model, X, classifier=True)
+    assert model.predict_proba(X)[:, 1].mean() < 0.1
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("nan", "X"), ("shape", "X"), ("y_shape", "Y"), ("object", "X"),
+])
+def test_rank_k_ep_bad_inputs(bad, message):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20, 2, 3))
+    Y = rng.normal(size=(20, 2))
+    if bad == "nan":
+        X[3, 1, 2] = np.nan
+    elif bad == "shape":
+        X = X[:, :, 0]
+    elif bad == "y_shape":
+        Y = Y[:, :1]
+    else:
+        X = np.array([["a"] * 3] * 2 * 20, dtype=object).reshape(20, 2, 3)
+    saved = X.copy()
+    with pytest.raises((ValueError, TypeError), match=message):
+        fastep.RankKEP().fit(X, Y)
+    assert np.array_equal(X, saved, equal_nan=X.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("nan", "Xs"), ("rows", "ys"), ("features", "Xs"), ("one_row", "Xs"), ("not_list", "Xs"),
+])
+def test_multi_task_horseshoe_bad_inputs(bad, message):
+    rng = np.random.default_rng(1)
+    Xs = [rng.normal(size=(15, 4)), rng.normal(size=(12, 4))]
+    ys = [rng.normal(size=15), rng.normal(size=12)]
+    if bad == "nan":
+        Xs[1][2, 3] = np.inf
+    elif bad == "rows":
+        ys[0] = ys[0][:10]
+    elif bad == "features":
+        Xs[1] = Xs[1][:, :3]
+    elif bad == "one_row":
+        Xs[0], ys[0] = Xs[0][:1], ys[0][:1]
+    else:
+        Xs = Xs[0]
+    model = fastep.MultiTaskHorseshoeRegression(learn_hyperparameters=False).fit(
+        [rng.normal(size=(15, 4))] * 2, [rng.normal(size=15)] * 2)
+    before = model.coef_.copy()
+    with pytest.raises((ValueError, TypeError), match=message):
+        model.fit(Xs, ys)
+    assert np.array_equal(model.coef_, before)

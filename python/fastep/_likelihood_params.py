@@ -72,7 +72,14 @@ def likelihood_theta(likelihood):
             values.append(math.log(likelihood.noise_variance))
         elif name.startswith("log_width_"):
             values.append(math.log(likelihood.widths[int(name[10:]) - 1]))
-    bounds = [_BOUNDS["log_width" if n.startswith("log_width_") else n] for n in names]
+    bounds = []
+    for name, value in zip(names, values):
+        low, high = _BOUNDS["log_width" if name.startswith("log_width_") else name]
+        if name == "log_noise":
+            # a noise variance starts from the targets' scale: targets of scale 1e±12 need the box
+            # around that start, not the fixed one for ordinary scales
+            low, high = min(low, value - 30.0), max(high, value + 20.0)
+        bounds.append((low, high))
     return names, np.array(values, dtype=float), np.array(bounds, dtype=float).reshape(-1, 2)
 
 

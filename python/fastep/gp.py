@@ -116,7 +116,12 @@ class _BinaryGPEP(SiteProblem):
                     f"EP could not form a proper cavity at {info['n_failed']} site(s) and the log marginal "
                     "likelihood is not finite: the kernel matrix is probably not positive semi-definite; "
                     "increase jitter or add a White kernel term")
-            raise FloatingPointError("EP produced a non-finite log marginal likelihood; this is a bug")
+            # every cavity proper, yet log Z overflowed: site precisions so large against the kernel
+            # (a noise variance near its lower bound, say) that B = I + S^½ K S^½ is numerically singular
+            raise np.linalg.LinAlgError(
+                f"EP's log marginal likelihood is not finite at {likelihood!r} with this kernel: the site "
+                f"precisions (up to {float(np.max(tau)):.3g}) make the kernel matrix numerically singular; "
+                "increase jitter, add a White kernel term or bound the noise_variance")
         return {"tau": tau, "nu": nu, "post_mean": post_mean, "cavity": (cavity_mean, cavity_var), "info": info}
 
     @staticmethod

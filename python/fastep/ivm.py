@@ -258,9 +258,12 @@ class _IVMProblem:
             # eq 32 tends to zero noise when the data are (nearly) noise-free and every point is
             # active; below 1e-6 of the prior variance the Gaussian sites of the next selection
             # are numerically improper (ν ς >= 1), so the noise variance is kept above that
-            floor = np.log(_NOISE_FLOOR * float(np.max(self.kernel._unchecked_diag(self.X))))
+            prior_scale = float(np.max(self.kernel._unchecked_diag(self.X)))
+            floor = np.log(_NOISE_FLOOR * prior_scale)
             noise_bounds[0, 0] = max(noise_bounds[0, 0], floor)
-            log_noise = max(np.log(self.likelihood.noise_variance), noise_bounds[0, 0])
+            # the fixed upper bound (e^20) is below the prior variance of targets on a large scale
+            noise_bounds[0, 1] = max(noise_bounds[0, 1], np.log(100.0 * prior_scale))
+            log_noise = min(max(np.log(self.likelihood.noise_variance), noise_bounds[0, 0]), noise_bounds[0, 1])
             theta = np.append(theta, [log_noise, self.offset])
             bounds = np.vstack([bounds, noise_bounds, [[-np.inf, np.inf]]])
         return theta, bounds

@@ -70,9 +70,19 @@ class _LinearEPBase(BaseEstimator):
             tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
             negative_precision=_NEGATIVE_POLICIES[self.negative_precision],
             sweep_callback=progress.sweep_callback())
-        log_evidence = _engine._log_evidence(
-            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-            post_mean, post_cov)
+        try:
+            log_evidence = _engine._log_evidence(
+                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
+                post_mean, post_cov)
+        except ValueError as error:
+            if "improper cavity" not in str(error):
+                raise
+            # 1 - τ_i x_iᵀ V x_i lost to rounding: a site's data outweigh the prior by ~1e16
+            scale = float(np.max(np.abs(design)))
+            raise ValueError(
+                f"the EP evidence cannot be formed in double precision: {error.args[0].split(';')[0]}, because "
+                f"the data outweigh the prior by a factor near 1e16 (X has entries up to {scale:.3g}, prior_cov "
+                f"{self.prior_cov!r}). Standardise the columns of X, or scale prior_cov to the data") from None
         progress.report("done", info["n_sweeps"], log_evidence, info["max_change"])
         if info["stopped"]:
             self._warn_if_stopped(progress, stacklevel=4)
