@@ -122,22 +122,6 @@ class ClassifierMixin:
 
     _estimator_type = "classifier"
 
-    def _new_progress(self):
-        """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
-        from ._progress import Progress, check_callback, check_verbose
-        return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
-                        check_callback(getattr(self, "callback", None)))
-
-    @staticmethod
-    def _warn_if_stopped(progress, stacklevel=3):
-        """The ``ConvergenceWarning`` of a fit its callback stopped."""
-        if progress.stopped:
-            import warnings
-            from .exceptions import ConvergenceWarning
-            warnings.warn(f"{progress.stop_message()}; the model is fitted with the best state reached so far "
-                          "(hyperparameters: the best evaluated; EP: the current sites)",
-                          ConvergenceWarning, stacklevel=stacklevel)
-
     def __sklearn_tags__(self):
         from sklearn.utils import ClassifierTags
 
@@ -170,22 +154,6 @@ class RegressorMixin:
     """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
 
     _estimator_type = "regressor"
-
-    def _new_progress(self):
-        """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
-        from ._progress import Progress, check_callback, check_verbose
-        return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
-                        check_callback(getattr(self, "callback", None)))
-
-    @staticmethod
-    def _warn_if_stopped(progress, stacklevel=3):
-        """The ``ConvergenceWarning`` of a fit its callback stopped."""
-        if progress.stopped:
-            import warnings
-            from .exceptions import ConvergenceWarning
-            warnings.warn(f"{progress.stop_message()}; the model is fitted with the best state reached so far "
-                          "(hyperparameters: the best evaluated; EP: the current sites)",
-                          ConvergenceWarning, stacklevel=stacklevel)
 
     def __sklearn_tags__(self):
         from sklearn.utils import RegressorTags

@@ -142,7 +142,7 @@ class _Encoder:
         self._keep.append(value)
         node = {_TAG: "object", "id": self._seen[key], "class": _qualified_name(cls)}
         if hasattr(value, "__dict__"):
-            state = value.__getstate__() if _own_getstate(cls) else vars(value)
+            state = value.__getstate__() if _defines(cls, "__getstate__") else vars(value)
             node["state"] = self.encode(dict(state), f"{where}.{cls.__name__}")
             return node
         reduced = value.__reduce__()
@@ -152,9 +152,10 @@ class _Encoder:
         return node
 
 
-def _own_getstate(cls):
+def _defines(cls, method):
+    """Whether a class in ``cls``'s hierarchy below ``object`` defines ``method``."""
     for base in cls.__mro__:
-        if "__getstate__" in vars(base):
+        if method in vars(base):
             return base is not object
     return False
 
@@ -223,19 +224,12 @@ class _Decoder:
             state = self.decode(node["state"])
             if not isinstance(state, dict):
                 raise ValueError(f"bad state for {name}")
-            if hasattr(cls, "__setstate__") and "__setstate__" in dir(cls) and _own_setstate(cls):
+            if _defines(cls, "__setstate__"):
                 value.__setstate__(state)
             else:
                 value.__dict__.update(state)
         self.objects[node["id"]] = value
         return value
-
-
-def _own_setstate(cls):
-    for base in cls.__mro__:
-        if "__setstate__" in vars(base):
-            return base is not object
-    return False
 
 
 def _hashable(key):

@@ -1317,13 +1317,10 @@ def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not No
                                                 work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
                                                 &bad_site)
                     symmetrize(True, n, cov_ptr, n)
-    if interrupt.pending:
+    if interrupt.pending or callback_errors:        # Ctrl-C or the callback raised: inputs back, re-raise
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
         interrupt_reraise(&interrupt)
-    if callback_errors:
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
         raise callback_errors[0]
     if info == 0 and post_var is not None:
         np.asarray(post_var)[:] = np.asarray(post_diag)

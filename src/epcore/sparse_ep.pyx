@@ -908,13 +908,10 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                                                        callback_errors)
                 if converged or stopped:
                     break
-    if interrupt.pending:
+    if interrupt.pending or callback_errors:        # Ctrl-C or the callback raised: inputs back, re-raise
         np.asarray(site_precision)[:] = tau_saved
         np.asarray(site_natural_mean)[:] = nu_saved
         interrupt_reraise(&interrupt)
-    if callback_errors:
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
         raise callback_errors[0]
     if info != 0:
         np.asarray(site_precision)[:] = tau_saved
