@@ -85,6 +85,8 @@ def test_docstring_examples_run_as_written(name):
     if inspect.isclass(obj) and issubclass(obj, Warning | Exception):
         return
     assert tests, f"{name}: no runnable example"
+    if name.startswith("fastep.plotting."):
+        pytest.importorskip("matplotlib")         # the plot extra's examples draw
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in tests:
         runner.run(test)
