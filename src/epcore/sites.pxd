@@ -18,6 +18,7 @@ cdef enum LikelihoodCode:
     LIK_LOGISTIC_GH = 3      # params: []; quadrature nodes in SiteModel; y in {-1, +1}
     LIK_GAUSSIAN = 4         # params: [noise variance > 0]; y real
     LIK_ORDINAL = 5          # params: [slope, bias, width_1, ..., width_{C-2}]; y in {0, ..., C-1}
+    LIK_STUDENT_T = 6        # params: [dof ν > 0, scale σ > 0]; y real
 
 cdef enum SiteStatus:
     SITE_OK = 0
@@ -38,6 +39,13 @@ cdef struct SiteModel:
     const double* gh_nodes         # LIK_LOGISTIC_GH: nodes t_k for ∫ g(t) exp(-t²) dt (physicists' Hermite)
     const double* gh_log_weights   # log(w_k / sqrt(pi)), so that sum_k exp(lw_k) = 1
     int n_nodes
+
+# Student-t site raised to ``power`` (fractional EP), with the tilted means of log(1 + u) and
+# u/(1 + u), u = (f - y)²/(ν σ²), for the gradients in ν and σ; log_norm from student_t_log_norm.
+cdef double student_t_log_norm(double dof, double scale) noexcept nogil
+cdef int student_t_moments(double dof, double scale, double power, double log_norm, double y,
+                           double mu, double s2, double* log_z, double* alpha, double* beta,
+                           double* mean_log1p_u, double* mean_u_ratio) noexcept nogil
 
 cdef int site_moments(const SiteModel* model, double y, double cavity_mean, double cavity_var,
                       double* log_z, double* alpha, double* beta) noexcept nogil
