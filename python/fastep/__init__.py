@@ -21,7 +21,7 @@ HorseshoeRegression, MultiTaskHorseshoeRegression
     Sparse linear regression with horseshoe priors by parallel EP, with feature-selection
     dependencies learnt across tasks (Hernández-Lobato & Hernández-Lobato).
 fastep.likelihoods
-    Probit, Step, Logistic, Gaussian, OrderedCategorical site models.
+    Probit, Step, Logistic, Gaussian, OrderedCategorical, StudentT site models.
 fastep.reference
     Plain-numpy twins of the compiled kernels, for cross-checking.
 ProgressRecord
@@ -36,7 +36,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from . import kernels, likelihoods
 from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
-from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
+from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
 from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
 from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
@@ -53,7 +53,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "__version__", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",
-    "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical",
+    "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical", "StudentT",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",

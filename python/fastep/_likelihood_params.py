@@ -15,6 +15,8 @@ parameter                   unconstrained t            ∂ log Z / ∂t  (cavity
 ``Gaussian.noise_variance`` t = log σ²                 σ² (α² − β) / 2        (∂Z/∂σ² = ½ ∂²Z/∂m²)
 ``OrderedCategorical.bias`` t = b                      ∂_hi + ∂_lo            (every threshold moves with b)
 ``OrderedCategorical`` w_i  t = log w_i                w_i (∂_hi [i <= k] + ∂_lo [i <= k - 1])
+``StudentT.dof`` ν          t = log ν                  ν E[∂ log p/∂ν]        (tilted expectation, by quadrature)
+``StudentT.scale`` σ        t = log σ                  E[(ν+1) u/(1+u)] - 1   (u = (y-f)²/(νσ²))
 ==========================  =========================  =======================================================
 
 ``Logistic`` has no parameters. For the ordinal likelihood (IVM §2.4, used by the
@@ -31,12 +33,13 @@ import math
 import numpy as np
 from scipy.special import expit, logit
 
-from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
+from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
 
 __all__ = ["likelihood_theta", "likelihood_with_theta", "likelihood_theta_gradient"]
 
 _BOUNDS = {"bias": (-1e3, 1e3), "log_slope": (-20.0, 20.0), "logit_flip": (-30.0, 30.0),
-           "log_noise": (-30.0, 20.0), "log_width": (-30.0, 20.0)}
+           "log_noise": (-30.0, 20.0), "log_width": (-30.0, 20.0), "log_dof": (math.log(0.2), math.log(1e5)),
+           "log_scale": (-15.0, 10.0)}
 
 
 def _names(likelihood):
@@ -48,6 +51,8 @@ def _names(likelihood):
         return ["log_noise"]
     if isinstance(likelihood, Logistic):
         return []
+    if isinstance(likelihood, StudentT):
+        return ["log_dof", "log_scale"]
     if isinstance(likelihood, OrderedCategorical):
         return ["bias"] + [f"log_width_{i + 1}" for i in range(likelihood.n_categories - 2)]
     raise TypeError(f"learning the parameters of {type(likelihood).__name__} is not supported")
@@ -72,6 +77,10 @@ def likelihood_theta(likelihood):
             values.append(math.log(likelihood.noise_variance))
         elif name.startswith("log_width_"):
             values.append(math.log(likelihood.widths[int(name[10:]) - 1]))
+        elif name == "log_dof":
+            values.append(math.log(likelihood.dof))
+        elif name == "log_scale":
+            values.append(math.log(likelihood.scale))
     bounds = []
     for name, value in zip(names, values):
         low, high = _BOUNDS["log_width" if name.startswith("log_width_") else name]
@@ -79,6 +88,10 @@ def likelihood_theta(likelihood):
             # a noise variance starts from the targets' scale: targets of scale 1e±12 need the box
             # around that start, not the fixed one for ordinary scales
             low, high = min(low, value - 30.0), max(high, value + 20.0)
+        elif name == "log_dof":
+            low, high = min(low, value), max(high, value)
+        elif name == "log_scale":
+            low, high = value + low, value + high           # around the start, as the noise variance
         bounds.append((low, high))
     return names, np.array(values, dtype=float), np.array(bounds, dtype=float).reshape(-1, 2)
 
@@ -99,14 +112,25 @@ def likelihood_with_theta(likelihood, theta):
         elif name.startswith("log_width_"):
             params["widths"] = np.array(params["widths"], dtype=float)
             params["widths"][int(name[10:]) - 1] = math.exp(t)
+        elif name == "log_dof":
+            params["dof"] = math.exp(t)
+        elif name == "log_scale":
+            params["scale"] = math.exp(t)
     return type(likelihood)(**params)
 
 
-def likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var):
-    """``sum_i ∂ log Z_i / ∂t_j`` for every learnable parameter ``t_j`` (module table), at fixed cavities."""
+def likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var, power=1.0):
+    """``sum_i ∂ log Z_i / ∂t_j`` for every learnable parameter ``t_j`` (module table), at fixed cavities.
+
+    ``power`` (Student-t only): the sites of fractional EP, ``(1/η) Σ_i ∂ log Z_i^(η) / ∂t_j``
+    with ``Z_i^(η)`` the normaliser of the powered site.
+    """
     names = _names(likelihood)
     if not names:
         return np.zeros(0)
+    if isinstance(likelihood, StudentT):
+        _, _, _, d_log_dof, d_log_scale = likelihood.powered_moments(y, cavity_mean, cavity_var, power)
+        return np.array([float(np.sum(d_log_dof)), float(np.sum(d_log_scale))]) / power
     log_z, alpha, beta = likelihood.moments(y, cavity_mean, cavity_var)
     if isinstance(likelihood, OrderedCategorical):
         return _ordinal_gradient(likelihood, names, y, cavity_mean, cavity_var, log_z)

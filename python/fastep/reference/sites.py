@@ -22,6 +22,8 @@ __all__ = [
     "ordinal_moments",
     "probit_moments",
     "step_moments",
+    "student_t_log_density",
+    "student_t_moments",
 ]
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)

@@ -1,0 +1,158 @@
+"""GP regression with Student-t noise by fractional EP: one problem's runs, evidence and gradient.
+
+Jylänki, Vanhatalo & Vehtari, "Robust Gaussian process regression with a Student-t
+likelihood" (JMLR 2011). The compiled engine :mod:`fastep._epcore.robust_ep` runs damped
+parallel fractional EP (sites of any sign; the posterior kept as ``L_K A⁻¹ L_Kᵀ``); this module
+builds K, learns the kernel and the likelihood's ν and σ by L-BFGS-B on the EP evidence and
+predicts.
+
+Evidence gradient at the fixed point (the fractional EP energy is stationary in the sites and
+cavities, so only the explicit dependence counts; the paper's §4.3):
+
+* kernel: ``∂ log Z/∂θ_j = ½ bᵀ ∂K_j b - ½ tr(M ∂K_j)`` with ``b = ν - T μ`` and
+  ``M = (K + T⁻¹)⁻¹ = T - T Σ T`` (defined for τ of any sign, including 0);
+* ν and σ: ``(1/η) Σ_i ∂ log Ẑ_i/∂φ`` at the final cavities (tilted expectations by quadrature,
+  :meth:`fastep.likelihoods.StudentT.powered_moments`).
+
+Prediction: ``E[f*] = k*ᵀ b``, ``Var[f*] = k** - k*ᵀ M k*`` (R&W eqs 3.60-3.61 with the sites
+in place of the noise).
+"""
+import numpy as np
+from scipy.linalg import cho_factor
+
+from ._epcore import robust_ep as _engine
+from ._gp_base import PREDICT_BATCH, SiteProblem
+from ._likelihood_params import likelihood_theta_gradient
+from ._linalg import inner, matmul
+from ._progress import sweep_callback_of
+
+__all__ = ["StudentTGPProblem"]
+
+
+#: Relative jitters tried, in turn, when the kernel matrix is numerically singular.
+JITTER_LADDER = (0.0, 1e-10, 1e-8, 1e-6)
+
+
+def dense_kernel_matrix(kernel, X, jitter):
+    """``K(X, X) + jitter I``, positive definite, as a C-contiguous float64 array.
+
+    The Student-t engine factorises K itself (sites of either sign need ``K⁻¹`` to exist). A
+    kernel matrix whose Cholesky factorisation fails gets the first sufficient extra jitter
+    from :data:`JITTER_LADDER` (times the mean of its diagonal) before giving up with
+    ``numpy.linalg.LinAlgError``.
+    """
+    K = np.ascontiguousarray(kernel._unchecked_call(X), dtype=np.float64)
+    if jitter:
+        K.flat[:: K.shape[0] + 1] += jitter
+    if not np.all(np.isfinite(K)):
+        raise ValueError(f"the kernel {kernel!r} produced non-finite values on X")
+    level = float(np.mean(K.diagonal())) if K.size else 1.0
+    for extra in JITTER_LADDER:
+        trial = K if extra == 0.0 else K + (extra * level) * np.eye(K.shape[0])
+        try:
+            cho_factor(trial, lower=True, check_finite=False)
+        except np.linalg.LinAlgError:
+            continue
+        return np.ascontiguousarray(trial)
+    raise np.linalg.LinAlgError(
+        "the kernel matrix is not positive definite even with a relative jitter of "
+        f"{JITTER_LADDER[-1]:g}; increase jitter or add a White kernel term")
+
+
+class StudentTPredictor:
+    """Latent predictive of a GP posterior whose sites may have negative precisions.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X_basis : ndarray (n, n_features)
+    weights : ndarray (n,)
+        ``b = (K + T⁻¹)⁻¹ μ̃ = ν - T μ``.
+    inverse : ndarray (n, n)
+        ``M = (K + T⁻¹)⁻¹ = T - T Σ T``.
+    """
+
+    def __init__(self, kernel, X_basis, weights, inverse):
+        self.kernel = kernel
+        self.X_basis = X_basis
+        self.weights = weights
+        self.inverse = inverse
+
+    def latent(self, X):
+        """``(mean, var)`` of the latent function at the rows of ``X`` (variance clipped at 0)."""
+        n_test = X.shape[0]
+        mean = np.empty(n_test)
+        var = np.empty(n_test)
+        for a in range(0, n_test, PREDICT_BATCH):
+            z = slice(a, min(a + PREDICT_BATCH, n_test))
+            Ks = self.kernel._unchecked_call(X[z], self.X_basis)
+            mean[z] = matmul(Ks, self.weights)
+            var[z] = self.kernel._unchecked_diag(X[z]) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks)
+        return mean, np.maximum(var, 0.0)
+
+
+class StudentTGPProblem(SiteProblem):
+    """One robust regression problem: fractional EP runs, evidence, gradient, prediction state.
+
+    ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options.
+    """
+
+    algorithm = "fractional EP"
+    search_tol = 1e-2
+
+    def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
+        super().__init__(kernel, likelihood, X, y, options)
+        self.learn_likelihood = learn_likelihood
+
+    def _run_once(self, prior, likelihood, warm):
+        K = prior
+        opts = self.options
+        n = K.shape[0]
+        tau = self.site_precision.copy() if warm else np.zeros(n)
+        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        post_mean, post_var = np.empty(n), np.empty(n)
+        cavity_mean, cavity_var = np.empty(n), np.empty(n)
+        post_cov = np.empty((n, n))
+        info = _engine.run_robust_gp_ep(
+            K, self.y, likelihood.dof, likelihood.scale, opts["power"], tau, nu, post_mean, post_var,
+            cavity_mean, cavity_var, damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], post_cov=post_cov,
+            sweep_callback=sweep_callback_of(opts))
+        if not np.isfinite(info["log_z"]):
+            raise np.linalg.LinAlgError(
+                f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
+                "increase jitter or add a White kernel term")
+        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
+                "cavity": (cavity_mean, cavity_var), "info": info}
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Run fractional EP at ``params`` = ``(kernel, likelihood, None)``; ``(log_z, grad, info)``."""
+        kernel, likelihood, _ = params
+        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        state = self.run(K, likelihood, warm)
+        tau, nu, info = state["tau"], state["nu"], state["info"]
+        self.site_precision, self.site_natural_mean = tau, nu
+        weights = nu - tau * state["post_mean"]                 # b = ν - T μ
+        inverse = state["post_cov"]                             # M = T - T Σ T, in Σ's memory
+        inverse *= -tau[:, None]
+        inverse *= tau[None, :]
+        inverse.flat[:: K.shape[0] + 1] += tau
+        del K
+        grad = None
+        if gradient:
+            grads = [0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(inverse, dK)
+                     for dK in kernel._unchecked_gradient_iter(self.X)]
+            if self.learn_likelihood:
+                cavity_mean, cavity_var = state["cavity"]
+                proper = cavity_var > 0
+                grads.extend(likelihood_theta_gradient(likelihood, self.y[proper], cavity_mean[proper],
+                                                       cavity_var[proper], power=self.options["power"]))
+            grad = np.array(grads, dtype=float)
+        if keep:
+            self.kernel, self.likelihood = kernel, likelihood
+            self.predictor = StudentTPredictor(kernel, self.X, weights, inverse)
+            self.log_ml, self.info = float(info["log_z"]), info
+        return float(info["log_z"]), grad, info
+
+    def latent(self, X):
+        return self.predictor.latent(X)
