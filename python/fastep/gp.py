@@ -31,13 +31,15 @@ from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._epcore import gp_ep as _engine
+from ._base import check_is_fitted
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
                        check_kernel, check_optimizer, start_kernel)
 from ._defaults import default_noise_variance
 from ._likelihood_params import likelihood_theta_gradient
+from ._multiclass_gp import MultinomialGPProblem
 from ._student_t_gp import StudentTGPProblem
-from .likelihoods import Gaussian, StudentT
+from .likelihoods import Gaussian, Probit, StudentT
 from ._linalg import inner, matmul, symmetrize_from_lower
 from ._progress import CALLBACK_DOC, sweep_callback_of
 from .batch import map_in_order
@@ -307,7 +309,11 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     hyperparameters are learnt by maximising it with L-BFGS-B and its exact gradient at the
     EP fixed point, ``∂ log Z/∂θ_j = ½ bᵀ ∂K_j b - ½ tr(R ∂K_j)`` with ``R = S^½ B⁻¹ S^½``.
     More than two classes are handled one-vs-rest (one binary GP per class, probabilities
-    normalised to sum to one). O(n³) time and O(n²) memory per EP run.
+    normalised to sum to one) or, with ``multi_class="multinomial"``, by one joint model: c
+    latent functions with a shared kernel and the multinomial probit likelihood
+    ``p(y = k | f) = ∫ N(u) Π_{{j≠k}} Φ(u + f_k - f_j) du``, fitted by nested EP (Riihimäki,
+    Jylänki & Vehtari 2013) with its evidence and exact gradient. O(n³) time and O(n²) memory
+    per EP run (O(c n³) and O(c n²) for the multinomial model).
 
     Parameters
     ----------
@@ -321,6 +327,13 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     {_EP_PARAMS}
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (probit bias and finite slope, step flip noise).
+    multi_class : {{'one_vs_rest', 'multinomial'}}, default 'one_vs_rest'
+        'one_vs_rest': one binary GP per class (two classes: one binary GP). 'multinomial': the
+        multinomial probit model by nested EP (any number of classes >= 2; the likelihood must be
+        the default probit, ``learn_likelihood`` False). It runs damped parallel EP (``damping``
+        None: 0.5); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
+        ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
+        model with the same kernel. ``decision_function`` then returns the latent means (n, c).
     {N_JOBS_DOC}
 
     Attributes
@@ -362,7 +375,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
-                 random_state=None, warm_start=True, n_jobs=None, verbose=0, callback=None):
+                 random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", verbose=0, callback=None):
+        self.multi_class = multi_class
         self.verbose = verbose
         self.callback = callback
         self.kernel = kernel
@@ -397,12 +411,35 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         self
         """
         options = self._engine_options()
+        v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
+        if self.multi_class == "multinomial":
+            if not (isinstance(likelihood, Probit) and likelihood == Probit()) or learn_likelihood:
+                raise ValueError("multi_class='multinomial' uses the multinomial probit likelihood: leave "
+                                 f"likelihood at its default and learn_likelihood=False (got {self.likelihood!r}, "
+                                 f"learn_likelihood={self.learn_likelihood!r})")
+            if self.damping is None:
+                options["damping"] = 0.5
         X, y = v.check_X_y(X, y)
         kernel = start_kernel(kernel, X)
         kernel._validate_X(X, "X")
         classes, targets = v.encode_one_vs_rest_labels(y)
+        if self.multi_class == "multinomial":
+            labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
+                np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
+            problem = MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)
+            problem.estimator_name = type(self).__name__
+            problem.latent_scale = 1.0
+            problem.hyperparameters = Hyperparameters(kernel, None, False)
+            problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
+                        seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+            self.classes_ = classes
+            self.X_train_ = X
+            self._set_problems(X, [problem])
+            self.likelihood_ = "multinomial_probit"
+            self._set_ep_summary([problem])
+            return self
         problems = map_in_order(lambda t: self._fit_problem(X, t, kernel, likelihood, options, learn_likelihood),
                                 targets, self.n_jobs)
         # Everything computed: set the fitted attributes.
@@ -411,6 +448,32 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         self._set_problems(X, problems)
         self._set_ep_summary(problems)
         return self
+
+
+    def _multinomial(self):
+        return isinstance(self._problems[0], MultinomialGPProblem)
+
+    def predict_proba(self, X):
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self._problems[0].predictor.predict_proba(self._check_X(X))
+        return super().predict_proba(X)
+
+    def decision_function(self, X):
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self._problems[0].latent(self._check_X(X))[0]
+        return super().decision_function(X)
+
+    def predict(self, X):
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        return super().predict(X)
+
+    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
+    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
+    predict.__doc__ = GPClassifierMixin.predict.__doc__
 
 
 class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):

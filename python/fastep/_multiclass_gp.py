@@ -1,0 +1,265 @@
+"""Multiclass GP classification by nested EP (multinomial probit): one problem's EP, evidence, gradient.
+
+Riihimäki, Jylänki & Vehtari, "Nested expectation propagation for Gaussian process
+classification with a multinomial probit likelihood" (JMLR 14, 2013). c latent functions
+``f_j ~ GP(0, k)`` (one shared kernel), ``p(y_i = k | f_i) = ∫ N(u) Π_{j≠k} Φ(u + f_ik - f_ij) du``.
+The site kernel (inner EP, :mod:`fastep._epcore.multiclass_ep`) gives every outer site the
+structured precision ``T̃_i = D_i - D_i 1 1ᵀ D_i / S_i`` (``D_i = diag(π_i)``, ``S_i = 1ᵀπ_i``,
+π >= 0) and the linear term ``ν̃_i``; this module runs damped parallel outer EP and does the
+O(c n³) posterior algebra of the paper's §4 (eqs 16-20):
+
+* per class, ``B_j = I + D_j^½ K D_j^½ = L_j L_jᵀ`` and ``M_j = (K + D_j⁻¹)⁻¹ = D_j^½ B_j⁻¹ D_j^½``;
+* ``C = Σ_j M_j`` (n×n; ``= S - Rᵀ D Σ₀ D R``), ``C = L_C L_Cᵀ``, ``E_j = L_C⁻¹ M_j``;
+* the posterior ``Σ = (K⁻¹ ⊗ I + Π)⁻¹ = Σ₀ + Σ₀ D R C⁻¹ Rᵀ D Σ₀`` with
+  ``Σ₀ = blkdiag(K - K M_j K)`` and ``Σ₀ D R = [K M_j]_j``, so the c×c block of input i is
+  ``Σ_i[j, l] = δ_jl (K - K M_j K)_ii + (E_j K)[:, i] · (E_l K)[:, i]`` and the mean is
+  ``μ_j = a_j + K M_j x`` with ``a_j = K ν̃_j - K M_j K ν̃_j``, ``C x = Σ_j D_j a_j``;
+* ``log|I + KΠ| = Σ_j log|B_j| + log|C| - Σ_i log S_i``.
+
+Evidence (outer EP energy) ``log Z = -½ log|I + KΠ| + ½ ν̃ᵀμ + Σ_i [log Ẑ_i + Ψ(cavity_i) -
+Ψ(marginal_i)]``, ``Ψ(Λ, η) = (c/2) log 2π - ½ log|Λ| + ½ ηᵀΛ⁻¹η``. Its gradient in the shared
+kernel's θ at the fixed point: ``Σ_j ½ b_jᵀ ∂K b_j - ½ tr((C - Σ_j E_jᵀE_j) ∂K)`` with
+``b = ν̃ - Π μ`` (the diagonal blocks of ``(K + Π⁻¹)⁻¹`` are ``M_j - M_j C⁻¹ M_j``).
+
+Prediction: ``E[f*_j] = k*ᵀ b_j``, ``Cov[f*]_jl = δ_jl (k** - k*ᵀ M_j k*) + (E_j k*)·(E_l k*)``;
+class probabilities by inner EP on the predictive (normalised over the classes).
+"""
+import numpy as np
+from scipy.linalg import cho_factor, lapack, solve_triangular
+
+from ._epcore import multiclass_ep as _nested
+from ._gp_base import PREDICT_BATCH, SiteProblem
+from ._linalg import inner, matmul
+from ._progress import sweep_callback_of
+from ._student_t_gp import dense_kernel_matrix
+
+__all__ = ["MultinomialGPProblem"]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+def _outer_sites(labels, inner_precision, inner_natural_mean):
+    """``(π, ν̃)``, each (n, c), of the outer sites from the inner ones (module docstring)."""
+    pi = inner_precision.copy()
+    pi[np.arange(labels.size), labels] = 1.0
+    total = inner_natural_mean.sum(axis=1)
+    nu = pi * (total / pi.sum(axis=1))[:, None] - inner_natural_mean
+    return pi, nu
+
+
+class MultinomialPosterior:
+    """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring)."""
+
+    def __init__(self, K, pi, nu):
+        n, c = pi.shape
+        self.K = K
+        M = np.empty((c, n, n))
+        log_det = 0.0
+        for j in range(c):
+            s = np.sqrt(pi[:, j])
+            B = K * s[:, None] * s[None, :]
+            B.flat[:: n + 1] += 1.0
+            factor, info = lapack.dpotrf(B, lower=1, clean=1)
+            if info != 0:
+                raise np.linalg.LinAlgError("I + D^1/2 K D^1/2 is not positive definite: the kernel matrix is "
+                                            "not positive semi-definite; increase jitter or add a White term")
+            log_det += 2.0 * np.sum(np.log(np.diag(factor)))
+            inv, info = lapack.dpotri(factor, lower=1)
+            inv = np.tril(inv) + np.tril(inv, -1).T
+            M[j] = inv * s[:, None] * s[None, :]
+        C = M.sum(axis=0)
+        chol_C = cho_factor(C, lower=True, check_finite=False)[0]
+        chol_C = np.tril(chol_C)
+        log_det += 2.0 * np.sum(np.log(np.diag(chol_C))) - np.sum(np.log(pi.sum(axis=1)))
+        E = np.stack([solve_triangular(chol_C, M[j], lower=True, check_finite=False) for j in range(c)])
+        KM = np.stack([matmul(K, M[j]) for j in range(c)])                 # K M_j = Σ₀_j D_j
+        H = np.stack([matmul(E[j], K) for j in range(c)])                  # E_j K
+        var0 = K.diagonal()[None, :] - np.einsum("jab,ba->ja", KM, K)      # diag(K - K M_j K)
+        cov = np.einsum("jmi,lmi->ijl", H, H)
+        cov[:, np.arange(c), np.arange(c)] += var0.T
+        t = matmul(K, nu).T                                                # K ν̃_j, (c, n)
+        a = t - np.einsum("jab,jb->ja", KM, t)                            # Σ₀_j ν̃_j
+        rhs = np.sum(pi.T * a, axis=0)
+        x = solve_triangular(chol_C, solve_triangular(chol_C, rhs, lower=True, check_finite=False),
+                             lower=True, trans="T", check_finite=False)
+        mean = a + np.einsum("jab,b->ja", KM, x)                           # (c, n)
+        self.M, self.E, self.chol_C = M, E, chol_C
+        self.mean = mean.T.copy()                                          # (n, c)
+        self.cov = cov                                                     # (n, c, c)
+        self.log_det = log_det                                             # log|I + K Π|
+        self.quad = float(np.sum(nu * self.mean))                          # ν̃ᵀ μ
+        Pi_mu = pi * self.mean - pi * (np.sum(pi * self.mean, axis=1) / pi.sum(axis=1))[:, None]
+        self.weights = (nu - Pi_mu).T.copy()                               # b = ν̃ - Π μ, (c, n)
+
+    def cavities(self, pi, nu):
+        """Cavity natural parameters ``(Λ, η)``, shapes (n, c, c) and (n, c), and the marginals' ``(Λ_i, η_i)``."""
+        prec = np.linalg.inv(self.cov)
+        prec = 0.5 * (prec + np.transpose(prec, (0, 2, 1)))
+        lin = np.einsum("iab,ib->ia", prec, self.mean)
+        site_prec = -pi[:, :, None] * pi[:, None, :] / pi.sum(axis=1)[:, None, None]
+        n, c = pi.shape
+        site_prec[:, np.arange(c), np.arange(c)] += pi
+        return np.ascontiguousarray(prec - site_prec), np.ascontiguousarray(lin - nu), prec, lin
+
+
+def _log_normaliser_difference(cav_prec, cav_lin, marg_prec, marg_mean):
+    """``Ψ(cavity) - Ψ(marginal)`` per site (batched); NaN where the cavity is not positive definite."""
+    sign_c, log_det_c = np.linalg.slogdet(cav_prec)
+    _, log_det_m = np.linalg.slogdet(marg_prec)
+    proper = sign_c > 0
+    out = np.full(cav_prec.shape[0], np.nan)
+    if np.any(proper):
+        cav_mean = np.linalg.solve(cav_prec[proper], cav_lin[proper][:, :, None])[:, :, 0]
+        marg_lin = np.einsum("iab,ib->ia", marg_prec[proper], marg_mean[proper])
+        out[proper] = (-0.5 * log_det_c[proper] + 0.5 * log_det_m[proper]
+                       + 0.5 * np.sum(cav_lin[proper] * cav_mean, axis=1)
+                       - 0.5 * np.sum(marg_lin * marg_mean[proper], axis=1))
+    return out
+
+
+class MultinomialPredictor:
+    """Latent predictive (means and c×c covariances) and class probabilities of a fitted posterior."""
+
+    def __init__(self, kernel, X_basis, weights, M, E):
+        self.kernel = kernel
+        self.X_basis = X_basis
+        self.weights = weights          # (c, n)
+        self.M = M                      # (c, n, n)
+        self.E = E                      # (c, n, n)
+
+    def latent_full(self, X):
+        """``(mean (m, c), cov (m, c, c))`` of the latent functions at the rows of X."""
+        c = self.weights.shape[0]
+        n_test = X.shape[0]
+        mean = np.empty((n_test, c))
+        cov = np.empty((n_test, c, c))
+        for a in range(0, n_test, PREDICT_BATCH):
+            z = slice(a, min(a + PREDICT_BATCH, n_test))
+            Ks = self.kernel._unchecked_call(X[z], self.X_basis)            # (b, n)
+            mean[z] = matmul(Ks, self.weights.T.copy())
+            diag = self.kernel._unchecked_diag(X[z])
+            P = np.stack([matmul(Ks, self.E[j].T.copy()) for j in range(c)])   # rows (E_j k*)ᵀ
+            block = np.einsum("jbm,lbm->bjl", P, P)
+            for j in range(c):
+                block[:, j, j] += np.maximum(diag - np.einsum("bm,bm->b", matmul(Ks, self.M[j]), Ks), 0.0)
+            cov[z] = block
+        return mean, cov
+
+    def latent(self, X):
+        mean, cov = self.latent_full(X)
+        return mean, np.diagonal(cov, axis1=1, axis2=2).copy()
+
+    def predict_proba(self, X):
+        mean, cov = self.latent_full(X)
+        c = mean.shape[1]
+        cov = cov + 1e-12 * np.maximum(1.0, np.abs(cov).max()) * np.eye(c)
+        log_p = _nested.nested_log_probabilities(np.ascontiguousarray(mean), np.ascontiguousarray(cov))
+        if not np.all(np.isfinite(log_p)):
+            raise FloatingPointError("the class probabilities could not be computed (inner EP failed)")
+        p = np.exp(log_p - log_p.max(axis=1, keepdims=True))
+        return p / p.sum(axis=1, keepdims=True)
+
+
+class MultinomialGPProblem(SiteProblem):
+    """One multinomial-probit GP EP problem: nested EP runs, evidence, gradient, prediction state.
+
+    ``y`` holds the class indices 0..c-1 (int32); the sites are stored as the inner sites
+    ``inner_precision``, ``inner_natural_mean`` (n, c) and exposed as ``site_precision`` = π and
+    ``site_natural_mean`` = ν̃, both transposed to (c, n).
+    """
+
+    algorithm = "nested EP"
+    search_tol = 1e-2
+
+    def __init__(self, kernel, X, labels, n_classes, options):
+        super().__init__(kernel, None, X, labels, options)
+        n = X.shape[0]
+        self.n_classes = n_classes
+        self.inner_precision = np.zeros((n, n_classes))
+        self.inner_natural_mean = np.zeros((n, n_classes))
+        self.site_precision = np.zeros((n_classes, n))
+        self.site_natural_mean = np.zeros((n_classes, n))
+        self.learn_likelihood = False
+
+    def _evidence(self, post, pi, nu, inner_precision, inner_natural_mean):
+        cav_prec, cav_lin, marg_prec, _ = post.cavities(pi, nu)
+        log_z_sites, status = _nested.nested_site_updates(self.y, cav_prec, cav_lin, inner_precision.copy(),
+                                                          inner_natural_mean.copy(), n_inner_sweeps=0)
+        terms = log_z_sites + _log_normaliser_difference(cav_prec, cav_lin, marg_prec, post.mean)
+        ok = np.isfinite(terms)
+        return (-0.5 * post.log_det + 0.5 * post.quad + float(np.sum(terms[ok])),
+                int(np.sum(~ok)), (cav_prec, cav_lin))
+
+    def _run_once(self, prior, likelihood, warm):
+        K = prior
+        opts = self.options
+        n, c = self.X.shape[0], self.n_classes
+        alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
+        beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
+        pi, nu = _outer_sites(self.y, alpha, beta)
+        post = MultinomialPosterior(K, pi, nu)
+        log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
+        callback = sweep_callback_of(opts)
+        max_change = np.inf
+        log_z_change = np.inf
+        converged = stopped = False
+        sweep = 0
+        while sweep < opts["max_sweeps"]:
+            sweep += 1
+            old_alpha, old_beta = alpha.copy(), beta.copy()
+            _, status = _nested.nested_site_updates(self.y, cavity[0], cavity[1], alpha, beta,
+                                                    n_inner_sweeps=1, damping=opts["damping"])
+            scale_a = np.maximum(1.0, np.abs(old_alpha))
+            scale_b = np.maximum(1.0, np.abs(old_beta))
+            max_change = float(max(np.max(np.abs(alpha - old_alpha) / scale_a),
+                                   np.max(np.abs(beta - old_beta) / scale_b)))
+            pi, nu = _outer_sites(self.y, alpha, beta)
+            post = MultinomialPosterior(K, pi, nu)
+            new_log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
+            n_failed += int(np.sum(status != 0))
+            log_z_change = abs(new_log_z - log_z)
+            log_z = new_log_z
+            if callback is not None and callback(sweep, max_change, log_z) is False:
+                stopped = True
+                break
+            if max_change < opts["tol"] and log_z_change < opts["tol"] * max(1.0, abs(log_z)) and n_failed == 0:
+                converged = True
+                break
+        if not np.isfinite(log_z):
+            raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
+                                        "or add a White kernel term")
+        info = {"log_z": float(log_z), "n_sweeps": sweep, "converged": converged, "max_change": max_change,
+                "log_z_change": float(log_z_change), "n_failed": n_failed, "stopped": stopped}
+        return {"alpha": alpha, "beta": beta, "pi": pi, "nu": nu, "post": post, "info": info}
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Nested EP at ``params`` = ``(kernel, None, None)``; ``(log_z, grad or None, info)``."""
+        kernel = params[0]
+        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        state = self.run(K, None, warm)
+        self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
+        self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
+        post, info = state["post"], state["info"]
+        grad = None
+        if gradient:
+            R = post.M.sum(axis=0) - np.einsum("jab,jac->bc", post.E, post.E)   # Σ_j diag blocks of (K + Π⁻¹)⁻¹
+            grad = np.array([sum(0.5 * inner(matmul(b, dK), b) for b in post.weights) - 0.5 * inner(R, dK)
+                             for dK in kernel._unchecked_gradient_iter(self.X)], dtype=float)
+        if keep:
+            self.kernel = kernel
+            self.predictor = MultinomialPredictor(kernel, self.X, post.weights, post.M, post.E)
+            self.log_ml, self.info = float(info["log_z"]), info
+        return float(info["log_z"]), grad, info
+
+    def run(self, prior, likelihood, warm):
+        if warm and np.any(self.inner_precision):
+            try:
+                state = self._run_once(prior, likelihood, warm=True)
+            except (np.linalg.LinAlgError, FloatingPointError):
+                state = None
+            if state is not None and state["info"]["n_failed"] == 0:
+                return state
+        return self._run_once(prior, likelihood, warm=False)
+
+    def latent(self, X):
+        return self.predictor.latent(X)
