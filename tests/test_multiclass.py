@@ -1,0 +1,199 @@
+"""Multiclass GP classification by nested EP (multinomial probit; Riihimäki, Jylänki & Vehtari 2013).
+
+The compiled inner-EP site kernel against its reference twin, the O(c n³) posterior algebra
+against the dense (cn)×(cn) posterior, two classes against the binary probit model, the
+probability simplex, evidence gradients against finite differences, and the estimator's API.
+"""
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from fastep import GaussianProcessClassifier, load, save
+from fastep._epcore import multiclass_ep
+from fastep._multiclass_gp import MultinomialGPProblem, MultinomialPosterior, _outer_sites
+from fastep.kernels import RBF, Bias
+from fastep.reference import multiclass_ep as ref
+
+
+def _random_cavity(rng, c, scale=1.0):
+    A = rng.normal(size=(c, c))
+    cov = scale * (A @ A.T / c + 0.3 * np.eye(c))
+    prec = np.linalg.inv(cov)
+    return 0.5 * (prec + prec.T), prec @ rng.normal(scale=1.5, size=c)
+
+
+@pytest.mark.parametrize("c", [2, 3, 5])
+@pytest.mark.parametrize("n_sweeps,damping", [(0, 1.0), (1, 1.0), (3, 0.5)])
+def test_inner_ep_matches_reference(c, n_sweeps, damping):
+    rng = np.random.default_rng(c * 10 + n_sweeps)
+    n = 6
+    precs, lins, labels = [], [], rng.integers(0, c, size=n).astype(np.int32)
+    for _ in range(n):
+        p, q = _random_cavity(rng, c, scale=rng.uniform(0.1, 5.0))
+        precs.append(p)
+        lins.append(q)
+    precs, lins = np.array(precs), np.array(lins)
+    alpha = np.abs(rng.normal(size=(n, c))) * 0.5
+    beta = rng.normal(size=(n, c)) * 0.5
+    alpha[np.arange(n), labels] = 0.0
+    beta[np.arange(n), labels] = 0.0
+    a_ref, b_ref = alpha.copy(), beta.copy()
+    log_z, status = multiclass_ep.nested_site_updates(labels, precs, lins, alpha, beta,
+                                                      n_inner_sweeps=n_sweeps, damping=damping)
+    assert np.all(status == multiclass_ep.NESTED_OK)
+    for i in range(n):
+        a, b, lz = ref.nested_site(precs[i], lins[i], labels[i], a_ref[i], b_ref[i], n_sweeps, damping)
+        np.testing.assert_allclose(alpha[i], a, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(beta[i], b, rtol=1e-10, atol=1e-12)
+        assert log_z[i] == pytest.approx(lz, rel=1e-10, abs=1e-12)
+
+
+def test_inner_ep_probabilities_are_exact_for_two_classes_and_close_for_three():
+    mean = np.array([[0.3, -0.5], [2.0, -1.0]])
+    cov = np.array([[[1.0, 0.3], [0.3, 2.0]], [[0.5, 0.0], [0.0, 0.5]]])
+    p = np.exp(multiclass_ep.nested_log_probabilities(mean, cov))
+    d_var = 2.0 + cov[:, 0, 0] + cov[:, 1, 1] - 2 * cov[:, 0, 1]       # f0 - f1 + ε0 - ε1
+    want = norm.cdf((mean[:, 0] - mean[:, 1]) / np.sqrt(d_var))
+    np.testing.assert_allclose(p[:, 0], want, rtol=1e-12)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    # three classes: against a large seeded Monte Carlo sample of argmax(f + ε)
+    rng = np.random.default_rng(0)
+    m3 = np.array([0.5, 0.0, -0.3])
+    A = rng.normal(size=(3, 3))
+    V3 = A @ A.T / 3 + 0.2 * np.eye(3)
+    p3 = np.exp(multiclass_ep.nested_log_probabilities(m3[None], V3[None]))[0]
+    draws = rng.multivariate_normal(m3, V3, size=400_000) + rng.normal(size=(400_000, 3))
+    freq = np.bincount(draws.argmax(axis=1), minlength=3) / draws.shape[0]
+    np.testing.assert_allclose(p3, freq, atol=0.005)
+
+
+def test_improper_cavity_leaves_the_site_unchanged():
+    labels = np.array([0], dtype=np.int32)
+    prec = -np.eye(3)[None]
+    alpha, beta = np.array([[0.0, 0.4, 0.2]]), np.array([[0.0, 0.1, -0.3]])
+    before = alpha.copy(), beta.copy()
+    log_z, status = multiclass_ep.nested_site_updates(labels, prec, np.zeros((1, 3)), alpha, beta)
+    assert status[0] == multiclass_ep.NESTED_IMPROPER_CAVITY and np.isnan(log_z[0])
+    np.testing.assert_array_equal(alpha, before[0])
+    np.testing.assert_array_equal(beta, before[1])
+    with pytest.raises(ValueError, match="labels"):
+        multiclass_ep.nested_site_updates(np.array([3], dtype=np.int32), np.eye(3)[None], np.zeros((1, 3)),
+                                          alpha, beta)
+
+
+def _toy(n=60, c=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    W = rng.normal(size=(2, c))
+    y = np.argmax(X @ W + 0.3 * rng.normal(size=(n, c)), axis=1)
+    return X, y
+
+
+@pytest.mark.parametrize("c", [3, 4])
+def test_structured_posterior_matches_the_dense_one(c):
+    rng = np.random.default_rng(c)
+    n = 25
+    X = rng.normal(size=(n, 2))
+    K = RBF(1.3, 0.7)(X) + 1e-8 * np.eye(n)
+    labels = rng.integers(0, c, size=n).astype(np.int32)
+    alpha = np.abs(rng.normal(size=(n, c)))
+    beta = rng.normal(size=(n, c))
+    alpha[np.arange(n), labels] = 0.0
+    beta[np.arange(n), labels] = 0.0
+    pi, nu = _outer_sites(labels, alpha, beta)
+    post = MultinomialPosterior(K, pi, nu)
+    site_prec, site_lin = ref.outer_sites(labels, alpha, beta)
+    np.testing.assert_allclose(site_lin, nu, rtol=1e-12, atol=1e-12)
+    cov, mean, log_det = ref.dense_posterior(K, site_prec, site_lin)
+    blocks = np.array([[[cov[j * n + i, l * n + i] for l in range(c)] for j in range(c)] for i in range(n)])
+    np.testing.assert_allclose(post.cov, blocks, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(post.mean.T.reshape(-1), mean, rtol=1e-8, atol=1e-10)
+    assert post.log_det == pytest.approx(log_det, rel=1e-10)
+
+
+def test_two_classes_equal_the_binary_probit_model():
+    X, y = _toy(n=80, c=2, seed=3)
+    kernel = RBF(2.0, 0.5) + Bias(0.3)
+    X_test = np.random.default_rng(9).normal(size=(50, 2))
+    binary = GaussianProcessClassifier(kernel, optimizer=None, tol=1e-10).fit(X, y)
+    multi = GaussianProcessClassifier(kernel, optimizer=None, tol=1e-10, multi_class="multinomial").fit(X, y)
+    assert multi.log_marginal_likelihood_value_ == pytest.approx(binary.log_marginal_likelihood_value_, rel=1e-8)
+    np.testing.assert_allclose(multi.predict_proba(X_test), binary.predict_proba(X_test), atol=1e-8)
+    np.testing.assert_array_equal(multi.predict(X_test), binary.predict(X_test))
+    # the binary latent is f1 - f0 with kernel 2k and slope 1/√2: the mean of f1 - f0 is its √2 multiple
+    latent = multi.decision_function(X_test)
+    np.testing.assert_allclose((latent[:, 1] - latent[:, 0]) / np.sqrt(2),
+                               binary.predict_latent(X_test)[0], rtol=1e-6, atol=1e-8)
+
+
+def test_probabilities_lie_on_the_simplex_and_learning_works():
+    X, y = _toy(n=90, c=3, seed=1)
+    labels = np.array(["red", "green", "blue"], dtype=object)[y]
+    clf = GaussianProcessClassifier(multi_class="multinomial").fit(X, labels)
+    X_test = np.random.default_rng(5).normal(scale=3.0, size=(200, 2))
+    p = clf.predict_proba(X_test)
+    assert p.shape == (200, 3) and np.all(p >= 0) and np.all(np.isfinite(p))
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    assert set(clf.predict(X_test)) <= set(clf.classes_)
+    assert np.mean(clf.predict(X) == labels) > 0.85
+    assert clf.converged_
+    assert clf.site_precision_.shape == (3, 90)
+    mean, var = clf.predict_latent(X_test)
+    assert mean.shape == var.shape == (200, 3) and np.all(var >= 0)
+
+
+def test_evidence_gradient_matches_finite_differences():
+    X, y = _toy(n=40, c=3, seed=2)
+    clf = GaussianProcessClassifier(RBF(1.0, 1.0) + Bias(0.5), multi_class="multinomial", tol=1e-11,
+                                    max_sweeps=2000).fit(X, y)
+    theta = np.array([0.4, -0.3, -0.5])
+    value, grad = clf.log_marginal_likelihood(theta, eval_gradient=True)
+    h = 1e-5
+    fd = np.array([(clf.log_marginal_likelihood(theta + h * e) - clf.log_marginal_likelihood(theta - h * e)) / (2 * h)
+                   for e in np.eye(3)])
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
+
+
+def test_evidence_matches_the_dense_energy_of_the_same_sites():
+    X, y = _toy(n=30, c=3, seed=4)
+    kernel = RBF(1.5, 0.8)
+    opts = {"jitter": 0.0, "damping": 0.5, "tol": 1e-10, "max_sweeps": 1000, "progress": None}
+    problem = MultinomialGPProblem(kernel, X, y.astype(np.int32), 3, opts)
+    log_z, _, info = problem.evaluate((kernel, None, None), gradient=False, warm=False)
+    K = kernel(X)
+    site_prec, site_lin = ref.outer_sites(y, problem.inner_precision, problem.inner_natural_mean)
+    cov, mean, log_det = ref.dense_posterior(K, site_prec, site_lin)
+    total = -0.5 * log_det + 0.5 * site_lin.T.reshape(-1) @ mean
+    n = 30
+    for i in range(n):
+        idx = [j * n + i for j in range(3)]
+        marg_prec = np.linalg.inv(cov[np.ix_(idx, idx)])
+        marg_lin = marg_prec @ mean[idx]
+        cav_prec, cav_lin = marg_prec - site_prec[i], marg_lin - site_lin[i]
+        _, _, lz = ref.nested_site(cav_prec, cav_lin, y[i], problem.inner_precision[i],
+                                   problem.inner_natural_mean[i], n_sweeps=0)
+        psi = lambda P, q: -0.5 * np.linalg.slogdet(P)[1] + 0.5 * q @ np.linalg.solve(P, q)
+        total += lz + psi(cav_prec, cav_lin) - psi(marg_prec, marg_lin)
+    assert log_z == pytest.approx(total, rel=1e-9)
+
+
+def test_multinomial_rejects_other_likelihoods_and_bad_choices():
+    from fastep import Logistic, Probit
+    X, y = _toy(n=30)
+    with pytest.raises(ValueError, match="multinomial probit"):
+        GaussianProcessClassifier(likelihood=Logistic(), multi_class="multinomial").fit(X, y)
+    with pytest.raises(ValueError, match="multinomial probit"):
+        GaussianProcessClassifier(likelihood=Probit(slope=2.0), multi_class="multinomial").fit(X, y)
+    with pytest.raises(ValueError, match="multi_class"):
+        GaussianProcessClassifier(multi_class="softmax").fit(X, y)
+    with pytest.raises(ValueError, match="two classes"):
+        GaussianProcessClassifier(multi_class="multinomial").fit(X, np.zeros(30))
+
+
+def test_multinomial_model_round_trips_through_save_and_load(tmp_path):
+    X, y = _toy(n=40)
+    clf = GaussianProcessClassifier(multi_class="multinomial").fit(X, y)
+    path = tmp_path / "multi.npz"
+    save(clf, path)
+    loaded = load(path)
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
