@@ -29,12 +29,14 @@ from fastep.kernels import RBF
 
 CLASSIFIERS = {
     "GaussianProcessClassifier": lambda: fastep.GaussianProcessClassifier(),
+    "GaussianProcessClassifier-multinomial": lambda: fastep.GaussianProcessClassifier(multi_class="multinomial"),
     "SparseGPClassifier": lambda: fastep.SparseGPClassifier(n_inducing=5, random_state=0),
     "IVMClassifier": lambda: fastep.IVMClassifier(active_set_size=5, n_iterations=1, max_optimizer_iter=10),
     "LinearEPClassifier": lambda: fastep.LinearEPClassifier(fit_intercept=True),
 }
 REGRESSORS = {
     "GaussianProcessRegressor": lambda: fastep.GaussianProcessRegressor(),
+    "GaussianProcessRegressor-student_t": lambda: fastep.GaussianProcessRegressor(likelihood="student_t"),
     "SparseGPRegressor": lambda: fastep.SparseGPRegressor(n_inducing=5, random_state=0),
     "IVMRegressor": lambda: fastep.IVMRegressor(active_set_size=5, n_iterations=1, max_optimizer_iter=10),
     "LinearEPRegressor": lambda: fastep.LinearEPRegressor(fit_intercept=True),

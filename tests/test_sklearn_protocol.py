@@ -28,6 +28,8 @@ from fastep.kernels import RBF  # noqa: E402
 ESTIMATORS = [
     fastep.GaussianProcessClassifier(),
     fastep.GaussianProcessRegressor(),
+    fastep.GaussianProcessClassifier(multi_class="multinomial"),
+    fastep.GaussianProcessRegressor(likelihood="student_t"),
     fastep.SparseGPClassifier(n_inducing=10),
     fastep.SparseGPRegressor(n_inducing=10),
     fastep.IVMClassifier(n_iterations=2),

@@ -333,7 +333,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         the default probit, ``learn_likelihood`` False). It runs damped parallel EP (``damping``
         None: 0.5); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
-        model with the same kernel. ``decision_function`` then returns the latent means (n, c).
+        model with the same kernel. ``decision_function`` then returns the latent means (n, c)
+        (two classes: their difference ``f_1 - f_0``, positive for ``classes_[1]``).
     {N_JOBS_DOC}
 
     Attributes
@@ -462,7 +463,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def decision_function(self, X):
         check_is_fitted(self, "_problems")
         if self._multinomial():
-            return self._problems[0].latent(self._check_X(X))[0]
+            latent = self._problems[0].latent(self._check_X(X))[0]
+            # two classes: one column, positive for classes_[1], as every binary classifier
+            return latent[:, 1] - latent[:, 0] if latent.shape[1] == 2 else latent
         return super().decision_function(X)
 
     def predict(self, X):

@@ -898,20 +898,26 @@ cdef int student_t_moments(double dof, double scale, double power, double log_no
     geometrically (widths w, 2w, 4w, ...) around each feature — x = 0 (the likelihood's peak,
     width ``(1/s2 + 2a/c)^-½``), x = d (the cavity's, width sqrt(s2)) and every maximum of h
     (width from h'') — over ``|x - d| <= R``, beyond which h is below its maximum by more than
-    50; a 16-point Gauss-Legendre rule per panel. Moments are accumulated about the largest
-    maximum. ``s2 = 0`` gives the pointwise log density and its derivatives.
+    50; a 16-point Gauss-Legendre rule per panel. ``alpha`` and ``beta`` come from the score
+    identities ``d log Z/dmu = E[l']`` and ``d² log Z/dmu² = E[l''] + Var[l']`` (``l = η log t``,
+    expectations under the tilted density; ``l'`` accumulated about its value at the largest
+    maximum), which stay accurate for cavities much narrower than the likelihood. ``s2 = 0``
+    (or ``s2`` below ``1e-17 c/(1 + 2a)``) gives the pointwise log density and its derivatives.
     """
     cdef double c = dof * scale * scale
     cdef double a = 0.5 * power * (dof + 1.0)
     cdef double d = mu - y
     cdef double r, q, rq, u, s, h_best, hv, width, lo, hi, reach, p0, p1, mid, half, x, wgt, dx
     cdef double s0 = 0.0, s1 = 0.0, s2_acc = 0.0, l1 = 0.0, l2 = 0.0, ratio, curv, mean_off, var
+    cdef double curv_acc = 0.0, score_ref
     cdef double roots[3]
     cdef double breaks[_MAX_BREAKS]
     cdef int n_roots, k, j, n_breaks = 0
     if not (c > 0.0 and isfinite(c) and a > 0.0):
         return SITE_BAD_PARAMS
-    if s2 == 0.0:
+    if s2 * (1.0 + 2.0 * a) <= 1e-17 * c:
+        # the cavity is narrower than double precision resolves against the likelihood's
+        # width: the pointwise log density and its derivatives
         r = d / sqrt(c)
         q = 1.0 / (1.0 + r * r)
         rq = r * q if fabs(r) < 1e150 else 1.0 / r
@@ -950,6 +956,7 @@ cdef int student_t_moments(double dof, double scale, double power, double log_no
             width = 1.0 / sqrt(curv)
             n_breaks = _push_grid(roots[k], width if width < s else s, lo, hi, breaks, n_breaks)
     qsort(breaks, n_breaks, sizeof(double), _compare_doubles)
+    score_ref = -2.0 * a * x / (c + x * x)
     for j in range(n_breaks - 1):
         p0 = breaks[j]
         p1 = breaks[j + 1]
@@ -963,10 +970,11 @@ cdef int student_t_moments(double dof, double scale, double power, double log_no
             ratio = u * u / c
             hv = -0.5 * (u - d) * (u - d) / s2 - a * log1p(ratio)
             wgt = half * _panel_weights[k] * exp(hv - h_best)
-            dx = u - x
+            dx = -2.0 * a * u / (c + u * u) - score_ref       # ℓ'(u) about its value at x
             s0 += wgt
             s1 += wgt * dx
             s2_acc += wgt * dx * dx
+            curv_acc += wgt * (1.0 - ratio) / ((1.0 + ratio) * (1.0 + ratio))
             l1 += wgt * log1p(ratio)
             l2 += wgt * (ratio / (1.0 + ratio))
     if not (s0 > 0.0 and isfinite(s0)):
@@ -976,8 +984,10 @@ cdef int student_t_moments(double dof, double scale, double power, double log_no
     if var < 0.0:
         var = 0.0
     log_z[0] = power * log_norm - 0.5 * (_LOG_2PI + log(s2)) + h_best + log(s0)
-    alpha[0] = (x + mean_off - d) / s2
-    beta[0] = (s2 - var) / (s2 * s2)
+    # the score identities d log Z/dμ = E[ℓ'], d² log Z/dμ² = E[ℓ''] + Var[ℓ'] (ℓ = η log t, the
+    # expectations under the tilted density): no cancellation against 1/s2 for narrow cavities
+    alpha[0] = score_ref + mean_off
+    beta[0] = 2.0 * a / c * (curv_acc / s0) - var
     mean_log1p_u[0] = l1 / s0
     mean_u_ratio[0] = l2 / s0
     return SITE_OK
