@@ -106,12 +106,13 @@ import numpy as np
 
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset
+from cpython.exc cimport PyErr_CheckSignals
 from fastep._epcore._blas cimport (
     ddot, daxpy, dscal, dcopy, gemv, gemv_t, syrk, trsv, potrf, trsm_right,
 )
 from fastep._epcore.sites cimport (
-    SiteModel, SiteSpec, site_moments, LIK_GAUSSIAN, LIK_ORDINAL, GH_MAX_NODES, SITE_OK,
-    SITE_BAD_PARAMS,
+    SiteModel, SiteSpec, site_moments, LIK_GAUSSIAN, LIK_ORDINAL, LIK_STUDENT_T, GH_MAX_NODES, SITE_OK,
+    SITE_BAD_PARAMS, student_t_moments, student_t_log_norm,
 )
 from fastep._epcore._common cimport (
     SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
@@ -175,6 +176,19 @@ cdef int power_site_moments(const SiteModel* model, const PowerRule* rule, doubl
     cdef double g1[GH_MAX_NODES]
     cdef double g2[GH_MAX_NODES]
     cdef int k, status, n_nodes = rule.n_nodes
+    if model.code == LIK_STUDENT_T:
+        # the powered Student-t site by its own panel quadrature (any α; the tilted density
+        # may be bimodal, which a Gauss-Hermite rule centred on one site would miss)
+        if model.n_params != 2:
+            return SITE_BAD_PARAMS
+        if not (var >= 0.0 and isfinite(var) and isfinite(mean)):
+            return SITE_BAD_PARAMS
+        status = student_t_moments(model.params[0], model.params[1], power,
+                                   student_t_log_norm(model.params[0], model.params[1]), y, mean, var,
+                                   log_z, alpha, beta, &e1, &e2)
+        if status == SITE_OK and not (isfinite(log_z[0]) and isfinite(alpha[0]) and isfinite(beta[0])):
+            return 5    # SITE_OVERFLOW
+        return status
     if power == 1.0:
         return site_moments(model, y, mean, var, log_z, alpha, beta)
     if model.code == LIK_GAUSSIAN:
@@ -416,22 +430,38 @@ cdef void sparse_natural_sums(const double* Vt, int n, int m, const double* site
                               double* natural_mean_sum, double* scratch, int scratch_rows) noexcept nogil:
     """``precision_sum += Σ_i τ_i v_i v_iᵀ`` (upper triangle, row-major) and
     ``natural_mean_sum = Vtᵀ ν``: the sites' share of A and b (one chunk's contribution in
-    the distributed parallel schedule). ``scratch``: scratch_rows x m doubles."""
+    the distributed parallel schedule). ``scratch``: scratch_rows x m doubles. Negative τ_i
+    (Student-t sites) are subtracted by a second ``syrk`` pass."""
     cdef Py_ssize_t i, j, r0, cnt, mm = m, rows = scratch_rows
     cdef double si
     cdef double* row
     cdef const double* src
+    cdef bint any_negative = False
     r0 = 0
     while r0 < n:
         cnt = rows if n - r0 > rows else n - r0
         for i in range(cnt):
             si = site_precision[r0 + i]
+            if si < 0.0:
+                any_negative = True
             si = sqrt(si) if si > 0.0 else 0.0
             row = scratch + i * mm
             src = Vt + (r0 + i) * mm
             for j in range(mm):
                 row[j] = si * src[j]
         syrk(False, m, <int>cnt, 1.0, scratch, m, 1.0, precision_sum, m)
+        r0 += cnt
+    r0 = 0
+    while any_negative and r0 < n:          # negative sites (Student-t): subtract |τ_i| v_i v_iᵀ
+        cnt = rows if n - r0 > rows else n - r0
+        for i in range(cnt):
+            si = site_precision[r0 + i]
+            si = sqrt(-si) if si < 0.0 else 0.0
+            row = scratch + i * mm
+            src = Vt + (r0 + i) * mm
+            for j in range(mm):
+                row[j] = si * src[j]
+        syrk(False, m, <int>cnt, -1.0, scratch, m, 1.0, precision_sum, m)
         r0 += cnt
     if n > 0:
         gemv_t(n, m, 1.0, Vt, m, site_natural_mean, 0.0, natural_mean_sum)
@@ -926,6 +956,203 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
                 log_z=float(log_z), log_z_change=float(log_z_change),
                 n_skipped=int(total_skipped), n_clipped=int(total_clipped),
                 n_failed=int(total_failed), n_rebuilds=int(total_rebuilds), stopped=bool(stopped))
+
+
+cdef int _robust_targets(const SiteModel* model, const PowerRule* rule, const double* y, const double* d,
+                         int n, const double* site_precision, const double* site_natural_mean,
+                         const double* g_mean, const double* g_var, double* target_precision,
+                         double* target_natural_mean) noexcept nogil:
+    """Fractional-EP targets of every site from the same marginals, no clipping; a site whose
+    cavity is improper or whose moments fail keeps its value. Returns the number failed."""
+    cdef int i, n_failed = 0
+    cdef double power = rule.power, denom, v_c, m_c, log_z = 0.0, a = 0.0, b = 0.0, one_minus
+    for i in range(n):
+        target_precision[i] = site_precision[i]
+        target_natural_mean[i] = site_natural_mean[i]
+        denom = 1.0 - power * site_precision[i] * g_var[i]
+        if not (g_var[i] > 0.0 and denom > 0.0):
+            n_failed += 1
+            continue
+        v_c = g_var[i] / denom
+        m_c = g_mean[i] + v_c * power * (site_precision[i] * g_mean[i] - site_natural_mean[i])
+        if not (isfinite(v_c) and isfinite(m_c)) or \
+                power_site_moments(model, rule, y[i], m_c, v_c + d[i], &log_z, &a, &b) != 0:
+            n_failed += 1
+            continue
+        one_minus = 1.0 - v_c * b
+        if not one_minus > 0.0:
+            n_failed += 1
+            continue
+        target_precision[i] = b / (power * one_minus)
+        target_natural_mean[i] = (a + b * m_c) / (power * one_minus)
+    return n_failed
+
+
+def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
+                         SiteSpec spec not None, double[::1] site_precision,
+                         double[::1] site_natural_mean, double[:, ::1] post_factor,
+                         double[::1] post_w_mean, double[::1] g_mean, double[::1] g_var, *,
+                         double power=0.5, double damping=0.5, double tol=1e-4, int max_sweeps=200,
+                         int max_halvings=10, object sweep_callback=None):
+    """Sparse fractional EP that allows negative site precisions (robust Student-t regression).
+
+    The parallel schedule of :func:`fastep._epcore.robust_ep.run_robust_gp_ep` on the sparse
+    representation of this module: every iteration computes all targets from one posterior
+    (no clipping; a site with an improper cavity keeps its value and counts as failed), then
+    steps ``τ ← τ + δ (τ* - τ)`` (likewise ν) from ``δ = damping``, halving δ (up to
+    ``max_halvings`` times) while ``A = I + Vtᵀ T Vt`` is not positive definite (the posterior
+    would be improper; A is built with a second, subtracting ``syrk`` for the negative sites)
+    or a new cavity ``1 - α τ_i Var[g_i]`` is not positive. The evidence is
+    :func:`log_marginal_likelihood`'s power-EP energy, which for negative sites is the
+    fractional EP energy of Jylänki, Vanhatalo & Vehtari (2011, eq 14).
+
+    Parameters
+    ----------
+    Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean
+        As :func:`run_sparse_ep`; the sites may have any sign but must give a proper start.
+    g_mean, g_var : ndarray (n,)
+        Outputs: E[g] and Var[g] of the final posterior.
+    power : float in (0, 1]
+        The fraction α (0.5 is the robust choice).
+    damping : float in (0, 1]
+        First step of every iteration.
+    tol : float > 0
+    max_sweeps : int >= 1
+    max_halvings : int >= 0
+    sweep_callback : callable or None
+        ``callback(sweep, max_change, log_z)`` after every iteration; False stops the run.
+
+    Returns
+    -------
+    dict
+        ``log_z``, ``n_sweeps``, ``converged``, ``max_change``, ``log_z_change``, ``n_failed``
+        (sites whose update failed in the last iteration), ``n_halvings``, ``stuck`` (an
+        iteration found no proper step), ``stopped``.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        The start sites give an improper posterior.
+    ValueError
+        Bad shapes or options.
+    """
+    cdef int n = Vt.shape[0], m = Vt.shape[1]
+    _check_projection(Vt, d)
+    _check_vector("y", y, n)
+    _check_vector("site_precision", site_precision, n)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
+        if arr.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+    _check_factor_outputs(post_factor, post_w_mean, m)
+    _check_power(power, spec, DEFAULT_N_QUADRATURE)
+    if not (0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
+    if not tol > 0 or max_sweeps < 1 or max_halvings < 0:
+        raise ValueError("tol must be > 0, max_sweeps >= 1 and max_halvings >= 0")
+    if n == 0:
+        np.asarray(post_factor)[:] = np.eye(m)
+        np.asarray(post_w_mean)[:] = 0.0
+        return dict(log_z=0.0, n_sweeps=0, converged=True, max_change=0.0, log_z_change=0.0,
+                    n_failed=0, n_halvings=0, stuck=False, stopped=False)
+    nodes, log_weights = _gauss_hermite(DEFAULT_N_QUADRATURE)
+    cdef const double[::1] nodes_v = nodes
+    cdef const double[::1] lw_v = log_weights
+    cdef PowerRule rule
+    rule.power = power
+    rule.nodes = &nodes_v[0]
+    rule.log_weights = &lw_v[0]
+    rule.n_nodes = DEFAULT_N_QUADRATURE
+    cdef const SiteModel* model = &spec.model
+    cdef int rows = _scratch_rows(n, m)
+    cdef double[:, ::1] scratch = np.empty((rows, m))
+    cdef double[:, ::1] trial_factor = np.empty((m, m))
+    cdef double[::1] trial_w = np.empty(m)
+    vectors = np.empty((6, n))
+    cdef double[:, ::1] vec = vectors     # rows: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
+    cdef int info, i, sweep = 0, halving, n_failed = 0, n_halvings = 0, bad_site = -1
+    cdef double half_log_det = 0.0, quad_b = 0.0, log_z, new_log_z, step, change, max_change = 0.0
+    cdef double log_z_change = 0.0, scale_t, scale_n
+    cdef bint accepted, converged = False, stuck = False, stopped = False
+    with nogil:
+        info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
+                              &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
+                              &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
+    if info != 0:
+        raise np.linalg.LinAlgError("the start sites give an improper posterior (A = I + Vt^T T Vt is "
+                                    "not positive definite); start from zero sites")
+    with nogil:
+        log_z = sparse_log_z(model, &rule, &y[0], &d[0], n, &site_precision[0], &site_natural_mean[0],
+                             &g_mean[0], &g_var[0], half_log_det, quad_b, &bad_site)
+        n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
+                                   &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0], &vec[1, 0])
+    while sweep < max_sweeps:
+        sweep += 1
+        step = damping
+        accepted = False
+        with nogil:
+            for halving in range(max_halvings + 1):
+                for i in range(n):
+                    vec[2, i] = site_precision[i] + step * (vec[0, i] - site_precision[i])
+                    vec[3, i] = site_natural_mean[i] + step * (vec[1, i] - site_natural_mean[i])
+                info = sparse_rebuild(&Vt[0, 0], n, m, &vec[2, 0], &vec[3, 0], &trial_factor[0, 0],
+                                      &trial_w[0], &vec[4, 0], &vec[5, 0], &scratch[0, 0], rows,
+                                      &half_log_det, &quad_b, NULL)
+                if info == 0:
+                    accepted = True
+                    for i in range(n):
+                        if not (vec[5, i] > 0.0 and 1.0 - power * vec[2, i] * vec[5, i] > 0.0):
+                            accepted = False
+                            break
+                if accepted:
+                    break
+                step *= 0.5
+                n_halvings += 1
+        if not accepted:
+            stuck = True
+            with nogil:      # the factor of the current sites (the trials used their own buffers)
+                sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
+                               &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
+                               &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
+            break
+        max_change = 0.0
+        with nogil:
+            for i in range(n):
+                scale_t = fabs(site_precision[i]) if fabs(site_precision[i]) > 1.0 else 1.0
+                scale_n = fabs(site_natural_mean[i]) if fabs(site_natural_mean[i]) > 1.0 else 1.0
+                change = fabs(vec[2, i] - site_precision[i]) / scale_t
+                if change > max_change:
+                    max_change = change
+                change = fabs(vec[3, i] - site_natural_mean[i]) / scale_n
+                if change > max_change:
+                    max_change = change
+                site_precision[i] = vec[2, i]
+                site_natural_mean[i] = vec[3, i]
+                g_mean[i] = vec[4, i]
+                g_var[i] = vec[5, i]
+            dcopy(m * m, &trial_factor[0, 0], 1, &post_factor[0, 0], 1)
+            dcopy(m, &trial_w[0], 1, &post_w_mean[0], 1)
+            new_log_z = sparse_log_z(model, &rule, &y[0], &d[0], n, &site_precision[0],
+                                     &site_natural_mean[0], &g_mean[0], &g_var[0], half_log_det,
+                                     quad_b, &bad_site)
+            n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
+                                       &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0],
+                                       &vec[1, 0])
+        log_z_change = fabs(new_log_z - log_z)
+        log_z = new_log_z
+        PyErr_CheckSignals()
+        if sweep_callback is not None and sweep_callback(sweep, max_change, log_z) is False:
+            stopped = True
+            break
+        if max_change < tol and log_z_change < tol * max(1.0, fabs(log_z)) and n_failed == 0:
+            converged = True
+            break
+    if not isfinite(log_z):
+        converged = False
+    return dict(log_z=float(log_z), n_sweeps=sweep, converged=bool(converged),
+                max_change=float(max_change), log_z_change=float(log_z_change),
+                n_failed=int(n_failed), n_halvings=int(n_halvings), stuck=bool(stuck),
+                stopped=bool(stopped))
 
 
 def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
