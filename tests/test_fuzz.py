@@ -38,6 +38,8 @@ REGRESSORS = {
     "GaussianProcessRegressor": lambda: fastep.GaussianProcessRegressor(),
     "GaussianProcessRegressor-student_t": lambda: fastep.GaussianProcessRegressor(likelihood="student_t"),
     "SparseGPRegressor": lambda: fastep.SparseGPRegressor(n_inducing=5, random_state=0),
+    "SparseGPRegressor-student_t": lambda: fastep.SparseGPRegressor(n_inducing=5, likelihood="student_t",
+                                                                    random_state=0),
     "IVMRegressor": lambda: fastep.IVMRegressor(active_set_size=5, n_iterations=1, max_optimizer_iter=10),
     "LinearEPRegressor": lambda: fastep.LinearEPRegressor(fit_intercept=True),
     "HorseshoeRegression": lambda: fastep.HorseshoeRegression(max_opt_iter=3, max_iter=200),

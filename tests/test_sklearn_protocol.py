@@ -32,6 +32,7 @@ ESTIMATORS = [
     fastep.GaussianProcessRegressor(likelihood="student_t"),
     fastep.SparseGPClassifier(n_inducing=10),
     fastep.SparseGPRegressor(n_inducing=10),
+    fastep.SparseGPRegressor(n_inducing=10, likelihood="student_t"),
     fastep.IVMClassifier(n_iterations=2),
     fastep.IVMRegressor(n_iterations=2),
     fastep.IVMOrdinalRegressor(n_iterations=1),

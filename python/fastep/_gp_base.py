@@ -45,6 +45,26 @@ __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMi
 PREDICT_BATCH = 1024
 
 
+def check_noise_model(likelihood, noise_variance):
+    """The regressors' ``likelihood`` argument: ``'gaussian'`` (None or ``'gaussian'``), a
+    Gaussian, or a StudentT (or ``'student_t'``), validated against ``noise_variance``."""
+    from .likelihoods import Gaussian, StudentT
+    if likelihood is None or (isinstance(likelihood, str) and likelihood == "gaussian"):
+        return "gaussian"
+    if isinstance(likelihood, str):
+        if likelihood == "student_t":
+            return likelihood
+        raise ValueError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
+                         f"got {likelihood!r}")
+    if not isinstance(likelihood, (Gaussian, StudentT)):
+        raise TypeError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
+                        f"got {type(likelihood).__name__}")
+    if noise_variance is not None:
+        raise ValueError("give the noise either as noise_variance or as a likelihood object, not both "
+                         f"(noise_variance={noise_variance!r}, likelihood={likelihood!r})")
+    return likelihood
+
+
 class Hyperparameters:
     """θ = (kernel θ, likelihood θ if learnt, an extra block if learnt), with its bounds.
 

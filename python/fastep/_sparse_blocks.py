@@ -84,6 +84,8 @@ def likelihood_gradient(likelihood, y, cavity_mean, cavity_var, a, b, power):
     if power == 1.0:
         return likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var)
     names, _, _ = likelihood_theta(likelihood)
+    if names == ["log_dof", "log_scale"]:          # Student-t: powered moments, any α
+        return likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var, power=power)
     if names != ["log_noise"]:
         raise ValueError(f"learning the likelihood parameters {names} is not supported with power < 1")
     # Z = (2πσ²)^((1-α)/2) α^(-1/2) N(y; m, v + σ²/α):  ∂ log Z/∂σ² = (1-α)/(2σ²) + (a² - b)/(2α)

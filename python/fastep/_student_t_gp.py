@@ -99,6 +99,7 @@ class StudentTGPProblem(SiteProblem):
 
     algorithm = "fractional EP"
     search_tol = 1e-2
+    reject_stuck = False
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
         super().__init__(kernel, likelihood, X, y, options)
@@ -122,6 +123,10 @@ class StudentTGPProblem(SiteProblem):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
+        if info["stuck"] and self.reject_stuck:
+            # during the search a run that found no proper step is a failed evaluation: its
+            # energy is not at a fixed point and can be far above the evidence
+            raise np.linalg.LinAlgError("fractional EP found no step that keeps the posterior proper")
         return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
                 "cavity": (cavity_mean, cavity_var), "info": info}
 
@@ -129,7 +134,11 @@ class StudentTGPProblem(SiteProblem):
         """Run fractional EP at ``params`` = ``(kernel, likelihood, None)``; ``(log_z, grad, info)``."""
         kernel, likelihood, _ = params
         K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
-        state = self.run(K, likelihood, warm)
+        self.reject_stuck = gradient
+        try:
+            state = self.run(K, likelihood, warm)
+        finally:
+            self.reject_stuck = False
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
         weights = nu - tau * state["post_mean"]                 # b = ν - T μ

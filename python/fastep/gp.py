@@ -34,7 +34,7 @@ from ._epcore import gp_ep as _engine
 from ._base import check_is_fitted
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_optimizer, start_kernel)
+                       check_kernel, check_noise_model, check_optimizer, start_kernel)
 from ._defaults import default_noise_variance
 from ._likelihood_params import likelihood_theta_gradient
 from ._multiclass_gp import MultinomialGPProblem
@@ -585,21 +585,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
 
     def _noise_model(self):
         """``'gaussian'``, a Gaussian object, or a StudentT (or ``'student_t'``), validated."""
-        likelihood = self.likelihood
-        if likelihood is None or (isinstance(likelihood, str) and likelihood == "gaussian"):
-            return "gaussian"
-        if isinstance(likelihood, str):
-            if likelihood == "student_t":
-                return likelihood
-            raise ValueError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
-                             f"got {likelihood!r}")
-        if not isinstance(likelihood, (Gaussian, StudentT)):
-            raise TypeError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
-                            f"got {type(likelihood).__name__}")
-        if self.noise_variance is not None:
-            raise ValueError("give the noise either as noise_variance or as a likelihood object, not both "
-                             f"(noise_variance={self.noise_variance!r}, likelihood={likelihood!r})")
-        return likelihood
+        return check_noise_model(self.likelihood, self.noise_variance)
 
     def fit(self, X, y):
         """Fit the posterior (and the hyperparameters unless ``optimizer=None``).

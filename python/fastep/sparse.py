@@ -67,7 +67,7 @@ from ._epcore import sparse_ep as _engine
 from ._base import check_is_fitted
 from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_noise_variance, check_optimizer, stack_problems,
+                       check_kernel, check_noise_model, check_noise_variance, check_optimizer, stack_problems,
                        start_kernel)
 from ._defaults import default_noise_variance, sample_rows
 from ._likelihood_params import likelihood_theta
@@ -77,7 +77,7 @@ from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, g
                              gradient_second_sums, project_rows, times_inverse_a)
 from .batch import map_in_order
 from .ivm import select_active_set
-from .likelihoods import Gaussian
+from .likelihoods import Gaussian, StudentT
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
 
@@ -217,8 +217,46 @@ class _BinarySparseEP(SiteProblem):
         return self.predictor.latent(Xs)
 
 
+class _StudentTSparseEP(_BinarySparseEP):
+    """Robust sparse regression: fractional EP with Student-t sites that may be negative
+    (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`); the evidence gradient is the
+    sparse one (its formulas hold for sites of any sign)."""
+
+    algorithm = "sparse fractional EP"
+    search_tol = 1e-2
+    reject_stuck = False
+
+    def _run_once(self, prior, likelihood, warm):
+        Vt, d = prior
+        opts = self.options
+        n, m = Vt.shape
+        tau = self.site_precision.copy() if warm else np.zeros(n)
+        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
+        info = _engine.run_robust_sparse_ep(
+            Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
+            power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+            max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
+        if not np.isfinite(info["log_z"]):
+            raise np.linalg.LinAlgError(
+                f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
+                "increase jitter or check the kernel")
+        if info["stuck"] and self.reject_stuck:
+            # during the search a run that found no proper step is a failed evaluation: its
+            # energy is not at a fixed point and can be far above the evidence
+            raise np.linalg.LinAlgError("sparse fractional EP found no step that keeps the posterior proper")
+        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        self.reject_stuck = gradient
+        try:
+            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
+        finally:
+            self.reject_stuck = False
+
+
 def _check_likelihood_learnable_with_power(likelihood, power):
-    if power == 1.0:
+    if power == 1.0 or isinstance(likelihood, StudentT):
         return
     names, _, _ = likelihood_theta(likelihood)
     if names != ["log_noise"]:
@@ -234,7 +272,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         v.check_choice(self.order, "order", _ORDERS)
         v.check_choice(self.negative_precision, "negative_precision", _POLICIES)
         v.check_choice(self.approximation, "approximation", _APPROXIMATIONS)
-        power = v.check_in_range(self.power, "power", 0.0, 1.0, low_inclusive=False)
+        power = 1.0 if self.power is None else v.check_in_range(self.power, "power", 0.0, 1.0,
+                                                                 low_inclusive=False)
         damping = self.damping
         if damping is None:
             damping = 0.5 if self.schedule == "parallel" else 1.0
@@ -316,8 +355,9 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None."""
-        problem = _BinarySparseEP(kernel, likelihood, Z, X, y, options, learn_likelihood,
-                                  bool(self.learn_inducing))
+        problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
+        problem = problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood,
+                                bool(self.learn_inducing))
         return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
 
     def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood):
@@ -463,6 +503,14 @@ _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approxima
     pseudo-point approximations using power expectation propagation* (JMLR 2017).
     The tutorial slides *Expectation Propagation for Gaussian processes*: "Sparse EP",
     "EP-FITC", "EP-DTC", "EP variants"."""
+
+
+_REGRESSOR_PARAMS = _COMMON_PARAMS.replace(
+    """    power : float in (0, 1], default 1.0
+        Power-EP α""",
+    """    power : float in (0, 1] or None, default None
+        None: 1.0, or 0.5 with a Student-t likelihood (fractional EP's robust choice). Power-EP α""")
+assert _REGRESSOR_PARAMS != _COMMON_PARAMS
 
 
 class _ChunkedPredictMixin:
@@ -676,12 +724,19 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
 
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
-    __doc__ = f"""Sparse GP regression (FITC, DTC or power EP with Gaussian noise) through the sparse EP engine.
+    __doc__ = f"""Sparse GP regression (FITC, DTC or power EP) with Gaussian or Student-t noise.
 
-    At the fixed point (one sweep) the evidence is the closed-form FITC
+    With Gaussian noise, at the fixed point (one sweep) the evidence is the closed-form FITC
     ``log N(y; 0, Q + diag(K - Q) + σ²I)``, DTC ``log N(y; 0, Q + σ²I)`` or, for power α,
     ``log N(y; 0, Q + α diag(K - Q) + σ²I) - (1-α)/(2α) Σ log(1 + α d_i/σ²)`` (α → 0 gives
     the variational bound), with ``Q = K_nm K_mm⁻¹ K_mn`` and ``d = diag(K - Q)``.
+
+    With ``likelihood=StudentT(...)`` (or ``'student_t'``) the fit is robust to gross outliers
+    (Jylänki, Vanhatalo & Vehtari 2011): damped parallel *fractional* EP (α = ``power``, 0.5 by
+    default; the paper's eqs 11-14) on the sparse representation, whose sites may have negative
+    precisions (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`; a step that would make
+    the posterior or a cavity improper is halved), with ν and σ learnt from the fractional EP
+    evidence and its exact gradient. In-core data only.
 
     Parameters
     ----------
@@ -692,18 +747,24 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         start as it is.
     noise_variance : float > 0 or None, default None
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
+    likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
+        The noise model. None or ``'gaussian'``: Gaussian with ``noise_variance``.
+        ``'student_t'``: ``StudentT(dof=4, scale=sqrt(var(y)/10))``. A likelihood object is the
+        start as it is (then ``noise_variance`` must be None). The Student-t runs the damped
+        parallel schedule (``schedule``, ``order`` and ``negative_precision`` do not apply;
+        ``damping`` None means 0.5).
     learn_noise : bool, default True
-        Learn σ² with the kernel hyperparameters and Z.
-    {_COMMON_PARAMS.strip()}
+        Learn the noise model (σ², or the Student-t's ν and σ) with the kernel hyperparameters and Z.
+    {_REGRESSOR_PARAMS.strip()}
 
     Attributes
     ----------
     kernel_ : Kernel
         The fitted kernel.
-    likelihood_ : Gaussian
+    likelihood_ : Gaussian or StudentT
         The fitted noise model.
     noise_variance_ : float
-        The fitted noise variance σ².
+        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2).
     inducing_inputs_ : ndarray (m, n_features)
         The fitted inducing inputs Z.
     {_COMMON_ATTRIBUTES}
@@ -723,10 +784,18 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     >>> mean = reg.predict([[0.5]])
     >>> bool(abs(mean[0] - np.sin(0.5)) < 0.2)
     True
+
+    Gross outliers barely move the Student-t fit:
+
+    >>> y_bad = y.copy()
+    >>> y_bad[::20] += 8.0
+    >>> robust = SparseGPRegressor(likelihood="student_t", n_inducing=8, random_state=0).fit(X, y_bad)
+    >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
+    True
     """
 
-    def __init__(self, kernel=None, noise_variance=None, *, learn_noise=True, n_inducing=50,
-                 approximation="fitc", power=1.0, inducing_init="kmeans++", learn_inducing=False,
+    def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing=50,
+                 approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
                  jitter=1e-6, random_state=None, warm_start=True, verbose=0, callback=None):
@@ -734,6 +803,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         self.callback = callback
         self.kernel = kernel
         self.noise_variance = noise_variance
+        self.likelihood = likelihood
         self.learn_noise = learn_noise
         self.n_inducing = n_inducing
         self.approximation = approximation
@@ -772,18 +842,40 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
+        noise = check_noise_model(self.likelihood, self.noise_variance)
+        student_t = noise == "student_t" or isinstance(noise, StudentT)
+        if student_t:
+            options["power"] = 0.5 if self.power is None else options["power"]
+            options["max_halvings"] = 10
+            if self.damping is None:
+                options["damping"] = 0.5
         noise_variance = check_noise_variance(self.noise_variance)
-        # a placeholder σ² for the checks before the data are read; None becomes var(y) / 10 below
-        likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
+        # a placeholder noise model for the checks before the data are read; None becomes var(y) / 10 below
+        if isinstance(noise, (Gaussian, StudentT)):
+            likelihood = noise
+        elif noise == "student_t":
+            likelihood = StudentT()
+        else:
+            likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         self._check_fit_options(options, kernel, likelihood, learn_noise)
         if client is not None or _chunked.is_dask_array(X):
+            if student_t:
+                raise ValueError("the Student-t likelihood is fitted in core only: a dask X (or a client) "
+                                 "needs likelihood=None (Gaussian noise)")
             _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
                                                classifier=False)
         else:
-            likelihood, _, X, y, kernel = self._check_regression_inputs(X, y, kernel)
+            gaussian, _, X, y, kernel = self._check_regression_inputs(X, y, kernel)
+            if isinstance(noise, Gaussian):
+                gaussian = likelihood
+            if noise == "student_t":
+                likelihood = StudentT(dof=4.0, scale=float(np.sqrt(gaussian.noise_variance)))
+            elif not student_t:
+                likelihood = gaussian
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
-            (Z,) = self._inducing_inputs(X, options, kernel, likelihood, [y])
+            # the IVM initialisation scores inclusions under Gaussian noise of the same scale
+            (Z,) = self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y])
             problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)]
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
