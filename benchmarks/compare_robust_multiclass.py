@@ -11,7 +11,8 @@ Robust regression (Jylänki, Vanhatalo & Vehtari 2011), data generated here:
   noise N(0, 1) with 10 % of the targets replaced by f + N(0, 15²); 300 training points.
 
 Each problem is fitted by ``fastep.GaussianProcessRegressor(likelihood='student_t')``
-(fractional EP, η = 0.5, ν and σ learnt), the Gaussian ``fastep.GaussianProcessRegressor()``,
+(fractional EP, η = 0.5, ν and σ learnt), its sparse twin ``fastep.SparseGPRegressor(
+likelihood='student_t', n_inducing=50)`` (FITC), the Gaussian ``fastep.GaussianProcessRegressor()``,
 scikit-learn's ``GaussianProcessRegressor(C·RBF + White)`` (5 restarts off: one start, as
 fastep) and a Laplace fit of the same Student-t model written here with scipy (mode by
 Newton on log p(y|f) - ½ fᵀK⁻¹f with step halving, Laplace evidence
@@ -39,7 +40,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 from scipy.special import gammaln
 
-from fastep import GaussianProcessClassifier, GaussianProcessRegressor
+from fastep import GaussianProcessClassifier, GaussianProcessRegressor, SparseGPRegressor
 
 HERE = Path(__file__).resolve().parent
 USPS = HERE.parent.parent / "shared" / "data" / "usps.npz"
@@ -183,6 +184,8 @@ def robust(repeats):
             X, y, Xt, ft = make(seed)
             fits = {
                 "fastep student-t (EP)": lambda: GaussianProcessRegressor(likelihood="student_t").fit(X, y).predict,
+                "fastep sparse student-t m=50": lambda: SparseGPRegressor(
+                    likelihood="student_t", n_inducing=50, random_state=seed).fit(X, y).predict,
                 "fastep gaussian": lambda: GaussianProcessRegressor().fit(X, y).predict,
                 "sklearn gaussian": lambda: SkGPR(ConstantKernel(np.var(y)) * SkRBF(1.0) + WhiteKernel(np.var(y) / 10),
                                                   normalize_y=True).fit(X, y).predict,

@@ -8,7 +8,8 @@ State (row-major; n sites, m inducing inputs):
 * ``R`` (m x m, upper triangular): A = I + Vtᵀ diag(τ) Vt = Rᵀ R (strict lower part zero after a rebuild).
 * ``w_mean`` (m): μ_w = A⁻¹ Vtᵀ ν, so that E[g] = Vt μ_w and Var[g_i] = |R⁻ᵀ v_i|²; during a
   sequential sweep the engine carries β = R⁻ᵀ Vtᵀ ν instead (μ_w = R⁻¹ β).
-* sites ``site_precision[i] = τ_i >= 0``, ``site_natural_mean[i] = ν_i`` on the projections g_i.
+* sites ``site_precision[i] = τ_i`` (>= 0, except in the Student-t engine ``run_robust_sparse_ep``),
+  ``site_natural_mean[i] = ν_i`` on the projections g_i.
 """
 from fastep._epcore.sites cimport SiteModel
 from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats

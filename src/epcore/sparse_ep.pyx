@@ -34,7 +34,10 @@ likelihood raised to the power α at the cavity of f, ``N(m_c, v_c + d_i)``, giv
 
 then damping in natural parameters and linear_ep's negative-precision policy
 (``NEGATIVE_CLIP``: τ* < 0 becomes 0 with ν* = a/α; ``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is
-rejected: τ >= 0 keeps A >= I, so every downdate below is well posed).  A site with an improper
+rejected: τ >= 0 keeps A >= I, so every downdate below is well posed). Student-t sites, whose
+precisions must be allowed to go negative, have their own parallel schedule with step halving,
+``run_robust_sparse_ep`` (fractional EP; A is then built with a subtracting ``syrk`` for the
+negative sites and its Cholesky factorisation is the check that the posterior is proper).  A site with an improper
 cavity, a failing kernel or ``1 - v_c b <= 0`` is left unchanged and counted as failed.
 
 Powered moments (``power_site_moments``)
