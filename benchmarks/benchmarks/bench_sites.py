@@ -48,3 +48,22 @@ class SiteKernelsOrdinal:
 
     def time_compiled(self):
         self.likelihood.moments(self.y, self.mean, self.var)
+
+
+class SiteKernelsStudentT:
+    """Powered Student-t sites (panel quadrature per site; outliers in 10 % of the targets)."""
+    params = [[1.0, 0.5]]
+    param_names = ["power"]
+
+    def setup(self, power):
+        from fastep import StudentT
+        self.likelihood = StudentT(dof=4.0, scale=0.3)
+        rng = np.random.default_rng(2)
+        n = 20_000
+        self.mean = rng.normal(size=n)
+        self.var = rng.uniform(0.01, 3.0, size=n)
+        self.y = self.mean + 0.3 * rng.standard_normal(n)
+        self.y[rng.random(n) < 0.1] += 5.0
+
+    def time_compiled(self, power):
+        self.likelihood.powered_moments(self.y, self.mean, self.var, power)

@@ -964,11 +964,16 @@ def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::
 cdef int _robust_targets(const SiteModel* model, const PowerRule* rule, const double* y, const double* d,
                          int n, const double* site_precision, const double* site_natural_mean,
                          const double* g_mean, const double* g_var, double* target_precision,
-                         double* target_natural_mean) noexcept nogil:
+                         double* target_natural_mean, double* sum_terms) noexcept nogil:
     """Fractional-EP targets of every site from the same marginals, no clipping; a site whose
-    cavity is improper or whose moments fail keeps its value. Returns the number failed."""
+    cavity is improper or whose moments fail keeps its value. Returns the number failed.
+
+    ``sum_terms`` receives the sites' share of the energy (as :func:`sparse_log_z`, from the
+    same moments) over the sites that did not fail."""
     cdef int i, n_failed = 0
     cdef double power = rule.power, denom, v_c, m_c, log_z = 0.0, a = 0.0, b = 0.0, one_minus
+    cdef double dt, dn, s, h
+    sum_terms[0] = 0.0
     for i in range(n):
         target_precision[i] = site_precision[i]
         target_natural_mean[i] = site_natural_mean[i]
@@ -988,6 +993,12 @@ cdef int _robust_targets(const SiteModel* model, const PowerRule* rule, const do
             continue
         target_precision[i] = b / (power * one_minus)
         target_natural_mean[i] = (a + b * m_c) / (power * one_minus)
+        s = g_var[i]
+        h = g_mean[i]
+        dt = power * site_precision[i]
+        dn = power * site_natural_mean[i]
+        sum_terms[0] += (log_z - 0.5 * log1p(-dt * s)
+                         + 0.5 * v_c * (dn * dn - 2.0 * dn * h / s + dt * h * h / s)) / power
     return n_failed
 
 
@@ -1073,9 +1084,9 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
     cdef double[::1] trial_w = np.empty(m)
     vectors = np.empty((6, n))
     cdef double[:, ::1] vec = vectors     # rows: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
-    cdef int info, i, sweep = 0, halving, n_failed = 0, n_halvings = 0, bad_site = -1
+    cdef int info, i, sweep = 0, halving, n_failed = 0, n_halvings = 0
     cdef double half_log_det = 0.0, quad_b = 0.0, log_z, new_log_z, step, change, max_change = 0.0
-    cdef double log_z_change = 0.0, scale_t, scale_n
+    cdef double log_z_change = 0.0, scale_t, scale_n, sum_terms = 0.0
     cdef bint accepted, converged = False, stuck = False, stopped = False
     with nogil:
         info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
@@ -1085,10 +1096,10 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
         raise np.linalg.LinAlgError("the start sites give an improper posterior (A = I + Vt^T T Vt is "
                                     "not positive definite); start from zero sites")
     with nogil:
-        log_z = sparse_log_z(model, &rule, &y[0], &d[0], n, &site_precision[0], &site_natural_mean[0],
-                             &g_mean[0], &g_var[0], half_log_det, quad_b, &bad_site)
         n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
-                                   &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0], &vec[1, 0])
+                                   &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0], &vec[1, 0],
+                                   &sum_terms)
+    log_z = -half_log_det + 0.5 * quad_b + sum_terms
     while sweep < max_sweeps:
         sweep += 1
         step = damping
@@ -1135,12 +1146,10 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
                 g_var[i] = vec[5, i]
             dcopy(m * m, &trial_factor[0, 0], 1, &post_factor[0, 0], 1)
             dcopy(m, &trial_w[0], 1, &post_w_mean[0], 1)
-            new_log_z = sparse_log_z(model, &rule, &y[0], &d[0], n, &site_precision[0],
-                                     &site_natural_mean[0], &g_mean[0], &g_var[0], half_log_det,
-                                     quad_b, &bad_site)
             n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
                                        &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0],
-                                       &vec[1, 0])
+                                       &vec[1, 0], &sum_terms)
+            new_log_z = -half_log_det + 0.5 * quad_b + sum_terms
         log_z_change = fabs(new_log_z - log_z)
         log_z = new_log_z
         PyErr_CheckSignals()

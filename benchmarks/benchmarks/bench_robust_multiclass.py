@@ -1,0 +1,70 @@
+"""asv: fractional EP with Student-t sites (dense and sparse) and multinomial nested EP, to convergence."""
+import warnings
+
+import numpy as np
+
+from fastep import ConvergenceWarning, GaussianProcessClassifier, StudentT
+from fastep._epcore import robust_ep, sparse_ep
+from fastep.kernels import RBF
+
+
+def _outlier_problem(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(-3, 3, n))
+    y = np.sin(2 * x) + 0.1 * rng.standard_normal(n)
+    out = rng.random(n) < 0.1
+    y[out] += rng.choice([-1, 1], out.sum()) * rng.uniform(2, 5, out.sum())
+    return x, y
+
+
+class RobustDenseEP:
+    params = [[200, 400]]
+    param_names = ["n"]
+
+    def setup(self, n):
+        x, self.y = _outlier_problem(n)
+        self.K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.5 ** 2) + 1e-6 * np.eye(n)
+
+    def time_to_convergence(self, n):
+        tau, nu = np.zeros(n), np.zeros(n)
+        out = [np.empty(n) for _ in range(4)]
+        robust_ep.run_robust_gp_ep(self.K, self.y, 4.0, 0.1, 0.5, tau, nu, *out, tol=1e-6)
+
+
+class RobustSparseEP:
+    params = [[5_000, 20_000]]
+    param_names = ["n"]
+
+    def setup(self, n):
+        x, self.y = _outlier_problem(n)
+        z = np.linspace(-3, 3, 50)
+        Kmm = np.exp(-0.5 * (z[:, None] - z[None, :]) ** 2 / 0.5 ** 2) + 1e-6 * np.eye(50)
+        Knm = np.exp(-0.5 * (x[:, None] - z[None, :]) ** 2 / 0.5 ** 2)
+        L = np.linalg.cholesky(Kmm)
+        self.Vt = np.ascontiguousarray(np.linalg.solve(L, Knm.T).T)
+        self.d = np.maximum(1.0 - np.sum(self.Vt ** 2, axis=1), 0.0)
+        self.spec = StudentT(dof=4.0, scale=0.1).site_spec()
+
+    def time_to_convergence(self, n):
+        tau, nu = np.zeros(n), np.zeros(n)
+        sparse_ep.run_robust_sparse_ep(self.Vt, self.d, self.y, self.spec, tau, nu, np.empty((50, 50)),
+                                       np.empty(50), np.empty(n), np.empty(n), power=0.5, tol=1e-6)
+
+    def peakmem_to_convergence(self, n):
+        self.time_to_convergence(n)
+
+
+class MultinomialNestedEP:
+    """Nested EP at fixed hyperparameters (3 classes)."""
+    params = [[150]]
+    param_names = ["n"]
+
+    def setup(self, n):
+        rng = np.random.default_rng(0)
+        self.X = rng.normal(size=(n, 2))
+        self.y = np.argmax(self.X @ rng.normal(size=(2, 3)) + 0.3 * rng.normal(size=(n, 3)), axis=1)
+
+    def time_fit_fixed_hyperparameters(self, n):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GaussianProcessClassifier(RBF(1.0, 1.0), multi_class="multinomial", optimizer=None).fit(self.X, self.y)
