@@ -141,6 +141,8 @@ class SiteProblem:
     #: EP tolerance during the type-II ML search when looser than the estimator's ``tol``
     #: (None: the estimator's); the final EP run at the learnt point always uses ``tol``.
     search_tol = None
+    #: L-BFGS-B's relative-reduction tolerance of the search (None: scipy's default)
+    search_ftol = None
 
     def __init__(self, kernel, likelihood, X, y, options):
         self.kernel = kernel
@@ -204,7 +206,8 @@ class SiteProblem:
                 self.options = dict(final_options, tol=self.search_tol)
             try:
                 theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
-                                                      n_restarts=n_restarts, rng=rng, stacklevel=5)
+                                                      n_restarts=n_restarts, rng=rng, stacklevel=5,
+                                                      ftol=self.search_ftol)
             except StopRequested:
                 theta = best["theta"] if best["theta"] is not None else np.asarray(hyper.theta0, dtype=float)
             finally:
