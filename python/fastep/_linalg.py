@@ -130,3 +130,56 @@ def cholesky_lower(A, *, what="the matrix"):
         raise np.linalg.LinAlgError(f"{what} is not positive definite (Cholesky factorisation failed at "
                                     f"pivot {info})" if info > 0 else f"dpotrf: illegal argument {-info}")
     return factor
+
+
+def batched_cholesky(A):
+    """Lower Cholesky factors of a stack of small symmetric matrices ``A`` (shape (n, c, c)).
+
+    Column by column over the stack with elementwise numpy (no BLAS, no LAPACK: c is the
+    number of classes, a few to tens). Returns ``(L, ok)``: ``ok[i]`` is False where ``A[i]``
+    is not positive definite (its ``L[i]`` is then meaningless).
+    """
+    A = np.asarray(A, dtype=np.float64)
+    n, c, _ = A.shape
+    L = np.zeros_like(A)
+    ok = np.ones(n, dtype=bool)
+    for j in range(c):
+        pivot = A[:, j, j] - np.sum(L[:, j, :j] * L[:, j, :j], axis=1)
+        ok &= pivot > 0
+        root = np.sqrt(np.where(pivot > 0, pivot, 1.0))
+        L[:, j, j] = root
+        for i in range(j + 1, c):
+            L[:, i, j] = (A[:, i, j] - np.sum(L[:, i, :j] * L[:, j, :j], axis=1)) / root
+    return L, ok
+
+
+def batched_cholesky_solve(L, b):
+    """``x[i] = (L[i] L[i]ᵀ)⁻¹ b[i]`` for a stack of lower factors ``L`` (n, c, c) and ``b`` (n, c)."""
+    n, c, _ = L.shape
+    z = np.array(b, dtype=np.float64)
+    for j in range(c):                                   # forward: L z = b
+        z[:, j] = (z[:, j] - np.sum(L[:, j, :j] * z[:, :j], axis=1)) / L[:, j, j]
+    for j in range(c - 1, -1, -1):                       # backward: Lᵀ x = z
+        z[:, j] = (z[:, j] - np.sum(L[:, j + 1:, j] * z[:, j + 1:], axis=1)) / L[:, j, j]
+    return z
+
+
+def batched_log_det_from_cholesky(L):
+    """``log|L Lᵀ|`` for each factor of the stack."""
+    return 2.0 * np.sum(np.log(np.diagonal(L, axis1=1, axis2=2)), axis=1)
+
+
+def batched_inverse_spd(A, *, what="the matrices"):
+    """Inverses of a stack of small symmetric positive-definite matrices (n, c, c), symmetrised.
+
+    Raises ``numpy.linalg.LinAlgError`` naming ``what`` if one is not positive definite.
+    """
+    L, ok = batched_cholesky(A)
+    if not np.all(ok):
+        raise np.linalg.LinAlgError(f"{what} are not all positive definite")
+    n, c, _ = L.shape
+    inverse = np.empty_like(L)
+    eye = np.eye(c)
+    for k in range(c):
+        inverse[:, :, k] = batched_cholesky_solve(L, np.broadcast_to(eye[k], (n, c)))
+    return 0.5 * (inverse + np.transpose(inverse, (0, 2, 1)))

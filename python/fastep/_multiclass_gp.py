@@ -29,7 +29,8 @@ from scipy.linalg import cho_factor, lapack, solve_triangular
 
 from ._epcore import multiclass_ep as _nested
 from ._gp_base import PREDICT_BATCH, SiteProblem
-from ._linalg import inner, matmul
+from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
+                      inner, matmul)
 from ._progress import sweep_callback_of
 from ._student_t_gp import dense_kernel_matrix
 
@@ -93,8 +94,7 @@ class MultinomialPosterior:
 
     def cavities(self, pi, nu):
         """Cavity natural parameters ``(Λ, η)``, shapes (n, c, c) and (n, c), and the marginals' ``(Λ_i, η_i)``."""
-        prec = np.linalg.inv(self.cov)
-        prec = 0.5 * (prec + np.transpose(prec, (0, 2, 1)))
+        prec = batched_inverse_spd(self.cov, what="the posterior's c x c marginal covariances")
         lin = np.einsum("iab,ib->ia", prec, self.mean)
         site_prec = -pi[:, :, None] * pi[:, None, :] / pi.sum(axis=1)[:, None, None]
         n, c = pi.shape
@@ -104,14 +104,15 @@ class MultinomialPosterior:
 
 def _log_normaliser_difference(cav_prec, cav_lin, marg_prec, marg_mean):
     """``Ψ(cavity) - Ψ(marginal)`` per site (batched); NaN where the cavity is not positive definite."""
-    sign_c, log_det_c = np.linalg.slogdet(cav_prec)
-    _, log_det_m = np.linalg.slogdet(marg_prec)
-    proper = sign_c > 0
+    cav_chol, proper = batched_cholesky(cav_prec)
+    marg_chol, _ = batched_cholesky(marg_prec)
     out = np.full(cav_prec.shape[0], np.nan)
     if np.any(proper):
-        cav_mean = np.linalg.solve(cav_prec[proper], cav_lin[proper][:, :, None])[:, :, 0]
+        cav_mean = batched_cholesky_solve(cav_chol[proper], cav_lin[proper])
+        log_det_c = batched_log_det_from_cholesky(cav_chol[proper])
+        log_det_m = batched_log_det_from_cholesky(marg_chol[proper])
         marg_lin = np.einsum("iab,ib->ia", marg_prec[proper], marg_mean[proper])
-        out[proper] = (-0.5 * log_det_c[proper] + 0.5 * log_det_m[proper]
+        out[proper] = (-0.5 * log_det_c + 0.5 * log_det_m
                        + 0.5 * np.sum(cav_lin[proper] * cav_mean, axis=1)
                        - 0.5 * np.sum(marg_lin * marg_mean[proper], axis=1))
     return out
