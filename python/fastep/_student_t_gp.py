@@ -17,6 +17,8 @@ cavities, so only the explicit dependence counts; the paper's §4.3):
 Prediction: ``E[f*] = k*ᵀ b``, ``Var[f*] = k** - k*ᵀ M k*`` (R&W eqs 3.60-3.61 with the sites
 in place of the noise).
 """
+import contextlib
+
 import numpy as np
 from scipy.linalg import cho_factor
 
@@ -91,7 +93,28 @@ class StudentTPredictor:
         return mean, np.maximum(var, 0.0)
 
 
-class StudentTGPProblem(SiteProblem):
+class RejectStuckDuringSearch:
+    """Policy of the fractional-EP problems: during the type-II ML search (evaluations with a
+    gradient) a run that found no proper step is a failed evaluation (``LinAlgError``, which the
+    search counts as ``-inf``): its energy is not at a fixed point and can be far above the
+    evidence. The final run at the learnt point keeps its result and warns instead."""
+
+    reject_stuck = False
+
+    @contextlib.contextmanager
+    def _search_evaluation(self, gradient):
+        self.reject_stuck = gradient
+        try:
+            yield
+        finally:
+            self.reject_stuck = False
+
+    def _reject_if_stuck(self, info):
+        if info["stuck"] and self.reject_stuck:
+            raise np.linalg.LinAlgError(f"{self.algorithm} found no step that keeps the posterior proper")
+
+
+class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
     """One robust regression problem: fractional EP runs, evidence, gradient, prediction state.
 
     ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options.
@@ -99,7 +122,6 @@ class StudentTGPProblem(SiteProblem):
 
     algorithm = "fractional EP"
     search_tol = 1e-2
-    reject_stuck = False
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
         super().__init__(kernel, likelihood, X, y, options)
@@ -123,10 +145,7 @@ class StudentTGPProblem(SiteProblem):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
-        if info["stuck"] and self.reject_stuck:
-            # during the search a run that found no proper step is a failed evaluation: its
-            # energy is not at a fixed point and can be far above the evidence
-            raise np.linalg.LinAlgError("fractional EP found no step that keeps the posterior proper")
+        self._reject_if_stuck(info)
         return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
                 "cavity": (cavity_mean, cavity_var), "info": info}
 
@@ -134,11 +153,8 @@ class StudentTGPProblem(SiteProblem):
         """Run fractional EP at ``params`` = ``(kernel, likelihood, None)``; ``(log_z, grad, info)``."""
         kernel, likelihood, _ = params
         K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
-        self.reject_stuck = gradient
-        try:
+        with self._search_evaluation(gradient):
             state = self.run(K, likelihood, warm)
-        finally:
-            self.reject_stuck = False
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
         weights = nu - tau * state["post_mean"]                 # b = ν - T μ

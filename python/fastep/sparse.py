@@ -75,6 +75,7 @@ from ._linalg import matmul
 from ._progress import CALLBACK_DOC, sweep_callback_of
 from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
+from ._student_t_gp import RejectStuckDuringSearch
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -217,14 +218,13 @@ class _BinarySparseEP(SiteProblem):
         return self.predictor.latent(Xs)
 
 
-class _StudentTSparseEP(_BinarySparseEP):
+class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     """Robust sparse regression: fractional EP with Student-t sites that may be negative
     (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`); the evidence gradient is the
     sparse one (its formulas hold for sites of any sign)."""
 
     algorithm = "sparse fractional EP"
     search_tol = 1e-2
-    reject_stuck = False
 
     def _run_once(self, prior, likelihood, warm):
         Vt, d = prior
@@ -241,18 +241,12 @@ class _StudentTSparseEP(_BinarySparseEP):
             raise np.linalg.LinAlgError(
                 f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
                 "increase jitter or check the kernel")
-        if info["stuck"] and self.reject_stuck:
-            # during the search a run that found no proper step is a failed evaluation: its
-            # energy is not at a fixed point and can be far above the evidence
-            raise np.linalg.LinAlgError("sparse fractional EP found no step that keeps the posterior proper")
+        self._reject_if_stuck(info)
         return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
 
     def evaluate(self, params, *, gradient, warm, keep=False):
-        self.reject_stuck = gradient
-        try:
+        with self._search_evaluation(gradient):
             return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
-        finally:
-            self.reject_stuck = False
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):

@@ -111,3 +111,21 @@ cdef inline bint interrupt_requested(SweepStats* stats) noexcept nogil:
         return False
     check.countdown = check.every
     return interrupt_poll(check)
+
+
+cdef inline double max_relative_site_change(int n, const double* tau_old, const double* nu_old,
+                                            const double* tau_new, const double* nu_new) noexcept nogil:
+    """Largest ``|new - old| / max(|old|, 1)`` over both site parameters of n sites (the
+    convergence measure of the parallel schedules that step all sites at once)."""
+    cdef int i
+    cdef double change, scale, largest = 0.0
+    for i in range(n):
+        scale = fabs(tau_old[i])
+        change = fabs(tau_new[i] - tau_old[i]) / (scale if scale > 1.0 else 1.0)
+        if change > largest:
+            largest = change
+        scale = fabs(nu_old[i])
+        change = fabs(nu_new[i] - nu_old[i]) / (scale if scale > 1.0 else 1.0)
+        if change > largest:
+            largest = change
+    return largest

@@ -48,6 +48,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport sqrt, log, log1p, fabs, isfinite
 from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize
 from fastep._epcore.sites cimport student_t_moments, student_t_log_norm, SITE_OK
+from fastep._epcore._common cimport max_relative_site_change
 
 cdef double _LOG_2PI = 1.8378770664093454836
 
@@ -243,8 +244,8 @@ def run_robust_gp_ep(const double[:, ::1] K, const double[::1] y, double dof, do
     trial_var_arr = np.empty(n)
     cdef double[::1] trial_var = trial_var_arr
     cdef int info, i, sweep, halving, n_failed = 0, n_halvings = 0
-    cdef double log_det = 0.0, quad = 0.0, sum_terms = 0.0, log_z, new_log_z, step, change, max_change = 0.0
-    cdef double log_z_change = 0.0, scale_t, scale_n
+    cdef double log_det = 0.0, quad = 0.0, sum_terms = 0.0, log_z, new_log_z, step, max_change = 0.0
+    cdef double log_z_change = 0.0
     cdef bint accepted, converged = False, stuck = False, stopped = False
     with nogil:
         info = potrf(True, n, &chol[0, 0], n)
@@ -296,17 +297,10 @@ def run_robust_gp_ep(const double[:, ::1] K, const double[::1] y, double dof, do
                 robust_factor(&chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
                               &x_work[0, 0], &vec[0, 0], &post_mean[0], &post_var[0], &log_det, &quad)
             break
-        max_change = 0.0
         with nogil:
+            max_change = max_relative_site_change(n, &site_precision[0], &site_natural_mean[0],
+                                                  &vec[4, 0], &vec[5, 0])
             for i in range(n):
-                scale_t = fabs(site_precision[i]) if fabs(site_precision[i]) > 1.0 else 1.0
-                scale_n = fabs(site_natural_mean[i]) if fabs(site_natural_mean[i]) > 1.0 else 1.0
-                change = fabs(vec[4, i] - site_precision[i]) / scale_t
-                if change > max_change:
-                    max_change = change
-                change = fabs(vec[5, i] - site_natural_mean[i]) / scale_n
-                if change > max_change:
-                    max_change = change
                 site_precision[i] = vec[4, i]
                 site_natural_mean[i] = vec[5, i]
                 post_mean[i] = vec[6, i]

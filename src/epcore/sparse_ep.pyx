@@ -118,7 +118,7 @@ from fastep._epcore.sites cimport (
     SITE_BAD_PARAMS, student_t_moments, student_t_log_norm,
 )
 from fastep._epcore._common cimport (
-    SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
+    SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record, max_relative_site_change,
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
     STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
@@ -1085,8 +1085,8 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
     vectors = np.empty((6, n))
     cdef double[:, ::1] vec = vectors     # rows: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
     cdef int info, i, sweep = 0, halving, n_failed = 0, n_halvings = 0
-    cdef double half_log_det = 0.0, quad_b = 0.0, log_z, new_log_z, step, change, max_change = 0.0
-    cdef double log_z_change = 0.0, scale_t, scale_n, sum_terms = 0.0
+    cdef double half_log_det = 0.0, quad_b = 0.0, log_z, new_log_z, step, max_change = 0.0
+    cdef double log_z_change = 0.0, sum_terms = 0.0
     cdef bint accepted, converged = False, stuck = False, stopped = False
     with nogil:
         info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
@@ -1129,17 +1129,10 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
                                &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
                                &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
             break
-        max_change = 0.0
         with nogil:
+            max_change = max_relative_site_change(n, &site_precision[0], &site_natural_mean[0],
+                                                  &vec[2, 0], &vec[3, 0])
             for i in range(n):
-                scale_t = fabs(site_precision[i]) if fabs(site_precision[i]) > 1.0 else 1.0
-                scale_n = fabs(site_natural_mean[i]) if fabs(site_natural_mean[i]) > 1.0 else 1.0
-                change = fabs(vec[2, i] - site_precision[i]) / scale_t
-                if change > max_change:
-                    max_change = change
-                change = fabs(vec[3, i] - site_natural_mean[i]) / scale_n
-                if change > max_change:
-                    max_change = change
                 site_precision[i] = vec[2, i]
                 site_natural_mean[i] = vec[3, i]
                 g_mean[i] = vec[4, i]
