@@ -10,10 +10,11 @@ import sys
 import textwrap
 import warnings
 
-import dask.array as da
-import distributed
 import numpy as np
 import pytest
+
+da = pytest.importorskip("dask.array", reason="the dask extra is not installed")
+distributed = pytest.importorskip("distributed", reason="the dask extra is not installed")
 
 from fastep import Logistic, Probit, SparseGPClassifier, SparseGPRegressor
 from fastep import _sparse_distributed as chunked
