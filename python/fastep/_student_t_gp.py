@@ -22,6 +22,7 @@ import contextlib
 import numpy as np
 from scipy.linalg import cho_factor
 
+from ._double_loop_ep import run_double_loop_ep
 from ._epcore import robust_ep as _engine
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._likelihood_params import likelihood_theta_gradient
@@ -117,7 +118,10 @@ class RejectStuckDuringSearch:
 class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
     """One robust regression problem: fractional EP runs, evidence, gradient, prediction state.
 
-    ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options.
+    ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options. A run of
+    parallel fractional EP that stalls or does not converge continues with the double-loop
+    algorithm (:mod:`fastep._double_loop_ep`) from its last sites, except during the type-II
+    ML search, where a stalled run is a failed evaluation (:class:`RejectStuckDuringSearch`).
     """
 
     algorithm = "fractional EP"
@@ -141,11 +145,21 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             cavity_mean, cavity_var, damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], post_cov=post_cov,
             sweep_callback=sweep_callback_of(opts))
+        self._reject_if_stuck(info)
+        self.algorithm = type(self).algorithm
+        if (info["stuck"] or not info["converged"]) and not info["stopped"] and not self.reject_stuck:
+            parallel = info
+            info = run_double_loop_ep(
+                K, self.y, likelihood.dof, likelihood.scale, opts["power"], tau, nu, post_mean, post_var,
+                cavity_mean, cavity_var, tol=opts["tol"], max_outer=opts["max_sweeps"], post_cov=post_cov,
+                sweep_callback=sweep_callback_of(opts))
+            info["n_sweeps"] += parallel["n_sweeps"]
+            info["n_halvings"] = parallel["n_halvings"]
+            self.algorithm = "fractional EP (double-loop fallback)"
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
-        self._reject_if_stuck(info)
         return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
                 "cavity": (cavity_mean, cavity_var), "info": info}
 

@@ -156,6 +156,101 @@ cdef int robust_targets(const double* y, int n, double dof, double scale, double
     return n_failed
 
 
+cdef str _NOT_PD = ("the kernel matrix is not positive definite (its Cholesky factorisation failed); "
+                     "increase jitter or add a White kernel term")
+
+
+cdef int _lower_cholesky(double* a, int n) noexcept nogil:
+    """``potrf`` of the row-major ``a`` in place, then zero its strict upper triangle."""
+    cdef int i, j, info = potrf(True, n, a, n)
+    if info == 0:
+        for i in range(n):
+            for j in range(i + 1, n):
+                a[i * n + j] = 0.0
+    return info
+
+
+def kernel_cholesky(const double[:, ::1] K):
+    """The lower Cholesky factor ``L_K`` of ``K`` with a zero upper triangle (C-contiguous).
+
+    The form :func:`site_posterior` takes.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        ``K`` is not positive definite.
+    """
+    cdef int n = K.shape[0]
+    if K.shape[1] != n:
+        raise ValueError(f"K must be square, got shape {(K.shape[0], K.shape[1])}")
+    chol_arr = np.array(K, dtype=np.float64, order="C")
+    if n == 0:
+        return chol_arr
+    cdef double[:, ::1] chol = chol_arr
+    cdef int info
+    with nogil:
+        info = _lower_cholesky(&chol[0, 0], n)
+    if info != 0:
+        raise np.linalg.LinAlgError(_NOT_PD)
+    return chol_arr
+
+
+def site_posterior(const double[:, ::1] K_chol, const double[::1] site_precision,
+                   const double[::1] site_natural_mean, double[::1] post_mean, double[::1] post_var,
+                   post_cov=None):
+    """The GP posterior of sites of any sign (module docstring): ``Σ = (K⁻¹ + T)⁻¹``, ``μ = Σν``.
+
+    Parameters
+    ----------
+    K_chol : ndarray (n, n)
+        ``L_K`` from :func:`kernel_cholesky`.
+    site_precision, site_natural_mean : ndarray (n,)
+        τ and ν of the sites.
+    post_mean, post_var : ndarray (n,)
+        Outputs: μ and the diagonal of Σ.
+    post_cov : ndarray (n, n) or None
+        If given (writeable, C-contiguous), receives Σ.
+
+    Returns
+    -------
+    tuple of float or None
+        ``(log|I + K T|, νᵀ Σ ν)``, or None if the posterior is improper (``K⁻¹ + T`` is not
+        positive definite; the outputs are then undefined).
+    """
+    cdef int n = K_chol.shape[0]
+    if K_chol.shape[1] != n:
+        raise ValueError("K_chol must be square")
+    for name, arg in (("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
+                      ("post_mean", post_mean), ("post_var", post_var)):
+        if arg.shape[0] != n:
+            raise ValueError(f"{name} must have length n = {n}, got {arg.shape[0]}")
+    cdef double[:, ::1] cov_view
+    if post_cov is not None:
+        if not (isinstance(post_cov, np.ndarray) and post_cov.dtype == np.float64
+                and post_cov.shape == (n, n) and post_cov.flags.c_contiguous and post_cov.flags.writeable):
+            raise ValueError("post_cov must be a writeable C-contiguous float64 (n, n) array")
+        cov_view = post_cov
+    if n == 0:
+        return 0.0, 0.0
+    a_arr = np.empty((n, n))
+    x_arr = np.empty((n, n))
+    tmp_arr = np.empty(n)
+    cdef double[:, ::1] a_work = a_arr
+    cdef double[:, ::1] x_work = x_arr
+    cdef double[::1] tmp = tmp_arr
+    cdef double log_det = 0.0, quad = 0.0
+    cdef int info
+    with nogil:
+        info = robust_factor(&K_chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
+                             &x_work[0, 0], &tmp[0], &post_mean[0], &post_var[0], &log_det, &quad)
+        if info == 0 and post_cov is not None:
+            syrk(True, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
+            symmetrize(True, n, &cov_view[0, 0], n)
+    if info != 0:
+        return None
+    return float(log_det), float(quad)
+
+
 def run_robust_gp_ep(const double[:, ::1] K, const double[::1] y, double dof, double scale,
                      double power, double[::1] site_precision, double[::1] site_natural_mean,
                      double[::1] post_mean, double[::1] post_var, double[::1] cavity_mean,
@@ -248,15 +343,9 @@ def run_robust_gp_ep(const double[:, ::1] K, const double[::1] y, double dof, do
     cdef double log_z_change = 0.0
     cdef bint accepted, converged = False, stuck = False, stopped = False
     with nogil:
-        info = potrf(True, n, &chol[0, 0], n)
-        if info == 0:
-            for i in range(n):                      # zero the strict upper triangle
-                for sweep in range(i + 1, n):
-                    chol[i, sweep] = 0.0
+        info = _lower_cholesky(&chol[0, 0], n)
     if info != 0:
-        raise np.linalg.LinAlgError(
-            "the kernel matrix is not positive definite (its Cholesky factorisation failed); "
-            "increase jitter or add a White kernel term")
+        raise np.linalg.LinAlgError(_NOT_PD)
     with nogil:
         info = robust_factor(&chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
                              &x_work[0, 0], &vec[0, 0], &post_mean[0], &post_var[0], &log_det, &quad)

@@ -21,12 +21,19 @@ Evidence (the fractional EP energy)::
 
 with ``Ψ(τ, ν) = ½ log 2π - ½ log τ + ν²/(2τ)`` (the log normaliser of a Gaussian in natural
 parameters) and the first term ``-½ log|I + K T| + ½ νᵀΣν``.
+
+Double loop (:mod:`fastep._double_loop_ep`; Heskes & Zoeter 2002): its inner objective
+``J(a; θ)`` and gradient written out with explicit inverses and quadrature moments
+(:func:`double_loop_inner_objective`), and the fixed-point test of its result
+(:func:`fixed_point_residual`): plain checks of the library's Newton iterations, which are too
+many to repeat by quadrature.
 """
 import numpy as np
 
 from .sites import student_t_moments
 
-__all__ = ["posterior", "log_marginal_likelihood", "run_fractional_ep"]
+__all__ = ["posterior", "log_marginal_likelihood", "run_fractional_ep", "double_loop_inner_objective",
+           "fixed_point_residual"]
 
 
 def posterior(K, tau, nu):
@@ -93,3 +100,56 @@ def run_fractional_ep(K, y, dof, scale, power, *, damping=0.5, n_sweeps=10, max_
             break
         tau, nu = tau_new, nu_new
     return tau, nu
+
+
+def _tilted_moments(y, a_tau, a_nu, dof, scale, power):
+    """Tilted ``(log normaliser g, mean, variance)`` of ``exp(-a_τ f²/2 + a_ν f) t(y | f)^η``."""
+    v_c = 1.0 / a_tau
+    m_c = a_nu * v_c
+    log_z, alpha, beta, _, _ = student_t_moments(y, m_c, v_c, dof, scale, power)
+    return log_z + _log_normaliser(a_tau, a_nu), m_c + v_c * alpha, v_c - v_c ** 2 * beta
+
+
+def _expected_stats(mean, var):
+    """``E[φ(f)]`` for ``φ = (-f²/2, f)`` under Gaussians of the given moments (stacked)."""
+    return np.concatenate([-0.5 * (var + mean * mean), mean])
+
+
+def double_loop_inner_objective(K, y, theta_tau, theta_nu, a, dof, scale, power):
+    """``(J(a; θ), ∇J)`` of the double loop's inner problem, or None outside its domain.
+
+    ``a`` stacks the cavity precisions and natural means; ``J = -½ log|I + K T| + ½ νᵀΣν +
+    (1/η) Σ_i g_i(a_i)`` for the sites ``(θ - a)/η`` (``g_i`` the tilted log normaliser), and
+    ``∇J = (E_tilted[φ] - E_q[φ])/η`` with ``φ = (-f²/2, f)``.
+    """
+    n = theta_tau.size
+    a_tau, a_nu = a[:n], a[n:]
+    if np.any(a_tau <= 0):
+        return None
+    s_tau, s_nu = (theta_tau - a_tau) / power, (theta_nu - a_nu) / power
+    post = posterior(K, s_tau, s_nu)
+    if post is None:
+        return None
+    cov, mean = post
+    sign, log_det = np.linalg.slogdet(np.eye(n) + K @ np.diag(s_tau))
+    g, t_mean, t_var = _tilted_moments(y, a_tau, a_nu, dof, scale, power)
+    if sign <= 0 or np.any(t_var <= 0) or not np.all(np.isfinite(g)):
+        return None
+    value = -0.5 * log_det + 0.5 * s_nu @ cov @ s_nu + np.sum(g) / power
+    grad = (_expected_stats(t_mean, t_var) - _expected_stats(mean, np.diag(cov))) / power
+    return value, grad
+
+
+def fixed_point_residual(K, y, tau, nu, dof, scale, power):
+    """How far the sites ``(τ, ν)`` are from a fractional EP fixed point.
+
+    The largest ``|m̂_i - μ_i|/sqrt(Σ_ii)`` or ``|v̂_i - Σ_ii|/Σ_ii`` between the tilted moments
+    at the fractional cavities and the posterior marginals (``inf`` if a cavity is improper).
+    """
+    cov, mean = posterior(K, tau, nu)
+    var = np.diag(cov)
+    tau_c, nu_c = _cavities(cov, mean, tau, nu, power)
+    if np.any(tau_c <= 0):
+        return np.inf
+    _, t_mean, t_var = _tilted_moments(y, tau_c, nu_c, dof, scale, power)
+    return float(max(np.max(np.abs(t_mean - mean) / np.sqrt(var)), np.max(np.abs(t_var - var) / var)))

@@ -1,0 +1,381 @@
+"""Double-loop (convergent) fractional EP for GP regression with Student-t sites.
+
+The fallback of :func:`fastep._epcore.robust_ep.run_robust_gp_ep` when damped parallel
+fractional EP stalls (no step keeps the posterior and the cavities proper) or does not
+converge. It maximises the same fractional EP energy by the double-loop scheme of Heskes &
+Zoeter ("Expectation propagation for approximate inference in dynamic Bayesian networks",
+UAI 2002, §4), which Jylänki, Vanhatalo & Vehtari ("Robust Gaussian process regression with a
+Student-t likelihood", JMLR 2011, §4.2) use for the Student-t model when parallel EP fails.
+
+Notation: ``φ(f) = (-f²/2, f)``; natural parameters ``(precision, precision × mean)``. The
+sites ``s_i``, the cavities ``a_i`` and the marginal parameters ``θ_i`` are tied by
+``a_i = θ_i - η s_i`` (η the fractional power). With
+``Φ(s) = log ∫ N(f; 0, K) Π_i exp(s_i·φ(f_i)) df = -½ log|I + K T| + ½ νᵀΣν`` and the tilted
+log-partition ``g_i(a) = log ∫ exp(a·φ(f)) t(y_i | f)^η df`` the fractional EP energy (the
+paper's eq 14) is
+
+    G(θ) = min_a J(a; θ) - (1/η) Σ_i Ψ(θ_i),     J(a; θ) = Φ((θ - a)/η) + (1/η) Σ_i g_i(a_i),
+
+``Ψ`` the log normaliser of a 1-D Gaussian. J is convex in ``a`` (Φ and every ``g_i`` are
+log-partition functions), and its stationarity is moment matching, ``E_q[φ(f_i)] =
+E_tilted_i[φ]``; G is stationary exactly where, in addition, ``θ_i`` are the marginals of q:
+the fixed points of fractional EP.
+
+* Inner loop: minimise ``J(·; θ)`` over the cavities by Newton's method. Gradient
+  ``(E_tilted[φ] - E_q[φ])/η``; Hessian ``Cov_q[φ]/η² + (1/η) blockdiag(Cov_tilted_i[φ])``
+  (the first from Σ and μ: ``Cov(f_i, f_j) = Σ_ij``, ``Cov(-f_i²/2, f_j) = -μ_i Σ_ij``,
+  ``Cov(f_i²/2, f_j²/2) = ½ Σ_ij² + μ_i μ_j Σ_ij``; the 2×2 tilted blocks by central
+  differences of the tilted moments). A projected Newton method: cavity precisions at their
+  bound (below) that J's gradient pushes further down are held, the others take the Newton
+  step, and the step is halved (Armijo) until J decreases with q proper.
+* Outer loop: ``θ ← `` the marginals of the inner solution's q. Linearising the convex
+  ``min_a J`` at the current θ gives a concave lower bound of G that touches it there and
+  is maximised by that θ, so G never decreases (up to the inner loop's tolerance).
+
+Cavity bounds: a cavity precision stays at or above ``1/(cavity_variance_limit · K_ii)`` (a
+cavity at most that many times wider than the prior). With heavy-tailed sites the inner
+problem's infimum can otherwise lie at a flat cavity, where Newton steps shrink to nothing.
+The number of cavities that end at their bound is reported (``n_limited``); there the result
+is the constrained optimum, not a fixed point.
+
+Stopping: the marginals of q moved by less than ``tol`` in an outer iteration (means relative
+to the standard deviation, variances relative) and the energy changed by less than ``tol``
+relative. Marginals rather than sites: a site that is tiny beside its marginal (an outlier's)
+sits in a flat direction of J, and its value is determined only loosely while the
+approximation it gives is not.
+"""
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+
+from ._epcore import robust_ep as _engine
+from ._epcore.sites import student_t_moments_array
+
+__all__ = ["run_double_loop_ep"]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+#: A cavity precision this close to its bound (relative) is held there while J's gradient
+#: pushes it down (the projected Newton method's active set).
+ACTIVE_GAP = 1e-3
+#: Relative step of the central differences for the tilted covariance blocks.
+FD_STEP = 1e-4
+#: Armijo sufficient-decrease constant and the largest number of step halvings.
+ARMIJO = 1e-4
+MAX_HALVINGS = 40
+#: An inner minimisation stops when the tilted and marginal moments agree to this (relative to
+#: the marginal standard deviation and variance), or when the Newton decrement is below 1e-12 |J|.
+INNER_TOL = 1e-9
+
+
+def _log_normaliser(precision, natural_mean):
+    """``Ψ(τ, ν) = ½ log 2π - ½ log τ + ν²/(2τ)``."""
+    return 0.5 * _LOG_2PI - 0.5 * np.log(precision) + 0.5 * natural_mean * natural_mean / precision
+
+
+class _Tilted:
+    """Tilted moments ``E[φ]`` of ``exp(a·φ(f)) t(y_i | f)^η`` and their log-partition."""
+
+    def __init__(self, y, dof, scale, power):
+        self.y, self.dof, self.scale, self.power = y, dof, scale, power
+
+    def moments(self, a_tau, a_nu):
+        """``(g, mean, var)`` per site, or None if a site's moments fail or are not finite."""
+        var_c = 1.0 / a_tau
+        mean_c = a_nu * var_c
+        try:
+            log_z, alpha, beta, _, _ = student_t_moments_array(self.dof, self.scale, self.power,
+                                                               self.y, mean_c, var_c)
+        except ValueError:
+            return None
+        mean = mean_c + var_c * alpha
+        var = var_c * (1.0 - var_c * beta)
+        g = log_z + _log_normaliser(a_tau, a_nu)
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(mean)) and np.all(var > 0)):
+            return None
+        return g, mean, var
+
+    def covariance(self, a_tau, a_nu, mean, var):
+        """The 2×2 blocks ``Cov_tilted[φ] = ∂E_tilted[φ]/∂a`` by central differences.
+
+        Where a difference fails or gives a block that is not positive definite, the block
+        of the Gaussian with the tilted mean and variance is used instead.
+        """
+        gauss = (0.5 * var * var + mean * mean * var, -mean * var, var.copy())
+        h_tau = FD_STEP * a_tau
+        h_nu = FD_STEP * np.sqrt(a_tau)
+        points = [self.moments(a_tau + h_tau, a_nu), self.moments(a_tau - h_tau, a_nu),
+                  self.moments(a_tau, a_nu + h_nu), self.moments(a_tau, a_nu - h_nu)]
+        if any(p is None for p in points):
+            return gauss
+        (_, m1, v1), (_, m2, v2), (_, m3, v3), (_, m4, v4) = points
+        d_tau_tau = (-0.5 * (v1 + m1 * m1) + 0.5 * (v2 + m2 * m2)) / (2.0 * h_tau)
+        d_nu_tau = (m1 - m2) / (2.0 * h_tau)
+        d_tau_nu = (-0.5 * (v3 + m3 * m3) + 0.5 * (v4 + m4 * m4)) / (2.0 * h_nu)
+        d_nu_nu = (m3 - m4) / (2.0 * h_nu)
+        off = 0.5 * (d_nu_tau + d_tau_nu)
+        good = (d_tau_tau > 0) & (d_nu_nu > 0) & (d_tau_tau * d_nu_nu - off * off > 0) & np.isfinite(off)
+        return (np.where(good, d_tau_tau, gauss[0]), np.where(good, off, gauss[1]),
+                np.where(good, d_nu_nu, gauss[2]))
+
+
+def _moment_mismatch(point, sites=slice(None)):
+    """Largest ``|m̂ - μ_i|/sqrt(Σ_ii)`` or ``|v̂ - Σ_ii|/Σ_ii`` between tilted and marginal moments."""
+    var = point["post_var"][sites]
+    return float(max(np.max(np.abs(point["tilted_mean"][sites] - point["post_mean"][sites]) / np.sqrt(var),
+                            initial=0.0),
+                     np.max(np.abs(point["tilted_var"][sites] - var) / var, initial=0.0)))
+
+
+class _Inner:
+    """``J(·; θ)`` of one outer iteration: values, Newton steps, the minimisation."""
+
+    def __init__(self, K_chol, tilted, power, theta_tau, theta_nu, bound):
+        self.K_chol, self.tilted, self.power = K_chol, tilted, power
+        self.theta_tau, self.theta_nu, self.bound = theta_tau, theta_nu, bound
+        n = theta_tau.shape[0]
+        self.post_mean, self.post_var = np.empty(n), np.empty(n)
+
+    def sites(self, a_tau, a_nu):
+        return (self.theta_tau - a_tau) / self.power, (self.theta_nu - a_nu) / self.power
+
+    def evaluate(self, a_tau, a_nu, want_cov):
+        """J and what its derivatives need, or None outside the domain."""
+        if not np.all(a_tau >= self.bound):
+            return None
+        s_tau, s_nu = self.sites(a_tau, a_nu)
+        n = a_tau.shape[0]
+        cov = np.empty((n, n)) if want_cov else None
+        post_mean, post_var = np.empty(n), np.empty(n)
+        factor = _engine.site_posterior(self.K_chol, s_tau, s_nu, post_mean, post_var, cov)
+        if factor is None or not np.all(post_var > 0):
+            return None
+        tilted = self.tilted.moments(a_tau, a_nu)
+        if tilted is None:
+            return None
+        g, mean_t, var_t = tilted
+        log_det, quad = factor
+        value = -0.5 * log_det + 0.5 * quad + np.sum(g) / self.power
+        if not np.isfinite(value):
+            return None
+        return {"value": value, "a": (a_tau, a_nu), "cov": cov, "post_mean": post_mean,
+                "post_var": post_var, "tilted_mean": mean_t, "tilted_var": var_t}
+
+    def newton_step(self, point):
+        """Projected Newton step at an evaluated point: ``(direction, gradient, active)``.
+
+        Cavity precisions within ``ACTIVE_GAP`` (relative) of their bound whose gradient
+        pushes them further down are held (``active``); the step solves the Newton system of
+        the others. Returns ``(None, gradient, active)`` if that system cannot be solved.
+        """
+        eta = self.power
+        a_tau, a_nu = point["a"]
+        S, mu = point["cov"], point["post_mean"]
+        mean_t, var_t = point["tilted_mean"], point["tilted_var"]
+        n = mu.shape[0]
+        grad = np.concatenate([(-0.5 * (var_t + mean_t * mean_t) + 0.5 * (point["post_var"] + mu * mu)) / eta,
+                               (mean_t - mu) / eta])
+        active = (a_tau - self.bound <= ACTIVE_GAP * self.bound) & (grad[:n] > 0)
+        free = np.concatenate([~active, np.ones(n, dtype=bool)])
+        H = np.empty((2 * n, 2 * n))
+        scale = 1.0 / (eta * eta)
+        H[:n, :n] = (0.5 * S + mu[:, None] * mu[None, :]) * S * scale
+        H[:n, n:] = -(mu[:, None] * S) * scale
+        H[n:, :n] = H[:n, n:].T
+        H[n:, n:] = S * scale
+        c_tt, c_tn, c_nn = self.tilted.covariance(a_tau, a_nu, mean_t, var_t)
+        idx = np.arange(n)
+        H[idx, idx] += c_tt / eta
+        H[idx, idx + n] += c_tn / eta
+        H[idx + n, idx] += c_tn / eta
+        H[idx + n, idx + n] += c_nn / eta
+        H = H[np.ix_(free, free)]
+        m = H.shape[0]
+        diag = np.abs(np.diagonal(H)).copy()
+        shift = 0.0
+        for _ in range(20):
+            try:
+                factor = cho_factor(H, lower=True, check_finite=False)
+                break
+            except np.linalg.LinAlgError:         # rounding in a nearly singular Cov_q
+                shift = 1e-12 if shift == 0.0 else shift * 100.0
+                H[np.arange(m), np.arange(m)] += shift * diag
+        else:
+            return None, grad, active
+        direction = np.zeros(2 * n)
+        direction[free] = -cho_solve(factor, grad[free], check_finite=False)
+        if not np.all(np.isfinite(direction)):
+            return None, grad, active
+        return direction, grad, active
+
+    def minimise(self, point, max_newton):
+        """Projected damped Newton from an evaluated point; ``(point, n_newton, converged)``."""
+        n = point["post_mean"].shape[0]
+        for it in range(max_newton):
+            direction, grad, active = self.newton_step(point)
+            if direction is None:
+                return point, it, False
+            decrement = -float(np.dot(grad, direction))
+            if decrement < 1e-15 * max(1.0, abs(point["value"])) or _moment_mismatch(point, ~active) < INNER_TOL:
+                return point, it, True
+            a_tau, a_nu = point["a"]
+            step = 1.0
+            for _ in range(MAX_HALVINGS):
+                trial_tau = np.maximum(a_tau + step * direction[:n], self.bound)
+                trial_nu = a_nu + step * direction[n:]
+                trial = self.evaluate(trial_tau, trial_nu, want_cov=True)
+                if trial is not None:
+                    predicted = float(np.dot(grad[:n], trial_tau - a_tau) + np.dot(grad[n:], trial_nu - a_nu))
+                    if trial["value"] <= point["value"] + ARMIJO * predicted:
+                        break
+                step *= 0.5
+            else:
+                return point, it + 1, False
+            point = trial
+        return point, max_newton, False
+
+
+def _proper_start(inner, s_tau, s_nu):
+    """An evaluated feasible point: the cavities of the sites ``λ s`` for the largest λ in
+    1, ½, ¼, ... (λ = 0 is the prior, always proper), or None."""
+    lam = 1.0
+    while True:
+        point = inner.evaluate(inner.theta_tau - inner.power * lam * s_tau,
+                               inner.theta_nu - inner.power * lam * s_nu, want_cov=True)
+        if point is not None or lam == 0.0:
+            return point
+        lam = lam * 0.5 if lam > 1e-6 else 0.0
+
+
+def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
+                       cavity_mean, cavity_var, *, tol=1e-4, max_outer=200, max_newton=50,
+                       cavity_variance_limit=100.0, post_cov=None, sweep_callback=None):
+    """Double-loop fractional EP (module docstring) from the given sites, which must give a
+    proper posterior (zeros: the prior).
+
+    Parameters
+    ----------
+    K : ndarray (n, n)
+        Prior covariance, positive definite.
+    y : ndarray (n,)
+    dof, scale : float > 0
+        Student-t ν and σ.
+    power : float in (0, 1]
+        The fraction η.
+    site_precision, site_natural_mean : ndarray (n,)
+        Start sites, updated in place to the final sites.
+    post_mean, post_var, cavity_mean, cavity_var : ndarray (n,)
+        Outputs: the posterior marginals and the final fractional cavities (cavity variance
+        -1 where a cavity is improper).
+    tol : float > 0
+    max_outer : int >= 1
+        Outer iterations.
+    max_newton : int >= 1
+        Newton steps per inner minimisation.
+    cavity_variance_limit : float > 1
+        A cavity's variance stays below this multiple of the prior variance ``K_ii``.
+    post_cov : ndarray (n, n) or None
+        If given, receives the posterior covariance at the end.
+    sweep_callback : callable or None
+        ``callback(outer, max_change, log_z)`` after every outer iteration; returning False
+        stops the run.
+
+    Returns
+    -------
+    dict
+        As :func:`fastep._epcore.robust_ep.run_robust_gp_ep` (``n_sweeps`` counts outer
+        iterations; ``stuck``: an inner minimisation could not start), plus ``n_newton``,
+        ``n_limited`` (cavities at their variance bound), ``inner_failures`` (inner loops
+        that stopped before their tolerance) and ``energy`` (G after every outer iteration).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._double_loop_ep import run_double_loop_ep
+    >>> x = np.linspace(0, 1, 8)
+    >>> K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-6 * np.eye(8)
+    >>> y = np.sin(3 * x); y[2] = 4.0
+    >>> tau, nu, out = np.zeros(8), np.zeros(8), [np.empty(8) for _ in range(4)]
+    >>> info = run_double_loop_ep(K, y, 4.0, 0.1, 0.5, tau, nu, *out)
+    >>> info["converged"]
+    True
+    """
+    K = np.ascontiguousarray(K, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    n = K.shape[0]
+    if not (0.0 < power <= 1.0):
+        raise ValueError(f"power must be in (0, 1], got {power!r}")
+    if not (tol > 0 and max_outer >= 1 and max_newton >= 1 and cavity_variance_limit > 1):
+        raise ValueError("tol must be > 0, max_outer and max_newton >= 1, cavity_variance_limit > 1")
+    K_chol = _engine.kernel_cholesky(K)
+    tilted = _Tilted(y, float(dof), float(scale), float(power))
+    s_tau = np.array(site_precision, dtype=np.float64)
+    s_nu = np.array(site_natural_mean, dtype=np.float64)
+    if _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var) is None:
+        raise np.linalg.LinAlgError("the start sites give an improper posterior; start from zero sites")
+    theta_tau, theta_nu = 1.0 / post_var, post_mean / post_var
+    prior_bound = 1.0 / (cavity_variance_limit * np.diagonal(K))
+    energy, n_newton, inner_failures = [], 0, 0
+    max_change = log_z_change = np.inf
+    converged = stopped = stuck = False
+    point = None
+    outer = 0
+    while outer < max_outer:
+        outer += 1
+        bound = np.minimum(prior_bound, 0.5 * theta_tau)
+        inner = _Inner(K_chol, tilted, power, theta_tau, theta_nu, bound)
+        start = None
+        if point is not None:
+            start = inner.evaluate(*point["a"], want_cov=True)
+        if start is None:
+            start = _proper_start(inner, s_tau, s_nu)
+        if start is None:
+            stuck = True
+            break
+        point, steps, ok = inner.minimise(start, max_newton)
+        n_newton += steps
+        inner_failures += not ok
+        new_tau, new_nu = inner.sites(*point["a"])
+        G = float(point["value"] - np.sum(_log_normaliser(theta_tau, theta_nu)) / power)
+        old_mean, old_var = theta_nu / theta_tau, 1.0 / theta_tau
+        max_change = float(max(np.max(np.abs(point["post_mean"] - old_mean) / np.sqrt(old_var), initial=0.0),
+                               np.max(np.abs(point["post_var"] - old_var) / old_var, initial=0.0)))
+        log_z_change = abs(G - energy[-1]) if energy else np.inf
+        energy.append(G)
+        s_tau, s_nu = new_tau, new_nu
+        theta_tau = 1.0 / point["post_var"]
+        theta_nu = point["post_mean"] / point["post_var"]
+        if sweep_callback is not None and sweep_callback(outer, max_change, G) is False:
+            stopped = True
+            break
+        if max_change < tol and log_z_change < tol * max(1.0, abs(G)):
+            converged = True
+            break
+    site_precision[:] = s_tau
+    site_natural_mean[:] = s_nu
+    n_limited = 0 if point is None else int(np.sum(point["a"][0] - bound <= ACTIVE_GAP * bound))
+    log_z, n_failed = _final_state(K_chol, tilted, power, s_tau, s_nu, post_mean, post_var,
+                                   cavity_mean, cavity_var, post_cov)
+    return {"log_z": log_z, "n_sweeps": outer, "converged": bool(converged and n_failed == 0),
+            "max_change": max_change, "log_z_change": float(log_z_change), "n_failed": n_failed,
+            "n_halvings": 0, "stuck": stuck, "stopped": stopped, "n_newton": n_newton,
+            "n_limited": n_limited, "inner_failures": inner_failures, "energy": energy}
+
+
+def _final_state(K_chol, tilted, power, s_tau, s_nu, post_mean, post_var, cavity_mean, cavity_var, post_cov):
+    """Posterior, fractional cavities and the fractional EP energy of the final sites."""
+    log_det, quad = _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var, post_cov)
+    tau_c = 1.0 / post_var - power * s_tau
+    nu_c = post_mean / post_var - power * s_nu
+    proper = tau_c > 0
+    cavity_var[:] = -1.0
+    cavity_mean[:] = 0.0
+    cavity_var[proper] = 1.0 / tau_c[proper]
+    cavity_mean[proper] = nu_c[proper] / tau_c[proper]
+    n_failed = int(np.sum(~proper))
+    if n_failed:
+        return float("nan"), n_failed
+    moments = tilted.moments(tau_c, nu_c)
+    if moments is None:
+        return float("nan"), len(s_tau)
+    g = moments[0]
+    terms = g - _log_normaliser(1.0 / post_var, post_mean / post_var)
+    return float(-0.5 * log_det + 0.5 * quad + np.sum(terms) / power), 0
