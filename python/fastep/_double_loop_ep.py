@@ -79,16 +79,17 @@ class _Tilted:
 
     def moments(self, a_tau, a_nu):
         """``(g, mean, var)`` per site, or None if a site's moments fail or are not finite."""
-        var_c = 1.0 / a_tau
-        mean_c = a_nu * var_c
-        try:
-            log_z, alpha, beta, _, _ = student_t_moments_array(self.dof, self.scale, self.power,
-                                                               self.y, mean_c, var_c)
-        except ValueError:
-            return None
-        mean = mean_c + var_c * alpha
-        var = var_c * (1.0 - var_c * beta)
-        g = log_z + _log_normaliser(a_tau, a_nu)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # checked below
+            var_c = 1.0 / a_tau
+            mean_c = a_nu * var_c
+            try:
+                log_z, alpha, beta, _, _ = student_t_moments_array(self.dof, self.scale, self.power,
+                                                                   self.y, mean_c, var_c)
+            except ValueError:
+                return None
+            mean = mean_c + var_c * alpha
+            var = var_c * (1.0 - var_c * beta)
+            g = log_z + _log_normaliser(a_tau, a_nu)
         if not (np.all(np.isfinite(g)) and np.all(np.isfinite(mean)) and np.all(var > 0)):
             return None
         return g, mean, var
@@ -106,13 +107,20 @@ class _Tilted:
                   self.moments(a_tau, a_nu + h_nu), self.moments(a_tau, a_nu - h_nu)]
         if any(p is None for p in points):
             return gauss
+        with np.errstate(over="ignore", invalid="ignore"):     # non-finite blocks are replaced below
+            return self._difference_blocks(points, h_tau, h_nu, gauss)
+
+    @staticmethod
+    def _difference_blocks(points, h_tau, h_nu, gauss):
+        """Central differences of ``E[φ] = (-(v + m²)/2, m)`` in ``a_τ`` and ``a_ν``, symmetrised."""
         (_, m1, v1), (_, m2, v2), (_, m3, v3), (_, m4, v4) = points
         d_tau_tau = (-0.5 * (v1 + m1 * m1) + 0.5 * (v2 + m2 * m2)) / (2.0 * h_tau)
         d_nu_tau = (m1 - m2) / (2.0 * h_tau)
         d_tau_nu = (-0.5 * (v3 + m3 * m3) + 0.5 * (v4 + m4 * m4)) / (2.0 * h_nu)
         d_nu_nu = (m3 - m4) / (2.0 * h_nu)
         off = 0.5 * (d_nu_tau + d_tau_nu)
-        good = (d_tau_tau > 0) & (d_nu_nu > 0) & (d_tau_tau * d_nu_nu - off * off > 0) & np.isfinite(off)
+        good = ((d_tau_tau > 0) & (d_nu_nu > 0) & (d_tau_tau * d_nu_nu - off * off > 0) & np.isfinite(off)
+                & np.isfinite(d_tau_tau) & np.isfinite(d_nu_nu))
         return (np.where(good, d_tau_tau, gauss[0]), np.where(good, off, gauss[1]),
                 np.where(good, d_nu_nu, gauss[2]))
 
@@ -131,10 +139,9 @@ class _Inner:
     def __init__(self, K_chol, tilted, power, theta_tau, theta_nu, bound):
         self.K_chol, self.tilted, self.power = K_chol, tilted, power
         self.theta_tau, self.theta_nu, self.bound = theta_tau, theta_nu, bound
-        n = theta_tau.shape[0]
-        self.post_mean, self.post_var = np.empty(n), np.empty(n)
 
     def sites(self, a_tau, a_nu):
+        """The sites ``(θ - a)/η`` of the cavities ``a``."""
         return (self.theta_tau - a_tau) / self.power, (self.theta_nu - a_nu) / self.power
 
     def evaluate(self, a_tau, a_nu, want_cov):
@@ -224,7 +231,7 @@ class _Inner:
                 trial = self.evaluate(trial_tau, trial_nu, want_cov=True)
                 if trial is not None:
                     predicted = float(np.dot(grad[:n], trial_tau - a_tau) + np.dot(grad[n:], trial_nu - a_nu))
-                    if trial["value"] <= point["value"] + ARMIJO * predicted:
+                    if predicted < 0 and trial["value"] <= point["value"] + ARMIJO * predicted:
                         break
                 step *= 0.5
             else:
@@ -301,15 +308,31 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     K = np.ascontiguousarray(K, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     n = K.shape[0]
+    if K.ndim != 2 or K.shape[1] != n:
+        raise ValueError(f"K must be a square matrix, got shape {K.shape}")
+    for name, arg in (("y", y), ("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
+                      ("post_mean", post_mean), ("post_var", post_var), ("cavity_mean", cavity_mean),
+                      ("cavity_var", cavity_var)):
+        if np.shape(arg) != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {np.shape(arg)}")
+    if not (np.all(np.isfinite(y)) and np.all(np.isfinite(site_precision))
+            and np.all(np.isfinite(site_natural_mean))):
+        raise ValueError("y and the start sites must be finite")
+    if not (dof > 0 and np.isfinite(dof) and scale > 0 and np.isfinite(scale)):
+        raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
     if not (0.0 < power <= 1.0):
         raise ValueError(f"power must be in (0, 1], got {power!r}")
     if not (tol > 0 and max_outer >= 1 and max_newton >= 1 and cavity_variance_limit > 1):
         raise ValueError("tol must be > 0, max_outer and max_newton >= 1, cavity_variance_limit > 1")
+    if n == 0:
+        return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0, "log_z_change": 0.0,
+                "n_failed": 0, "n_halvings": 0, "stuck": False, "stopped": False, "n_newton": 0, "n_limited": 0,
+                "inner_failures": 0, "energy": []}
     K_chol = _engine.kernel_cholesky(K)
     tilted = _Tilted(y, float(dof), float(scale), float(power))
     s_tau = np.array(site_precision, dtype=np.float64)
     s_nu = np.array(site_natural_mean, dtype=np.float64)
-    if _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var) is None:
+    if _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var, post_cov) is None:   # checks post_cov
         raise np.linalg.LinAlgError("the start sites give an improper posterior; start from zero sites")
     theta_tau, theta_nu = 1.0 / post_var, post_mean / post_var
     prior_bound = 1.0 / (cavity_variance_limit * np.diagonal(K))

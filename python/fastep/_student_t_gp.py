@@ -148,14 +148,18 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         self._reject_if_stuck(info)
         self.algorithm = type(self).algorithm
         if (info["stuck"] or not info["converged"]) and not info["stopped"] and not self.reject_stuck:
-            parallel = info
-            info = run_double_loop_ep(
-                K, self.y, likelihood.dof, likelihood.scale, opts["power"], tau, nu, post_mean, post_var,
-                cavity_mean, cavity_var, tol=opts["tol"], max_outer=opts["max_sweeps"], post_cov=post_cov,
+            arrays = [a.copy() for a in (tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov)]
+            fallback = run_double_loop_ep(
+                K, self.y, likelihood.dof, likelihood.scale, opts["power"], *arrays[:6],
+                tol=opts["tol"], max_outer=opts["max_sweeps"], post_cov=arrays[6],
                 sweep_callback=sweep_callback_of(opts))
-            info["n_sweeps"] += parallel["n_sweeps"]
-            info["n_halvings"] = parallel["n_halvings"]
-            self.algorithm = "fractional EP (double-loop fallback)"
+            # keep the double loop's result unless it ended with improper cavities (no energy)
+            if np.isfinite(fallback["log_z"]):
+                tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
+                fallback["n_sweeps"] += info["n_sweeps"]
+                fallback["n_halvings"] = info["n_halvings"]
+                info = fallback
+                self.algorithm = "fractional EP (double-loop fallback)"
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "

@@ -492,8 +492,10 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     likelihood is not log-concave, so EP's sites may get negative precisions; the fit runs
     damped parallel *fractional* EP (power η = ``power``, 0.5 by default, the paper's robust
     choice; eqs 11-14) in :mod:`fastep._epcore.robust_ep`, which keeps the posterior
-    ``(K⁻¹ + T)⁻¹`` proper by halving a step that would break it. ν and σ are learnt with the
-    kernel (``learn_noise``) from the fractional EP evidence and its exact gradient.
+    ``(K⁻¹ + T)⁻¹`` proper by halving a step that would break it. If it stalls or does not
+    converge, the fit continues with the convergent double-loop algorithm (the paper's §4.2;
+    Heskes & Zoeter 2002). ν and σ are learnt with the kernel (``learn_noise``) from the
+    fractional EP evidence and its exact gradient.
 
     Parameters
     ----------
@@ -536,6 +538,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     (MIT Press, 2006), §2.2 and §5.4 (predictive and log marginal likelihood).
     Jylänki, P., Vanhatalo, J. and Vehtari, A. *Robust Gaussian process regression with a
     Student-t likelihood*, JMLR 12 (2011), §§3-4 (fractional EP, its evidence and gradients).
+    Heskes, T. and Zoeter, O. *Expectation propagation for approximate inference in dynamic
+    Bayesian networks*, UAI 2002, §4 (the double-loop algorithm).
 
     Examples
     --------
