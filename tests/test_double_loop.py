@@ -188,3 +188,27 @@ def test_estimator_falls_back_to_the_double_loop(seed, dof, scale):
     # the fit follows the clean signal through the outliers
     grid = np.linspace(-2.8, 2.8, 50)[:, None]
     assert np.sqrt(np.mean((est.predict(grid) - np.sin(2 * grid[:, 0])) ** 2)) < 0.1
+
+
+def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypatch):
+    """Policy: a double loop that ends with an improper cavity (no energy) is not used; the fit
+    keeps the stalled parallel run and says so with a ConvergenceWarning."""
+    import fastep._student_t_gp as student_t_gp
+
+    calls = []
+
+    def improper(*args, **kwargs):
+        info = double_loop.run_double_loop_ep(*args, **kwargs)
+        calls.append(info)
+        args[5][:] = np.nan                                  # would poison the sites if kept
+        return dict(info, log_z=float("nan"), converged=False, n_failed=3)
+
+    monkeypatch.setattr(student_t_gp, "run_double_loop_ep", improper)
+    x, y = _outlier_data(0)
+    est = GaussianProcessRegressor(RBF(1.0, 1 / 0.3 ** 2), likelihood=StudentT(dof=10.0, scale=0.01),
+                                   optimizer=None, jitter=1e-8, tol=1e-6, max_sweeps=500)
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        est.fit(x[:, None], y)
+    assert len(calls) == 1 and not est.converged_
+    assert est._problems[0].algorithm == "fractional EP"
+    assert np.all(np.isfinite(est.site_precision_)) and np.all(np.isfinite(est.predict(x[:5, None])))

@@ -49,6 +49,7 @@ from scipy.linalg import cho_factor, cho_solve
 
 from ._epcore import robust_ep as _engine
 from ._epcore.sites import student_t_moments_array
+from ._linalg import inner
 
 __all__ = ["run_double_loop_ep"]
 
@@ -220,7 +221,7 @@ class _Inner:
             direction, grad, active = self.newton_step(point)
             if direction is None:
                 return point, it, False
-            decrement = -float(np.dot(grad, direction))
+            decrement = -inner(grad, direction)
             if decrement < 1e-15 * max(1.0, abs(point["value"])) or _moment_mismatch(point, ~active) < INNER_TOL:
                 return point, it, True
             a_tau, a_nu = point["a"]
@@ -230,7 +231,7 @@ class _Inner:
                 trial_nu = a_nu + step * direction[n:]
                 trial = self.evaluate(trial_tau, trial_nu, want_cov=True)
                 if trial is not None:
-                    predicted = float(np.dot(grad[:n], trial_tau - a_tau) + np.dot(grad[n:], trial_nu - a_nu))
+                    predicted = inner(grad[:n], trial_tau - a_tau) + inner(grad[n:], trial_nu - a_nu)
                     if predicted < 0 and trial["value"] <= point["value"] + ARMIJO * predicted:
                         break
                 step *= 0.5
@@ -240,13 +241,13 @@ class _Inner:
         return point, max_newton, False
 
 
-def _proper_start(inner, s_tau, s_nu):
+def _proper_start(problem, s_tau, s_nu):
     """An evaluated feasible point: the cavities of the sites ``λ s`` for the largest λ in
     1, ½, ¼, ... (λ = 0 is the prior, always proper), or None."""
     lam = 1.0
     while True:
-        point = inner.evaluate(inner.theta_tau - inner.power * lam * s_tau,
-                               inner.theta_nu - inner.power * lam * s_nu, want_cov=True)
+        point = problem.evaluate(problem.theta_tau - problem.power * lam * s_tau,
+                               problem.theta_nu - problem.power * lam * s_nu, want_cov=True)
         if point is not None or lam == 0.0:
             return point
         lam = lam * 0.5 if lam > 1e-6 else 0.0
@@ -344,19 +345,19 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     while outer < max_outer:
         outer += 1
         bound = np.minimum(prior_bound, 0.5 * theta_tau)
-        inner = _Inner(K_chol, tilted, power, theta_tau, theta_nu, bound)
+        problem = _Inner(K_chol, tilted, power, theta_tau, theta_nu, bound)
         start = None
         if point is not None:
-            start = inner.evaluate(*point["a"], want_cov=True)
+            start = problem.evaluate(*point["a"], want_cov=True)
         if start is None:
-            start = _proper_start(inner, s_tau, s_nu)
+            start = _proper_start(problem, s_tau, s_nu)
         if start is None:
             stuck = True
             break
-        point, steps, ok = inner.minimise(start, max_newton)
+        point, steps, ok = problem.minimise(start, max_newton)
         n_newton += steps
         inner_failures += not ok
-        new_tau, new_nu = inner.sites(*point["a"])
+        new_tau, new_nu = problem.sites(*point["a"])
         G = float(point["value"] - np.sum(_log_normaliser(theta_tau, theta_nu)) / power)
         old_mean, old_var = theta_nu / theta_tau, 1.0 / theta_tau
         max_change = float(max(np.max(np.abs(point["post_mean"] - old_mean) / np.sqrt(old_var), initial=0.0),
