@@ -170,6 +170,13 @@ cdef int _lower_cholesky(double* a, int n) noexcept nogil:
     return info
 
 
+cdef _check_post_cov(post_cov, int n):
+    """Raise ValueError unless ``post_cov`` is a writeable C-contiguous float64 (n, n) array."""
+    if not (isinstance(post_cov, np.ndarray) and post_cov.dtype == np.float64
+            and post_cov.shape == (n, n) and post_cov.flags.c_contiguous and post_cov.flags.writeable):
+        raise ValueError("post_cov must be a writeable C-contiguous float64 (n, n) array")
+
+
 def kernel_cholesky(const double[:, ::1] K):
     """The lower Cholesky factor ``L_K`` of ``K`` with a zero upper triangle (C-contiguous).
 
@@ -226,9 +233,7 @@ def site_posterior(const double[:, ::1] K_chol, const double[::1] site_precision
             raise ValueError(f"{name} must have length n = {n}, got {arg.shape[0]}")
     cdef double[:, ::1] cov_view
     if post_cov is not None:
-        if not (isinstance(post_cov, np.ndarray) and post_cov.dtype == np.float64
-                and post_cov.shape == (n, n) and post_cov.flags.c_contiguous and post_cov.flags.writeable):
-            raise ValueError("post_cov must be a writeable C-contiguous float64 (n, n) array")
+        _check_post_cov(post_cov, n)
         cov_view = post_cov
     if n == 0:
         return 0.0, 0.0
@@ -320,9 +325,7 @@ def run_robust_gp_ep(const double[:, ::1] K, const double[::1] y, double dof, do
             raise ValueError(f"{name} must be finite")
     cdef double[:, ::1] cov_view
     if post_cov is not None:
-        if not (isinstance(post_cov, np.ndarray) and post_cov.dtype == np.float64
-                and post_cov.shape == (n, n) and post_cov.flags.c_contiguous and post_cov.flags.writeable):
-            raise ValueError("post_cov must be a writeable C-contiguous float64 (n, n) array")
+        _check_post_cov(post_cov, n)
         cov_view = post_cov
     if n == 0:
         return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0,
