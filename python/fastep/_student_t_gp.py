@@ -32,6 +32,10 @@ from ._progress import sweep_callback_of
 __all__ = ["StudentTGPProblem"]
 
 
+#: Outer iterations of the double-loop fallback per ``max_sweeps``: it converges linearly, and a
+#: few hundred outer iterations are common where parallel EP stalls.
+DOUBLE_LOOP_SWEEPS = 5
+
 #: Relative jitters tried, in turn, when the kernel matrix is numerically singular.
 JITTER_LADDER = (0.0, 1e-10, 1e-8, 1e-6)
 
@@ -151,7 +155,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             arrays = [a.copy() for a in (tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov)]
             fallback = run_double_loop_ep(
                 K, self.y, likelihood.dof, likelihood.scale, opts["power"], *arrays[:6],
-                tol=opts["tol"], max_outer=opts["max_sweeps"], post_cov=arrays[6],
+                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"], post_cov=arrays[6],
                 sweep_callback=sweep_callback_of(opts))
             # keep the double loop's result unless it ended with improper cavities (no energy)
             if np.isfinite(fallback["log_z"]):

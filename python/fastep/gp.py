@@ -519,8 +519,9 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     {_EP_PARAMS}
         With a Student-t likelihood EP always runs the damped parallel schedule: ``schedule``,
         ``order``, ``block_size``, ``refactor_every`` and ``negative_precision`` do not apply,
-        ``damping`` (None: 0.5) is the first step of every iteration, and a kernel matrix that
-        is numerically singular gets up to ``1e-6`` (relative) extra jitter.
+        ``damping`` (None: 0.5) is the first step of every iteration, the double-loop fallback
+        runs up to ``5 * max_sweeps`` outer iterations, and a kernel matrix that is numerically
+        singular gets up to ``1e-6`` (relative) extra jitter.
 
     Attributes
     ----------
