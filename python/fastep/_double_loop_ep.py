@@ -329,6 +329,17 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
         return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0, "log_z_change": 0.0,
                 "n_failed": 0, "n_halvings": 0, "stuck": False, "stopped": False, "n_newton": 0, "n_limited": 0,
                 "inner_failures": 0, "energy": []}
+    # extreme inputs overflow in the Gaussian normalisers: the energy is then not finite, which
+    # the result reports (log_z) and the callers check
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _double_loop(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
+                            cavity_mean, cavity_var, tol, max_outer, max_newton, cavity_variance_limit, post_cov,
+                            sweep_callback)
+
+
+def _double_loop(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var, cavity_mean,
+                 cavity_var, tol, max_outer, max_newton, cavity_variance_limit, post_cov, sweep_callback):
+    """The body of :func:`run_double_loop_ep` on validated inputs."""
     K_chol = _engine.kernel_cholesky(K)
     tilted = _Tilted(y, float(dof), float(scale), float(power))
     s_tau = np.array(site_precision, dtype=np.float64)
