@@ -109,7 +109,7 @@ def test_inner_solution_is_the_minimum_of_the_reference_objective():
                 scale, power)
             nearby.append(trial[0])
     # the engine's J is the reference's (same point), it fell from the start, and it is stationary
-    engine = double_loop._Inner(robust_ep.kernel_cholesky(K), double_loop._Tilted(y, dof, scale, power), power,
+    engine = double_loop._Inner(double_loop._DenseGaussian(K), double_loop._Tilted(y, dof, scale, power), power,
                                 theta_tau, theta_nu, np.zeros(y.size))
     assert engine.evaluate(cavities[:y.size], cavities[y.size:], False)["value"] == pytest.approx(value, rel=1e-10)
     assert value < start_value

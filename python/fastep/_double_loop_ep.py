@@ -32,8 +32,20 @@ the fixed points of fractional EP.
   ``min_a J`` at the current θ gives a concave lower bound of G that touches it there and
   is maximised by that θ, so G never decreases (up to the inner loop's tolerance).
 
+Sparse models (:func:`run_sparse_double_loop_ep`): the sites act on the projections
+``g = Vt w``, ``w ~ N(0, I_m)``, and the likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``
+(FITC; ``d = 0`` for DTC), so ``Φ(s) = -½ log|A| + ½ bᵀA⁻¹b`` with ``A = I + Vtᵀ T Vt`` and
+``b = Vtᵀ ν``, and ``g_i`` is the log-partition of the likelihood convolved with
+``N(0, d_i)`` (the tilted moments of ``g_i`` from the site kernel at cavity variance
+``1/a_τ + d_i``). The prior covariance ``Q = Vt Vtᵀ`` has rank m, so the Newton system is
+never formed: it is solved by conjugate gradients preconditioned with its 2×2 diagonal
+blocks, whose products with ``Cov_q[φ]`` use ``Σ = Bᵀ B`` with ``B = R⁻ᵀ Vtᵀ`` (m × n):
+``Σ x = Bᵀ(B x)`` and ``diag(Σ diag(x) Σ)_i = b_iᵀ (B diag(x) Bᵀ) b_i``, O(nm²) time and
+O(nm) memory. The Newton steps are truncated (forcing term ``min(0.1, λ)``, λ the
+preconditioned gradient norm), so the inner loop still converges superlinearly.
+
 Cavity bounds: a cavity precision stays at or above ``1/(cavity_variance_limit · K_ii)`` (a
-cavity at most that many times wider than the prior). With heavy-tailed sites the inner
+cavity at most that many times wider than the prior; ``Q_ii`` for the sparse models). With heavy-tailed sites the inner
 problem's infimum can otherwise lie at a flat cavity, where Newton steps shrink to nothing.
 The number of cavities that end at their bound is reported (``n_limited``); there the result
 is the constrained optimum, not a fixed point.
@@ -45,13 +57,14 @@ sits in a flat direction of J, and its value is determined only loosely while th
 approximation it gives is not.
 """
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
 from ._epcore import robust_ep as _engine
+from ._epcore import sparse_ep as _sparse_engine
 from ._epcore.sites import student_t_moments_array
-from ._linalg import inner
+from ._linalg import inner, matmul
 
-__all__ = ["run_double_loop_ep"]
+__all__ = ["run_double_loop_ep", "run_sparse_double_loop_ep"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: A cavity precision this close to its bound (relative) is held there while J's gradient
@@ -65,6 +78,9 @@ MAX_HALVINGS = 40
 #: An inner minimisation stops when the tilted and marginal moments agree to this (relative to
 #: the marginal standard deviation and variance), or when the Newton decrement is below 1e-12 |J|.
 INNER_TOL = 1e-9
+#: Conjugate-gradient iterations per Newton step of the sparse models (a truncated step is
+#: still a descent direction).
+MAX_CG = 500
 
 
 def _log_normaliser(precision, natural_mean):
@@ -73,19 +89,22 @@ def _log_normaliser(precision, natural_mean):
 
 
 class _Tilted:
-    """Tilted moments ``E[φ]`` of ``exp(a·φ(f)) t(y_i | f)^η`` and their log-partition."""
+    """Tilted moments ``E[φ]`` of ``exp(a·φ(g)) ∫ t(y_i | g + ε)^η N(ε; 0, d_i) dε`` and their
+    log-partition (``d = None``: no ε, the dense model)."""
 
-    def __init__(self, y, dof, scale, power):
+    def __init__(self, y, dof, scale, power, extra_var=None):
         self.y, self.dof, self.scale, self.power = y, dof, scale, power
+        self.extra_var = extra_var
 
     def moments(self, a_tau, a_nu):
         """``(g, mean, var)`` per site, or None if a site's moments fail or are not finite."""
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # checked below
             var_c = 1.0 / a_tau
             mean_c = a_nu * var_c
+            var_f = var_c if self.extra_var is None else var_c + self.extra_var
             try:
                 log_z, alpha, beta, _, _ = student_t_moments_array(self.dof, self.scale, self.power,
-                                                                   self.y, mean_c, var_c)
+                                                                   self.y, mean_c, var_f)
             except ValueError:
                 return None
             mean = mean_c + var_c * alpha
@@ -134,11 +153,148 @@ def _moment_mismatch(point, sites=slice(None)):
                      np.max(np.abs(point["tilted_var"][sites] - var) / var, initial=0.0)))
 
 
+class _DenseGaussian:
+    """q from the GP prior ``N(0, K)`` and sites of any sign; Newton systems by Cholesky."""
+
+    def __init__(self, K):
+        self.K_chol = _engine.kernel_cholesky(K)
+        self.prior_var = np.diagonal(K).copy()
+
+    def posterior(self, s_tau, s_nu, want_cov, post_cov=None):
+        """``(Φ(s), E[f], Var[f], Σ or None)``, or None if q is improper."""
+        n = s_tau.shape[0]
+        cov = post_cov if post_cov is not None else (np.empty((n, n)) if want_cov else None)
+        post_mean, post_var = np.empty(n), np.empty(n)
+        factor = _engine.site_posterior(self.K_chol, s_tau, s_nu, post_mean, post_var, cov)
+        if factor is None:
+            return None
+        log_det, quad = factor
+        return -0.5 * log_det + 0.5 * quad, post_mean, post_var, cov
+
+    @staticmethod
+    def newton_direction(point, grad, active, blocks, power):
+        """Solve the Newton system of the free coordinates (module docstring); None if it fails."""
+        S, mu = point["cov"], point["post_mean"]
+        n = mu.shape[0]
+        free = np.concatenate([~active, np.ones(n, dtype=bool)])
+        H = np.empty((2 * n, 2 * n))
+        scale = 1.0 / (power * power)
+        H[:n, :n] = (0.5 * S + mu[:, None] * mu[None, :]) * S * scale
+        H[:n, n:] = -(mu[:, None] * S) * scale
+        H[n:, :n] = H[:n, n:].T
+        H[n:, n:] = S * scale
+        c_tt, c_tn, c_nn = blocks
+        idx = np.arange(n)
+        H[idx, idx] += c_tt / power
+        H[idx, idx + n] += c_tn / power
+        H[idx + n, idx] += c_tn / power
+        H[idx + n, idx + n] += c_nn / power
+        H = H[np.ix_(free, free)]
+        m = H.shape[0]
+        diag = np.abs(np.diagonal(H)).copy()
+        shift = 0.0
+        for _ in range(20):
+            try:
+                factor = cho_factor(H, lower=True, check_finite=False)
+                break
+            except np.linalg.LinAlgError:         # rounding in a nearly singular Cov_q
+                shift = 1e-12 if shift == 0.0 else shift * 100.0
+                H[np.arange(m), np.arange(m)] += shift * diag
+        else:
+            return None
+        direction = np.zeros(2 * n)
+        direction[free] = -cho_solve(factor, grad[free], check_finite=False)
+        return direction
+
+
+class _SparseGaussian:
+    """q from the sparse prior ``g = Vt w``, ``w ~ N(0, I_m)``, and sites of any sign; Newton
+    systems by preconditioned conjugate gradients on ``Σ = Bᵀ B`` (module docstring)."""
+
+    def __init__(self, Vt):
+        self.Vt = Vt
+        self.prior_var = np.einsum("ij,ij->i", Vt, Vt)
+
+    def posterior(self, s_tau, s_nu, want_cov, factor_out=None):
+        """``(Φ(s), E[g], Var[g], B or None)``, or None if q is improper. ``factor_out``:
+        optional ``(R, μ_w)`` arrays that receive the factor and the weight mean."""
+        n, m = self.Vt.shape
+        R, w_mean = factor_out if factor_out is not None else (np.empty((m, m)), np.empty(m))
+        post_mean, post_var = np.empty(n), np.empty(n)
+        factor = _sparse_engine.site_posterior(self.Vt, s_tau, s_nu, R, w_mean, post_mean, post_var)
+        if factor is None:
+            return None
+        half_log_det, quad = factor
+        B = None
+        if want_cov:
+            B = solve_triangular(R, self.Vt.T, trans="T", lower=False, check_finite=False)   # R⁻ᵀ Vtᵀ
+        return -half_log_det + 0.5 * quad, post_mean, post_var, B
+
+    @staticmethod
+    def newton_direction(point, grad, active, blocks, power):
+        """Truncated Newton direction by block-Jacobi preconditioned conjugate gradients."""
+        B, mu, var = point["cov"], point["post_mean"], point["post_var"]
+        n = mu.shape[0]
+        scale = 1.0 / (power * power)
+        c_tt, c_tn, c_nn = blocks
+        d_tt, d_tn, d_nn = c_tt / power, c_tn / power, c_nn / power
+        free_tau = ~active
+
+        def hessian_times(x):
+            x_tau, x_nu = x[:n], x[n:]
+            diff = matmul(matmul(B, mu * x_tau) - matmul(B, x_nu), B)          # Σ(μ∘x_τ - x_ν)
+            M = matmul(B * x_tau, B.T)
+            diag_quad = np.einsum("ki,ki->i", matmul(M, B), B)                  # diag(Σ X_τ Σ)
+            out_tau = scale * (0.5 * diag_quad + mu * diff) + d_tt * x_tau + d_tn * x_nu
+            out_nu = -scale * diff + d_tn * x_tau + d_nn * x_nu
+            out_tau[active] = 0.0
+            return np.concatenate([out_tau, out_nu])
+
+        p_tt = np.where(free_tau, scale * (0.5 * var * var + mu * mu * var) + d_tt, 1.0)
+        p_tn = np.where(free_tau, -scale * mu * var + d_tn, 0.0)
+        p_nn = scale * var + d_nn
+        det = p_tt * p_nn - p_tn * p_tn
+        if not np.all(det > 0):
+            return None
+
+        def precondition(r):
+            r_tau, r_nu = r[:n], r[n:]
+            return np.concatenate([(p_nn * r_tau - p_tn * r_nu) / det, (p_tt * r_nu - p_tn * r_tau) / det])
+
+        rhs = -grad.copy()
+        rhs[:n][active] = 0.0
+        z = precondition(rhs)
+        rz = inner(rhs, z)
+        if not (rz > 0 and np.isfinite(rz)):
+            return None
+        forcing = min(0.1, np.sqrt(np.sqrt(rz)))
+        target = forcing * forcing * rz
+        x = np.zeros(2 * n)
+        r, p = rhs, z
+        for _ in range(MAX_CG):
+            Hp = hessian_times(p)
+            curvature = inner(p, Hp)
+            if not (curvature > 0 and np.isfinite(curvature)):
+                break                      # rounding: keep the last iterate (a descent direction)
+            step = rz / curvature
+            x = x + step * p
+            r = r - step * Hp
+            z = precondition(r)
+            rz_new = inner(r, z)
+            if rz_new <= target:
+                break
+            p = z + (rz_new / rz) * p
+            rz = rz_new
+        if not np.any(x):
+            return None
+        return x
+
+
 class _Inner:
     """``J(·; θ)`` of one outer iteration: values, Newton steps, the minimisation."""
 
-    def __init__(self, K_chol, tilted, power, theta_tau, theta_nu, bound):
-        self.K_chol, self.tilted, self.power = K_chol, tilted, power
+    def __init__(self, gaussian, tilted, power, theta_tau, theta_nu, bound):
+        self.gaussian, self.tilted, self.power = gaussian, tilted, power
         self.theta_tau, self.theta_nu, self.bound = theta_tau, theta_nu, bound
 
     def sites(self, a_tau, a_nu):
@@ -150,18 +306,17 @@ class _Inner:
         if not np.all(a_tau >= self.bound):
             return None
         s_tau, s_nu = self.sites(a_tau, a_nu)
-        n = a_tau.shape[0]
-        cov = np.empty((n, n)) if want_cov else None
-        post_mean, post_var = np.empty(n), np.empty(n)
-        factor = _engine.site_posterior(self.K_chol, s_tau, s_nu, post_mean, post_var, cov)
-        if factor is None or not np.all(post_var > 0):
+        post = self.gaussian.posterior(s_tau, s_nu, want_cov)
+        if post is None:
+            return None
+        phi, post_mean, post_var, cov = post
+        if not np.all(post_var > 0):
             return None
         tilted = self.tilted.moments(a_tau, a_nu)
         if tilted is None:
             return None
         g, mean_t, var_t = tilted
-        log_det, quad = factor
-        value = -0.5 * log_det + 0.5 * quad + np.sum(g) / self.power
+        value = phi + np.sum(g) / self.power
         if not np.isfinite(value):
             return None
         return {"value": value, "a": (a_tau, a_nu), "cov": cov, "post_mean": post_mean,
@@ -176,41 +331,15 @@ class _Inner:
         """
         eta = self.power
         a_tau, a_nu = point["a"]
-        S, mu = point["cov"], point["post_mean"]
+        mu = point["post_mean"]
         mean_t, var_t = point["tilted_mean"], point["tilted_var"]
         n = mu.shape[0]
         grad = np.concatenate([(-0.5 * (var_t + mean_t * mean_t) + 0.5 * (point["post_var"] + mu * mu)) / eta,
                                (mean_t - mu) / eta])
         active = (a_tau - self.bound <= ACTIVE_GAP * self.bound) & (grad[:n] > 0)
-        free = np.concatenate([~active, np.ones(n, dtype=bool)])
-        H = np.empty((2 * n, 2 * n))
-        scale = 1.0 / (eta * eta)
-        H[:n, :n] = (0.5 * S + mu[:, None] * mu[None, :]) * S * scale
-        H[:n, n:] = -(mu[:, None] * S) * scale
-        H[n:, :n] = H[:n, n:].T
-        H[n:, n:] = S * scale
-        c_tt, c_tn, c_nn = self.tilted.covariance(a_tau, a_nu, mean_t, var_t)
-        idx = np.arange(n)
-        H[idx, idx] += c_tt / eta
-        H[idx, idx + n] += c_tn / eta
-        H[idx + n, idx] += c_tn / eta
-        H[idx + n, idx + n] += c_nn / eta
-        H = H[np.ix_(free, free)]
-        m = H.shape[0]
-        diag = np.abs(np.diagonal(H)).copy()
-        shift = 0.0
-        for _ in range(20):
-            try:
-                factor = cho_factor(H, lower=True, check_finite=False)
-                break
-            except np.linalg.LinAlgError:         # rounding in a nearly singular Cov_q
-                shift = 1e-12 if shift == 0.0 else shift * 100.0
-                H[np.arange(m), np.arange(m)] += shift * diag
-        else:
-            return None, grad, active
-        direction = np.zeros(2 * n)
-        direction[free] = -cho_solve(factor, grad[free], check_finite=False)
-        if not np.all(np.isfinite(direction)):
+        blocks = self.tilted.covariance(a_tau, a_nu, mean_t, var_t)
+        direction = self.gaussian.newton_direction(point, grad, active, blocks, eta)
+        if direction is None or not np.all(np.isfinite(direction)):
             return None, grad, active
         return direction, grad, active
 
@@ -251,6 +380,27 @@ def _proper_start(problem, s_tau, s_nu):
         if point is not None or lam == 0.0:
             return point
         lam = lam * 0.5 if lam > 1e-6 else 0.0
+
+
+def _check_common(y, dof, scale, power, sites, n, tol, max_outer, max_newton, cavity_variance_limit):
+    """Argument checks shared by the dense and the sparse double loop."""
+    for name, arg in (("y", y),) + sites:
+        if np.shape(arg) != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {np.shape(arg)}")
+    if not (np.all(np.isfinite(y)) and all(np.all(np.isfinite(arg)) for _, arg in sites[:2])):
+        raise ValueError("y and the start sites must be finite")
+    if not (dof > 0 and np.isfinite(dof) and scale > 0 and np.isfinite(scale)):
+        raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
+    if not (0.0 < power <= 1.0):
+        raise ValueError(f"power must be in (0, 1], got {power!r}")
+    if not (tol > 0 and max_outer >= 1 and max_newton >= 1 and cavity_variance_limit > 1):
+        raise ValueError("tol must be > 0, max_outer and max_newton >= 1, cavity_variance_limit > 1")
+
+
+def _empty_result():
+    return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0, "log_z_change": 0.0,
+            "n_failed": 0, "n_halvings": 0, "stuck": False, "stopped": False, "n_newton": 0, "n_limited": 0,
+            "inner_failures": 0, "energy": []}
 
 
 def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
@@ -311,52 +461,134 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     n = K.shape[0]
     if K.ndim != 2 or K.shape[1] != n:
         raise ValueError(f"K must be a square matrix, got shape {K.shape}")
-    for name, arg in (("y", y), ("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
-                      ("post_mean", post_mean), ("post_var", post_var), ("cavity_mean", cavity_mean),
-                      ("cavity_var", cavity_var)):
-        if np.shape(arg) != (n,):
-            raise ValueError(f"{name} must have shape ({n},), got {np.shape(arg)}")
-    if not (np.all(np.isfinite(y)) and np.all(np.isfinite(site_precision))
-            and np.all(np.isfinite(site_natural_mean))):
-        raise ValueError("y and the start sites must be finite")
-    if not (dof > 0 and np.isfinite(dof) and scale > 0 and np.isfinite(scale)):
-        raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
-    if not (0.0 < power <= 1.0):
-        raise ValueError(f"power must be in (0, 1], got {power!r}")
-    if not (tol > 0 and max_outer >= 1 and max_newton >= 1 and cavity_variance_limit > 1):
-        raise ValueError("tol must be > 0, max_outer and max_newton >= 1, cavity_variance_limit > 1")
+    _check_common(y, dof, scale, power, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
+                                         ("post_mean", post_mean), ("post_var", post_var),
+                                         ("cavity_mean", cavity_mean), ("cavity_var", cavity_var)),
+                  n, tol, max_outer, max_newton, cavity_variance_limit)
     if n == 0:
-        return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0, "log_z_change": 0.0,
-                "n_failed": 0, "n_halvings": 0, "stuck": False, "stopped": False, "n_newton": 0, "n_limited": 0,
-                "inner_failures": 0, "energy": []}
+        return _empty_result()
     # extreme inputs overflow in the Gaussian normalisers: the energy is then not finite, which
     # the result reports (log_z) and the callers check
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return _double_loop(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
-                            cavity_mean, cavity_var, tol, max_outer, max_newton, cavity_variance_limit, post_cov,
-                            sweep_callback)
+        gaussian = _DenseGaussian(K)
+        gaussian.posterior(np.zeros(n), np.zeros(n), False, post_cov=post_cov)    # checks post_cov
+        tilted = _Tilted(y, float(dof), float(scale), float(power))
+        info, point = _double_loop(gaussian, tilted, float(power), site_precision, site_natural_mean, tol,
+                                   max_outer, max_newton, cavity_variance_limit, sweep_callback)
+        post = gaussian.posterior(site_precision, site_natural_mean, True, post_cov=post_cov)
+        info["log_z"], info["n_failed"] = _final_energy(post, tilted, float(power), site_precision,
+                                                        site_natural_mean, post_mean, post_var, cavity_mean,
+                                                        cavity_var)
+    info["converged"] = bool(info["converged"] and info["n_failed"] == 0)
+    return info
 
 
-def _double_loop(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var, cavity_mean,
-                 cavity_var, tol, max_outer, max_newton, cavity_variance_limit, post_cov, sweep_callback):
-    """The body of :func:`run_double_loop_ep` on validated inputs."""
-    K_chol = _engine.kernel_cholesky(K)
-    tilted = _Tilted(y, float(dof), float(scale), float(power))
+def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_natural_mean, post_factor,
+                              post_w_mean, g_mean, g_var, *, tol=1e-4, max_outer=200, max_newton=50,
+                              cavity_variance_limit=100.0, sweep_callback=None):
+    """Double-loop fractional EP on the sparse (FITC / DTC) representation (module docstring).
+
+    The fallback of :func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`, with its
+    representation: sites on the projections ``g = Vt w``, ``w ~ N(0, I_m)``, the Student-t
+    likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``. Memory O(nm).
+
+    Parameters
+    ----------
+    Vt : ndarray (n, m)
+        Projections (rows ``v_i``), from :func:`fastep._epcore.sparse_ep.sparse_projection`.
+    d : ndarray (n,)
+        FITC's ``K_ii - Q_ii`` (zeros for DTC).
+    y : ndarray (n,)
+    dof, scale : float > 0
+        Student-t ν and σ.
+    power : float in (0, 1]
+        The fraction η.
+    site_precision, site_natural_mean : ndarray (n,)
+        Start sites (any sign, proper posterior), updated in place to the final sites.
+    post_factor, post_w_mean : ndarray (m, m), (m,)
+        Outputs: the upper-triangular factor R of ``A = I + Vtᵀ T Vt`` and ``μ_w``.
+    g_mean, g_var : ndarray (n,)
+        Outputs: E[g] and Var[g] of the final posterior.
+    tol, max_outer, max_newton, sweep_callback
+        As :func:`run_double_loop_ep`.
+    cavity_variance_limit : float > 1
+        A cavity's variance stays below this multiple of the prior variance ``Q_ii``.
+
+    Returns
+    -------
+    dict
+        As :func:`run_double_loop_ep`; ``log_z`` is the fractional EP energy that
+        :func:`fastep._epcore.sparse_ep.log_marginal_likelihood` gives the final sites.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._double_loop_ep import run_sparse_double_loop_ep
+    >>> from fastep._epcore.sparse_ep import sparse_projection
+    >>> x, z = np.linspace(0, 1, 12), np.linspace(0, 1, 4)
+    >>> k = lambda a, b: np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / 0.3 ** 2)
+    >>> _, Vt, d = sparse_projection(k(z, z), k(x, z), np.ones(12), jitter=1e-8)
+    >>> y = np.sin(3 * x); y[2] = 4.0
+    >>> tau, nu = np.zeros(12), np.zeros(12)
+    >>> R, w, g_mean, g_var = np.empty((4, 4)), np.empty(4), np.empty(12), np.empty(12)
+    >>> info = run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, tau, nu, R, w, g_mean, g_var)
+    >>> info["converged"]
+    True
+    """
+    Vt = np.ascontiguousarray(Vt, dtype=np.float64)
+    d = np.ascontiguousarray(d, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    if Vt.ndim != 2:
+        raise ValueError(f"Vt must be a matrix, got shape {Vt.shape}")
+    n, m = Vt.shape
+    _check_common(y, dof, scale, power, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
+                                         ("d", d), ("g_mean", g_mean), ("g_var", g_var)),
+                  n, tol, max_outer, max_newton, cavity_variance_limit)
+    if not (np.all(np.isfinite(Vt)) and np.all(np.isfinite(d)) and np.all(d >= 0)):
+        raise ValueError("Vt and d must be finite and d >= 0")
+    if np.shape(post_factor) != (m, m) or np.shape(post_w_mean) != (m,):
+        raise ValueError(f"post_factor and post_w_mean must have shapes ({m}, {m}) and ({m},)")
+    if n == 0:
+        post_factor[:] = np.eye(m)
+        post_w_mean[:] = 0.0
+        return _empty_result()
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # as run_double_loop_ep
+        gaussian = _SparseGaussian(Vt)
+        tilted = _Tilted(y, float(dof), float(scale), float(power), extra_var=d)
+        info, point = _double_loop(gaussian, tilted, float(power), site_precision, site_natural_mean, tol,
+                                   max_outer, max_newton, cavity_variance_limit, sweep_callback)
+        factor = (np.empty((m, m)), np.empty(m))
+        post = gaussian.posterior(site_precision, site_natural_mean, False, factor_out=factor)
+        cavity_mean, cavity_var = np.empty(n), np.empty(n)
+        info["log_z"], info["n_failed"] = _final_energy(post, tilted, float(power), site_precision,
+                                                        site_natural_mean, g_mean, g_var, cavity_mean, cavity_var)
+        post_factor[:], post_w_mean[:] = factor
+    info["converged"] = bool(info["converged"] and info["n_failed"] == 0)
+    return info
+
+
+def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol, max_outer, max_newton,
+                 cavity_variance_limit, sweep_callback):
+    """The outer loop on validated inputs: ``(info, last inner point)``; the final sites are
+    written to ``site_precision`` / ``site_natural_mean``."""
     s_tau = np.array(site_precision, dtype=np.float64)
     s_nu = np.array(site_natural_mean, dtype=np.float64)
-    if _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var, post_cov) is None:   # checks post_cov
+    post = gaussian.posterior(s_tau, s_nu, False)
+    if post is None or not np.all(post[2] > 0):
         raise np.linalg.LinAlgError("the start sites give an improper posterior; start from zero sites")
+    _, post_mean, post_var, _ = post
     theta_tau, theta_nu = 1.0 / post_var, post_mean / post_var
-    prior_bound = 1.0 / (cavity_variance_limit * np.diagonal(K))
+    prior_bound = 1.0 / (cavity_variance_limit * gaussian.prior_var)
     energy, n_newton, inner_failures = [], 0, 0
     max_change = log_z_change = np.inf
     converged = stopped = stuck = False
     point = None
+    bound = np.minimum(prior_bound, 0.5 * theta_tau)
     outer = 0
     while outer < max_outer:
         outer += 1
         bound = np.minimum(prior_bound, 0.5 * theta_tau)
-        problem = _Inner(K_chol, tilted, power, theta_tau, theta_nu, bound)
+        problem = _Inner(gaussian, tilted, power, theta_tau, theta_nu, bound)
         start = None
         if point is not None:
             start = problem.evaluate(*point["a"], want_cov=True)
@@ -387,17 +619,21 @@ def _double_loop(K, y, dof, scale, power, site_precision, site_natural_mean, pos
     site_precision[:] = s_tau
     site_natural_mean[:] = s_nu
     n_limited = 0 if point is None else int(np.sum(point["a"][0] - bound <= ACTIVE_GAP * bound))
-    log_z, n_failed = _final_state(K_chol, tilted, power, s_tau, s_nu, post_mean, post_var,
-                                   cavity_mean, cavity_var, post_cov)
-    return {"log_z": log_z, "n_sweeps": outer, "converged": bool(converged and n_failed == 0),
-            "max_change": max_change, "log_z_change": float(log_z_change), "n_failed": n_failed,
-            "n_halvings": 0, "stuck": stuck, "stopped": stopped, "n_newton": n_newton,
-            "n_limited": n_limited, "inner_failures": inner_failures, "energy": energy}
+    info = {"log_z": np.nan, "n_sweeps": outer, "converged": converged, "max_change": max_change,
+            "log_z_change": float(log_z_change), "n_failed": 0, "n_halvings": 0, "stuck": stuck,
+            "stopped": stopped, "n_newton": n_newton, "n_limited": n_limited,
+            "inner_failures": inner_failures, "energy": energy}
+    return info, point
 
 
-def _final_state(K_chol, tilted, power, s_tau, s_nu, post_mean, post_var, cavity_mean, cavity_var, post_cov):
-    """Posterior, fractional cavities and the fractional EP energy of the final sites."""
-    log_det, quad = _engine.site_posterior(K_chol, s_tau, s_nu, post_mean, post_var, post_cov)
+def _final_energy(post, tilted, power, s_tau, s_nu, post_mean, post_var, cavity_mean, cavity_var):
+    """Write the posterior marginals and fractional cavities of the final sites (from their
+    posterior ``post``); return ``(fractional EP energy, number of improper cavities)``."""
+    if post is None:                # not reached: the final sites come from a proper posterior
+        return float("nan"), len(s_tau)
+    phi, mean, var, _ = post
+    post_mean[:] = mean
+    post_var[:] = var
     tau_c = 1.0 / post_var - power * s_tau
     nu_c = post_mean / post_var - power * s_nu
     proper = tau_c > 0
@@ -411,6 +647,5 @@ def _final_state(K_chol, tilted, power, s_tau, s_nu, post_mean, post_var, cavity
     moments = tilted.moments(tau_c, nu_c)
     if moments is None:
         return float("nan"), len(s_tau)
-    g = moments[0]
-    terms = g - _log_normaliser(1.0 / post_var, post_mean / post_var)
-    return float(-0.5 * log_det + 0.5 * quad + np.sum(terms) / power), 0
+    terms = moments[0] - _log_normaliser(1.0 / post_var, post_mean / post_var)
+    return float(phi + np.sum(terms) / power), 0

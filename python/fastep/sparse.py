@@ -75,7 +75,8 @@ from ._linalg import matmul
 from ._progress import CALLBACK_DOC, sweep_callback_of
 from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
-from ._student_t_gp import RejectStuckDuringSearch
+from ._double_loop_ep import run_sparse_double_loop_ep
+from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -221,7 +222,10 @@ class _BinarySparseEP(SiteProblem):
 class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     """Robust sparse regression: fractional EP with Student-t sites that may be negative
     (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`); the evidence gradient is the
-    sparse one (its formulas hold for sites of any sign)."""
+    sparse one (its formulas hold for sites of any sign). A run that stalls or does not
+    converge continues with the sparse double loop
+    (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
+    during the type-II ML search (:class:`RejectStuckDuringSearch`)."""
 
     algorithm = "sparse fractional EP"
     search_tol = 1e-2
@@ -237,11 +241,24 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
             Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
             power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
             max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
+        self._reject_if_stuck(info)
+        self.algorithm = type(self).algorithm
+        if (info["stuck"] or not info["converged"]) and not info["stopped"] and not self.reject_stuck:
+            arrays = [a.copy() for a in (tau, nu, R, w_mean, g_mean, g_var)]
+            fallback = run_sparse_double_loop_ep(
+                Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *arrays, tol=opts["tol"],
+                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"], sweep_callback=sweep_callback_of(opts))
+            # keep the double loop's result unless it ended with improper cavities (no energy)
+            if np.isfinite(fallback["log_z"]):
+                tau, nu, R, w_mean, g_mean, g_var = arrays
+                fallback["n_sweeps"] += info["n_sweeps"]
+                fallback["n_halvings"] = info["n_halvings"]
+                info = fallback
+                self.algorithm = "sparse fractional EP (double-loop fallback)"
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
                 "increase jitter or check the kernel")
-        self._reject_if_stuck(info)
         return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
 
     def evaluate(self, params, *, gradient, warm, keep=False):
@@ -730,7 +747,9 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     default; the paper's eqs 11-14) on the sparse representation, whose sites may have negative
     precisions (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`; a step that would make
     the posterior or a cavity improper is halved), with ν and σ learnt from the fractional EP
-    evidence and its exact gradient. In-core data only.
+    evidence and its exact gradient. If it stalls or does not converge, the fit continues with
+    the convergent double-loop algorithm (the paper's §4.2; Heskes & Zoeter 2002) on the same
+    representation, in O(nm) memory. In-core data only.
 
     Parameters
     ----------
@@ -746,7 +765,8 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         ``'student_t'``: ``StudentT(dof=4, scale=sqrt(var(y)/10))``. A likelihood object is the
         start as it is (then ``noise_variance`` must be None). The Student-t runs the damped
         parallel schedule (``schedule``, ``order`` and ``negative_precision`` do not apply;
-        ``damping`` None means 0.5).
+        ``damping`` None means 0.5), and its double-loop fallback runs up to ``5 * max_sweeps``
+        outer iterations.
     learn_noise : bool, default True
         Learn the noise model (σ², or the Student-t's ν and σ) with the kernel hyperparameters and Z.
     {_REGRESSOR_PARAMS.strip()}

@@ -1292,6 +1292,53 @@ def rebuild(const double[:, ::1] Vt, const double[::1] site_precision,
     return float(half_log_det), float(quad_b)
 
 
+def site_posterior(const double[:, ::1] Vt, const double[::1] site_precision,
+                   const double[::1] site_natural_mean, double[:, ::1] post_factor,
+                   double[::1] post_w_mean, double[::1] g_mean, double[::1] g_var):
+    """The posterior of sites of any sign on the sparse representation (module docstring).
+
+    ``A = I + Vtᵀ T Vt = Rᵀ R`` (negative τ subtracted), ``μ_w = A⁻¹ Vtᵀ ν``, ``E[g] = Vt μ_w``,
+    ``Var[g_i] = |R⁻ᵀ v_i|²``.
+
+    Parameters
+    ----------
+    Vt : ndarray (n, m)
+    site_precision, site_natural_mean : ndarray (n,)
+        τ (any sign) and ν of the sites.
+    post_factor, post_w_mean : ndarray (m, m), (m,)
+        Outputs: the upper-triangular R and μ_w.
+    g_mean, g_var : ndarray (n,)
+        Outputs: E[g] and Var[g].
+
+    Returns
+    -------
+    tuple of float or None
+        ``(½ log|A|, bᵀA⁻¹b)`` with ``b = Vtᵀ ν``, or None if A is not positive definite (the
+        posterior is improper; the outputs are then undefined).
+    """
+    cdef int n = Vt.shape[0], m = Vt.shape[1], info
+    _check_vector("site_precision", site_precision, n)
+    _check_vector("site_natural_mean", site_natural_mean, n)
+    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
+        if arr.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+    _check_factor_outputs(post_factor, post_w_mean, m)
+    if n == 0:
+        np.asarray(post_factor)[:] = np.eye(m)
+        np.asarray(post_w_mean)[:] = 0.0
+        return 0.0, 0.0
+    cdef int rows = _scratch_rows(n, m)
+    cdef double[:, ::1] scratch = np.empty((rows, m))
+    cdef double half_log_det = 0.0, quad_b = 0.0
+    with nogil:
+        info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
+                              &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
+                              &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
+    if info != 0:
+        return None
+    return float(half_log_det), float(quad_b)
+
+
 def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
                       SiteSpec spec not None, double[::1] site_precision,
                       double[::1] site_natural_mean, double[:, ::1] post_factor,
