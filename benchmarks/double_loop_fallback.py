@@ -7,16 +7,26 @@ outliers' tilted distributions are bimodal). For every setting where parallel fr
 (damping 0.5, tol 1e-6, 500 iterations) fails to converge, the double loop runs from its last
 sites (tol 1e-4, at most 1000 outer iterations). Prints one row per failure and a summary per η.
 
-    python benchmarks/double_loop_fallback.py [--n 60] [--seeds 6]
+``--model fitc`` / ``dtc`` runs the sparse engines instead (m inducing inputs evenly spaced on
+[-3, 3], ``--m``), with ``run_robust_sparse_ep`` and ``run_sparse_double_loop_ep``, and reports
+the double loop's peak traced memory (tracemalloc) beside the n² doubles a dense run would need.
+
+    python benchmarks/double_loop_fallback.py [--n 60] [--seeds 6] [--model dense|fitc|dtc] [--m 30]
 """
 import argparse
 import time
+import tracemalloc
 import warnings
 
 import numpy as np
 
-from fastep._double_loop_ep import run_double_loop_ep
-from fastep._epcore import robust_ep
+from fastep import StudentT
+from fastep._double_loop_ep import run_double_loop_ep, run_sparse_double_loop_ep
+from fastep._epcore import robust_ep, sparse_ep
+
+
+def _rbf(a, b):
+    return np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / 0.3 ** 2)
 
 
 def data(seed, n):
@@ -25,37 +35,82 @@ def data(seed, n):
     y = np.sin(2 * x) + 0.05 * rng.standard_normal(n)
     outlier = rng.random(n) < 0.2
     y[outlier] += rng.choice([-1, 1], outlier.sum()) * rng.uniform(2, 6, outlier.sum())
-    K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-8 * np.eye(n)
-    return K, y
+    return x, y
+
+
+class Dense:
+    """The dense engines on ``K`` (n × n)."""
+
+    def __init__(self, x):
+        self.K = _rbf(x, x) + 1e-8 * np.eye(x.size)
+        self.n = x.size
+
+    def parallel(self, y, dof, scale, power):
+        tau, nu = np.zeros(self.n), np.zeros(self.n)
+        self.outputs = [np.empty(self.n) for _ in range(4)]
+        info = robust_ep.run_robust_gp_ep(self.K, y, dof, scale, power, tau, nu, *self.outputs, damping=0.5,
+                                          tol=1e-6, max_sweeps=500)
+        return info, tau, nu
+
+    def double_loop(self, y, dof, scale, power, tau, nu):
+        return run_double_loop_ep(self.K, y, dof, scale, power, tau, nu, *self.outputs, tol=1e-4, max_outer=1000)
+
+
+class Sparse:
+    """The sparse engines on the FITC / DTC representation (``Vt``: n × m)."""
+
+    def __init__(self, x, m, approximation):
+        z = np.linspace(-3, 3, m)
+        _, self.Vt, self.d = sparse_ep.sparse_projection(_rbf(z, z), np.ascontiguousarray(_rbf(x, z)),
+                                                         np.ones(x.size), approximation=approximation, jitter=1e-8)
+        self.n, self.m = x.size, m
+
+    def _outputs(self):
+        return [np.empty((self.m, self.m)), np.empty(self.m), np.empty(self.n), np.empty(self.n)]
+
+    def parallel(self, y, dof, scale, power):
+        tau, nu = np.zeros(self.n), np.zeros(self.n)
+        info = sparse_ep.run_robust_sparse_ep(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(), tau,
+                                              nu, *self._outputs(), power=power, damping=0.5, tol=1e-6,
+                                              max_sweeps=500)
+        return info, tau, nu
+
+    def double_loop(self, y, dof, scale, power, tau, nu):
+        return run_sparse_double_loop_ep(self.Vt, self.d, y, dof, scale, power, tau, nu, *self._outputs(),
+                                         tol=1e-4, max_outer=1000)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=60)
     parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--model", choices=("dense", "fitc", "dtc"), default="dense")
+    parser.add_argument("--m", type=int, default=30, help="inducing inputs (sparse models)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    sparse = args.model != "dense"
     summary = {}
     for seed in range(args.seeds):
-        K, y = data(seed, args.n)
-        n = y.size
+        x, y = data(seed, args.n)
+        model = Sparse(x, args.m, args.model) if sparse else Dense(x)
         for power in (0.5, 1.0):
             for dof in (1.0, 2.0, 4.0, 10.0):
                 for scale in (0.003, 0.01, 0.03):
                     row = summary.setdefault(power, {"settings": 0, "failed": 0, "converged": 0, "times": [],
-                                                     "limited": 0})
+                                                     "limited": 0, "peak": 0})
                     row["settings"] += 1
-                    tau, nu = np.zeros(n), np.zeros(n)
-                    outputs = [np.empty(n) for _ in range(4)]
-                    parallel = robust_ep.run_robust_gp_ep(K, y, dof, scale, power, tau, nu, *outputs, damping=0.5,
-                                                          tol=1e-6, max_sweeps=500)
+                    parallel, tau, nu = model.parallel(y, dof, scale, power)
                     if parallel["converged"]:
                         continue
                     row["failed"] += 1
+                    if sparse:
+                        tracemalloc.start()
                     start = time.perf_counter()
-                    info = run_double_loop_ep(K, y, dof, scale, power, tau, nu, *outputs, tol=1e-4,
-                                              max_outer=1000)
+                    info = model.double_loop(y, dof, scale, power, tau, nu)
                     elapsed = time.perf_counter() - start
+                    if sparse:
+                        row["peak"] = max(row["peak"], tracemalloc.get_traced_memory()[1])
+                        tracemalloc.stop()
                     row["times"].append(elapsed)
                     row["converged"] += info["converged"]
                     row["limited"] += info["n_limited"] > 0
@@ -67,11 +122,14 @@ def main():
                           f"outer={info['n_sweeps']:4d} newton={info['n_newton']:5d} at bound={info['n_limited']} "
                           f"smallest energy step {drop:.1e} time {elapsed:.2f} s", flush=True)
     print()
+    label = f"{args.model} (n={args.n}" + (f", m={args.m})" if sparse else ")")
     for power, row in summary.items():
         times = np.array(row["times"]) if row["times"] else np.zeros(1)
-        print(f"eta={power}: parallel failed in {row['failed']} of {row['settings']} settings; the double loop "
-              f"converged in {row['converged']} of them ({row['limited']} with a cavity at its bound); "
-              f"time median {np.median(times):.2f} s, max {np.max(times):.2f} s")
+        memory = (f"; peak traced memory {row['peak'] / 1e6:.2f} MB (n² doubles: {8 * args.n ** 2 / 1e6:.2f} MB)"
+                  if sparse else "")
+        print(f"{label} eta={power}: parallel failed in {row['failed']} of {row['settings']} settings; the double "
+              f"loop converged in {row['converged']} of them ({row['limited']} with a cavity at its bound); "
+              f"time median {np.median(times):.2f} s, max {np.max(times):.2f} s{memory}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 
 from fastep import ConvergenceWarning, GaussianProcessClassifier, StudentT
-from fastep._double_loop_ep import run_double_loop_ep
+from fastep._double_loop_ep import run_double_loop_ep, run_sparse_double_loop_ep
 from fastep._epcore import robust_ep, sparse_ep
 from fastep.kernels import RBF
 
@@ -55,6 +55,39 @@ class DoubleLoopFallback:
         out = [np.empty(n) for _ in range(4)]
         run_double_loop_ep(self.K, self.y, 1.5, 0.01, 0.5, self.tau.copy(), self.nu.copy(), *out, tol=1e-4,
                            max_outer=1000)
+
+
+class SparseDoubleLoopFallback:
+    """The sparse double loop (FITC, m = 30) from the sites where sparse parallel fractional EP
+    stalled (the data of ``benchmarks/double_loop_fallback.py``, seed 2, ν = 4, σ = 0.01)."""
+    params = [[200]]
+    param_names = ["n"]
+    timeout = 300
+
+    def setup(self, n):
+        rng = np.random.default_rng(2)
+        x = rng.uniform(-3, 3, n)
+        self.y = np.sin(2 * x) + 0.05 * rng.standard_normal(n)
+        out = rng.random(n) < 0.2
+        self.y[out] += rng.choice([-1, 1], out.sum()) * rng.uniform(2, 6, out.sum())
+        z = np.linspace(-3, 3, 30)
+        _, self.Vt, self.d = sparse_ep.sparse_projection(
+            np.exp(-0.5 * (z[:, None] - z[None, :]) ** 2 / 0.3 ** 2),
+            np.exp(-0.5 * (x[:, None] - z[None, :]) ** 2 / 0.3 ** 2), np.ones(n), jitter=1e-8)
+        self.tau, self.nu = np.zeros(n), np.zeros(n)
+        info = sparse_ep.run_robust_sparse_ep(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
+                                              self.tau, self.nu, *self._outputs(n), power=0.5, tol=1e-6,
+                                              max_sweeps=500)
+        if info["converged"]:
+            raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
+
+    @staticmethod
+    def _outputs(n):
+        return [np.empty((30, 30)), np.empty(30), np.empty(n), np.empty(n)]
+
+    def time_to_convergence(self, n):
+        run_sparse_double_loop_ep(self.Vt, self.d, self.y, 4.0, 0.01, 0.5, self.tau.copy(), self.nu.copy(),
+                                  *self._outputs(n), tol=1e-4, max_outer=1000)
 
 
 class RobustSparseEP:

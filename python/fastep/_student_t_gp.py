@@ -118,6 +118,26 @@ class RejectStuckDuringSearch:
         if info["stuck"] and self.reject_stuck:
             raise np.linalg.LinAlgError(f"{self.algorithm} found no step that keeps the posterior proper")
 
+    def _with_double_loop_fallback(self, info, arrays, run_double_loop):
+        """``(info, arrays)`` of the run to keep after parallel fractional EP.
+
+        If the parallel run stalled or did not converge (and was not stopped, outside the
+        search), ``run_double_loop(copies of arrays)`` continues from its state; its result is
+        kept unless it ended with an improper cavity (a non-finite energy), in which case the
+        parallel run stands. Sets ``self.algorithm`` to what produced the kept result.
+        """
+        self.algorithm = type(self).algorithm
+        if not (info["stuck"] or not info["converged"]) or info["stopped"] or self.reject_stuck:
+            return info, arrays
+        trial = [a.copy() for a in arrays]
+        fallback = run_double_loop(trial)
+        if not np.isfinite(fallback["log_z"]):
+            return info, arrays
+        fallback["n_sweeps"] += info["n_sweeps"]
+        fallback["n_halvings"] = info["n_halvings"]
+        self.algorithm = f"{type(self).algorithm} (double-loop fallback)"
+        return fallback, trial
+
 
 class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
     """One robust regression problem: fractional EP runs, evidence, gradient, prediction state.
@@ -150,20 +170,12 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], post_cov=post_cov,
             sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)
-        self.algorithm = type(self).algorithm
-        if (info["stuck"] or not info["converged"]) and not info["stopped"] and not self.reject_stuck:
-            arrays = [a.copy() for a in (tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov)]
-            fallback = run_double_loop_ep(
-                K, self.y, likelihood.dof, likelihood.scale, opts["power"], *arrays[:6],
-                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"], post_cov=arrays[6],
-                sweep_callback=sweep_callback_of(opts))
-            # keep the double loop's result unless it ended with improper cavities (no energy)
-            if np.isfinite(fallback["log_z"]):
-                tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
-                fallback["n_sweeps"] += info["n_sweeps"]
-                fallback["n_halvings"] = info["n_halvings"]
-                info = fallback
-                self.algorithm = "fractional EP (double-loop fallback)"
+        info, arrays = self._with_double_loop_fallback(
+            info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov],
+            lambda a: run_double_loop_ep(K, self.y, likelihood.dof, likelihood.scale, opts["power"], *a[:6],
+                                         tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
+                                         post_cov=a[6], sweep_callback=sweep_callback_of(opts)))
+        tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "

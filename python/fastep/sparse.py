@@ -242,19 +242,12 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
             power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
             max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)
-        self.algorithm = type(self).algorithm
-        if (info["stuck"] or not info["converged"]) and not info["stopped"] and not self.reject_stuck:
-            arrays = [a.copy() for a in (tau, nu, R, w_mean, g_mean, g_var)]
-            fallback = run_sparse_double_loop_ep(
-                Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *arrays, tol=opts["tol"],
-                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"], sweep_callback=sweep_callback_of(opts))
-            # keep the double loop's result unless it ended with improper cavities (no energy)
-            if np.isfinite(fallback["log_z"]):
-                tau, nu, R, w_mean, g_mean, g_var = arrays
-                fallback["n_sweeps"] += info["n_sweeps"]
-                fallback["n_halvings"] = info["n_halvings"]
-                info = fallback
-                self.algorithm = "sparse fractional EP (double-loop fallback)"
+        info, arrays = self._with_double_loop_fallback(
+            info, [tau, nu, R, w_mean, g_mean, g_var],
+            lambda a: run_sparse_double_loop_ep(Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *a,
+                                                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
+                                                sweep_callback=sweep_callback_of(opts)))
+        tau, nu, R, w_mean, g_mean, g_var = arrays
         if not np.isfinite(info["log_z"]):
             raise np.linalg.LinAlgError(
                 f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
