@@ -12,6 +12,7 @@ sites (tol 1e-4, at most 1000 outer iterations). Prints one row per failure and 
 the double loop's peak traced memory (tracemalloc) beside the n² doubles a dense run would need.
 
     python benchmarks/double_loop_fallback.py [--n 60] [--seeds 6] [--model dense|fitc|dtc] [--m 30]
+        [--powers 0.5 1]
 """
 import argparse
 import time
@@ -86,6 +87,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--model", choices=("dense", "fitc", "dtc"), default="dense")
     parser.add_argument("--m", type=int, default=30, help="inducing inputs (sparse models)")
+    parser.add_argument("--powers", type=float, nargs="+", default=[0.5, 1.0], help="fractions η to run")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     sparse = args.model != "dense"
@@ -93,7 +95,7 @@ def main():
     for seed in range(args.seeds):
         x, y = data(seed, args.n)
         model = Sparse(x, args.m, args.model) if sparse else Dense(x)
-        for power in (0.5, 1.0):
+        for power in args.powers:
             for dof in (1.0, 2.0, 4.0, 10.0):
                 for scale in (0.003, 0.01, 0.03):
                     row = summary.setdefault(power, {"settings": 0, "failed": 0, "converged": 0, "times": [],

@@ -242,3 +242,22 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
     assert len(calls) == 1 and not est.converged_
     assert est._problems[0].algorithm == "sparse fractional EP"
     assert np.all(np.isfinite(est.site_precision_)) and np.all(np.isfinite(est.predict(x[:5, None])))
+
+
+def test_memory_is_linear_in_n():
+    # O(nm): no n x n array (n = 2000: one would be 32 MB); peak traced memory stays within a
+    # small multiple of the size of Vt
+    import tracemalloc
+
+    n, m = 2000, 10
+    x, y = _outlier_data(5, n=n)
+    Vt, d = _projection(x, m, "fitc")
+    tracemalloc.start()
+    try:
+        info = double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(n), np.zeros(n),
+                                                     *_outputs(n, m), max_outer=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info["n_newton"] > 0
+    assert peak < 40 * Vt.nbytes and peak < 8 * n * n / 5

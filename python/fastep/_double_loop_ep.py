@@ -45,8 +45,9 @@ O(nm) memory. The Newton steps are truncated (forcing term ``min(0.1, λ)``, λ 
 preconditioned gradient norm), so the inner loop still converges superlinearly.
 
 Cavity bounds: a cavity precision stays at or above ``1/(cavity_variance_limit · K_ii)`` (a
-cavity at most that many times wider than the prior; ``Q_ii`` for the sparse models). With heavy-tailed sites the inner
-problem's infimum can otherwise lie at a flat cavity, where Newton steps shrink to nothing.
+cavity at most that many times wider than the prior; ``Q_ii`` for the sparse models). With
+heavy-tailed sites the inner problem's infimum can otherwise lie at a flat cavity, where Newton
+steps shrink to nothing.
 The number of cavities that end at their bound is reported (``n_limited``); there the result
 is the constrained optimum, not a fixed point.
 
