@@ -32,17 +32,24 @@ class RobustDenseEP:
         robust_ep.run_robust_gp_ep(self.K, self.y, 4.0, 0.1, 0.5, tau, nu, *out, tol=1e-6)
 
 
+def _stalling_toy(n):
+    """sin(2x) with noise 0.05 and 20 % gross outliers: with σ far below the noise, parallel
+    fractional EP stalls (``benchmarks/double_loop_fallback.py``, seed 2)."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-3, 3, n)
+    y = np.sin(2 * x) + 0.05 * rng.standard_normal(n)
+    out = rng.random(n) < 0.2
+    y[out] += rng.choice([-1, 1], out.sum()) * rng.uniform(2, 6, out.sum())
+    return x, y
+
+
 class DoubleLoopFallback:
     """The double loop from the sites where parallel fractional EP stalled (σ far below the noise)."""
     params = [[60, 120]]
     param_names = ["n"]
 
     def setup(self, n):
-        rng = np.random.default_rng(2)
-        x = rng.uniform(-3, 3, n)
-        self.y = np.sin(2 * x) + 0.05 * rng.standard_normal(n)
-        out = rng.random(n) < 0.2
-        self.y[out] += rng.choice([-1, 1], out.sum()) * rng.uniform(2, 6, out.sum())
+        x, self.y = _stalling_toy(n)
         self.K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-8 * np.eye(n)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         out = [np.empty(n) for _ in range(4)]
@@ -65,11 +72,7 @@ class SparseDoubleLoopFallback:
     timeout = 300
 
     def setup(self, n):
-        rng = np.random.default_rng(2)
-        x = rng.uniform(-3, 3, n)
-        self.y = np.sin(2 * x) + 0.05 * rng.standard_normal(n)
-        out = rng.random(n) < 0.2
-        self.y[out] += rng.choice([-1, 1], out.sum()) * rng.uniform(2, 6, out.sum())
+        x, self.y = _stalling_toy(n)
         z = np.linspace(-3, 3, 30)
         _, self.Vt, self.d = sparse_ep.sparse_projection(
             np.exp(-0.5 * (z[:, None] - z[None, :]) ** 2 / 0.3 ** 2),

@@ -642,6 +642,13 @@ def _check_options(int schedule, int order, double damping, int negative_precisi
                          f"{negative_precision}")
 
 
+def _check_marginal_outputs(g_mean, g_var, int n):
+    """E[g] / Var[g] output buffers (None allowed) must have length n."""
+    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
+        if arr is not None and arr.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+
+
 def _check_factor_outputs(R, w_mean, int m):
     if R.shape[0] != m or R.shape[1] != m:
         raise ValueError(f"post_factor must have shape ({m}, {m}); got ({R.shape[0]}, {R.shape[1]})")
@@ -813,10 +820,9 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
         raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
     outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
                "post_factor": post_factor, "post_w_mean": post_w_mean}
+    _check_marginal_outputs(g_mean, g_var, n)
     for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
         if arr is not None:
-            if arr.shape[0] != n:
-                raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
             outputs[name] = arr
     _check_no_aliasing({"Vt": Vt, "d": d, "y": y}, outputs)
 
@@ -1055,9 +1061,7 @@ def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const dou
     _check_vector("y", y, n)
     _check_vector("site_precision", site_precision, n)
     _check_vector("site_natural_mean", site_natural_mean, n)
-    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
-        if arr.shape[0] != n:
-            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+    _check_marginal_outputs(g_mean, g_var, n)
     _check_factor_outputs(post_factor, post_w_mean, m)
     _check_power(power, spec, DEFAULT_N_QUADRATURE)
     if not (0.0 < damping <= 1.0):
@@ -1271,9 +1275,7 @@ def rebuild(const double[:, ::1] Vt, const double[::1] site_precision,
     _check_vector("site_precision", site_precision, n, nonnegative=True)
     _check_vector("site_natural_mean", site_natural_mean, n)
     _check_factor_outputs(post_factor, post_w_mean, m)
-    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
-        if arr is not None and arr.shape[0] != n:
-            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+    _check_marginal_outputs(g_mean, g_var, n)
     cdef int rows = _scratch_rows(n, m)
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double half_log_det = 0.0, quad_b = 0.0
@@ -1319,9 +1321,7 @@ def site_posterior(const double[:, ::1] Vt, const double[::1] site_precision,
     cdef int n = Vt.shape[0], m = Vt.shape[1], info
     _check_vector("site_precision", site_precision, n)
     _check_vector("site_natural_mean", site_natural_mean, n)
-    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
-        if arr.shape[0] != n:
-            raise ValueError(f"{name} must have shape ({n},); got ({arr.shape[0]},)")
+    _check_marginal_outputs(g_mean, g_var, n)
     _check_factor_outputs(post_factor, post_w_mean, m)
     if n == 0:
         np.asarray(post_factor)[:] = np.eye(m)
