@@ -33,10 +33,11 @@ from ._learning_checks import warn_if_kernel_stuck
 from ._progress import StopRequested, quiet
 from ._likelihood_params import likelihood_theta, likelihood_with_theta
 from ._linalg import matmul
+from ._learning import Search, search_space_of
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import Kernel
-from .likelihoods import Gaussian, Logistic, Probit, Step
+from .likelihoods import Gaussian, Logistic, Probit, Step, StudentT
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
@@ -79,13 +80,21 @@ class Hyperparameters:
     extra : ndarray or None
         A further block learnt without bounds (the sparse model's inducing inputs, raveled
         into θ and reshaped back to ``extra.shape``); None for none.
+    hyperprior : LogNormal or None
+        The hyperprior of the search (:mod:`fastep.hyperpriors`), centred at this θ.
+
+    Attributes
+    ----------
+    space : fastep._learning.SearchSpace
+        The coordinates the search moves (logs of the positive parameters).
     """
 
-    def __init__(self, kernel, likelihood, learn_likelihood, extra=None):
+    def __init__(self, kernel, likelihood, learn_likelihood, extra=None, hyperprior=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.learn_likelihood = bool(learn_likelihood)
         self.extra = extra
+        self.hyperprior = hyperprior
         self.n_kernel = kernel.n_theta
         if self.learn_likelihood:
             _, lik_theta, lik_bounds = likelihood_theta(likelihood)
@@ -96,6 +105,8 @@ class Hyperparameters:
         self.theta0 = np.concatenate([kernel.theta, lik_theta, extra_theta])
         self.bounds = np.vstack([kernel.bounds.reshape(-1, 2), lik_bounds,
                                  np.tile([-np.inf, np.inf], (extra_theta.size, 1))])
+        self.space = search_space_of(kernel, likelihood, self.learn_likelihood, extra_theta.size, self.theta0,
+                                     self.bounds)
 
     @property
     def size(self):
@@ -114,6 +125,16 @@ class Hyperparameters:
     def check(self, theta):
         """``theta`` as a float64 vector of the right length (for ``log_marginal_likelihood``)."""
         return v.as_float_vector(theta, "theta", length=self.size)
+
+    def log_prior(self, theta, eval_gradient=False):
+        """The hyperprior's log density at ``theta`` (0 without one), and its gradient in θ."""
+        space = self.space
+        u = space.to_search(theta)
+        value, grad_u = space.log_prior(self.hyperprior, u)
+        if not eval_gradient:
+            return value
+        # ∂u/∂θ is 1, or σ(θ)/softplus(θ) for the softplus entries
+        return value, grad_u / space.gradient_to_search(theta, np.ones_like(grad_u))
 
 
 class SiteProblem:
@@ -172,54 +193,47 @@ class SiteProblem:
     def fit(self, hyper, *, optimizer, n_restarts, seed, warm_start, max_sweeps, tol):
         """Learn θ (unless ``optimizer`` is None) and keep the EP state at the result.
 
-        Maximises the EP log marginal likelihood over ``hyper``'s θ with L-BFGS-B
-        (:func:`fastep._optimize.maximize_log_likelihood`, ``n_restarts`` extra starts seeded
-        by ``seed``); a point where EP or a factorisation fails counts as ``-inf``. During the
-        search EP runs to ``search_tol`` when that is looser than ``tol`` (the final run, warm
-        from the search's sites, to ``tol``). Warns
-        with :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
+        Maximises ``log Z(θ) + log p(θ)`` (the EP log marginal likelihood and the log density of
+        ``hyper.hyperprior``; ``log Z`` alone without one) with L-BFGS-B in the coordinates of
+        :class:`fastep._learning.SearchSpace` (:func:`fastep._optimize.maximize_log_likelihood`,
+        ``n_restarts`` extra starts seeded by ``seed``), stopping where the model stops
+        changing (:mod:`fastep._learning`); a point where EP or a factorisation fails counts
+        as ``-inf``. During the search EP runs to ``search_tol`` when that is looser than
+        ``tol``; the final run at the best point, warm from that point's sites, runs to ``tol``.
+        Sets ``log_objective`` (the maximised objective at the result). Warns with
+        :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
         progress = self.options.get("progress") or quiet()
         if optimizer is not None and hyper.size and not progress.stopped:
-            best = {"value": -np.inf, "theta": None, "count": 0}
-
-            def objective(theta):
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", ConvergenceWarning)
-                        value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=True, warm=warm_start)
-                except np.linalg.LinAlgError:
-                    value, grad = -np.inf, np.zeros_like(theta)
-                if progress.stopped:                  # asked during this evaluation's sweeps
-                    raise StopRequested
-                best["count"] += 1
-                gain = value - best["value"] if np.isfinite(best["value"]) else np.nan
-                if value > best["value"]:
-                    best["value"], best["theta"] = value, np.array(theta, copy=True)
-                if not progress.report("type-II ML", best["count"], value, gain):
-                    raise StopRequested
-                return value, grad
-
+            search = Search(self, hyper, hyper.hyperprior, warm_start, progress)
             rng = np.random.default_rng(seed)
             final_options = self.options
             if self.search_tol is not None and self.search_tol > final_options["tol"]:
                 self.options = dict(final_options, tol=self.search_tol)
             try:
-                theta, _, _ = maximize_log_likelihood(objective, hyper.theta0, hyper.bounds,
-                                                      n_restarts=n_restarts, rng=rng, stacklevel=5,
-                                                      ftol=self.search_ftol)
+                u, _, _ = maximize_log_likelihood(search, hyper.space.u0, hyper.space.bounds,
+                                                  n_restarts=n_restarts, rng=rng, stacklevel=5,
+                                                  ftol=self.search_ftol, stop_rule=search)
             except StopRequested:
-                theta = best["theta"] if best["theta"] is not None else np.asarray(hyper.theta0, dtype=float)
+                u = search.best_u if search.best_u is not None else hyper.space.u0
             finally:
                 self.options = final_options
-            params = hyper.unpack(theta)
+            if search.best_u is not None and np.array_equal(u, search.best_u):
+                self.restore_sites(search.best_sites)
+            params = hyper.unpack(hyper.space.from_search(u))
+            self.n_evaluations = search.count
             if not progress.stopped:
                 warn_if_kernel_stuck(hyper.kernel, params[0], getattr(self, "X", None), what=self.estimator_name,
                                      latent_scale=self.latent_scale,
                                      stacklevel=4)
         else:
+            u = None
             params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)
+            self.n_evaluations = 0
         self.evaluate(params, gradient=False, warm=optimizer is not None and warm_start, keep=True)
+        self.training_marginals = None                  # the search's, not part of the fitted model
+        self.log_objective = self.log_ml + (hyper.space.log_prior(hyper.hyperprior, u)[0] if u is not None
+                                            else 0.0)
         info = self.info
         progress.report("done", info["n_sweeps"], self.log_ml, info["max_change"])
         if info.get("stopped"):
@@ -232,6 +246,38 @@ class SiteProblem:
                 "Increase max_sweeps, use damping < 1, or check the model.",
                 ConvergenceWarning, stacklevel=5)
         return self
+
+    # -- what the search needs from a problem ------------------------------------------------
+    #: ``(mean, var)`` of the latent posterior at the training inputs after the last evaluation
+    #: (set by ``evaluate``; None where a model does not have them at hand)
+    training_marginals = None
+
+    @property
+    def n_points(self):
+        """Number of training points (the search's gain tolerance is per point)."""
+        return self.X.shape[0]
+
+    def training_predictions(self):
+        """The model's predictions at the training inputs after the last evaluation, for the
+        search's stopping rule: classifiers the predictive probability of the positive label
+        (each class's, multinomial), regressors the predictive mean over the targets' standard
+        deviation; None without ``training_marginals``."""
+        if self.training_marginals is None:
+            return None
+        mean, var = self.training_marginals
+        if isinstance(self.likelihood, (Gaussian, StudentT)):
+            return mean / max(float(np.std(self.y)), 1e-300)
+        likelihood = self.likelihood if isinstance(self.likelihood, (Probit, Logistic, Step)) else Probit()
+        mean, var = np.ravel(mean), np.ravel(var)
+        return np.exp(likelihood.moments(np.ones_like(mean), mean, np.maximum(var, 0.0))[0])
+
+    def sites(self):
+        """The current sites (a snapshot the next evaluation does not overwrite)."""
+        return self.site_precision, self.site_natural_mean
+
+    def restore_sites(self, sites):
+        """Make ``sites`` (from :meth:`sites`) the warm start of the next run."""
+        self.site_precision, self.site_natural_mean = sites
 
     def log_ml_at(self, hyper, theta, eval_gradient):
         """EP log marginal likelihood (and gradient) at ``theta``, from a cold start.
@@ -368,6 +414,9 @@ class GPEstimator(BaseEstimator):
     def _set_ep_summary(self, problems):
         """Sites, sweep counts, convergence and log marginal likelihood of EP problems."""
         self.log_marginal_likelihood_value_ = float(sum(p.log_ml for p in problems))
+        self.log_hyperposterior_value_ = float(sum(getattr(p, "log_objective", p.log_ml) for p in problems))
+        self.n_evaluations_ = (getattr(problems[0], "n_evaluations", 0) if len(problems) == 1
+                               else np.array([getattr(p, "n_evaluations", 0) for p in problems]))
         self.site_precision_ = stack_problems([p.site_precision for p in problems])
         self.site_natural_mean_ = stack_problems([p.site_natural_mean for p in problems])
         self.n_sweeps_ = (problems[0].info["n_sweeps"] if len(problems) == 1

@@ -247,6 +247,7 @@ class MultinomialGPProblem(SiteProblem):
         self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
         self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
         post, info = state["post"], state["info"]
+        self.training_marginals = (post.mean, np.diagonal(post.cov, axis1=1, axis2=2))
         grad = None
         if gradient:
             R = post.M.sum(axis=0) - np.einsum("jab,jac->bc", post.E, post.E)   # Σ_j diag blocks of (K + Π⁻¹)⁻¹
@@ -267,6 +268,12 @@ class MultinomialGPProblem(SiteProblem):
             if state is not None and state["info"]["n_failed"] == 0:
                 return state
         return self._run_once(prior, likelihood, warm=False)
+
+    def sites(self):
+        return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean
+
+    def restore_sites(self, sites):
+        self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean = sites
 
     def latent(self, X):
         return self.predictor.latent(X)

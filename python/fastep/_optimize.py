@@ -12,7 +12,8 @@ __all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "m
 
 
 def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None, restart_scale=1.0,
-                            maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3, ftol=None):
+                            maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3, ftol=None,
+                            stop_rule=None):
     """Maximise ``objective(theta) -> (value, gradient)`` with L-BFGS-B from ``theta0`` and restarts.
 
     Each start runs L-BFGS-B. A run *stalls* when the value at its result is not above the
@@ -65,6 +66,12 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         L-BFGS-B's relative-reduction tolerance (default scipy's, ``factr * eps`` ≈ 2.2e-9).
         Callers whose objective is only accurate to a known absolute error raise it to that
         error relative to the objective's size.
+    stop_rule : object, optional
+        A stopping rule of the caller's: ``stop_rule.restart()`` is called before each start
+        and ``stop_rule.accept(theta)`` at each accepted L-BFGS-B iterate (``theta`` was
+        evaluated); when it returns True the start ends there, its result is that iterate
+        (no fallback search follows and no gradient check is made: the caller's rule says
+        the model has stopped changing).
 
     Returns
     -------
@@ -94,7 +101,16 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         if not np.isfinite(value):
             return 1e300, np.zeros_like(theta)
         seen[np.asarray(theta, dtype=float).tobytes()] = np.array(grad, dtype=float)
+        values[np.asarray(theta, dtype=float).tobytes()] = float(value)
         return -value, -np.asarray(grad, dtype=float)
+
+    values = {}                     # theta bytes -> objective value
+    callback = None
+    if stop_rule is not None:
+        def callback(xk):
+            xk = np.asarray(xk, dtype=float)
+            if xk.tobytes() in values and stop_rule.accept(xk):
+                raise _RuleStop(xk)
 
     starts = [theta0]
     if n_restarts:
@@ -103,10 +119,20 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             starts.append(np.clip(theta0 + restart_scale * rng.standard_normal(theta0.shape),
                                   bounds[:, 0], bounds[:, 1]))
     best = None                     # (negated value, theta, L-BFGS-B result or None)
+    stopped_by_rule = set()
     for start in starts:
         first.clear()
-        res = minimize(negated, start, jac=True, method="L-BFGS-B", bounds=scipy_bounds,
-                       options={"maxiter": maxiter} if ftol is None else {"maxiter": maxiter, "ftol": ftol})
+        if stop_rule is not None:
+            stop_rule.restart()
+        try:
+            res = minimize(negated, start, jac=True, method="L-BFGS-B", bounds=scipy_bounds, callback=callback,
+                           options={"maxiter": maxiter} if ftol is None else {"maxiter": maxiter, "ftol": ftol})
+        except _RuleStop as stop:
+            found = (-values[stop.theta.tobytes()], stop.theta.copy(), None)
+            stopped_by_rule.add(stop.theta.tobytes())
+            if best is None or found[0] < best[0]:
+                best = found
+            continue
         found = (float(res.fun), np.asarray(res.x, dtype=float), res)
         if stall_fallback and first and _stalled(first[0], float(-res.fun), start, bounds):
             theta, value, evals = maximize_log_likelihood_trust_region(objective, start, bounds,
@@ -125,7 +151,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     if best[2] is not None and not best[2].success:
         warnings.warn(f"L-BFGS-B stopped before convergence: {best[2].message}", ConvergenceWarning,
                       stacklevel=stacklevel)
-    elif check_gradient and best[1].tobytes() in seen:
+    elif check_gradient and best[1].tobytes() in seen and best[1].tobytes() not in stopped_by_rule:
         size = _projected_gradient_size(best[1], seen[best[1].tobytes()], bounds)
         value = float(-best[0])
         if np.isfinite(size) and size > GRADIENT_WARN_RTOL * max(abs(value), 1.0):
@@ -135,6 +161,14 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
                 "(a step it could not take); try n_restarts_optimizer > 0, other starting values, or "
                 "rescaled inputs.", ConvergenceWarning, stacklevel=stacklevel)
     return best[1].copy(), float(-best[0]), n_evals[0]
+
+
+class _RuleStop(Exception):
+    """Raised from L-BFGS-B's callback when the caller's stopping rule holds."""
+
+    def __init__(self, theta):
+        super().__init__("stopping rule")
+        self.theta = theta
 
 
 #: Relative size of the projected gradient (per unit of the log evidence's magnitude) above which

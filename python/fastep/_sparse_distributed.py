@@ -410,6 +410,16 @@ class DistributedSparseEP(SiteProblem):
             self.site_natural_mean = self.executor.sites(chunks, "site_natural_mean", self.sizes)
         return float(info["log_z"]), grad, info
 
+    @property
+    def n_points(self):
+        return int(sum(self.sizes))
+
+    def sites(self):
+        return self.chunks, self.has_sites
+
+    def restore_sites(self, sites):
+        self.chunks, self.has_sites = sites
+
     def log_ml_at(self, hyper, theta, eval_gradient):
         """EP log marginal likelihood (and gradient) at ``theta`` from zero sites; the fitted
         sites and prediction state are left as they were."""

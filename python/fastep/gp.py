@@ -43,6 +43,7 @@ from .likelihoods import Gaussian, Probit, StudentT
 from ._linalg import inner, matmul, symmetrize_from_lower
 from ._progress import CALLBACK_DOC, sweep_callback_of
 from .batch import map_in_order
+from .hyperpriors import check_hyperprior
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
@@ -73,10 +74,10 @@ def _cholesky_lower_inplace(A):
 class _BinaryGPEP(SiteProblem):
     """One binary (or regression) GP EP problem: EP runs, evidence, gradient, prediction state."""
 
-    #: Type-II ML runs EP to a relative site change of 1e-2 (each evaluation is warm-started from
-    #: the previous one's sites; at the learnt point EP runs on to ``tol``): the learnt
-    #: hyperparameters agree with a search at ``tol`` to about 1e-5 relative, at half the sweeps.
-    search_tol = 1e-2
+    #: The search runs EP to the estimator's ``tol``: a sweep warm-started from the previous
+    #: evaluation's sites costs a fraction of the evaluation's kernel and factorisation work, and
+    #: looser EP gave gradients inconsistent enough to stall L-BFGS-B's line searches.
+    search_tol = None
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
         super().__init__(kernel, likelihood, X, y, options)
@@ -127,7 +128,8 @@ class _BinaryGPEP(SiteProblem):
                 f"EP's log marginal likelihood is not finite at {likelihood!r} with this kernel: the site "
                 f"precisions (up to {float(np.max(tau)):.3g}) make the kernel matrix numerically singular; "
                 "increase jitter, add a White kernel term or bound the noise_variance")
-        return {"tau": tau, "nu": nu, "post_mean": post_mean, "cavity": (cavity_mean, cavity_var), "info": info}
+        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_var": post_var, "cavity": (cavity_mean, cavity_var),
+                "info": info}
 
     @staticmethod
     def _weights(K, L, tau, nu, s):
@@ -161,6 +163,7 @@ class _BinaryGPEP(SiteProblem):
         state = self.run((K, buffer), likelihood, warm)
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
+        self.training_marginals = (state["post_mean"], state["post_var"])
         grad = None
         cavity_mean, cavity_var = state["cavity"]
         s = np.sqrt(tau)
@@ -226,14 +229,16 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
         return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "block_size": block_size,
-                "jitter": jitter, "refactor_every": refactor_every, "progress": self._new_progress()}
+                "jitter": jitter, "refactor_every": refactor_every, "hyperprior": check_hyperprior(self.hyperprior),
+                "progress": self._new_progress()}
 
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
         problem = _BinaryGPEP(kernel, likelihood, X, y, options, learn_likelihood)
         problem.estimator_name = type(self).__name__
         problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
-        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood)
+        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                  hyperprior=options["hyperprior"])
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
@@ -376,7 +381,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
-                 random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", verbose=0, callback=None):
+                 random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", hyperprior="auto",
+                 verbose=0, callback=None):
+        self.hyperprior = hyperprior
         self.multi_class = multi_class
         self.verbose = verbose
         self.callback = callback
@@ -432,7 +439,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
             problem = MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)
             problem.estimator_name = type(self).__name__
             problem.latent_scale = 1.0
-            problem.hyperparameters = Hyperparameters(kernel, None, False)
+            problem.hyperparameters = Hyperparameters(kernel, None, False, hyperprior=options["hyperprior"])
             problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
                         seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
             self.classes_ = classes
@@ -566,7 +573,9 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, power=None, learn_noise=True,
                  schedule="blocked", order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
-                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, verbose=0, callback=None):
+                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, hyperprior="auto", verbose=0,
+                 callback=None):
+        self.hyperprior = hyperprior
         self.verbose = verbose
         self.callback = callback
         self.kernel = kernel
@@ -625,7 +634,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
                 noise = StudentT(dof=4.0, scale=float(np.sqrt(default_noise_variance(y))))
             problem = StudentTGPProblem(kernel, noise, X, y, options, learn_noise)
             problem.estimator_name = type(self).__name__
-            problem.hyperparameters = Hyperparameters(kernel, noise, learn_noise)
+            problem.hyperparameters = Hyperparameters(kernel, noise, learn_noise, hyperprior=options["hyperprior"])
             problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
                         seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps,
                         tol=self.tol)

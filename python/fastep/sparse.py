@@ -179,6 +179,7 @@ class _BinarySparseEP(SiteProblem):
         L, Vt, d = self._prior(kernel, Z)
         state = self.run((Vt, d), likelihood, warm)
         self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
+        self.training_marginals = (state["g_mean"], state["g_var"] + d)
         grad = None
         if gradient:
             grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,

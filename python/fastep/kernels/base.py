@@ -70,6 +70,11 @@ class Kernel:
         """(n_theta, 2) array of lower/upper limits for ``theta`` (see ``Transform.bounds``)."""
         return np.array(self._bounds(), dtype=float).reshape(-1, 2)
 
+    @property
+    def theta_transforms(self):
+        """The transform of each entry of ``theta``, by name (``'softplus'``, ``'log'`` or ``'sigmoid'``)."""
+        return list(self._theta_transforms())
+
     def __sklearn_clone__(self):
         """scikit-learn's ``clone``: an independent deep copy (parameters and transforms)."""
         return copy.deepcopy(self)
@@ -423,6 +428,9 @@ class _Leaf(Kernel):
     def _bounds(self):
         return [TRANSFORMS[self._transforms[name]].bounds for name, _ in self._slots()]
 
+    def _theta_transforms(self):
+        return [self._transforms[name] for name, _ in self._slots()]
+
     def _dxdt(self, name, j):
         t = self._t[name] if j is None else self._t[name][j]
         return float(TRANSFORMS[self._transforms[name]].derivative(t))
@@ -608,6 +616,9 @@ class _Composite(Kernel):
 
     def _bounds(self):
         return [b for k in self.kernels for b in k._bounds()]
+
+    def _theta_transforms(self):
+        return [name for k in self.kernels for name in k._theta_transforms()]
 
     def _runs(self, slots):
         """Split global theta indices into consecutive runs (child index, [local indices])."""

@@ -1,0 +1,190 @@
+"""The hyperparameter search of the GP estimators: its coordinates, its objective and when it stops.
+
+:class:`SearchSpace` maps the hyperparameters θ (the kernel's unconstrained ``theta``, then the
+likelihood's, then an extra block such as inducing inputs) to the coordinates the optimiser
+moves, ``u``: the log of every positive parameter (``'softplus'``- and ``'log'``-transformed
+kernel parameters, the likelihood's ``log_*`` parameters), the others as they are. On the log
+scale a variance that grows from 1 to 1000 moves by 7, not by 1000 as in softplus
+coordinates, and the gradient of the evidence is of a size L-BFGS-B steps well with.
+
+:class:`Search` is the objective L-BFGS-B maximises, ``log Z(θ(u)) + log p(u)`` with the
+hyperprior of :mod:`fastep.hyperpriors` (or ``log Z`` alone), evaluated once per point (a
+point the optimiser asks for again is answered from a cache), with the sites of the best point
+kept for the final EP run, and with the stopping rule in terms of the model: the search ends
+at an accepted L-BFGS-B iterate when, since the previous accepted iterate,
+
+* no training prediction moved by more than ``PREDICTION_TOL`` (classifiers: the predictive
+  probability of each training label; regressors: the predictive mean, in units of the
+  targets' standard deviation), and
+* the objective rose by less than ``GAIN_TOL`` per training point,
+
+or when L-BFGS-B converges on its own. Past that point the search only buys fractions of a
+nat that change no prediction.
+"""
+import warnings
+
+import numpy as np
+from scipy.special import expit
+
+from ._likelihood_params import likelihood_theta
+from ._progress import StopRequested
+from .exceptions import ConvergenceWarning
+
+__all__ = ["SearchSpace", "Search", "PREDICTION_TOL", "GAIN_TOL"]
+
+#: Largest change of a training prediction between accepted iterates at which the search may stop.
+PREDICTION_TOL = 1e-3
+#: Largest rise of the objective per training point between accepted iterates at which it may stop.
+GAIN_TOL = 1e-5
+#: Bound of the log coordinates of the softplus-transformed parameters (e^±700 is a normal float).
+_LOG_BOUND = 700.0
+
+
+class SearchSpace:
+    """Search coordinates ``u`` of the hyperparameters θ and the prior's centre (module docstring).
+
+    Parameters
+    ----------
+    kernel : Kernel
+    likelihood_names : list of str
+        Names of the learnt likelihood parameters (:func:`fastep._likelihood_params.likelihood_theta`).
+    n_extra : int
+        Size of the trailing block without log scale (inducing inputs).
+    theta0 : ndarray (p,)
+    bounds : ndarray (p, 2)
+    """
+
+    def __init__(self, kernel, likelihood_names, n_extra, theta0, bounds):
+        kinds = list(kernel.theta_transforms) + [
+            "log" if name.startswith("log_") else "identity" for name in likelihood_names] + ["identity"] * n_extra
+        self.softplus = np.array([k == "softplus" for k in kinds], dtype=bool)
+        #: entries that are logs of positive parameters in ``u`` (where the hyperprior acts)
+        self.log_scale = np.array([k in ("softplus", "log") for k in kinds], dtype=bool)
+        self.theta0 = np.asarray(theta0, dtype=float)
+        self.u0 = self.to_search(self.theta0)
+        # The log coordinates are left unbounded: with every variable bounded, L-BFGS-B's first trial
+        # point is the start plus the whole gradient (O(n) in size, e^17 times the variance on a
+        # 600-point problem), with any unbounded one a step of length 1. Points beyond e^±700
+        # are not evaluated (:meth:`in_range`).
+        self.bounds = np.asarray(bounds, dtype=float).copy()
+        self.bounds[self.softplus] = (-np.inf, np.inf)
+
+    def in_range(self, u):
+        """Whether every log coordinate of ``u`` maps to a finite, normal parameter value."""
+        return bool(np.all(np.abs(np.asarray(u, dtype=float)[self.softplus]) <= _LOG_BOUND))
+
+    def to_search(self, theta):
+        u = np.array(theta, dtype=float)
+        if np.any(self.softplus):
+            u[self.softplus] = np.log(np.logaddexp(0.0, u[self.softplus]))
+        return u
+
+    def from_search(self, u):
+        theta = np.array(u, dtype=float)
+        if np.any(self.softplus):
+            x = np.exp(theta[self.softplus])
+            theta[self.softplus] = x + np.log(-np.expm1(-x))
+        return theta
+
+    def gradient_to_search(self, theta, gradient):
+        """``∂/∂u`` from ``∂/∂θ`` at ``theta`` (softplus entries: ``x / σ(θ)`` per unit of θ)."""
+        g = np.array(gradient, dtype=float)
+        if np.any(self.softplus):
+            t = np.asarray(theta, dtype=float)[self.softplus]
+            g[self.softplus] *= np.logaddexp(0.0, t) / expit(t)
+        return g
+
+    def log_prior(self, hyperprior, u):
+        """``(log p(u), ∂ log p/∂u)`` of the hyperprior (0 and zeros without one)."""
+        grad = np.zeros_like(u)
+        if hyperprior is None or not np.any(self.log_scale):
+            return 0.0, grad
+        value, grad[self.log_scale] = hyperprior.log_density(u[self.log_scale], self.u0[self.log_scale])
+        return value, grad
+
+
+def search_space_of(kernel, likelihood, learn_likelihood, n_extra, theta0, bounds):
+    names = likelihood_theta(likelihood)[0] if learn_likelihood else []
+    return SearchSpace(kernel, names, n_extra, theta0, bounds)
+
+
+class Search:
+    """The objective of one problem's hyperparameter search, in the coordinates ``u``.
+
+    Parameters
+    ----------
+    problem : SiteProblem
+    hyper : Hyperparameters
+    hyperprior : LogNormal or None
+    warm : bool
+        Warm-start each evaluation's EP from the sites of the previous one.
+    progress : reporter
+    """
+
+    def __init__(self, problem, hyper, hyperprior, warm, progress):
+        self.problem = problem
+        self.hyper = hyper
+        self.space = hyper.space
+        self.hyperprior = hyperprior
+        self.warm = warm
+        self.progress = progress
+        self.cache = {}                  # u bytes -> (objective, gradient in u, training predictions)
+        self.best_value = -np.inf
+        self.best_u = None
+        self.best_sites = None
+        self.count = 0
+        self.accepted = None             # (objective, predictions) at the last accepted iterate
+        self.n_points = max(int(problem.n_points), 1)
+
+    def __call__(self, u):
+        key = np.asarray(u, dtype=float).tobytes()
+        if key in self.cache:
+            value, grad, _ = self.cache[key]
+            return value, grad.copy()
+        problem = self.problem
+        theta = np.zeros_like(u)
+        log_z, grad_theta = -np.inf, np.zeros_like(theta)
+        if self.space.in_range(u):
+            theta = self.space.from_search(u)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ConvergenceWarning)
+                    log_z, grad_theta, _ = problem.evaluate(self.hyper.unpack(theta), gradient=True,
+                                                            warm=self.warm)
+            except np.linalg.LinAlgError:
+                pass
+        if self.progress.stopped:                  # asked during this evaluation's sweeps
+            raise StopRequested
+        self.count += 1
+        if np.isfinite(log_z):
+            prior, prior_grad = self.space.log_prior(self.hyperprior, np.asarray(u, dtype=float))
+            value = log_z + prior
+            grad = self.space.gradient_to_search(theta, grad_theta) + prior_grad
+            predictions = problem.training_predictions()
+        else:
+            value, grad, predictions = -np.inf, np.zeros_like(theta), None
+        gain = value - self.best_value if np.isfinite(self.best_value) else np.nan
+        if value > self.best_value:
+            self.best_value, self.best_u = value, np.array(u, dtype=float)
+            self.best_sites = problem.sites()
+        self.cache[key] = (value, grad, predictions)
+        if not self.progress.report("type-II ML", self.count, value, gain):
+            raise StopRequested
+        return value, grad.copy()
+
+    def accept(self, u):
+        """At an accepted L-BFGS-B iterate ``u``: whether the stopping rule holds (module docstring)."""
+        entry = self.cache.get(np.asarray(u, dtype=float).tobytes())
+        if entry is None or not np.isfinite(entry[0]):
+            return False
+        value, _, predictions = entry
+        previous, self.accepted = self.accepted, (value, predictions)
+        if previous is None or value - previous[0] >= GAIN_TOL * self.n_points:
+            return False
+        if predictions is not None and previous[1] is not None:
+            return bool(np.max(np.abs(predictions - previous[1]), initial=0.0) <= PREDICTION_TOL)
+        return True
+
+    def restart(self):
+        """A new start of the search: the stopping rule compares iterates of one run only."""
+        self.accepted = None
