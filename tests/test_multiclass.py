@@ -121,9 +121,12 @@ def test_two_classes_equal_the_binary_probit_model():
     np.testing.assert_allclose(multi.predict_proba(X_test), binary.predict_proba(X_test), atol=1e-8)
     np.testing.assert_array_equal(multi.predict(X_test), binary.predict(X_test))
     # the binary latent is f1 - f0 with kernel 2k and slope 1/√2: the mean of f1 - f0 is its √2 multiple
-    difference = multi.decision_function(X_test)              # f1 - f0
-    np.testing.assert_allclose(difference / np.sqrt(2),
+    latent = multi.predict_latent(X_test)[0]
+    np.testing.assert_allclose((latent[:, 1] - latent[:, 0]) / np.sqrt(2),
                                binary.predict_latent(X_test)[0], rtol=1e-6, atol=1e-8)
+    # two classes: decision values are the predictive log-odds of classes_[1], as the binary model's
+    np.testing.assert_allclose(multi.decision_function(X_test), binary.decision_function(X_test),
+                               rtol=1e-6, atol=1e-7)
 
 
 def test_probabilities_lie_on_the_simplex_and_learning_works():

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 
 import fastep
@@ -201,13 +202,18 @@ def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_like
         X, y, _ = toy(200, seed)
         kernel = RBF(transforms={"variance": "log", "inverse_width": "log"})
         clf = SparseGPClassifier(kernel, Probit(), n_inducing=10, learn_inducing=False,
-                                 learn_likelihood=learn_likelihood).fit(X, y)
+                                 learn_likelihood=learn_likelihood, hyperprior=None).fit(X, y)
         lik0 = likelihood_theta(Probit())[1] if learn_likelihood else []
         start = clf.log_marginal_likelihood(np.r_[kernel.theta, lik0])
         assert clf.log_marginal_likelihood_value_ > start + 0.1, seed
         lik = likelihood_theta(clf.likelihood_)[1] if learn_likelihood else []
-        _, gradient = clf.log_marginal_likelihood(np.r_[clf.kernel_.theta, lik], eval_gradient=True)
-        assert np.max(np.abs(gradient)) < 1e-2, (seed, gradient)
+        theta = np.r_[clf.kernel_.theta, lik]
+        # stationary: a search run to a tight tolerance from the result gains nothing that matters (with
+        # the probit's slope learnt, the evidence has a flat ridge along slope x variance: one toy still
+        # gains 1.4e-3 nats there by moving the log variance by 8)
+        result = minimize(lambda t: tuple(-np.asarray(v) for v in clf.log_marginal_likelihood(t, eval_gradient=True)),
+                          theta, jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-9})
+        assert -result.fun - clf.log_marginal_likelihood(theta) < 1e-2, seed
 
 
 def test_inducing_initialisation():

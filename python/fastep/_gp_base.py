@@ -37,7 +37,7 @@ from ._learning import Search, search_space_of
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import Kernel
-from .likelihoods import Gaussian, Logistic, Probit, Step, StudentT
+from .likelihoods import Gaussian, Logistic, Probit, Step
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
@@ -231,7 +231,6 @@ class SiteProblem:
             params = (copy.deepcopy(hyper.kernel), hyper.likelihood, hyper.extra)
             self.n_evaluations = 0
         self.evaluate(params, gradient=False, warm=optimizer is not None and warm_start, keep=True)
-        self.training_marginals = None                  # the search's, not part of the fitted model
         self.log_objective = self.log_ml + (hyper.space.log_prior(hyper.hyperprior, u)[0] if u is not None
                                             else 0.0)
         info = self.info
@@ -248,28 +247,10 @@ class SiteProblem:
         return self
 
     # -- what the search needs from a problem ------------------------------------------------
-    #: ``(mean, var)`` of the latent posterior at the training inputs after the last evaluation
-    #: (set by ``evaluate``; None where a model does not have them at hand)
-    training_marginals = None
-
     @property
     def n_points(self):
         """Number of training points (the search's gain tolerance is per point)."""
         return self.X.shape[0]
-
-    def training_predictions(self):
-        """The model's predictions at the training inputs after the last evaluation, for the
-        search's stopping rule: classifiers the predictive probability of the positive label
-        (each class's, multinomial), regressors the predictive mean over the targets' standard
-        deviation; None without ``training_marginals``."""
-        if self.training_marginals is None:
-            return None
-        mean, var = self.training_marginals
-        if isinstance(self.likelihood, (Gaussian, StudentT)):
-            return mean / max(float(np.std(self.y)), 1e-300)
-        likelihood = self.likelihood if isinstance(self.likelihood, (Probit, Logistic, Step)) else Probit()
-        mean, var = np.ravel(mean), np.ravel(var)
-        return np.exp(likelihood.moments(np.ones_like(mean), mean, np.maximum(var, 0.0))[0])
 
     def sites(self):
         """The current sites (a snapshot the next evaluation does not overwrite)."""
@@ -340,6 +321,28 @@ N_JOBS_DOC = """n_jobs : int or None, default None
         fits them one after the other with the process's BLAS threads; with an integer,
         including 1, each problem's BLAS calls run on one thread, so the results are
         bitwise identical for every integer ``n_jobs`` (see :func:`fastep.batch.fit_many`)."""
+
+
+#: The ``hyperprior`` parameter of the GP estimators, as their docstrings give it.
+HYPERPRIOR_DOC = """hyperprior : 'auto', None or fastep.hyperpriors.LogNormal, default 'auto'
+        What the hyperparameter search maximises. 'auto' (``LogNormal(scale=2.5)``): the log
+        posterior of the hyperparameters (MAP-II), ``log Z(θ) + Σ_k log N(log x_k; log x_k⁰, s²)``
+        over the learnt positive hyperparameters ``x_k`` (kernel variances and widths, noise
+        parameters), with medians ``x_k⁰`` at their starting values. It has a finite maximum on
+        separable data, where ``log Z`` alone keeps rising along a growing latent scale
+        (:mod:`fastep.hyperpriors`). None: type-II maximum likelihood (``log Z`` alone). The
+        search moves the logarithms of the positive parameters and ends at an accepted L-BFGS-B
+        step that raised the objective by less than 1e-5 per training point where a further
+        Newton step would gain less than that too (:mod:`fastep._learning`), or where L-BFGS-B
+        converges."""
+
+#: The fitted attributes of the search, as the GP estimators' docstrings give them.
+LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float
+        The objective the search maximised, at the fitted hyperparameters:
+        ``log_marginal_likelihood_value_`` plus the hyperprior's log density (equal to it with
+        ``hyperprior=None`` or ``optimizer=None``; summed over one-vs-rest problems).
+    n_evaluations_ : int or ndarray (n_classes,)
+        Evidence evaluations of the search (0 with ``optimizer=None``)."""
 
 
 def check_kernel(kernel):
@@ -483,6 +486,36 @@ class EPEvidenceMixin:
         if eval_gradient:
             return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
         return float(sum(values))
+
+    def log_hyperposterior(self, theta=None, eval_gradient=False):
+        """The objective of the hyperparameter search at ``theta``: the EP log marginal likelihood
+        plus the log density of the hyperprior (``hyperprior``; none: the evidence alone).
+
+        Parameters
+        ----------
+        theta : array-like or None, default None
+            As for :meth:`log_marginal_likelihood`; None returns the fitted value
+            (``log_hyperposterior_value_``).
+        eval_gradient : bool, default False
+            Also return the gradient with respect to ``theta``.
+
+        Returns
+        -------
+        float, or (float, ndarray) with ``eval_gradient``
+        """
+        check_is_fitted(self, "_problems")
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("eval_gradient=True requires theta")
+            return self.log_hyperposterior_value_
+        evidence = self.log_marginal_likelihood(theta, eval_gradient)
+        hyper = self._problems[0].hyperparameters
+        theta = hyper.check(theta)
+        prior = [p.hyperparameters.log_prior(theta, eval_gradient) for p in self._problems]
+        if eval_gradient:
+            return (evidence[0] + float(sum(val for val, _ in prior)),
+                    evidence[1] + np.sum([g for _, g in prior], axis=0))
+        return evidence + float(sum(prior))
 
 
 class GPClassifierMixin(ClassifierMixin):

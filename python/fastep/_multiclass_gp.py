@@ -25,12 +25,12 @@ Prediction: ``E[f*_j] = k*ᵀ b_j``, ``Cov[f*]_jl = δ_jl (k** - k*ᵀ M_j k*) +
 class probabilities by inner EP on the predictive (normalised over the classes).
 """
 import numpy as np
-from scipy.linalg import cho_factor, lapack, solve_triangular
+from scipy.linalg import lapack, solve_triangular
 
 from ._epcore import multiclass_ep as _nested
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
-                      inner, matmul)
+                      gram, inner, matmul, symmetrize_from_lower)
 from ._progress import sweep_callback_of
 from ._student_t_gp import dense_kernel_matrix
 
@@ -49,48 +49,85 @@ def _outer_sites(labels, inner_precision, inner_natural_mean):
 
 
 class MultinomialPosterior:
-    """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring)."""
+    """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring).
+
+    Per class j, with ``B_j = L_j L_jᵀ``: ``W_j = L_j⁻¹ D_j^½ K`` gives ``diag(K - K M_j K)``
+    as ``diag(K) - colsum(W_j²)``, ``M_j K = D_j^½ L_j⁻ᵀ W_j`` and ``E_j K = L_C⁻¹ (M_j K)``:
+    four n³ flops per class and outer iteration (two triangular solves, the factor and its
+    inverse for ``C``, one solve for ``E_j K``), every product on scipy's BLAS. ``E_j`` itself
+    (the gradient and the predictor need it) is formed by :meth:`factors` only when asked.
+    """
 
     def __init__(self, K, pi, nu):
         n, c = pi.shape
         self.K = K
         M = np.empty((c, n, n))
+        MK = np.empty((c, n, n))                                           # M_j K = (K M_j)ᵀ
+        var0 = np.empty((c, n))                                            # diag(K - K M_j K)
+        diag_K = K.diagonal().copy()
         log_det = 0.0
         for j in range(c):
             s = np.sqrt(pi[:, j])
-            B = K * s[:, None] * s[None, :]
+            B = K * s[:, None]
+            B *= s[None, :]
             B.flat[:: n + 1] += 1.0
-            factor, info = lapack.dpotrf(B, lower=1, clean=1)
+            factor, info = lapack.dpotrf(B.T, lower=1, clean=1, overwrite_a=1)      # B symmetric: its F view
             if info != 0:
                 raise np.linalg.LinAlgError("I + D^1/2 K D^1/2 is not positive definite: the kernel matrix is "
                                             "not positive semi-definite; increase jitter or add a White term")
             log_det += 2.0 * np.sum(np.log(np.diag(factor)))
-            inv, info = lapack.dpotri(factor, lower=1)
-            inv = np.tril(inv) + np.tril(inv, -1).T
-            M[j] = inv * s[:, None] * s[None, :]
+            W = solve_triangular(factor, K * s[:, None], lower=True, check_finite=False, overwrite_b=True)
+            var0[j] = diag_K - np.einsum("ij,ij->j", W, W)
+            MK[j] = solve_triangular(factor, W, lower=True, trans="T", check_finite=False, overwrite_b=True)
+            MK[j] *= s[:, None]
+            inv, info = lapack.dpotri(factor, lower=1, overwrite_c=1)
+            symmetrize_from_lower(inv)
+            inv *= s[:, None]
+            inv *= s[None, :]
+            M[j] = inv
         C = M.sum(axis=0)
-        chol_C = cho_factor(C, lower=True, check_finite=False)[0]
-        chol_C = np.tril(chol_C)
+        chol_C, info = lapack.dpotrf(C.T, lower=1, clean=1, overwrite_a=1)
+        if info != 0:
+            raise np.linalg.LinAlgError("the multinomial posterior's coupling matrix is not positive definite")
         log_det += 2.0 * np.sum(np.log(np.diag(chol_C))) - np.sum(np.log(pi.sum(axis=1)))
-        E = np.stack([solve_triangular(chol_C, M[j], lower=True, check_finite=False) for j in range(c)])
-        KM = np.stack([matmul(K, M[j]) for j in range(c)])                 # K M_j = Σ₀_j D_j
-        H = np.stack([matmul(E[j], K) for j in range(c)])                  # E_j K
-        var0 = K.diagonal()[None, :] - np.einsum("jab,ba->ja", KM, K)      # diag(K - K M_j K)
-        cov = np.einsum("jmi,lmi->ijl", H, H)
-        cov[:, np.arange(c), np.arange(c)] += var0.T
-        t = matmul(K, nu).T                                                # K ν̃_j, (c, n)
-        a = t - np.einsum("jab,jb->ja", KM, t)                            # Σ₀_j ν̃_j
+        cov = np.empty((n, c, c))
+        H = [solve_triangular(chol_C, MK[j], lower=True, check_finite=False) for j in range(c)]   # E_j K
+        for j in range(c):
+            for l in range(j, c):
+                cov[:, j, l] = cov[:, l, j] = np.einsum("mi,mi->i", H[j], H[l])
+            cov[:, j, j] += var0[j]
+        del H
+        t = matmul(K, nu)                                                  # K ν̃_j as columns, (n, c)
+        a = np.stack([t[:, j] - matmul(MK[j].T, t[:, j]) for j in range(c)])   # Σ₀_j ν̃_j, (c, n)
         rhs = np.sum(pi.T * a, axis=0)
         x = solve_triangular(chol_C, solve_triangular(chol_C, rhs, lower=True, check_finite=False),
                              lower=True, trans="T", check_finite=False)
-        mean = a + np.einsum("jab,b->ja", KM, x)                           # (c, n)
-        self.M, self.E, self.chol_C = M, E, chol_C
+        mean = a + np.stack([matmul(MK[j].T, x) for j in range(c)])        # (c, n)
+        self.M, self.chol_C = M, chol_C
+        self._E = None
         self.mean = mean.T.copy()                                          # (n, c)
         self.cov = cov                                                     # (n, c, c)
         self.log_det = log_det                                             # log|I + K Π|
         self.quad = float(np.sum(nu * self.mean))                          # ν̃ᵀ μ
         Pi_mu = pi * self.mean - pi * (np.sum(pi * self.mean, axis=1) / pi.sum(axis=1))[:, None]
         self.weights = (nu - Pi_mu).T.copy()                               # b = ν̃ - Π μ, (c, n)
+
+    @property
+    def E(self):
+        """``E_j = L_C⁻¹ M_j``, shape (c, n, n) (formed on first use)."""
+        if self._E is None:
+            self._E = np.stack([solve_triangular(self.chol_C, M_j, lower=True, check_finite=False)
+                                for M_j in self.M])
+        return self._E
+
+    def diagonal_blocks_of_inverse(self):
+        """``Σ_j [(K + Π⁻¹)⁻¹]_jj = Σ_j (M_j - E_jᵀ E_j)`` (n, n), for the evidence gradient."""
+        E = self.E
+        c, n, _ = E.shape
+        R = gram(E.reshape(c * n, n).T)                                    # Σ_j E_jᵀ E_j by one syrk
+        R *= -1.0
+        R += self.M.sum(axis=0)
+        return R
 
     def cavities(self, pi, nu):
         """Cavity natural parameters ``(Λ, η)``, shapes (n, c, c) and (n, c), and the marginals' ``(Λ_i, η_i)``."""
@@ -247,10 +284,9 @@ class MultinomialGPProblem(SiteProblem):
         self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
         self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
         post, info = state["post"], state["info"]
-        self.training_marginals = (post.mean, np.diagonal(post.cov, axis1=1, axis2=2))
         grad = None
         if gradient:
-            R = post.M.sum(axis=0) - np.einsum("jab,jac->bc", post.E, post.E)   # Σ_j diag blocks of (K + Π⁻¹)⁻¹
+            R = post.diagonal_blocks_of_inverse()
             grad = np.array([sum(0.5 * inner(matmul(b, dK), b) for b in post.weights) - 0.5 * inner(R, dK)
                              for dK in kernel._unchecked_gradient_iter(self.X)], dtype=float)
         if keep:

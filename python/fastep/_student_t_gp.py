@@ -180,7 +180,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
-        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_var": post_var, "post_cov": post_cov,
+        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
                 "cavity": (cavity_mean, cavity_var), "info": info}
 
     def evaluate(self, params, *, gradient, warm, keep=False):
@@ -191,7 +191,6 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             state = self.run(K, likelihood, warm)
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
-        self.training_marginals = (state["post_mean"], state["post_var"])
         weights = nu - tau * state["post_mean"]                 # b = ν - T μ
         inverse = state["post_cov"]                             # M = T - T Σ T, in Σ's memory
         inverse *= -tau[:, None]

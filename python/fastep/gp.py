@@ -32,7 +32,7 @@ from scipy.linalg import lapack, solve_triangular
 from . import _validation as v
 from ._epcore import gp_ep as _engine
 from ._base import check_is_fitted
-from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
+from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
                        check_kernel, check_noise_model, check_optimizer, start_kernel)
 from ._defaults import default_noise_variance
@@ -128,8 +128,7 @@ class _BinaryGPEP(SiteProblem):
                 f"EP's log marginal likelihood is not finite at {likelihood!r} with this kernel: the site "
                 f"precisions (up to {float(np.max(tau)):.3g}) make the kernel matrix numerically singular; "
                 "increase jitter, add a White kernel term or bound the noise_variance")
-        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_var": post_var, "cavity": (cavity_mean, cavity_var),
-                "info": info}
+        return {"tau": tau, "nu": nu, "post_mean": post_mean, "cavity": (cavity_mean, cavity_var), "info": info}
 
     @staticmethod
     def _weights(K, L, tau, nu, s):
@@ -163,7 +162,6 @@ class _BinaryGPEP(SiteProblem):
         state = self.run((K, buffer), likelihood, warm)
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
-        self.training_marginals = (state["post_mean"], state["post_var"])
         grad = None
         cavity_mean, cavity_var = state["cavity"]
         s = np.sqrt(tau)
@@ -271,10 +269,12 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
         Policy for negative site precisions (possible for the step likelihood with flip
         noise): clip to 0 keeping the tilted mean matched, or skip the update.
     optimizer : 'L-BFGS-B' or None, default 'L-BFGS-B'
-        Maximise the EP log marginal likelihood over the hyperparameters with L-BFGS-B and
-        its exact gradient at the EP fixed point; None keeps them fixed.
+        Learn the hyperparameters with L-BFGS-B, using the EP log marginal likelihood's exact
+        gradient at the EP fixed point (the objective: ``hyperprior``); None keeps them fixed.
     n_restarts_optimizer : int >= 0, default 0
-        Extra optimiser starts at ``theta0 + N(0, I)``, seeded by ``random_state``.
+        Extra optimiser starts at ``theta0 + N(0, I)`` (in the search's log coordinates),
+        seeded by ``random_state``.
+    """ + HYPERPRIOR_DOC + """
     jitter : float >= 0, default 0.0
         Added to the diagonal of the kernel matrix. A kernel matrix that is numerically
         indefinite makes ``fit`` raise ``numpy.linalg.LinAlgError`` asking for more.
@@ -288,6 +288,7 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
 _EP_ATTRIBUTES = """log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted hyperparameters (summed over the
         one-vs-rest problems).
+    """ + LEARNING_ATTRIBUTES + """
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites ``τ̃_i`` and ``ν̃_i = τ̃_i μ̃_i`` at the fixed point.
     n_sweeps_ : int or ndarray (n_classes,)
@@ -339,7 +340,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         None: 0.5); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
         model with the same kernel. ``decision_function`` then returns the latent means (n, c)
-        (two classes: their difference ``f_1 - f_0``, positive for ``classes_[1]``).
+        (two classes: the predictive log-odds of ``classes_[1]``, as the binary classifiers).
     {N_JOBS_DOC}
 
     Attributes
@@ -470,9 +471,12 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     def decision_function(self, X):
         check_is_fitted(self, "_problems")
         if self._multinomial():
-            latent = self._problems[0].latent(self._check_X(X))[0]
-            # two classes: one column, positive for classes_[1], as every binary classifier
-            return latent[:, 1] - latent[:, 0] if latent.shape[1] == 2 else latent
+            X = self._check_X(X)
+            if len(self.classes_) == 2:
+                # one column, the predictive log-odds of classes_[1] as for every binary classifier
+                log_p = np.log(self._problems[0].predictor.predict_proba(X))
+                return log_p[:, 1] - log_p[:, 0]
+            return self._problems[0].latent(X)[0]
         return super().decision_function(X)
 
     def predict(self, X):

@@ -111,6 +111,14 @@ class LogNormal:
         """``{'scale': scale}`` (scikit-learn's parameter protocol)."""
         return {"scale": self.scale}
 
+    def set_params(self, **params):
+        """Set ``scale`` (scikit-learn's parameter protocol); returns self."""
+        for key, value in params.items():
+            if key != "scale":
+                raise ValueError(f"LogNormal has no parameter {key!r}; it has 'scale'")
+            self.scale = value
+        return self
+
 
 def check_hyperprior(hyperprior):
     """The estimators' ``hyperprior`` argument: ``'auto'`` (``LogNormal()``), None, or a LogNormal.

@@ -65,7 +65,7 @@ from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._base import check_is_fitted
-from ._gp_base import (N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
+from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
                        check_kernel, check_noise_model, check_noise_variance, check_optimizer, stack_problems,
                        start_kernel)
@@ -78,6 +78,7 @@ from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, g
 from ._double_loop_ep import run_sparse_double_loop_ep
 from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 from .batch import map_in_order
+from .hyperpriors import check_hyperprior
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
 
@@ -179,7 +180,6 @@ class _BinarySparseEP(SiteProblem):
         L, Vt, d = self._prior(kernel, Z)
         state = self.run((Vt, d), likelihood, warm)
         self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
-        self.training_marginals = (state["g_mean"], state["g_var"] + d)
         grad = None
         if gradient:
             grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,
@@ -300,7 +300,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
                 "negative_precision": _POLICIES[self.negative_precision], "jitter": jitter,
                 "approximation": self.approximation, "power": float(power),
-                "n_quadrature": n_quadrature, "progress": self._new_progress()}
+                "n_quadrature": n_quadrature, "hyperprior": check_hyperprior(self.hyperprior),
+                "progress": self._new_progress()}
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):
         """The kernel must provide the sparse derivatives the optimiser will need (tried on one row of X)."""
@@ -369,7 +370,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         problem.estimator_name = type(self).__name__
         problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  extra=Z if self.learn_inducing else None)
+                                                  extra=Z if self.learn_inducing else None,
+                                                  hyperprior=options["hyperprior"])
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
@@ -480,7 +482,9 @@ _COMMON_PARAMS = """
     optimizer : 'L-BFGS-B' or None, default 'L-BFGS-B'
         None keeps the hyperparameters and the inducing inputs fixed.
     n_restarts_optimizer : int >= 0, default 0
-        Extra optimiser starts at ``theta0 + N(0, I)``, seeded by ``random_state``.
+        Extra optimiser starts at ``theta0 + N(0, I)`` (in the search's log coordinates),
+        seeded by ``random_state``.
+    """ + HYPERPRIOR_DOC + """
     jitter : float >= 0, default 1e-6
         Added to the diagonal of K_mm (absolute).
     random_state : int or None, default None
@@ -493,6 +497,7 @@ _COMMON_PARAMS = """
 
 _COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted parameters (summed over one-vs-rest problems).
+    """ + LEARNING_ATTRIBUTES + """
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
     n_sweeps_ : int or ndarray (n_classes,)
@@ -659,7 +664,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                  inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
-                 random_state=None, warm_start=True, n_jobs=None, verbose=0, callback=None):
+                 random_state=None, warm_start=True, n_jobs=None, hyperprior="auto", verbose=0, callback=None):
+        self.hyperprior = hyperprior
         self.verbose = verbose
         self.callback = callback
         self.kernel = kernel
@@ -806,7 +812,8 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
-                 jitter=1e-6, random_state=None, warm_start=True, verbose=0, callback=None):
+                 jitter=1e-6, random_state=None, warm_start=True, hyperprior="auto", verbose=0, callback=None):
+        self.hyperprior = hyperprior
         self.verbose = verbose
         self.callback = callback
         self.kernel = kernel

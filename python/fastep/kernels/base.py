@@ -72,8 +72,12 @@ class Kernel:
 
     @property
     def theta_transforms(self):
-        """The transform of each entry of ``theta``, by name (``'softplus'``, ``'log'`` or ``'sigmoid'``)."""
+        """The transform of each entry of ``theta``, by name (``'softplus'``, ``'log'`` or ``'sigmoid'``;
+        ``'unknown'`` for a kernel class that does not say)."""
         return list(self._theta_transforms())
+
+    def _theta_transforms(self):
+        return ["unknown"] * self.n_theta
 
     def __sklearn_clone__(self):
         """scikit-learn's ``clone``: an independent deep copy (parameters and transforms)."""
