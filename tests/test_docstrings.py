@@ -10,6 +10,7 @@ import pytest
 import fastep
 import fastep.batch
 import fastep.cli
+import fastep.hyperpriors
 import fastep.kernels
 import fastep.likelihoods
 import fastep.persistence
@@ -17,12 +18,12 @@ import fastep.plotting
 import fastep.progress
 
 _ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "decision_function",
-                      "score", "log_marginal_likelihood")
+                      "score", "log_marginal_likelihood", "log_hyperposterior")
 
 
 def _public_objects():
     seen = {}
-    for module in (fastep, fastep.batch, fastep.kernels, fastep.likelihoods, fastep.persistence, fastep.plotting,
+    for module in (fastep, fastep.batch, fastep.hyperpriors, fastep.kernels, fastep.likelihoods, fastep.persistence, fastep.plotting,
                    fastep.progress, fastep.cli):
         for name in module.__all__:
             obj = getattr(module, name)

@@ -208,12 +208,11 @@ def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_like
         assert clf.log_marginal_likelihood_value_ > start + 0.1, seed
         lik = likelihood_theta(clf.likelihood_)[1] if learn_likelihood else []
         theta = np.r_[clf.kernel_.theta, lik]
-        # stationary: a search run to a tight tolerance from the result gains nothing that matters (with
-        # the probit's slope learnt, the evidence has a flat ridge along slope x variance: one toy still
-        # gains 1.4e-3 nats there by moving the log variance by 8)
-        result = minimize(lambda t: tuple(-np.asarray(v) for v in clf.log_marginal_likelihood(t, eval_gradient=True)),
-                          theta, jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-9})
-        assert -result.fun - clf.log_marginal_likelihood(theta) < 1e-2, seed
+        _, gradient = clf.log_marginal_likelihood(theta, eval_gradient=True)
+        # stationary to the search's own rule (it stops where a Newton step would gain under 1e-5 nats
+        # per point, 2e-3 here: gradients of a few 1e-2 at curvatures of order 0.1-1), far from the
+        # 1.9-3.8 of the stalls this test is about
+        assert np.max(np.abs(gradient)) < 5e-2, (seed, gradient)
 
 
 def test_inducing_initialisation():

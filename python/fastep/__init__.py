@@ -33,7 +33,7 @@ get_include
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import kernels, likelihoods
+from . import hyperpriors, kernels, likelihoods
 from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
@@ -52,7 +52,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
-    "__version__", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",
+    "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical", "StudentT",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",

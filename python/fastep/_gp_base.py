@@ -20,6 +20,7 @@ The model modules (:mod:`fastep.gp`, :mod:`fastep.sparse`, :mod:`fastep.ivm`) ke
 what is their own: how EP (or the IVM's selection) runs, the evidence gradient, and the
 model's predictive state.
 """
+import contextlib
 import copy
 import warnings
 
@@ -37,6 +38,7 @@ from ._learning import Search, search_space_of
 from ._optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import Kernel
+from .kernels._distances import reuse_training_distances
 from .likelihoods import Gaussian, Logistic, Probit, Step
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
@@ -210,10 +212,12 @@ class SiteProblem:
             final_options = self.options
             if self.search_tol is not None and self.search_tol > final_options["tol"]:
                 self.options = dict(final_options, tol=self.search_tol)
+            X = getattr(self, "X", None)
             try:
-                u, _, _ = maximize_log_likelihood(search, hyper.space.u0, hyper.space.bounds,
-                                                  n_restarts=n_restarts, rng=rng, stacklevel=5,
-                                                  ftol=self.search_ftol, stop_rule=search)
+                with reuse_training_distances(X) if isinstance(X, np.ndarray) else contextlib.nullcontext():
+                    u, _, _ = maximize_log_likelihood(search, hyper.space.u0, hyper.space.bounds,
+                                                      n_restarts=n_restarts, rng=rng, stacklevel=5,
+                                                      ftol=self.search_ftol, stop_rule=search)
             except StopRequested:
                 u = search.best_u if search.best_u is not None else hyper.space.u0
             finally:

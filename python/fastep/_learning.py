@@ -15,9 +15,10 @@ the search ends at an accepted L-BFGS-B iterate when
 
 * the objective rose by less than ``GAIN_TOL`` per training point since the previous accepted
   iterate, and
-* a Newton step along the gradient, with the curvature the objective showed along that last
-  step, would gain less than that again (a short step where the objective still climbs
-  steeply, as a poor line search takes, does not count),
+* a Newton step along the gradient would gain less than that again, at the curvature the
+  objective showed along that last step but at most the curvature it has in every direction
+  (the hyperprior's ``1/scale²`` per log-parameter, or 1 without one): a short step where the
+  objective still climbs, as a poor line search takes, does not count,
 
 or when L-BFGS-B converges on its own. A gain of 1e-5 nats per point moves no prediction that
 matters; L-BFGS-B's own relative-reduction test (about 2e-9 of the objective) keeps buying such
@@ -29,6 +30,7 @@ import numpy as np
 from scipy.special import expit
 
 from ._likelihood_params import likelihood_theta
+from ._linalg import inner
 from ._progress import StopRequested
 from .exceptions import ConvergenceWarning
 
@@ -135,6 +137,7 @@ class Search:
         self.count = 0
         self.accepted = None             # (u, objective, gradient) at the last accepted iterate
         self.n_points = max(int(problem.n_points), 1)
+        self.reference_curvature = 1.0 if hyperprior is None else hyperprior.curvature()
 
     def __call__(self, u):
         key = np.asarray(u, dtype=float).tobytes()
@@ -185,11 +188,12 @@ class Search:
         if value - previous[1] >= tolerance:
             return False
         # a short step taken where the objective still climbs steeply (a poor line search) is no
-        # sign of convergence: the gain a Newton step along the gradient would still make, with
-        # the curvature the objective showed along the last step, must be small too
+        # sign of convergence: the gain a Newton step along the gradient would still make must be
+        # small too, at the curvature the objective showed along the last step, but no more than
+        # the curvature known in every direction (the hyperprior's 1/scale², else 1 per log-unit)
         step, change = u - previous[0], grad - previous[2]
-        curvature = -float(step @ change) / max(float(step @ step), 1e-300)
-        return curvature > 0.0 and float(grad @ grad) / (2.0 * curvature) < tolerance
+        curvature = min(-inner(step, change) / max(inner(step, step), 1e-300), self.reference_curvature)
+        return curvature > 0.0 and inner(grad, grad) / (2.0 * curvature) < tolerance
 
     def restart(self):
         """A new start of the search: the stopping rule compares iterates of one run only."""

@@ -42,7 +42,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["LogNormal", "check_hyperprior", "DEFAULT_SCALE"]
+__all__ = ["LogNormal", "DEFAULT_SCALE"]
 
 #: The default prior scale ``s`` on each log-parameter (nats).
 DEFAULT_SCALE = 2.5
@@ -66,7 +66,7 @@ class LogNormal:
     >>> prior = LogNormal(scale=2.0)
     >>> value, gradient = prior.log_density(np.array([0.0, 1.0]), np.array([0.0, 0.0]))
     >>> round(float(value), 6), gradient.tolist()
-    (-3.36208, [-0.0, -0.25])
+    (-3.349171, [-0.0, -0.25])
     """
 
     def __init__(self, scale=DEFAULT_SCALE):
@@ -97,6 +97,10 @@ class LogNormal:
         z = (np.asarray(log_values, dtype=float) - np.asarray(log_centres, dtype=float)) / scale
         value = float(-0.5 * np.sum(z * z) - z.size * (math.log(scale) + 0.5 * math.log(2.0 * math.pi)))
         return value, -z / scale
+
+    def curvature(self):
+        """``-∂² log p/∂u²`` of each log-parameter, ``1/scale²``."""
+        return 1.0 / self._checked_scale() ** 2
 
     def __eq__(self, other):
         return type(other) is type(self) and other.scale == self.scale

@@ -1,8 +1,38 @@
 """Products, squared distances and centring shared by the kernels (BLAS through
 :mod:`fastep._linalg`)."""
+import contextlib
+import threading
+
 import numpy as np
 
 from .._linalg import gram, matmul
+
+_reuse = threading.local()
+
+
+@contextlib.contextmanager
+def reuse_training_distances(X):
+    """Within the block (and this thread), the squared distances among the rows of this very
+    array ``X`` are computed once by the kernels that use them (the isotropic RBF): a
+    hyperparameter search evaluates K(X, X) and its gradient at many θ, on the same X. Holds
+    one more n x n array for the duration of the block."""
+    previous = getattr(_reuse, "entry", None)
+    _reuse.entry = [X, None]
+    try:
+        yield
+    finally:
+        _reuse.entry = previous
+
+
+def _training_sqdist(X):
+    """Squared distances among the rows of X (a fresh array the caller may overwrite), from the
+    cache of :func:`reuse_training_distances` when X is its array."""
+    entry = getattr(_reuse, "entry", None)
+    if entry is None or entry[0] is not X:
+        return _sqdist_centred(_centre(X)[0])
+    if entry[1] is None:
+        entry[1] = _sqdist_centred(_centre(X)[0])
+    return entry[1].copy()
 
 
 def _gram(X, Y=None):

@@ -3,7 +3,7 @@ sample) and Bias (a constant)."""
 import numpy as np
 
 from .._linalg import matmul
-from ._distances import _centre, _row_sq_norms, _sqdist_centred
+from ._distances import _centre, _row_sq_norms, _sqdist_centred, _training_sqdist
 from .base import _ARDMixin, _Leaf
 
 __all__ = ["RBF", "RBFARD", "White", "Bias"]
@@ -47,6 +47,8 @@ class RBF(_Leaf):
         return 1.0 / np.sqrt(self._value("inverse_width"))
 
     def _sqdist(self, X, Y):
+        if Y is None:
+            return _training_sqdist(X)
         Xc, Yc = _centre(X, Y)
         return _sqdist_centred(Xc, Yc)
 
