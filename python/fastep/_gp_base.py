@@ -207,7 +207,7 @@ class SiteProblem:
         """
         progress = self.options.get("progress") or quiet()
         if optimizer is not None and hyper.size and not progress.stopped:
-            search = Search(self, hyper, hyper.hyperprior, warm_start, progress)
+            search = Search(self, hyper, warm_start, progress)
             rng = np.random.default_rng(seed)
             final_options = self.options
             if self.search_tol is not None and self.search_tol > final_options["tol"]:

@@ -117,17 +117,17 @@ class Search:
     ----------
     problem : SiteProblem
     hyper : Hyperparameters
-    hyperprior : LogNormal or None
+        θ's packing, its search coordinates and the hyperprior (None: type-II ML).
     warm : bool
         Warm-start each evaluation's EP from the sites of the previous one.
     progress : reporter
     """
 
-    def __init__(self, problem, hyper, hyperprior, warm, progress):
+    def __init__(self, problem, hyper, warm, progress):
         self.problem = problem
         self.hyper = hyper
         self.space = hyper.space
-        self.hyperprior = hyperprior
+        self.hyperprior = hyperprior = hyper.hyperprior
         self.warm = warm
         self.progress = progress
         self.cache = {}                  # u bytes -> (objective, gradient in u)
