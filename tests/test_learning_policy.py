@@ -87,8 +87,10 @@ def test_search_space_round_trip_and_gradient():
         e[k] = 1e-6
         fd = (c @ space.from_search(u + e) - c @ space.from_search(u - e)) / 2e-6
         assert grad_u[k] == pytest.approx(fd, rel=1e-6, abs=1e-8)
-    # unbounded log coordinates (L-BFGS-B then takes a first step of length 1, not the whole gradient)
-    assert np.all(np.isinf(space.bounds[space.softplus]))
+    # the kernel's log coordinates are unbounded (L-BFGS-B then takes a first step of length 1, not the
+    # whole gradient); the likelihood's keep their bounds
+    assert space.unbounded.tolist() == [True, True, True, True, False, False, False, False, False, False]
+    assert np.all(np.isinf(space.bounds[space.unbounded])) and np.all(np.isfinite(space.bounds[7]))
 
 
 # ---- the objective at the returned point ------------------------------------------------------

@@ -38,7 +38,7 @@ __all__ = ["SearchSpace", "Search", "GAIN_TOL"]
 
 #: Largest rise of the objective per training point between accepted iterates at which it may stop.
 GAIN_TOL = 1e-5
-#: Bound of the log coordinates of the softplus-transformed parameters (e^±700 is a normal float).
+#: Bound of the kernel's log coordinates (e^±700 is a normal float).
 _LOG_BOUND = 700.0
 
 
@@ -57,23 +57,27 @@ class SearchSpace:
     """
 
     def __init__(self, kernel, likelihood_names, n_extra, theta0, bounds):
-        kinds = list(kernel.theta_transforms) + [
+        kernel_kinds = list(kernel.theta_transforms)
+        kinds = kernel_kinds + [
             "log" if name.startswith("log_") else "identity" for name in likelihood_names] + ["identity"] * n_extra
         self.softplus = np.array([k == "softplus" for k in kinds], dtype=bool)
+        #: the kernel's log coordinates, searched without bounds (below)
+        self.unbounded = np.array([k in ("softplus", "log") for k in kernel_kinds]
+                                  + [False] * (len(kinds) - len(kernel_kinds)), dtype=bool)
         #: entries that are logs of positive parameters in ``u`` (where the hyperprior acts)
         self.log_scale = np.array([k in ("softplus", "log") for k in kinds], dtype=bool)
         self.theta0 = np.asarray(theta0, dtype=float)
         self.u0 = self.to_search(self.theta0)
-        # The log coordinates are left unbounded: with every variable bounded, L-BFGS-B's first trial
-        # point is the start plus the whole gradient (O(n) in size, e^17 times the variance on a
-        # 600-point problem), with any unbounded one a step of length 1. Points beyond e^±700
-        # are not evaluated (:meth:`in_range`).
+        # The kernel's log coordinates are left unbounded: with every variable bounded, L-BFGS-B's
+        # first trial point is the start plus the whole gradient (O(n) in size, e^17 times the
+        # variance on a 600-point problem), with any unbounded one a step of length 1. Points beyond
+        # e^±700 are not evaluated (:meth:`in_range`).
         self.bounds = np.asarray(bounds, dtype=float).copy()
-        self.bounds[self.softplus] = (-np.inf, np.inf)
+        self.bounds[self.unbounded] = (-np.inf, np.inf)
 
     def in_range(self, u):
         """Whether every log coordinate of ``u`` maps to a finite, normal parameter value."""
-        return bool(np.all(np.abs(np.asarray(u, dtype=float)[self.softplus]) <= _LOG_BOUND))
+        return bool(np.all(np.abs(np.asarray(u, dtype=float)[self.unbounded]) <= _LOG_BOUND))
 
     def to_search(self, theta):
         u = np.array(theta, dtype=float)

@@ -90,7 +90,8 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     for title, kernel, optimizer in (
             ("at the generating hyperparameters (RBF variance 100, inverse width 10)",
              RBF(variance=100.0, inverse_width=10.0), None),
-            ("hyperparameters learnt from RBF(1, 1) by L-BFGS-B on the EP evidence",
+            ("hyperparameters learnt from RBF(1, 1) by L-BFGS-B on the EP evidence and the default "
+             "hyperprior (MAP-II)",
              RBF(variance=1.0, inverse_width=1.0, transforms={"variance": "log", "inverse_width": "log"}),
              "L-BFGS-B")):
         print("", file=out)
@@ -102,8 +103,8 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
         params = gpc.kernel_.get_params()
         print(f"  kernel              RBF(variance={params['variance']:.4g}, "
               f"inverse_width={params['inverse_width']:.4g})", file=out)
-        print(f"  sweeps {gpc.n_sweeps_} (converged: {gpc.converged_}), fit time {elapsed * 1e3:.1f} ms",
-              file=out)
+        print(f"  sweeps {gpc.n_sweeps_} (converged: {gpc.converged_}), evidence evaluations "
+              f"{gpc.n_evaluations_}, fit time {elapsed * 1e3:.1f} ms", file=out)
         print(f"  log evidence        {gpc.log_marginal_likelihood_value_:.4f}", file=out)
         print(f"  training accuracy   {gpc.score(X_train, y_train):.3f}", file=out)
         print(f"  test accuracy       {gpc.score(X_test, y_test):.3f}", file=out)
