@@ -92,6 +92,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     n_evals = [0]
     first = []                      # (value, gradient) of the first evaluation of each run
     seen = {}                       # theta bytes -> gradient, for the check of the result
+    values = {}                     # theta bytes -> objective value
 
     def negated(theta):
         n_evals[0] += 1
@@ -100,11 +101,11 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             first.append((float(value), np.asarray(grad, dtype=float)))
         if not np.isfinite(value):
             return 1e300, np.zeros_like(theta)
-        seen[np.asarray(theta, dtype=float).tobytes()] = np.array(grad, dtype=float)
-        values[np.asarray(theta, dtype=float).tobytes()] = float(value)
+        key = np.asarray(theta, dtype=float).tobytes()
+        seen[key] = np.array(grad, dtype=float)
+        values[key] = float(value)
         return -value, -np.asarray(grad, dtype=float)
 
-    values = {}                     # theta bytes -> objective value
     callback = None
     if stop_rule is not None:
         def callback(xk):
