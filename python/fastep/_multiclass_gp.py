@@ -55,7 +55,7 @@ class MultinomialPosterior:
     as ``diag(K) - colsum(W_j²)``, ``M_j K = D_j^½ L_j⁻ᵀ W_j`` and ``E_j K = L_C⁻¹ (M_j K)``:
     four n³ flops per class and outer iteration (two triangular solves, the factor and its
     inverse for ``C``, one solve for ``E_j K``), every product on scipy's BLAS. ``E_j`` itself
-    (the gradient and the predictor need it) is formed by :meth:`factors` only when asked.
+    (the gradient and the predictor need it) is formed by the :attr:`E` property, on first use.
     """
 
     def __init__(self, K, pi, nu):

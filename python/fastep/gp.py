@@ -32,9 +32,10 @@ from scipy.linalg import lapack, solve_triangular
 from . import _validation as v
 from ._epcore import gp_ep as _engine
 from ._base import check_is_fitted
-from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
-                       GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_noise_model, check_optimizer, start_kernel)
+from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
+                       GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
+                       check_classifier_likelihood, check_kernel, check_noise_model, check_optimizer,
+                       start_kernel)
 from ._defaults import default_noise_variance
 from ._likelihood_params import likelihood_theta_gradient
 from ._multiclass_gp import MultinomialGPProblem

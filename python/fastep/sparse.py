@@ -65,10 +65,10 @@ from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._base import check_is_fitted
-from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
-                       GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood,
-                       check_kernel, check_noise_model, check_noise_variance, check_optimizer, stack_problems,
-                       start_kernel)
+from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
+                       GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
+                       check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
+                       check_optimizer, stack_problems, start_kernel)
 from ._defaults import default_noise_variance, sample_rows
 from ._likelihood_params import likelihood_theta
 from ._linalg import matmul
