@@ -312,15 +312,21 @@ def test_params_roundtrip():
 X_BAD, Y_BAD, _ = toy(20, seed=13)
 
 
+@pytest.mark.parametrize("init", ["kmeans++", "random", "ivm"])
+def test_n_inducing_above_n_samples_is_clipped_to_every_training_input(init):
+    clf = SparseGPClassifier(n_inducing=21, inducing_init=init, optimizer=None, random_state=0).fit(X_BAD, Y_BAD)
+    assert clf.inducing_inputs_.shape == (20, 2)
+    if init != "kmeans++":                  # the selections take each training input once
+        np.testing.assert_array_equal(np.unique(clf.inducing_inputs_, axis=0), np.unique(X_BAD, axis=0))
+
+
 @pytest.mark.parametrize("params, X, exc, message", [
-    ({"n_inducing": 21}, X_BAD, ValueError, "n_inducing must be <= n_samples = 20"),
     ({"n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
     ({"n_inducing": 2.5}, X_BAD, TypeError, "n_inducing must be an integer"),
     ({"inducing_init": np.zeros((3, 3))}, X_BAD, ValueError, "inducing_init must have 2 columns"),
     ({"inducing_init": np.zeros((21, 2))}, X_BAD, ValueError, "inducing_init must have at most"),
     ({"inducing_init": np.array([[0.0, np.nan]])}, X_BAD, ValueError, "inducing_init must be finite"),
     ({"inducing_init": "grid"}, X_BAD, ValueError, r"inducing_init must be one of \['ivm', 'kmeans\+\+', 'random'\]"),
-    ({"inducing_init": "ivm", "n_inducing": 21}, X_BAD, ValueError, "n_inducing must be <= n_samples = 20"),
     ({"inducing_init": "ivm", "n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
     ({"inducing_init": "ivm", "n_inducing": None}, X_BAD, TypeError, "n_inducing must be an integer"),
     ({"approximation": "vfe"}, X_BAD, ValueError, "approximation must be one of"),

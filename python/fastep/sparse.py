@@ -329,9 +329,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         init = self.inducing_init
         if isinstance(init, str):
             v.check_choice(init, "inducing_init", _INDUCING_INITS)
-            m = v.check_int(self.n_inducing, "n_inducing", minimum=1)
-            if m > n:
-                raise ValueError(f"n_inducing must be <= n_samples = {n}, got {m}")
+            m = min(v.check_int(self.n_inducing, "n_inducing", minimum=1), n)
             if init == "ivm":
                 # Algorithm 1 of the IVM at the initial kernel and likelihood; a regression
                 # selection uses the sparse model's prior mean 0 as its offset (the entropy
@@ -438,7 +436,9 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
 _COMMON_PARAMS = """
     n_inducing : int, default 50
-        Number m of inducing inputs (1 <= m <= n_samples) when ``inducing_init`` is a string.
+        Number m of inducing inputs when ``inducing_init`` is a string; a value above
+        n_samples is clipped to n_samples (every training input is then a candidate, and
+        ``'random'`` and ``'ivm'`` take each training input once).
     approximation : {'fitc', 'dtc'}, default 'fitc'
         Prior of the training latents: ``Q + diag(K - Q)`` (EP-FITC, the "generalized FITC"
         of Naish-Guzman & Holden) or ``Q`` (EP-DTC); slides "Sparse EP", "EP-FITC", "EP-DTC".
