@@ -136,7 +136,7 @@ def test_scg_kernel_step_of_algorithm_2_does_not_lower_eq32():
     _, best_lbfgs, _ = maximize_log_likelihood(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=200)
     assert best == pytest.approx(best_lbfgs, abs=1e-5)          # the same optimum of eq 32
     model = IVMClassifier(RBF(1.0, 1.0) + Bias(0.1), active_set_size=40, n_iterations=2, optimizer="SCG",
-                          max_optimizer_iter=30).fit(X, y)
+                          max_optimizer_iter=30, kernel_objective="active_set").fit(X, y)
     assert model.kernel_.get_params()["k0__inverse_width"] != 1.0
     assert model.score(X, y) > 0.8
 
@@ -184,7 +184,7 @@ def test_learning_the_probit_bias_by_eq34():
     X, f, rng = _toy(200, 5)
     y = np.where(f + 0.2 * rng.normal(size=200) > 0.8, 1.0, -1.0)     # unbalanced classes
     model = IVMClassifier(RBF(1.0, 1.0), Probit(bias=0.0), learn_likelihood=True, active_set_size=40,
-                          n_iterations=1, max_optimizer_iter=30).fit(X, y)
+                          n_iterations=1, max_optimizer_iter=30, kernel_objective="active_set").fit(X, y)
     assert model.likelihood_.bias != 0.0
     assert [h["stage"] for h in model.history_] == ["kernel", "noise"]
 
@@ -325,9 +325,9 @@ def _ordinal_blobs(n_categories, seed, n=260):
     return X, labels, float(np.mean(bayes == labels[200:]))
 
 
-def _toy_ordinal_model(n_iterations=2, likelihood=None):
+def _toy_ordinal_model(n_iterations=2, likelihood=None, kernel_objective="full_data"):
     return IVMOrdinalRegressor(RBF(1.0, 1.0) + Linear(1.0) + Bias(1.0), likelihood, active_set_size=50,
-                               n_iterations=n_iterations, max_optimizer_iter=30)
+                               n_iterations=n_iterations, max_optimizer_iter=30, kernel_objective=kernel_objective)
 
 
 @pytest.mark.parametrize("n_categories", [3, 4])
@@ -347,7 +347,8 @@ def test_algorithm2_noise_step_reaches_the_maximiser_of_eq34_on_the_ordinal_toy(
     # learnt kernel and the starting likelihood), starting from a gradient of order N.
     X, labels, _ = _ordinal_blobs(4, seed)
     start = OrderedCategorical(4, slope=1.0, bias=-1.0)
-    model = _toy_ordinal_model(n_iterations=1, likelihood=start).fit(X[:200], labels[:200])
+    model = _toy_ordinal_model(n_iterations=1, likelihood=start, kernel_objective="active_set").fit(X[:200],
+                                                                                                 labels[:200])
     problem = _IVMProblem(X[:200], labels[:200].astype(float), model.kernel_, start, 50,
                           engine.CRITERION_ENTROPY, 0)
     problem.select()

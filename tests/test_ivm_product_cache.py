@@ -46,7 +46,7 @@ def test_cache_is_reused_bounded_and_dropped(monkeypatch):
 
     monkeypatch.setattr(fivm._IVMProblem, "select", spy)
     model = IVMClassifier(RBF(1.0, 0.3) + Linear(0.2) + White(0.1), active_set_size=20, n_iterations=2,
-                          learn_likelihood=True, max_optimizer_iter=10).fit(X, y)
+                          learn_likelihood=True, max_optimizer_iter=10, kernel_objective="active_set").fit(X, y)
     assert len(seen) == 5                              # 2 x (kernel, noise) + the final selection
     hits, misses, stored = seen[-1]
     assert hits + misses == 5 * 20

@@ -75,8 +75,8 @@ def test_callback_receives_records_from_every_estimator(name):
         assert "type-II ML" in stages
         search = [r.log_evidence for r in records if r.stage == "type-II ML"]
         assert np.all(np.isfinite(search) | (np.array(search) == -np.inf))
-    if name.startswith("IVM"):
-        assert "Algorithm 2 kernel" in stages and "eq 32" in stages
+    if name.startswith("IVM"):                  # the full-data objective's search, then the round's record
+        assert "Algorithm 2 full data" in stages and "type-II ML" in stages
 
 
 @pytest.mark.parametrize("name", ["GaussianProcessClassifier", "IVMClassifier", "HorseshoeRegression",
@@ -143,8 +143,14 @@ def test_stopping_algorithm_2_keeps_the_stage_reached():
     X, y, _ = _data(4, 120)
     stop = lambda record: record.stage != "Algorithm 2 kernel"  # noqa: E731
     with pytest.warns(ConvergenceWarning, match="stopped by the callback after Algorithm 2 kernel 1"):
-        model = fastep.IVMClassifier(active_set_size=30, n_iterations=4, callback=stop).fit(X, y)
+        model = fastep.IVMClassifier(active_set_size=30, n_iterations=4, callback=stop,
+                                     kernel_objective="active_set").fit(X, y)
     assert [h["stage"] for h in model.history_] == ["kernel"]
+    assert model.score(X, y) > 0.7
+    stop = lambda record: record.stage != "Algorithm 2 full data"  # noqa: E731
+    with pytest.warns(ConvergenceWarning, match="stopped by the callback after Algorithm 2 full data 1"):
+        model = fastep.IVMClassifier(active_set_size=30, n_iterations=4, callback=stop).fit(X, y)
+    assert [h["stage"] for h in model.history_] == ["full data"]
     assert model.score(X, y) > 0.7
 
 

@@ -19,7 +19,25 @@ Each of ``n_iterations`` outer rounds
    :mod:`fastep._epcore.ivm`: eqs 14-30, O(d² n) time, O(d n) memory, one kernel
    column per inclusion from :meth:`fastep.kernels.Kernel.columns`; the n×n
    kernel matrix is never formed);
-2. maximises the approximate log likelihood of the active set
+2. learns the parameters by one of two objectives (``kernel_objective``).
+
+   ``'full_data'`` (default): the EP evidence of the sparse GP on *all* n training points
+   with the d active inputs as inducing inputs, EP-FITC (:mod:`fastep.sparse`; the
+   tutorial slides *Expectation Propagation for Gaussian processes*, "Sparse EP" and
+   "EP-FITC"), plus the log density of the hyperprior (``hyperprior``,
+   :mod:`fastep.hyperpriors`), maximised over the kernel parameters and, when they are
+   learnt, the likelihood's (the classifier's with ``learn_likelihood``, the regressor's
+   noise variance with ``learn_noise``, the ordinal thresholds), with Z held at the active
+   inputs. Exact gradients, O(n d²) time per EP sweep and O(n d) memory; the search and its
+   stopping rule are those of the dense and sparse GP estimators (:mod:`fastep._learning`),
+   and each round's EP starts from the previous round's sites (they live on the n training
+   points, not on Z). This is the EP approximation of the marginal likelihood that Seeger's
+   notes point to for model selection: every training point, not only the active ones,
+   judges the kernel. With d = n it is the dense EP evidence (up to K_mm's jitter, 1e-6 of
+   the mean prior variance of the active points). The regressor's bias stays at its start
+   (the mean of y, or ``bias``).
+
+   ``'active_set'``: the paper's objective, the approximate likelihood of the active set,
 
        log N(m_I; 0, K_I + B_I⁻¹)                                            (eq 32)
 
@@ -27,29 +45,31 @@ Each of ``n_iterations`` outer rounds
    ``C = K_I + B_I⁻¹``, ``w = C⁻¹ m_I`` its gradient is
    ``½ wᵀ (∂K_I/∂θ) w - ½ tr(C⁻¹ ∂K_I/∂θ)`` (exact, from
    ``kernel.gradient_iter``); ``C⁻¹ = B^½ A⁻¹ B^½`` with
-   ``A = I + B^½ K_I B^½ = L Lᵀ`` (eigenvalues >= 1, so no jitter is needed);
-3. if the noise parameters are learnt (classifier, ordinal regressor): selects
-   again and maximises ``Σ_n log Z_n`` (eq 34), ``Z_n = ∫ p(y_n | f_n) q(f_n) df_n``,
+   ``A = I + B^½ K_I B^½ = L Lᵀ`` (eigenvalues >= 1, so no jitter is needed).
+   If the noise parameters are learnt (classifier, ordinal regressor) it then
+   selects again and maximises ``Σ_n log Z_n`` (eq 34), ``Z_n = ∫ p(y_n | f_n) q(f_n) df_n``,
    over the likelihood parameters (:mod:`fastep._likelihood_params`) with the
    marginals q held fixed: the posterior marginal ``N(μ_n, ς_n)`` of each inactive
    point and the *cavity* marginal of each active point (its own site removed).
    The paper writes the posterior marginal ``q_d(f_n)`` for every point; for an
    active point that counts its site twice. The regressor's noise variance and
-   bias are learnt in step 2 instead (``IVMRegressor``): its spherical sites
+   bias are learnt with the kernel instead (``IVMRegressor``): its spherical sites
    depend on them directly, and eq 32 is then the exact evidence of the active set.
    With L-BFGS-B, eq 34 is maximised in box trust regions
    (:func:`fastep._optimize.maximize_log_likelihood_trust_region`, initial half-width 1
    in the unconstrained parameters, doubled while the optimum lies on the box's face):
    the likelihood parameters all have finite bounds, and L-BFGS-B would otherwise try the
-   whole gradient of the N-term sum as its first step and stall at its start.
+   whole gradient of the N-term sum as its first step and stall at its start. The active
+   set is a sample biased towards the decision boundary, so eq 32 can rank kernels against
+   their test error; it is kept for the paper's protocol.
 
 Every selection can be followed by refinement on the fixed-size active set
 (``refine_sweeps``, ``exchange``; Seeger's notes §2.1 and §2.3): EP deletion-inclusion
 sweeps over the active points (eq 7), exchange moves scored by eqs (8)-(9) and the
 entropy criterion, and the sweeps again after any exchange. Off by default.
 
-Each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B iterations (a
-fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
+With ``'active_set'``, each optimisation runs at most ``max_optimizer_iter`` L-BFGS-B
+iterations (a fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
 gradient iterations); stopping at that budget is expected and not reported as a
 convergence failure. ``optimizer='SCG'`` uses the paper's optimiser instead
 (scaled conjugate gradients as in Netlab, :func:`fastep._optimize.maximize_log_likelihood_scg`).
@@ -74,11 +94,12 @@ import numpy as np
 from scipy.linalg import lapack
 
 from . import _validation as v
-from ._base import ClassifierMixin
+from ._base import ClassifierMixin, check_is_fitted
 from ._epcore import ivm as _engine
-from ._gp_base import (N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator, GPRegressorMixin,
-                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
-                       start_kernel)
+from ._epcore import sparse_ep as _sparse_engine
+from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator,
+                       GPRegressorMixin, Hyperparameters, check_classifier_likelihood, check_kernel,
+                       check_optimizer, stack_problems, start_kernel)
 from ._learning_checks import kernel_structure, warn_if_kernel_stuck
 from ._progress import CALLBACK_DOC, StopRequested
 from ._linalg import cholesky_lower, matmul
@@ -87,12 +108,21 @@ from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, lik
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
 from .exceptions import ConvergenceWarning
+from .hyperpriors import check_hyperprior
 from .kernels import ColumnProductCache
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
 
 __all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "select_active_set"]
 
 _LOG_2PI = np.log(2.0 * np.pi)
+_KERNEL_OBJECTIVES = ("full_data", "active_set")
+#: EP of the full-data objective: the sparse engine's FITC evidence (power 1, sequential sites),
+#: to the sparse estimators' default tolerance.
+_FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_SEQUENTIAL, "order": _sparse_engine.ORDER_FIXED, "damping": 1.0,
+                 "tol": 1e-6, "max_sweeps": 200, "negative_precision": _sparse_engine.NEGATIVE_CLIP,
+                 "approximation": "fitc", "power": 1.0, "n_quadrature": 32}
+#: K_mm's jitter in the full-data objective, relative to the mean prior variance of the active points.
+_FULL_DATA_JITTER = 1e-6
 # Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
 # unconstrained coordinates: a bias moves by at most one latent unit and a width, slope or
 # noise variance by at most a factor e per trial until the box grows (it doubles whenever
@@ -158,6 +188,9 @@ class _IVMProblem:
         self.offset = float(offset)
         self.state = None
         self.product_cache = None
+        self.full_data_sites = None
+        self.hyperparameters = None
+        self.log_evidence = None
 
     def _columns(self):
         """Kernel column oracle; the parameter-free products ``Xc x̃_j`` of the non-ARD
@@ -275,6 +308,62 @@ class _IVMProblem:
             self.likelihood = Gaussian(noise_variance=float(np.exp(theta[n_kernel])))
             self.offset = float(theta[n_kernel + 1])
 
+    # -- the full-data objective ------------------------------------------------------------
+    def full_data_problem(self, options, learn_likelihood):
+        """The sparse EP problem on all n training points with the active inputs as inducing inputs.
+
+        Its evidence (EP-FITC, :mod:`fastep.sparse`) is the full-data objective of Algorithm 2;
+        its sites live on the n training points, so those of the previous round (Z = the
+        previous active inputs) are its warm start. ``options`` are the sparse engine's.
+        """
+        from .sparse import _BinarySparseEP                 # sparse imports the IVM's selection
+        Z = np.ascontiguousarray(self.X[self.active])
+        diag = self.kernel._unchecked_diag(Z)
+        options = dict(options, jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
+        sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, self.X, self.y - self.offset, options,
+                                 learn_likelihood, False)
+        if self.full_data_sites is not None:
+            sparse.restore_sites(self.full_data_sites)
+        return sparse
+
+    def learn_full_data(self, options, learn_likelihood, hyperprior):
+        """Maximise the full-data objective (plus the log hyperprior) over the kernel and, with
+        ``learn_likelihood``, the likelihood parameters, Z fixed at the active inputs; returns
+        the sparse problem at the result (its ``log_ml`` the evidence there)."""
+        sparse = self.full_data_problem(options, learn_likelihood)
+        sparse.estimator_name = options["estimator_name"]
+        sparse.latent_scale = options["latent_scale"]
+        self.hyperparameters = Hyperparameters(self.kernel, self.likelihood, learn_likelihood,
+                                               hyperprior=hyperprior)
+        sparse.fit(self.hyperparameters, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
+                   warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
+        self.kernel, self.likelihood = sparse.kernel, sparse.likelihood
+        self.full_data_sites = sparse.sites()
+        return sparse
+
+    def full_data_evidence(self, options):
+        """The full-data objective at the current kernel, likelihood and active set (one EP run,
+        warm from the last round's sites); sets ``log_evidence``."""
+        sparse = self.full_data_problem(options, False)
+        self.log_evidence = sparse.evaluate((self.kernel, self.likelihood, None), gradient=False, warm=True)[0]
+        self.full_data_sites = sparse.sites()
+        return self.log_evidence
+
+    def full_data_evidence_at(self, X, theta, eval_gradient, options):
+        """The full-data objective (and its gradient) at ``theta`` in the coordinates of
+        ``hyperparameters``, the fitted active set fixed, EP from zero sites; K_mm's jitter is
+        that of the fitted kernel. ``X``: the training inputs (a finalized problem drops them)."""
+        hyper = self.hyperparameters
+        theta = hyper.check(theta)
+        self.X, sites = X, self.full_data_sites
+        try:
+            self.full_data_sites = None
+            sparse = self.full_data_problem(options, hyper.learn_likelihood)
+            value, grad, _ = sparse.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
+        finally:
+            self.X, self.full_data_sites = None, sites
+        return (value, grad) if eval_gradient else value
+
     def log_likelihood(self):
         K_I = self.kernel._unchecked_call(self.X[self.active])
         return _active_log_likelihood(K_I, self.site_mean, self.site_precision)[0]
@@ -386,9 +475,17 @@ class _IVMBase(GPEstimator):
                                                                             minimum=0)
         refine = {"sweeps": refine_sweeps, "exchange": self.exchange, "exchange_tol": exchange_tol,
                   "max_exchanges": max_exchanges}
+        objective = v.check_choice(self.kernel_objective, "kernel_objective", _KERNEL_OBJECTIVES)
+        if objective == "full_data" and self.optimizer == "SCG":
+            raise ValueError("optimizer='SCG' maximises the active set's eq 32: use it with "
+                             "kernel_objective='active_set' (the full-data objective is learnt with 'L-BFGS-B')")
+        full_data = dict(_FULL_DATA_EP, seed=seed, progress=progress, estimator_name=type(self).__name__,
+                         latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None)
         return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
                 "n_iterations": n_iterations if self.optimizer is not None else 0,
-                "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer}
+                "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer,
+                "kernel_objective": objective, "full_data": full_data,
+                "hyperprior": check_hyperprior(self.hyperprior)}
 
     def _fit_problem(self, problem, options, learn_noise, learn_offset, label=""):
         """Algorithm 2 on one problem; returns the finalized problem and its history."""
@@ -407,6 +504,8 @@ class _IVMBase(GPEstimator):
             ll = problem.log_likelihood()
             entry = {"iteration": iteration, "stage": stage, "log_likelihood": ll,
                      "n_active": int(problem.active.shape[0]), "elapsed": time.perf_counter() - t0}
+            if stage == "full data":
+                entry["log_evidence"] = problem.log_evidence
             history.append(entry)
             return progress.report(f"{prefix}Algorithm 2 {stage}", iteration, ll)
 
@@ -430,10 +529,21 @@ class _IVMBase(GPEstimator):
             except StopRequested:
                 return best["theta"]
 
+        full_data = options["kernel_objective"] == "full_data"
         for iteration in range(1, options["n_iterations"] + 1):
             if progress.stopped:
                 break
             problem.select()
+            if full_data:
+                problem.state = None                # the O(d n) selection state is rebuilt by the next selection
+                sparse = problem.learn_full_data(options["full_data"], learn_noise or problem.joint_noise,
+                                                 options["hyperprior"])
+                problem.log_evidence = sparse.log_ml
+                if not report(iteration, "full data"):
+                    break
+                if not self._ignores_inputs(problem.kernel, problem.X):
+                    last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
+                continue
             theta0, bounds = problem.kernel_theta()
             if theta0.size:
                 def kernel_obj(theta):
@@ -479,6 +589,11 @@ class _IVMBase(GPEstimator):
                 "active_set_size, or the dense GaussianProcessClassifier, learns the kernel from more of the data.",
                 ConvergenceWarning, stacklevel=4)
         problem.select()
+        problem.log_evidence = None
+        if full_data and options["n_iterations"] > 0:
+            problem.full_data_evidence(options["full_data"])
+        elif problem.hyperparameters is None:
+            problem.hyperparameters = Hyperparameters(problem.kernel, problem.likelihood, False)
         for message in problem.refinement_warnings():
             warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
         if options["n_iterations"] > 0:
@@ -514,6 +629,40 @@ class _IVMBase(GPEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)
             return maximize_log_likelihood(objective, theta0, bounds, maxiter=options["max_iter"])
 
+    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
+        """The full-data objective: the EP evidence of the sparse model on all training points
+        with the fitted active inputs as inducing inputs (EP-FITC), at ``theta``.
+
+        Parameters
+        ----------
+        theta : array-like or None, default None
+            The kernel's unconstrained parameters (``kernel_.theta``), followed by those of the
+            likelihood when they were learnt with it (``learn_likelihood``, or log σ² for the
+            regressor with ``learn_noise``). None returns ``log_marginal_likelihood_value_``.
+            One-vs-rest: the same ``theta`` for every class, summed over the classes.
+        eval_gradient : bool, default False
+            Also return the gradient with respect to ``theta`` (exact at the EP fixed point).
+
+        Returns
+        -------
+        float, or (float, ndarray) with ``eval_gradient``
+            EP runs from zero sites at ``theta``, with the fitted active set as Z and K_mm's
+            jitter at its fitted value; the fitted state is left unchanged.
+        """
+        check_is_fitted(self, "_problems")
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("eval_gradient=True requires theta")
+            if self.log_marginal_likelihood_value_ is None:
+                raise ValueError("no full-data objective was computed in fit (kernel_objective='active_set' "
+                                 "or no learning); pass theta, e.g. kernel_.theta")
+            return self.log_marginal_likelihood_value_
+        options = dict(_FULL_DATA_EP, seed=0, progress=None)
+        values = [p.full_data_evidence_at(self.X_train_, theta, eval_gradient, options) for p in self._problems]
+        if eval_gradient:
+            return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
+        return float(sum(values))
+
     def _set_common(self, X, problems, histories):
         binary = len(problems) == 1
         self.X_train_ = X
@@ -522,6 +671,8 @@ class _IVMBase(GPEstimator):
         self.site_mean_ = stack_problems([p.site_mean for p in problems])
         self.site_precision_ = stack_problems([p.site_precision for p in problems])
         self.log_likelihood_ = float(sum(p.log_lik for p in problems))
+        evidence = [p.log_evidence for p in problems]
+        self.log_marginal_likelihood_value_ = None if None in evidence else float(sum(evidence))
         self.history_ = histories[0] if binary else histories
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
@@ -538,8 +689,19 @@ _COMMON_DOC = f"""
         Algorithm 2.
     n_iterations : int >= 0, default 4
         Outer rounds of Algorithm 2.
+    kernel_objective : {{'full_data', 'active_set'}}, default 'full_data'
+        What Algorithm 2 maximises after each selection. ``'full_data'``: the EP evidence of
+        the sparse GP on all training points with the active inputs as inducing inputs
+        (EP-FITC, O(n d²) per EP sweep), plus the log hyperprior, over the kernel parameters
+        and the learnt likelihood parameters together (module notes). ``'active_set'``: the
+        paper's eq 32, the approximate likelihood of the d active points alone, then eq 34
+        for the likelihood parameters (the paper's protocol; also the only objective
+        ``optimizer='SCG'`` maximises).
+    {HYPERPRIOR_DOC}
+        Used by ``kernel_objective='full_data'``.
     max_optimizer_iter : int, default 100
-        L-BFGS-B (or SCG) iterations per optimisation of eq 32 or eq 34.
+        L-BFGS-B (or SCG) iterations per optimisation of eq 32 or eq 34
+        (``kernel_objective='active_set'``).
     random_state : int or None
         Seed of the random criterion and of the random exchange search.
     {CALLBACK_DOC}
@@ -571,8 +733,15 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         Site parameters m, β of the active points (eqs 22-23), in ``active_set_`` order.
     log_likelihood_ : float
         eq 32 at the fitted parameters (summed over one-vs-rest problems).
+    log_marginal_likelihood_value_ : float or None
+        The full-data objective's evidence at the fitted parameters and the final active set
+        (summed over one-vs-rest problems); None when it was not computed
+        (``kernel_objective='active_set'``, or no learning). :meth:`log_marginal_likelihood`
+        evaluates it at any parameters.
     history_ : list of dict (a list of them per class one-vs-rest)
-        Algorithm 2 progress: iteration, stage, log_likelihood, n_active, elapsed (seconds).
+        Algorithm 2 progress: iteration, stage ('full data'; or 'kernel' and 'noise' for eq 32
+        and eq 34), log_likelihood (eq 32), n_active, elapsed (seconds), and for the full-data
+        objective log_evidence (its evidence at the end of that round).
     refinement_ : dict or None (a list one-vs-rest)
         Reports of the refinement after the final selection (keys 'ep', 'exchange',
         'ep_after_exchange' as run); None without refinement.
@@ -656,7 +825,9 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, n_jobs=None, callback=None):
+                 max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+        self.kernel_objective = kernel_objective
+        self.hyperprior = hyperprior
         self.callback = callback
         self.n_jobs = n_jobs
         self.refine_sweeps = refine_sweeps
@@ -780,7 +951,9 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
     def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, callback=None):
+                 max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+        self.kernel_objective = kernel_objective
+        self.hyperprior = hyperprior
         self.callback = callback
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange
@@ -874,7 +1047,9 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, callback=None):
+                 max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+        self.kernel_objective = kernel_objective
+        self.hyperprior = hyperprior
         self.callback = callback
         self.refine_sweeps = refine_sweeps
         self.exchange = exchange

@@ -274,7 +274,7 @@ cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y
     cdef double denom, v_c, m_c, log_z = 0.0, a = 0.0, b = 0.0, one_minus
     cdef double tau_t, nu_t, tau_new, nu_new
     cdef int result = STEP_APPLIED
-    if not (g_var > 0.0 and isfinite(g_var) and isfinite(g_mean)):
+    if not (g_var >= 0.0 and isfinite(g_var) and isfinite(g_mean)):      # 0: f_i independent of u
         return STEP_FAILED
     denom = 1.0 - power * tau_old * g_var
     if not denom > 0.0:
@@ -551,7 +551,7 @@ cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const do
         dt = power * tau
         dn = power * nu
         denom = 1.0 - dt * s
-        if not (s > 0.0 and denom > 0.0):
+        if not (s >= 0.0 and denom > 0.0):
             bad_site[0] = i
             return NAN
         v_c = s / denom
@@ -559,8 +559,9 @@ cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const do
         if power_site_moments(model, rule, y[i], m_c, v_c + d[i], &log_z, &a, &b) != 0:
             bad_site[0] = i
             return NAN
+        # ½ v_c (dn² - 2 dn h/s + dt h²/s) with v_c/s = 1/denom (finite at s = 0: f_i independent of u)
         total += (log_z - 0.5 * log1p(-dt * s)
-                  + 0.5 * v_c * (dn * dn - 2.0 * dn * h / s + dt * h * h / s)) / power
+                  + 0.5 * (v_c * dn * dn + (dt * h * h - 2.0 * dn * h) / denom)) / power
     return total
 
 

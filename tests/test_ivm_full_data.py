@@ -1,0 +1,129 @@
+"""The IVM's full-data objective: the EP-FITC evidence of all training points with the active
+inputs as inducing inputs (Algorithm 2 with ``kernel_objective='full_data'``, the default)."""
+import warnings
+
+import numpy as np
+import pytest
+
+import fastep
+from fastep import IVMClassifier, IVMOrdinalRegressor, IVMRegressor, SparseGPClassifier, SparseGPRegressor
+from fastep.kernels import RBF, Bias, Linear
+from fastep.likelihoods import Probit
+
+
+def _classification(n=150, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = np.where(X[:, 0] + 0.5 * X[:, 1] ** 2 + 0.4 * rng.normal(size=n) > 0.3, 1, -1)
+    return X, y
+
+
+def _jitter(model, X):
+    # K_mm's jitter of the full-data objective: 1e-6 of the mean prior variance of the active points
+    return 1e-6 * float(np.mean(model.kernel_.diag(X[model.active_set_])))
+
+
+def test_objective_is_the_sparse_fitc_evidence_with_the_active_inputs_as_z():
+    X, y = _classification()
+    model = IVMClassifier(active_set_size=30).fit(X, y)
+    Z = X[model.active_set_]
+    sparse = SparseGPClassifier(model.kernel_, inducing_init=Z, optimizer=None, jitter=_jitter(model, X)).fit(X, y)
+    assert model.log_marginal_likelihood(model.kernel_.theta) == pytest.approx(
+        sparse.log_marginal_likelihood_value_, rel=1e-9)
+    # the fitted value: the same objective, at the fitted kernel and final active set
+    assert model.log_marginal_likelihood() == pytest.approx(sparse.log_marginal_likelihood_value_, rel=1e-6)
+    # at another kernel, against the sparse estimator's own evaluation
+    theta = RBF(2.0, 0.3).theta
+    assert model.log_marginal_likelihood(theta) == pytest.approx(sparse.log_marginal_likelihood(theta), rel=1e-9)
+
+
+def test_regression_objective_is_the_sparse_fitc_evidence_of_the_centred_targets():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-3, 3, size=(120, 1))
+    y = 5.0 + np.sin(X[:, 0]) + 0.1 * rng.normal(size=120)
+    model = IVMRegressor(active_set_size=20).fit(X, y)
+    assert model.bias_ == pytest.approx(np.mean(y))
+    theta = np.append(model.kernel_.theta, np.log(model.noise_variance_))
+    sparse = SparseGPRegressor(model.kernel_, noise_variance=model.noise_variance_, inducing_init=X[model.active_set_],
+                               optimizer=None, jitter=_jitter(model, X)).fit(X, y - model.bias_)
+    assert model.log_marginal_likelihood(theta) == pytest.approx(sparse.log_marginal_likelihood_value_, rel=1e-9)
+
+
+@pytest.mark.parametrize("make, learnt_likelihood", [
+    (lambda: IVMClassifier(RBF(1.0, 0.5) + Linear(0.3), active_set_size=25, n_iterations=1), 0),
+    (lambda: IVMClassifier(RBF(1.0, 0.5), Probit(slope=2.0, bias=0.1), learn_likelihood=True, active_set_size=25,
+                           n_iterations=1), 2),
+    (lambda: IVMRegressor(active_set_size=25, n_iterations=1), 1),
+    (lambda: IVMOrdinalRegressor(RBF(1.0, 0.5) + Bias(0.5), active_set_size=25, n_iterations=1), 2),
+], ids=["classifier", "classifier-learnt-probit", "regressor", "ordinal"])
+def test_gradient_matches_central_differences(make, learnt_likelihood):
+    X, y = _classification(100, seed=2)
+    if "Regressor" in type(make()).__name__:
+        y = X[:, 0] + 0.5 * np.sin(2 * X[:, 1]) if isinstance(make(), IVMRegressor) else np.digitize(X[:, 0], [-0.5, 0.5])
+    model = make().fit(X, y)
+    hyper = model._problems[0].hyperparameters
+    assert hyper.size == model.kernel_.n_theta + learnt_likelihood
+    theta = hyper.theta0 + np.random.default_rng(3).uniform(-0.3, 0.3, size=hyper.size)
+    value, grad = model.log_marginal_likelihood(theta, eval_gradient=True)
+    assert value == pytest.approx(model.log_marginal_likelihood(theta), rel=1e-12)
+    eps = 1e-5
+    for j in range(theta.size):
+        e = np.zeros_like(theta)
+        e[j] = eps
+        fd = (model.log_marginal_likelihood(theta + e) - model.log_marginal_likelihood(theta - e)) / (2 * eps)
+        assert grad[j] == pytest.approx(fd, rel=1e-4, abs=1e-5)
+
+
+def test_with_every_point_active_the_objective_is_the_dense_ep_evidence():
+    X, y = _classification(80, seed=4)
+    for kernel in (RBF(2.0, 0.7), RBF(0.5, 3.0) + Linear(0.2)):
+        model = IVMClassifier(kernel, active_set_size=80, optimizer=None).fit(X, y)
+        dense = fastep.GaussianProcessClassifier(kernel, optimizer=None, tol=1e-9).fit(X, y)
+        # K_mm's jitter (1e-6 of the prior variance) is the only difference
+        assert model.log_marginal_likelihood(kernel.theta) == pytest.approx(dense.log_marginal_likelihood_value_,
+                                                                            abs=1e-4)
+
+
+def test_learning_raises_the_objective_and_records_it_per_round():
+    X, y = _classification(200, seed=5)
+    start = RBF(1.0, 5.0)
+    model = IVMClassifier(start, active_set_size=30, n_iterations=3, hyperprior=None).fit(X, y)
+    history = model.history_
+    assert [h["stage"] for h in history] == ["full data"] * 3
+    evidence = [h["log_evidence"] for h in history]
+    fixed = IVMClassifier(start, active_set_size=30, optimizer=None).fit(X, y)
+    assert min(evidence) > fixed.log_marginal_likelihood(start.theta) + 1.0
+    # stationary: at the fitted kernel the gradient of the last round's objective is small per point
+    _, grad = model.log_marginal_likelihood(model.kernel_.theta, eval_gradient=True)
+    assert np.max(np.abs(grad)) < 0.05 * X.shape[0] ** 0.5
+
+
+def test_active_set_mode_keeps_the_paper_objective_and_reports_no_full_data_evidence():
+    X, y = _classification(150, seed=6)
+    model = IVMClassifier(active_set_size=30, n_iterations=2, kernel_objective="active_set").fit(X, y)
+    assert [h["stage"] for h in model.history_] == ["kernel", "kernel"]
+    assert model.log_marginal_likelihood_value_ is None
+    with pytest.raises(ValueError, match="no full-data objective"):
+        model.log_marginal_likelihood()
+    assert np.isfinite(model.log_marginal_likelihood(model.kernel_.theta))     # still available at a theta
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"kernel_objective": "eq32"}, r"kernel_objective must be one of \['active_set', 'full_data'\]"),
+    ({"optimizer": "SCG"}, "optimizer='SCG' maximises the active set's eq 32"),
+    ({"hyperprior": "flat"}, "hyperprior"),
+])
+def test_bad_options_raise_before_any_work(params, message):
+    X, y = _classification(40, seed=7)
+    with pytest.raises(ValueError, match=message):
+        IVMClassifier(active_set_size=10, **params).fit(X, y)
+
+
+def test_hyperprior_none_is_type_ii_ml_on_the_full_data():
+    X, y = _classification(150, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastep.ConvergenceWarning)
+        prior = IVMClassifier(active_set_size=30, n_iterations=1).fit(X, y)
+        plain = IVMClassifier(active_set_size=30, n_iterations=1, hyperprior=None).fit(X, y)
+    assert not np.allclose(prior.kernel_.theta, plain.kernel_.theta)
+    assert np.mean(plain.predict(X) == y) > 0.8 and np.mean(prior.predict(X) == y) > 0.8
