@@ -293,3 +293,53 @@ def test_ivm_default_on_german_split_6_does_not_collapse():
         model = IVMClassifier(active_set_size=200).fit(X, y)
     assert kernel_structure(model.kernel_, X, latent_scale=1.0) is None
     assert np.mean(model.predict(Xt) != yt) < 0.28
+
+
+# ---- inputs of mixed units ---------------------------------------------------------------------
+
+def _mixed_units(n, seed):
+    """Six informative columns in units from 1e-3 to 1e3 (as a medical table's), labels from all."""
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, 6))
+    score = Z[:, 0] - Z[:, 1] + 0.8 * Z[:, 2] * Z[:, 3] + np.sin(2 * Z[:, 4]) + 0.5 * Z[:, 5]
+    y = np.where(score + 0.3 * rng.normal(size=n) > 0, 1, 0)
+    units = np.array([1e-3, 1e-2, 1.0, 10.0, 1e3, 3e3])
+    return Z * units + np.array([0.0, 5.0, 100.0, 0.0, 2e4, -1e3]), y
+
+
+def test_input_scales_only_for_columns_of_mixed_units():
+    from fastep._defaults import input_scales
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, size=(50, 4))
+    assert input_scales(X) is None                                   # commensurate
+    assert input_scales(X * np.array([1.0, 50.0, 1.0, 0.5])) is None   # within a factor of 100
+    Xm = X * np.array([1.0, 1e3, 1e-2, 1.0])
+    Xm[:, 3] = 7.0                                                   # a constant column
+    scales = input_scales(Xm)
+    ranges = np.ptp(Xm, axis=0)
+    np.testing.assert_allclose(scales[:3], 1.0 / ranges[:3] ** 2)
+    assert scales[3] == pytest.approx(1.0 / ranges[1] ** 2)            # the largest range of the others
+
+
+def test_default_start_is_the_same_model_for_any_rescaling_of_mixed_unit_columns():
+    X, _ = _mixed_units(120, 0)
+    c = np.array([3.0, 0.01, 40.0, 1e-3, 7.0, 0.5])
+    k_raw, k_scaled = default_kernel(X), default_kernel(X * c)
+    assert type(k_raw).__name__ == "RBFARD" and k_raw.n_theta == 2    # the column scales are fixed
+    np.testing.assert_allclose(k_raw(X), k_scaled(X * c), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("make", [fastep.GaussianProcessClassifier, fastep.SparseGPClassifier, fastep.IVMClassifier],
+                         ids=["gpc", "sparse-gpc", "ivm"])
+def test_raw_and_standardised_mixed_unit_inputs_give_the_same_accuracy(make):
+    X, y = _mixed_units(250, 1)
+    Xt, yt = _mixed_units(500, 2)
+    mean, std = X.mean(axis=0), X.std(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        raw = make().fit(X, y)
+        standardised = make().fit((X - mean) / std, y)
+    error_raw = np.mean(raw.predict(Xt) != yt)
+    error_std = np.mean(standardised.predict((Xt - mean) / std) != yt)
+    assert error_std < 0.25
+    assert abs(error_raw - error_std) <= 0.03

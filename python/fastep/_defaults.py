@@ -15,18 +15,29 @@ evidence flat in the width). The rules, written once for every estimator:
   estimator subtracts the offset itself (the IVM regressor); noise variance
   ``var(y) / 10`` when ``noise_variance=None``.
 
+* inputs of mixed units: when the ranges (max - min) of the input columns differ by more
+  than a factor of 100, the kernel measures each column in units of its range: the RBF
+  becomes ``RBFARD`` with fixed scales α_c = 1/range_c² (columns constant on the training
+  rows take the largest range), γ the median heuristic on the range-scaled inputs. Such
+  a start, and the kernel learnt from it, are the same for any per-column rescaling of the
+  inputs (raw or standardised columns give one model); columns whose ranges agree within
+  that factor (pixels, z-scores) keep the isotropic RBF on the inputs as they are, where
+  range scaling would magnify rarely-varying columns.
+
 Degenerate data keep finite, positive values: all pairs at distance 0 give γ = 1, constant
 targets give unit variances.
 """
 import numpy as np
 
-from .kernels import RBF, Bias
+from .kernels import RBF, RBFARD, Bias
 from .kernels._distances import _centre, _sqdist_centred
 
-__all__ = ["median_inverse_width", "default_kernel", "default_noise_variance", "target_scale", "sample_rows",
+__all__ = ["median_inverse_width", "default_kernel", "input_scales", "COMMENSURATE_RATIO", "default_noise_variance", "target_scale", "sample_rows",
            "SAMPLE_ROWS"]
 
 SAMPLE_ROWS = 1000
+#: Input columns whose ranges differ by more than this factor are measured in units of their range.
+COMMENSURATE_RATIO = 100.0
 _SEED = 0
 
 
@@ -79,6 +90,30 @@ def _inverse_median(squared):
     return 1.0 / median
 
 
+def input_scales(X, max_ratio=COMMENSURATE_RATIO):
+    """Per-column ARD scales α_c = 1/range_c² for inputs of mixed units, or None.
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Finite inputs.
+    max_ratio : float, default 100
+        Columns whose ranges (max - min) all agree within this factor are commensurate: None.
+
+    Returns
+    -------
+    ndarray (p,) or None
+        Constant columns take the largest range of the others.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    ranges = np.ptp(X, axis=0) if X.shape[0] else np.zeros(X.shape[1])
+    positive = ranges[ranges > 0.0]
+    if positive.size < 2 or positive.max() <= max_ratio * positive.min():
+        return None
+    ranges = np.where(ranges > 0.0, ranges, positive.max())
+    return 1.0 / ranges ** 2
+
+
 def target_scale(y):
     """(variance, mean²) of the targets y, each replaced by 1 when not positive and finite.
 
@@ -111,11 +146,17 @@ def default_kernel(X, y=None, *, regression=False, bias=True):
         Regression: add ``Bias(mean(y)²)`` for the targets' offset (False where the estimator
         subtracts it).
     """
-    gamma = median_inverse_width(X)
+    scales = input_scales(X)
+    if scales is None:
+        gamma = median_inverse_width(X)
+        make = lambda variance: RBF(variance, gamma)  # noqa: E731
+    else:
+        gamma = median_inverse_width(np.asarray(X, dtype=np.float64) * np.sqrt(scales))
+        make = lambda variance: RBFARD(scales, variance, gamma, transforms={"scales": "fixed"})  # noqa: E731
     if not regression:
-        return RBF(1.0, gamma)
+        return make(1.0)
     variance, offset = target_scale(y)
-    kernel = RBF(variance, gamma)
+    kernel = make(variance)
     return kernel + Bias(offset) if bias else kernel
 
 

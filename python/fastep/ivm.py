@@ -774,7 +774,10 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
         ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
         sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
-        be learnt; a kernel given here is the start as it is. If Algorithm 2 ends on a kernel
+        be learnt; a kernel given here is the start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model. If Algorithm 2 ends on a kernel
         under which the latent function is ≈ constant across the training inputs (the active
         set's eq 32 can prefer such a model), the kernel of its last round that was not is kept,
         with a ``ConvergenceWarning``.
@@ -908,6 +911,9 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
         ``RBF(var(y), γ)``, γ = 1 / (median squared distance between the training inputs, over a
         seeded sample of at most 1000 rows); a kernel given here is the start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model.
     noise_variance : float > 0 or None, default None
         Variance σ² of the noise (the starting point when learnt); None starts from var(y) / 10.
     bias : float or None, default None
@@ -1007,6 +1013,9 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
         sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
         be learnt; a kernel given here is the start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model.
     likelihood : OrderedCategorical or None, default None
         Starting likelihood (its ``n_categories`` must equal the number of distinct labels);
         None: slope 1, with the thresholds spread over C categories of unit width centred at 0.

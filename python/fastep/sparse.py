@@ -620,6 +620,9 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         γ = 1 / (median squared distance between the training inputs, over a seeded sample of
         at most 1000 rows), so that inputs of any scale give a kernel whose evidence can be
         learnt; a kernel given here is the start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model.
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model.
     {_COMMON_PARAMS.strip()}
@@ -758,6 +761,9 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         starts from ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between
         the training inputs, over a seeded sample of at most 1000 rows); a kernel given here is the
         start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model.
     noise_variance : float > 0 or None, default None
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
