@@ -281,6 +281,21 @@ def test_dask_type_ii_ml_learns_what_the_in_core_fit_learns(client):
     np.testing.assert_allclose(s2.compute(), s1, rtol=1e-5, atol=1e-6)
 
 
+def test_dask_auto_inducing_grows_as_the_in_core_fit_does(client):
+    # n <= the k-means++ sample: every size's inputs are the in-core ones, so the growth matches
+    X, _, y = _data(300, seed=13)
+    y = np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.1 * np.random.default_rng(14).normal(size=300)
+    kw = dict(schedule="parallel", random_state=0, tol=1e-8)
+    incore = SparseGPRegressor(**kw).fit(X, y)
+    remote = SparseGPRegressor(**kw).fit(*_dask(X, y, 150), client=client)
+    assert len(incore.growth_history_) >= 2
+    assert [h["n_inducing"] for h in remote.growth_history_] == [h["n_inducing"] for h in incore.growth_history_]
+    assert remote.n_inducing_ == incore.n_inducing_
+    np.testing.assert_array_equal(remote.inducing_inputs_, incore.inducing_inputs_)
+    np.testing.assert_allclose(remote.log_marginal_likelihood_value_, incore.log_marginal_likelihood_value_,
+                               rtol=1e-6)
+
+
 def test_a_dask_fitted_model_saves_loads_and_predicts(client, tmp_path):
     import fastep
     X, y, _ = _data(600, seed=11)

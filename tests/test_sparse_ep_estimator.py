@@ -363,3 +363,72 @@ def test_prediction_input_checked_and_mlp_without_optimizer_works():
         clf.log_marginal_likelihood(np.zeros(2))
     with pytest.raises(fastep.NotFittedError):
         SparseGPClassifier().predict(X_BAD)
+
+
+# --------------------------------------------------------------------------------------------
+# n_inducing='auto': m grown from the data
+# --------------------------------------------------------------------------------------------
+
+def test_auto_sizes_double_from_64_up_to_n_1024_and_the_memory_cap():
+    from fastep.sparse import auto_sizes
+    assert auto_sizes(20) == [20]
+    assert auto_sizes(64) == [64]
+    assert auto_sizes(300) == [64, 128, 256, 300]
+    assert auto_sizes(10 ** 4) == [64, 128, 256, 512, 1024]
+    assert auto_sizes(10 ** 6)[-1] == 2 ** 30 // (8 * 10 ** 6)           # 134: the n x m projection in 1 GiB
+    assert auto_sizes(10 ** 8) == [64]                                  # never below the first size
+
+
+def _rings(n, seed):
+    """A problem whose boundary needs many inducing inputs (concentric rings)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, size=(n, 2))
+    r = np.hypot(X[:, 0], X[:, 1])
+    return X, np.where(np.sin(4 * r) + 0.2 * rng.normal(size=n) > 0, 1, 0)
+
+
+def test_auto_grows_m_while_the_evidence_per_point_gains_and_keeps_the_best():
+    from fastep.sparse import GROWTH_TOL
+    X, y = _rings(800, 0)
+    clf = SparseGPClassifier(random_state=0).fit(X, y)
+    history = clf.growth_history_
+    sizes = [h["n_inducing"] for h in history]
+    assert sizes[:3] == [64, 128, 256] and all(b == 2 * a or b == 800 for a, b in zip(sizes, sizes[1:]))
+    evidence = np.array([h["log_marginal_likelihood"] for h in history])
+    gains = np.diff(evidence) / X.shape[0]
+    assert np.all(gains[:-1] >= GROWTH_TOL)                              # it grew while the gain was large
+    assert gains[-1] < GROWTH_TOL or sizes[-1] == 800                    # and stopped on the rule or at n
+    assert clf.n_inducing_ == sizes[int(np.argmax(evidence))] == clf.inducing_inputs_.shape[0]
+    assert clf.log_marginal_likelihood_value_ == pytest.approx(evidence.max(), rel=1e-6)
+    # the fitted model is the sparse model at its Z, as a fixed-size fit from the same start finds it
+    fixed = SparseGPClassifier(clf.kernel_, inducing_init=clf.inducing_inputs_, optimizer=None).fit(X, y)
+    assert fixed.log_marginal_likelihood_value_ == pytest.approx(clf.log_marginal_likelihood_value_, rel=1e-6)
+    assert clf.score(X, y) > 0.85
+    # a fixed m is not grown
+    small = SparseGPClassifier(n_inducing=64, random_state=0).fit(X, y)
+    assert small.growth_history_ is None and small.n_inducing_ == 64
+    assert small.log_marginal_likelihood_value_ == pytest.approx(history[0]["log_marginal_likelihood"], rel=1e-9)
+    assert clf.log_marginal_likelihood_value_ > small.log_marginal_likelihood_value_ + GROWTH_TOL * X.shape[0]
+
+
+@pytest.mark.parametrize("init", ["random", "ivm"])
+def test_auto_growth_with_other_initialisations_and_one_vs_rest(init):
+    X, y, _ = toy(300, seed=5, classes=3)
+    clf = SparseGPClassifier(inducing_init=init, random_state=1).fit(X, y)
+    assert len(clf.growth_history_) == 3 and clf.n_inducing_.shape == (3,)
+    for Z, m in zip(clf.inducing_inputs_, clf.n_inducing_):
+        assert Z.shape == (m, 2)
+        # every inducing input is a training input (random subset / IVM selection)
+        assert np.all(np.min(((Z[:, None, :] - X[None, :, :]) ** 2).sum(-1), axis=1) == 0.0)
+    assert clf.score(X, y) > 0.7
+
+
+def test_auto_regressor_and_bad_n_inducing():
+    X, _, f = toy(200, seed=6)
+    reg = SparseGPRegressor().fit(X, f)
+    assert reg.growth_history_[0]["n_inducing"] == 64 and reg.n_inducing_ in (64, 128, 200)
+    with pytest.raises(TypeError, match="n_inducing must be an integer"):
+        SparseGPRegressor(n_inducing="many").fit(X, f)
+    # an explicit Z ignores n_inducing, 'auto' included
+    Z = X[:7]
+    assert SparseGPRegressor(inducing_init=Z, optimizer=None).fit(X, f).growth_history_ is None

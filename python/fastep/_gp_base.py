@@ -215,11 +215,11 @@ class SiteProblem:
             X = getattr(self, "X", None)
             try:
                 with reuse_training_distances(X) if isinstance(X, np.ndarray) else contextlib.nullcontext():
-                    u, _, _ = maximize_log_likelihood(search, hyper.space.u0, hyper.space.bounds,
+                    u, _, _ = maximize_log_likelihood(search, hyper.space.u_start, hyper.space.bounds,
                                                       n_restarts=n_restarts, rng=rng, stacklevel=5,
                                                       ftol=self.search_ftol, stop_rule=search)
             except StopRequested:
-                u = search.best_u if search.best_u is not None else hyper.space.u0
+                u = search.best_u if search.best_u is not None else hyper.space.u_start
             finally:
                 self.options = final_options
             if search.best_u is not None and np.array_equal(u, search.best_u):

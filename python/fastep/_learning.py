@@ -68,12 +68,18 @@ class SearchSpace:
         self.log_scale = np.array([k in ("softplus", "log") for k in kinds], dtype=bool)
         self.theta0 = np.asarray(theta0, dtype=float)
         self.u0 = self.to_search(self.theta0)
+        #: where the search starts: the prior's centre ``u0`` unless moved (:meth:`start_at`)
+        self.u_start = self.u0
         # The kernel's log coordinates are left unbounded: with every variable bounded, L-BFGS-B's
         # first trial point is the start plus the whole gradient (O(n) in size, e^17 times the
         # variance on a 600-point problem), with any unbounded one a step of length 1. Points beyond
         # e^±700 are not evaluated (:meth:`in_range`).
         self.bounds = np.asarray(bounds, dtype=float).copy()
         self.bounds[self.unbounded] = (-np.inf, np.inf)
+
+    def start_at(self, theta):
+        """Start the search at ``theta`` (e.g. a previous fit's optimum), the prior's centre kept."""
+        self.u_start = self.to_search(np.asarray(theta, dtype=float))
 
     def in_range(self, u):
         """Whether every log coordinate of ``u`` maps to a finite, normal parameter value."""

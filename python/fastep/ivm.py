@@ -189,6 +189,7 @@ class _IVMProblem:
         self.state = None
         self.product_cache = None
         self.full_data_sites = None
+        self.prior_centre = (kernel, likelihood)
         self.hyperparameters = None
         self.log_evidence = None
 
@@ -333,8 +334,13 @@ class _IVMProblem:
         sparse = self.full_data_problem(options, learn_likelihood)
         sparse.estimator_name = options["estimator_name"]
         sparse.latent_scale = options["latent_scale"]
-        self.hyperparameters = Hyperparameters(self.kernel, self.likelihood, learn_likelihood,
+        # the hyperprior stays centred at the start of Algorithm 2; each round's search starts
+        # where the previous one ended
+        start_kernel, start_likelihood = self.prior_centre
+        self.hyperparameters = Hyperparameters(start_kernel, start_likelihood, learn_likelihood,
                                                hyperprior=hyperprior)
+        lik_theta = likelihood_theta(self.likelihood)[1] if learn_likelihood else np.zeros(0)
+        self.hyperparameters.space.start_at(np.concatenate([self.kernel.theta, lik_theta]))
         sparse.fit(self.hyperparameters, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
                    warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
         self.kernel, self.likelihood = sparse.kernel, sparse.likelihood

@@ -82,7 +82,7 @@ from .hyperpriors import check_hyperprior
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
 
-__all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus"]
+__all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus", "auto_sizes", "grow_inducing"]
 
 _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARSE_PARALLEL}
 _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
@@ -260,6 +260,52 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
             return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
 
 
+#: ``n_inducing='auto'``: the first m, the largest m, and the bytes the n x m projection may take.
+AUTO_FIRST = 64
+AUTO_MAX = 1024
+AUTO_MEMORY = 2 ** 30
+#: ``n_inducing='auto'`` stops growing once doubling m raised the evidence by less than this per point.
+GROWTH_TOL = 1e-2
+
+
+def auto_sizes(n):
+    """The inducing-set sizes ``n_inducing='auto'`` tries on n training points: 64, 128, ...,
+    doubling up to the smallest of n, 1024 and the m whose n x m projection fits in 1 GiB."""
+    cap = max(1, min(n, AUTO_MAX, max(AUTO_FIRST, AUTO_MEMORY // (8 * n))))
+    sizes = [min(AUTO_FIRST, cap)]
+    while sizes[-1] < cap:
+        sizes.append(min(2 * sizes[-1], cap))
+    return sizes
+
+
+def grow_inducing(fitted, fit_at, progress=None):
+    """Double the inducing set while the evidence per training point still gains.
+
+    ``fitted``: a problem fitted at the first size of :func:`auto_sizes`; ``fit_at(m, best)`` fits
+    the problem at m inducing inputs, starting from the best fitted problem so far. Growth stops
+    when a doubling raised the EP log marginal likelihood by less than ``GROWTH_TOL`` nats per
+    training point (the larger model is kept if its evidence is the higher), or at the largest
+    size. Sets ``growth`` on the returned problem: one record per size tried.
+    """
+    n = fitted.n_points
+    history = [{"n_inducing": int(fitted.Z.shape[0]), "log_marginal_likelihood": float(fitted.log_ml),
+                "n_evaluations": int(getattr(fitted, "n_evaluations", 0))}]
+    best = fitted
+    for m in auto_sizes(n)[1:]:
+        if m <= best.Z.shape[0] or (progress is not None and progress.stopped):
+            break
+        candidate = fit_at(m, best)
+        history.append({"n_inducing": int(m), "log_marginal_likelihood": float(candidate.log_ml),
+                        "n_evaluations": int(getattr(candidate, "n_evaluations", 0))})
+        gain = (candidate.log_ml - best.log_ml) / n
+        if candidate.log_ml > best.log_ml:
+            best = candidate
+        if gain < GROWTH_TOL:
+            break
+    best.growth = history
+    return best
+
+
 def _check_likelihood_learnable_with_power(likelihood, power):
     if power == 1.0 or isinstance(likelihood, StudentT):
         return
@@ -318,7 +364,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                             "optimizer=None, or learn_inducing=False if only input gradients are missing)"
                             ) from None
 
-    def _inducing_inputs(self, X, options, kernel, likelihood, targets, executor=None):
+    def _grows(self):
+        """Whether m is chosen by growth (``n_inducing='auto'`` with a named ``inducing_init``)."""
+        if isinstance(self.n_inducing, str) and self.n_inducing == "auto":
+            return isinstance(self.inducing_init, str)
+        v.check_int(self.n_inducing, "n_inducing", minimum=1)
+        return False
+
+    def _inducing_inputs(self, X, options, kernel, likelihood, targets, executor=None, m=None):
         """Initial inducing inputs from ``inducing_init`` / ``n_inducing`` (validated), one array per
         problem of ``targets`` (the same array except for ``'ivm'``, which selects per problem).
 
@@ -329,7 +382,9 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         init = self.inducing_init
         if isinstance(init, str):
             v.check_choice(init, "inducing_init", _INDUCING_INITS)
-            m = min(v.check_int(self.n_inducing, "n_inducing", minimum=1), n)
+            if m is None:
+                m = auto_sizes(n)[0] if self._grows() else min(v.check_int(self.n_inducing, "n_inducing",
+                                                                                minimum=1), n)
             if init == "ivm":
                 # Algorithm 1 of the IVM at the initial kernel and likelihood; a regression
                 # selection uses the sparse model's prior mean 0 as its offset (the entropy
@@ -358,18 +413,49 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         return [Z.copy()] * len(targets)
 
     def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
-        """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None."""
+        """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
+        with ``n_inducing='auto'`` growing m (:meth:`_grow`)."""
         problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
-        problem = problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood,
-                                bool(self.learn_inducing))
-        return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
 
-    def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood):
+        def make_problem(Z):
+            return problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood, bool(self.learn_inducing))
+
+        def choose(m, fitted):
+            return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood, [y], m=m)[0]
+
+        return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
+
+    def _fit_growing(self, make_problem, choose, Z, kernel, likelihood, options, learn_likelihood):
+        """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`)."""
+        fitted = self._learn(make_problem(Z), kernel, likelihood, Z, options, learn_likelihood)
+        if not self._grows():
+            fitted.growth = None
+            return fitted
+        return grow_inducing(fitted, lambda m, best: self._learn(self._warm(make_problem(choose(m, best)), best),
+                                                                 kernel, likelihood, None, options,
+                                                                 learn_likelihood, start=best),
+                             options.get("progress"))
+
+    @staticmethod
+    def _warm(problem, fitted):
+        """``problem`` with the sites of ``fitted`` (they live on the training points, not on Z)."""
+        problem.restore_sites(fitted.sites())
+        return problem
+
+    def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood, start=None):
+        """Learn one problem's hyperparameters from ``kernel``/``likelihood`` (the hyperprior's centre);
+        with ``start`` (a fitted problem) the search starts at its kernel and likelihood instead."""
         problem.estimator_name = type(self).__name__
         problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
+        if Z is None:
+            Z = problem.Z
         problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
                                                   extra=Z if self.learn_inducing else None,
                                                   hyperprior=options["hyperprior"])
+        if start is not None:
+            lik_theta = likelihood_theta(start.likelihood)[1] if learn_likelihood else np.zeros(0)
+            extra = Z.ravel() if self.learn_inducing else np.zeros(0)
+            problem.hyperparameters.space.start_at(np.concatenate([start.kernel.theta, lik_theta, extra]))
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
@@ -422,23 +508,45 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
         def fit_one(positive):
             chunks = executor.map(_chunked.binary_targets, data, positive)
-            problem = _chunked.DistributedSparseEP(kernel, likelihood, Z, executor, chunks, sizes, options,
-                                                   learn_likelihood, learn_inducing)
-            return self._learn(problem, kernel, likelihood, Z, options, learn_likelihood)
+
+            def make_problem(Z):
+                return _chunked.DistributedSparseEP(kernel, likelihood, Z, executor, chunks, sizes, options,
+                                                    learn_likelihood, learn_inducing)
+
+            def choose(m, fitted):
+                return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood, [None],
+                                             executor=executor, m=m)[0]
+
+            return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
 
         return classes, X, map_in_order(fit_one, positives, getattr(self, "n_jobs", None))
 
     def _set_fitted(self, X, problems):
         self._set_problems(X, problems)
-        self.inducing_inputs_ = stack_problems([p.Z for p in problems])
+        self.inducing_inputs_ = stack_problems([p.Z for p in problems]) if len(
+            {p.Z.shape for p in problems}) == 1 else [p.Z for p in problems]
+        sizes = [int(p.Z.shape[0]) for p in problems]
+        self.n_inducing_ = sizes[0] if len(problems) == 1 else np.array(sizes)
+        growth = [getattr(p, "growth", None) for p in problems]
+        self.growth_history_ = growth[0] if len(problems) == 1 else growth
         self._set_ep_summary(problems)
 
 
 _COMMON_PARAMS = """
-    n_inducing : int, default 50
+    n_inducing : int or 'auto', default 'auto'
         Number m of inducing inputs when ``inducing_init`` is a string; a value above
         n_samples is clipped to n_samples (every training input is then a candidate, and
-        ``'random'`` and ``'ivm'`` take each training input once).
+        ``'random'`` and ``'ivm'`` take each training input once). ``'auto'`` chooses m from
+        the data: the model is learnt at m = 64, then m is doubled, with new inducing inputs
+        from ``inducing_init`` (the IVM's selection at the kernel learnt so far for
+        ``'ivm'``) and the search started from the previous size's hyperparameters and sites
+        (the hyperprior stays centred at the start), while a doubling raises the EP log
+        marginal likelihood by at least 0.01 nats per training point; the size with the
+        larger evidence of the last doubling is kept. m stays at most
+        ``min(n_samples, 1024)`` and at most the m whose n × m projection takes 1 GiB
+        (:func:`auto_sizes`). On a dask array the k-means++ inputs of every size come from
+        the same seeded sample of rows (``inducing_init``). Ignored when ``inducing_init``
+        is an array.
     approximation : {'fitc', 'dtc'}, default 'fitc'
         Prior of the training latents: ``Q + diag(K - Q)`` (EP-FITC, the "generalized FITC"
         of Naish-Guzman & Holden) or ``Q`` (EP-DTC); slides "Sparse EP", "EP-FITC", "EP-DTC".
@@ -497,6 +605,14 @@ _COMMON_PARAMS = """
 
 _COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted parameters (summed over one-vs-rest problems).
+    inducing_inputs_ : ndarray (m, n_features) or (n_classes, m, n_features)
+        The inducing inputs Z (one-vs-rest: a list of arrays when ``n_inducing='auto'`` chose
+        different sizes for different classes).
+    n_inducing_ : int or ndarray (n_classes,)
+        m, the number of inducing inputs of the fitted model.
+    growth_history_ : list of dict or None (a list of them per class one-vs-rest)
+        ``n_inducing='auto'``: one record per size tried (n_inducing, log_marginal_likelihood,
+        n_evaluations); None otherwise.
     """ + LEARNING_ATTRIBUTES + """
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
@@ -636,8 +752,6 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
     kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
         The fitted kernel and likelihood.
-    inducing_inputs_ : ndarray (m, n_features), or (n_classes, m, n_features) one-vs-rest
-        The fitted inducing inputs Z.
     {_COMMON_ATTRIBUTES}
 
     See Also
@@ -663,7 +777,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     [1, 0]
     """
 
-    def __init__(self, kernel=None, likelihood=None, *, n_inducing=50, approximation="fitc", power=1.0,
+    def __init__(self, kernel=None, likelihood=None, *, n_inducing="auto", approximation="fitc", power=1.0,
                  inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
@@ -785,8 +899,6 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         The fitted noise model.
     noise_variance_ : float
         The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2).
-    inducing_inputs_ : ndarray (m, n_features)
-        The fitted inducing inputs Z.
     {_COMMON_ATTRIBUTES}
 
     References
@@ -814,7 +926,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     True
     """
 
-    def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing=50,
+    def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing="auto",
                  approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
