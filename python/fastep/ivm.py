@@ -28,7 +28,7 @@ Each of ``n_iterations`` outer rounds
    :mod:`fastep.hyperpriors`), maximised over the kernel parameters and, when they are
    learnt, the likelihood's (the classifier's with ``learn_likelihood``, the regressor's
    noise variance with ``learn_noise``, the ordinal thresholds), with Z held at the active
-   inputs. EP updates every site from the same posterior (damping 0.8), to a tolerance of 1e-6.
+   inputs. EP updates every site from the same posterior (damping 0.5), to a tolerance of 1e-6.
    Exact gradients, O(n d²) time per EP sweep and O(n d) memory; the search and its
    stopping rule are those of the dense and sparse GP estimators (:mod:`fastep._learning`),
    and each round's EP starts from the previous round's sites (they live on the n training
@@ -121,8 +121,8 @@ _KERNEL_OBJECTIVES = ("full_data", "active_set")
 _DEFAULT_ACTIVE_SET_SIZE = 200
 #: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
 #: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
-#: damped by 0.8, to the sparse estimators' default tolerance.
-_FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_PARALLEL, "order": _sparse_engine.ORDER_FIXED, "damping": 0.8,
+#: damped by 0.5 (the sparse estimators' parallel default), to the sparse estimators' default tolerance.
+_FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_PARALLEL, "order": _sparse_engine.ORDER_FIXED, "damping": 0.5,
                  "tol": 1e-6, "max_sweeps": 200, "negative_precision": _sparse_engine.NEGATIVE_CLIP,
                  "approximation": "fitc", "power": 1.0, "n_quadrature": 32}
 #: K_mm's jitter in the full-data objective, relative to the mean prior variance of the active points.

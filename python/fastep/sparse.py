@@ -82,7 +82,7 @@ from .hyperpriors import check_hyperprior
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
 
-__all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus", "auto_sizes", "grow_inducing"]
+__all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus", "auto_sizes"]
 
 _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARSE_PARALLEL}
 _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
