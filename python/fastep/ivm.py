@@ -28,7 +28,10 @@ Each of ``n_iterations`` outer rounds
    :mod:`fastep.hyperpriors`), maximised over the kernel parameters and, when they are
    learnt, the likelihood's (the classifier's with ``learn_likelihood``, the regressor's
    noise variance with ``learn_noise``, the ordinal thresholds), with Z held at the active
-   inputs. EP updates every site from the same posterior (damping 0.5), to a tolerance of 1e-6.
+   inputs. EP updates every site from the same posterior (damping 0.5), to a tolerance of 1e-4
+   during a round's search and 1e-6 at its result. Algorithm 2 stops before ``n_iterations``
+   rounds after a round that moved no parameter by more than 0.01 on the search's log scale: the
+   selection depends on the parameters alone, so the next round would repeat it.
    Exact gradients, O(n d²) time per EP sweep and O(n d) memory; the search and its
    stopping rule are those of the dense and sparse GP estimators (:mod:`fastep._learning`),
    and each round's EP starts from the previous round's sites (they live on the n training
@@ -125,6 +128,12 @@ _DEFAULT_ACTIVE_SET_SIZE = 200
 _FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_PARALLEL, "order": _sparse_engine.ORDER_FIXED, "damping": 0.5,
                  "tol": 1e-6, "max_sweeps": 200, "negative_precision": _sparse_engine.NEGATIVE_CLIP,
                  "approximation": "fitc", "power": 1.0, "n_quadrature": 32}
+#: EP tolerance of the full-data objective during a round's search (the run at its result uses 1e-6).
+_FULL_DATA_SEARCH_TOL = 1e-4
+#: Algorithm 2 (full data) stops early after a round that moved no parameter by more than this in the
+#: search's coordinates (logs of the positive parameters): the next round would reselect the same
+#: active set (the selection depends on the parameters alone) and repeat it.
+_ROUND_TOL = 1e-2
 #: K_mm's jitter in the full-data objective, relative to the mean prior variance of the active points.
 _FULL_DATA_JITTER = 1e-6
 # Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
@@ -345,8 +354,14 @@ class _IVMProblem:
                                                hyperprior=hyperprior)
         lik_theta = likelihood_theta(self.likelihood)[1] if learn_likelihood else np.zeros(0)
         self.hyperparameters.space.start_at(np.concatenate([self.kernel.theta, lik_theta]))
+        sparse.search_tol = _FULL_DATA_SEARCH_TOL
         sparse.fit(self.hyperparameters, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
                    warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
+        space = self.hyperparameters.space
+        end = np.concatenate([sparse.kernel.theta,
+                              likelihood_theta(sparse.likelihood)[1] if learn_likelihood else np.zeros(0)])
+        #: the largest move of this round in the search's (log) coordinates
+        self.last_step = float(np.max(np.abs(space.to_search(end) - space.u_start), initial=0.0))
         self.kernel, self.likelihood = sparse.kernel, sparse.likelihood
         self.full_data_sites = sparse.sites()
         return sparse
@@ -553,6 +568,8 @@ class _IVMBase(GPEstimator):
                     break
                 if not self._ignores_inputs(problem.kernel, problem.X):
                     last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
+                if problem.last_step < _ROUND_TOL:
+                    break                           # the next selection and search would repeat this round
                 continue
             theta0, bounds = problem.kernel_theta()
             if theta0.size:
@@ -698,7 +715,8 @@ _COMMON_DOC = f"""
         gradients (Møller 1993, as Netlab's ``scg``), the optimiser the paper names for
         Algorithm 2.
     n_iterations : int >= 0, default 4
-        Outer rounds of Algorithm 2.
+        Outer rounds of Algorithm 2 (with the full-data objective at most that many: it stops
+        after a round that moved no parameter by more than 0.01 on the search's log scale).
     kernel_objective : {{'full_data', 'active_set'}}, default 'full_data'
         What Algorithm 2 maximises after each selection. ``'full_data'``: the EP evidence of
         the sparse GP on all training points with the active inputs as inducing inputs
