@@ -429,6 +429,9 @@ def test_auto_regressor_and_bad_n_inducing():
     assert reg.growth_history_[0]["n_inducing"] == 64 and reg.n_inducing_ in (64, 128, 200)
     with pytest.raises(TypeError, match="n_inducing must be an integer"):
         SparseGPRegressor(n_inducing="many").fit(X, f)
+    robust = SparseGPRegressor(likelihood="student_t", inducing_init="ivm").fit(X, f)
+    assert [h["n_inducing"] for h in robust.growth_history_][:2] == [64, 128]      # the selection at a learnt Student-t
+    assert robust.inducing_inputs_.shape[0] == robust.n_inducing_
     # an explicit Z ignores n_inducing, 'auto' included
     Z = X[:7]
     assert SparseGPRegressor(inducing_init=Z, optimizer=None).fit(X, f).growth_history_ is None

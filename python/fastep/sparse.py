@@ -414,14 +414,17 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
-        with ``n_inducing='auto'`` growing m (:meth:`_grow`)."""
+        with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`)."""
         problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
 
         def make_problem(Z):
             return problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood, bool(self.learn_inducing))
 
         def choose(m, fitted):
-            return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood, [y], m=m)[0]
+            likelihood = fitted.likelihood
+            if isinstance(likelihood, StudentT):        # the IVM's selection scores Gaussian sites of that scale
+                likelihood = Gaussian(noise_variance=likelihood.scale ** 2)
+            return self._inducing_inputs(X, options, fitted.kernel, likelihood, [y], m=m)[0]
 
         return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
 
