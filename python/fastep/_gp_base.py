@@ -124,6 +124,15 @@ class Hyperparameters:
                  else np.ascontiguousarray(theta[n_kernel + n_lik:].reshape(self.extra.shape)))
         return kernel, likelihood, extra
 
+    def pack(self, kernel, likelihood, extra=None):
+        """θ of ``kernel``, ``likelihood`` (if learnt) and ``extra`` (if learnt): :meth:`unpack`'s inverse."""
+        parts = [kernel.theta]
+        if self.learn_likelihood:
+            parts.append(likelihood_theta(likelihood)[1])
+        if self.extra is not None:
+            parts.append(np.ravel(extra))
+        return np.concatenate(parts)
+
     def check(self, theta):
         """``theta`` as a float64 vector of the right length (for ``log_marginal_likelihood``)."""
         return v.as_float_vector(theta, "theta", length=self.size)

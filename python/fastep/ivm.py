@@ -323,20 +323,22 @@ class _IVMProblem:
             self.offset = float(theta[n_kernel + 1])
 
     # -- the full-data objective ------------------------------------------------------------
-    def full_data_problem(self, options, learn_likelihood):
+    def full_data_problem(self, options, learn_likelihood, X=None, warm=True):
         """The sparse EP problem on all n training points with the active inputs as inducing inputs.
 
         Its evidence (EP-FITC, :mod:`fastep.sparse`) is the full-data objective of Algorithm 2;
         its sites live on the n training points, so those of the previous round (Z = the
-        previous active inputs) are its warm start. ``options`` are the sparse engine's.
+        previous active inputs) are its warm start (``warm``). ``options`` are the sparse
+        engine's; ``X``: the training inputs when the problem no longer holds them.
         """
         from .sparse import _BinarySparseEP                 # sparse imports the IVM's selection
-        Z = np.ascontiguousarray(self.X[self.active])
+        X = self.X if X is None else X
+        Z = np.ascontiguousarray(X[self.active])
         diag = self.kernel._unchecked_diag(Z)
         options = dict(options, jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
-        sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, self.X, self.y - self.offset, options,
+        sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, X, self.y - self.offset, options,
                                  learn_likelihood, False)
-        if self.full_data_sites is not None:
+        if warm and self.full_data_sites is not None:
             sparse.restore_sites(self.full_data_sites)
         return sparse
 
@@ -352,16 +354,14 @@ class _IVMProblem:
         start_kernel, start_likelihood = self.prior_centre
         self.hyperparameters = Hyperparameters(start_kernel, start_likelihood, learn_likelihood,
                                                hyperprior=hyperprior)
-        lik_theta = likelihood_theta(self.likelihood)[1] if learn_likelihood else np.zeros(0)
-        self.hyperparameters.space.start_at(np.concatenate([self.kernel.theta, lik_theta]))
+        hyper, space = self.hyperparameters, self.hyperparameters.space
+        space.start_at(hyper.pack(self.kernel, self.likelihood))
         sparse.search_tol = _FULL_DATA_SEARCH_TOL
-        sparse.fit(self.hyperparameters, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
+        sparse.fit(hyper, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
                    warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
-        space = self.hyperparameters.space
-        end = np.concatenate([sparse.kernel.theta,
-                              likelihood_theta(sparse.likelihood)[1] if learn_likelihood else np.zeros(0)])
         #: the largest move of this round in the search's (log) coordinates
-        self.last_step = float(np.max(np.abs(space.to_search(end) - space.u_start), initial=0.0))
+        end = space.to_search(hyper.pack(sparse.kernel, sparse.likelihood))
+        self.last_step = float(np.max(np.abs(end - space.u_start), initial=0.0))
         self.kernel, self.likelihood = sparse.kernel, sparse.likelihood
         self.full_data_sites = sparse.sites()
         return sparse
@@ -380,13 +380,8 @@ class _IVMProblem:
         that of the fitted kernel. ``X``: the training inputs (a finalized problem drops them)."""
         hyper = self.hyperparameters
         theta = hyper.check(theta)
-        self.X, sites = X, self.full_data_sites
-        try:
-            self.full_data_sites = None
-            sparse = self.full_data_problem(options, hyper.learn_likelihood)
-            value, grad, _ = sparse.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
-        finally:
-            self.X, self.full_data_sites = None, sites
+        sparse = self.full_data_problem(options, hyper.learn_likelihood, X=X, warm=False)
+        value, grad, _ = sparse.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
         return (value, grad) if eval_gradient else value
 
     def log_likelihood(self):

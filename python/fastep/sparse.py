@@ -456,9 +456,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                                                   extra=Z if self.learn_inducing else None,
                                                   hyperprior=options["hyperprior"])
         if start is not None:
-            lik_theta = likelihood_theta(start.likelihood)[1] if learn_likelihood else np.zeros(0)
-            extra = Z.ravel() if self.learn_inducing else np.zeros(0)
-            problem.hyperparameters.space.start_at(np.concatenate([start.kernel.theta, lik_theta, extra]))
+            problem.hyperparameters.space.start_at(problem.hyperparameters.pack(start.kernel, start.likelihood, Z))
         return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
                            n_restarts=self.n_restarts_optimizer, seed=options["seed"],
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
