@@ -8,7 +8,7 @@ outliers' tilted distributions are bimodal). For every setting where parallel fr
 sites (tol 1e-4, at most 1000 outer iterations). Prints one row per failure and a summary per η.
 
 ``--model fitc`` / ``dtc`` runs the sparse engines instead (m inducing inputs evenly spaced on
-[-3, 3], ``--m``), with ``run_robust_sparse_ep`` and ``run_sparse_double_loop_ep``, and reports
+[-3, 3], ``--m``), with ``student_t_ep.run_sparse`` and ``run_sparse_double_loop_ep``, and reports
 the double loop's peak traced memory (tracemalloc) beside the n² doubles a dense run would need.
 
     python benchmarks/double_loop_fallback.py [--n 60] [--seeds 6] [--model dense|fitc|dtc] [--m 30]
@@ -23,7 +23,7 @@ import numpy as np
 
 from fastep import StudentT
 from fastep._double_loop_ep import run_double_loop_ep, run_sparse_double_loop_ep
-from fastep._epcore import robust_ep, sparse_ep
+from fastep._epcore import student_t_ep, sparse_ep
 
 
 def _rbf(a, b):
@@ -49,7 +49,7 @@ class Dense:
     def parallel(self, y, dof, scale, power):
         tau, nu = np.zeros(self.n), np.zeros(self.n)
         self.outputs = [np.empty(self.n) for _ in range(4)]
-        info = robust_ep.run_robust_gp_ep(self.K, y, dof, scale, power, tau, nu, *self.outputs, damping=0.5,
+        info = student_t_ep.run_dense(self.K, y, dof, scale, power, tau, nu, *self.outputs, damping=0.5,
                                           tol=1e-6, max_sweeps=500)
         return info, tau, nu
 
@@ -71,7 +71,7 @@ class Sparse:
 
     def parallel(self, y, dof, scale, power):
         tau, nu = np.zeros(self.n), np.zeros(self.n)
-        info = sparse_ep.run_robust_sparse_ep(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(), tau,
+        info = student_t_ep.run_sparse(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(), tau,
                                               nu, *self._outputs(), power=power, damping=0.5, tol=1e-6,
                                               max_sweeps=500)
         return info, tau, nu
@@ -102,7 +102,7 @@ def main():
                                                      "limited": 0, "peak": 0})
                     row["settings"] += 1
                     parallel, tau, nu = model.parallel(y, dof, scale, power)
-                    if parallel["converged"]:
+                    if parallel.converged:
                         continue
                     row["failed"] += 1
                     if sparse:
@@ -114,14 +114,14 @@ def main():
                         row["peak"] = max(row["peak"], tracemalloc.get_traced_memory()[1])
                         tracemalloc.stop()
                     row["times"].append(elapsed)
-                    row["converged"] += info["converged"]
-                    row["limited"] += info["n_limited"] > 0
-                    energy = np.array(info["energy"])
+                    row["converged"] += info.converged
+                    row["limited"] += info.diagnostics["n_limited"] > 0
+                    energy = np.array(info.diagnostics["energy"])
                     drop = float(np.min(np.diff(energy))) if energy.size > 1 else 0.0
                     print(f"seed={seed} eta={power} nu={dof:<4} sigma={scale:<5} parallel: "
-                          f"{'stalled' if parallel['stuck'] else 'not converged'}, log Z {parallel['log_z']:.4g} | "
-                          f"double loop: converged={info['converged']!s:5} log Z {info['log_z']:.6g} "
-                          f"outer={info['n_sweeps']:4d} newton={info['n_newton']:5d} at bound={info['n_limited']} "
+                          f"{'stalled' if parallel.stuck else 'not converged'}, log Z {parallel.log_z:.4g} | "
+                          f"double loop: converged={info.converged!s:5} log Z {info.log_z:.6g} "
+                          f"outer={info.n_sweeps:4d} newton={info.diagnostics["n_newton"]:5d} at bound={info.diagnostics["n_limited"]} "
                           f"smallest energy step {drop:.1e} time {elapsed:.2f} s", flush=True)
     print()
     label = f"{args.model} (n={args.n}" + (f", m={args.m})" if sparse else ")")

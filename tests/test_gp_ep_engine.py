@@ -137,12 +137,12 @@ def test_gaussian_likelihood_one_sweep_is_exact(n, schedule, block_size):
     spec = fastep.Gaussian(noise_variance=s2).site_spec()
     tau, nu, S, m, info = run(K, y, spec, schedule=schedule, block_size=block_size, max_sweeps=1)
     Sigma, mu, log_z = gaussian_posterior(K, y, s2)
-    assert info["n_sweeps"] == 1 and info["n_failed"] == 0 and info["n_clipped"] == 0
+    assert info.n_sweeps == 1 and info.n_failed == 0 and info.n_clipped == 0
     np.testing.assert_allclose(tau, 1.0 / s2, rtol=1e-13)
     np.testing.assert_allclose(nu, y / s2, rtol=1e-13)
     assert close(S, Sigma) < 1e-10
     assert close(m, mu) < 1e-10
-    assert abs(info["log_z"] - log_z) < 1e-10 * max(1.0, abs(log_z))
+    assert abs(info.log_z - log_z) < 1e-10 * max(1.0, abs(log_z))
     assert np.array_equal(S, S.T)
 
 
@@ -151,7 +151,7 @@ def test_gaussian_likelihood_converges_in_two_sweeps():
     y = np.random.default_rng(2).standard_normal(30)
     spec = fastep.Gaussian(noise_variance=0.5).site_spec()
     *_, info = run(K, y, spec)
-    assert info["converged"] and info["n_sweeps"] == 2 and info["max_change"] < 1e-12
+    assert info.converged and info.n_sweeps == 2 and info.max_change < 1e-12
     log_z = gaussian_posterior(K, y, 0.5)[2]
     assert abs(engine.log_marginal_likelihood(K, y, spec, np.full(30, 2.0), 2.0 * y) - log_z) < 1e-10 * abs(log_z)
 
@@ -167,23 +167,23 @@ def test_schedules_reach_the_same_fixed_point(likelihood):
     lik, moments = LIKELIHOODS[likelihood]
     spec = lik.site_spec()
     base = run(K, y, spec, schedule=SEQ, tol=1e-11, max_sweeps=300)
-    assert base[4]["converged"]
+    assert base[4].converged
     variants = [dict(schedule=BLK, block_size=k) for k in (0, 1, 3, 16, n, n + 10)]
     variants += [dict(schedule=PAR, damping=0.5), dict(schedule=PAR, damping=1.0)]
     for options in variants:
         tau, nu, S, m, info = run(K, y, spec, tol=1e-11, max_sweeps=300, **options)
-        assert info["converged"], options
-        assert info["n_failed"] == 0
+        assert info.converged, options
+        assert info.n_failed == 0
         assert close(tau, base[0]) < 1e-8, options
         assert close(nu, base[1]) < 1e-8, options
         assert close(S, base[2]) < 1e-8, options
         assert close(m, base[3]) < 1e-8, options
-        assert abs(info["log_z"] - base[4]["log_z"]) < 1e-8 * abs(base[4]["log_z"]), options
+        assert abs(info.log_z - base[4].log_z) < 1e-8 * abs(base[4].log_z), options
     # the reference twin's fixed point
     r = ref.run_gp_ep(K, y, moments, tol=1e-11, max_sweeps=300)
     assert r["converged"]
     assert close(base[0], r["site_precision"]) < 1e-8 and close(base[1], r["site_natural_mean"]) < 1e-8
-    assert abs(base[4]["log_z"] - r["log_z"]) < 1e-8 * abs(r["log_z"])
+    assert abs(base[4].log_z - r["log_z"]) < 1e-8 * abs(r["log_z"])
 
 
 def test_block_sizes_reported():
@@ -215,13 +215,13 @@ def test_trajectory_matches_reference(options, ref_options, sweeps):
     K, y = rbf_problem(30, seed=5)
     tau, nu, S, m, info = run(K, y, fastep.Probit().site_spec(), max_sweeps=sweeps, tol=1e-300, **options)
     r = ref.run_gp_ep(K, y, probit_moments, max_sweeps=sweeps, tol=1e-300, **ref_options)
-    assert info["n_sweeps"] == r["n_sweeps"] == sweeps
+    assert info.n_sweeps == r["n_sweeps"] == sweeps
     assert close(tau, r["site_precision"]) < 1e-10
     assert close(nu, r["site_natural_mean"]) < 1e-10
     assert close(S, r["post_cov"]) < 1e-10
     assert close(m, r["post_mean"]) < 1e-10
-    assert abs(info["log_z"] - r["log_z"]) < 1e-10 * max(1.0, abs(r["log_z"]))
-    assert abs(info["max_change"] - r["max_change"]) < 1e-9 * max(1.0, r["max_change"])
+    assert abs(info.log_z - r["log_z"]) < 1e-10 * max(1.0, abs(r["log_z"]))
+    assert abs(info.max_change - r["max_change"]) < 1e-9 * max(1.0, r["max_change"])
 
 
 @pytest.mark.parametrize("schedule", [SEQ, BLK])
@@ -254,7 +254,7 @@ def test_random_problems_two_sweeps_match_reference(n, seed, block_size, likelih
         assert close(tau, r["site_precision"]) < 1e-9
         assert close(nu, r["site_natural_mean"]) < 1e-9
         assert close(S, r["post_cov"]) < 1e-9
-        assert abs(info["log_z"] - r["log_z"]) < 1e-9 * max(1.0, abs(r["log_z"]))
+        assert abs(info.log_z - r["log_z"]) < 1e-9 * max(1.0, abs(r["log_z"]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_refactorisation_matches_incremental_updates(options, start_sweeps):
         S, m = refactored(K, tau, nu)
     np.testing.assert_array_equal(S, S.T)
     out = engine.incremental_sweep(y, spec, tau, nu, S, m, **options)
-    assert out["n_failed"] == 0 and out["max_change"] > 0
+    assert out.n_failed == 0 and out.max_change > 0
     S_ref, m_ref = refactored(K, tau, nu)
     assert np.max(np.abs(S - S_ref)) < 1e-10 * np.max(np.abs(K))
     assert np.max(np.abs(m - m_ref)) < 1e-10 * max(1.0, np.max(np.abs(m_ref)))
@@ -310,10 +310,10 @@ def test_refactor_every_changes_results_by_rounding_only(schedule, refactor_ever
     spec = fastep.Probit().site_spec()
     base = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=1)
     other = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=refactor_every)
-    assert other[4]["n_sweeps"] == base[4]["n_sweeps"] and other[4]["converged"]
+    assert other[4].n_sweeps == base[4].n_sweeps and other[4].converged
     for a, b in zip(other[:4], base[:4]):
         assert close(a, b) < 1e-10
-    assert abs(other[4]["log_z"] - base[4]["log_z"]) < 1e-10 * abs(base[4]["log_z"])
+    assert abs(other[4].log_z - base[4].log_z) < 1e-10 * abs(base[4].log_z)
     # the returned posterior is a fresh factorisation of the returned sites
     S_ref, m_ref = refactored(K, other[0], other[1])
     np.testing.assert_array_equal(other[2], S_ref)
@@ -330,10 +330,10 @@ def test_incremental_log_det_tracks_the_factorisation():
     for sweeps in (1, 2, 3, 4):
         tau, nu, S, m, info = run(K, y, spec, max_sweeps=sweeps, refactor_every=1000, tol=1e-14)
         lz = engine.log_marginal_likelihood(K, y, spec, tau, nu)
-        assert abs(info["log_z"] - lz) < 1e-12 * abs(lz)
+        assert abs(info.log_z - lz) < 1e-12 * abs(lz)
         exact.append(lz)
         if sweeps >= 3:   # sweep k-1 >= 2 was evaluated incrementally
-            assert abs(info["log_z_change"] - abs(exact[-1] - exact[-2])) < 1e-10 * abs(lz)
+            assert abs(info.log_z_change - abs(exact[-1] - exact[-2])) < 1e-10 * abs(lz)
 
 
 def test_refactor_every_must_be_positive():
@@ -366,10 +366,10 @@ def test_output_factor_gives_the_same_run_and_the_cholesky_of_b(options):
     var_cov, var_fac = np.empty(n), np.empty(n)
     base = run(K, y, spec, tol=1e-10, post_var=var_cov, **options)
     fac = run(K, y, spec, tol=1e-10, post_var=var_fac, output=engine.OUTPUT_FACTOR, **options)
-    assert fac[4]["n_sweeps"] == base[4]["n_sweeps"] and fac[4]["converged"] == base[4]["converged"]
+    assert fac[4].n_sweeps == base[4].n_sweeps and fac[4].converged == base[4].converged
     assert close(fac[0], base[0]) < 1e-12 and close(fac[1], base[1]) < 1e-12
     assert close(fac[3], base[3]) < 1e-10
-    assert abs(fac[4]["log_z"] - base[4]["log_z"]) < 1e-10 * abs(base[4]["log_z"])
+    assert abs(fac[4].log_z - base[4].log_z) < 1e-10 * abs(base[4].log_z)
     L = fac[2]
     assert np.all(np.triu(L, 1) == 0.0)
     assert close(L, _chol_b(K, fac[0])) < 1e-12
@@ -437,7 +437,7 @@ def test_invariant_at_return(options):
     assert close(S, Sigma_ref) < 1e-10 and close(m, mu_ref) < 1e-10
     # log Z of the returned sites
     lz = engine.log_marginal_likelihood(K, y, fastep.Probit().site_spec(), tau, nu)
-    assert abs(info["log_z"] - lz) < 1e-10 * abs(lz)
+    assert abs(info.log_z - lz) < 1e-10 * abs(lz)
     assert abs(lz - ref.log_marginal_likelihood(K, y, probit_moments, tau, nu)) < 1e-9 * abs(lz)
 
 
@@ -446,8 +446,8 @@ def test_warm_start_resumes_at_the_fixed_point():
     spec = fastep.Probit().site_spec()
     tau, nu, S, m, info = run(K, y, spec, tol=1e-10)
     tau2, nu2, S2, m2, info2 = run(K, y, spec, tau, nu, tol=1e-10)
-    assert info2["converged"] and info2["n_sweeps"] <= 2
-    assert close(tau2, tau) < 1e-9 and close(S2, S) < 1e-9 and abs(info2["log_z"] - info["log_z"]) < 1e-9
+    assert info2.converged and info2.n_sweeps <= 2
+    assert close(tau2, tau) < 1e-9 and close(S2, S) < 1e-9 and abs(info2.log_z - info.log_z) < 1e-9
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,12 +459,12 @@ def test_benchmark_log_marginal_likelihood(n, expected, atol):
     K, y = benchmark_problem(n)
     spec = fastep.Probit().site_spec()
     tau, nu, S, m, info = run(K, y, spec)
-    assert info["converged"]
-    assert abs(info["log_z"] - expected) < atol
+    assert info.converged
+    assert abs(info.log_z - expected) < atol
     if n == 200:
         for options in (dict(schedule=SEQ), dict(schedule=PAR, damping=0.5), dict(order=ENTROPY)):
             *_, info2 = run(K, y, spec, **options)
-            assert info2["converged"] and abs(info2["log_z"] - expected) < atol
+            assert info2.converged and abs(info2.log_z - expected) < atol
         assert abs(ref.log_marginal_likelihood(K, y, probit_moments, tau, nu) - expected) < atol
 
 
@@ -479,9 +479,9 @@ def test_orders_reach_the_same_fixed_point(schedule):
     base = run(K, y, spec, schedule=schedule, tol=1e-11)
     for options in (dict(order=ENTROPY), dict(order=RANDOM, seed=1), dict(order=RANDOM, seed=2**63 + 5)):
         tau, nu, S, m, info = run(K, y, spec, schedule=schedule, tol=1e-11, **options)
-        assert info["converged"]
+        assert info.converged
         assert close(tau, base[0]) < 1e-8 and close(nu, base[1]) < 1e-8 and close(m, base[3]) < 1e-8
-        assert abs(info["log_z"] - base[4]["log_z"]) < 1e-8 * abs(base[4]["log_z"])
+        assert abs(info.log_z - base[4].log_z) < 1e-8 * abs(base[4].log_z)
 
 
 def test_random_order_is_reproducible():
@@ -612,28 +612,28 @@ def test_step_likelihood_with_flip_noise(schedule, damping, policy):
     tau, nu, S, m, info = run(K, y, fastep.Step(flip_noise=0.1).site_spec(), schedule=schedule,
                               damping=damping, negative_precision=policy, max_sweeps=60)
     assert np.all(np.isfinite(tau)) and np.all(np.isfinite(nu))
-    assert np.all(np.isfinite(S)) and np.all(np.isfinite(m)) and np.isfinite(info["log_z"])
+    assert np.all(np.isfinite(S)) and np.all(np.isfinite(m)) and np.isfinite(info.log_z)
     assert np.all(tau >= 0)
-    assert info["n_failed"] == 0
+    assert info.n_failed == 0
     if policy == engine.NEGATIVE_CLIP:
-        assert info["n_clipped"] > 0
+        assert info.n_clipped > 0
         assert np.min(tau) < 1e-12      # clipped sites (damping halves their precision each sweep)
     else:
-        assert info["n_skipped"] > 0 and info["n_clipped"] == 0
+        assert info.n_skipped > 0 and info.n_clipped == 0
     assert close(S, ref.posterior_from_sites(K, tau, nu)[1]) < 1e-10
 
 
 def test_max_sweeps_one_reports_not_converged():
     K, y = rbf_problem(30, seed=19)
     *_, info = run(K, y, fastep.Probit().site_spec(), max_sweeps=1, tol=1e-12)
-    assert info["n_sweeps"] == 1 and info["converged"] is False
-    assert info["max_change"] > 1e-12 and info["log_z_change"] > 0
+    assert info.n_sweeps == 1 and info.converged is False
+    assert info.max_change > 1e-12 and info.log_z_change > 0
 
 
 def test_empty_problem():
     spec = fastep.Probit().site_spec()
     tau, nu, S, m, info = run(np.zeros((0, 0)), np.zeros(0), spec)
-    assert info["converged"] and info["log_z"] == 0.0 and info["n_sweeps"] == 0
+    assert info.converged and info.log_z == 0.0 and info.n_sweeps == 0
 
 
 def test_single_site_matches_one_dimensional_quadrature():
@@ -645,7 +645,7 @@ def test_single_site_matches_one_dimensional_quadrature():
     second = integrate.quad(lambda f: f * f * weight(f), -np.inf, np.inf, epsabs=1e-14, epsrel=1e-13)[0] / Z
     tau, nu, S, m, info = run(np.array([[k]]), np.array([1.0]), fastep.Probit().site_spec())
     assert abs(m[0] - mean) < 1e-9 and abs(S[0, 0] - (second - mean**2)) < 1e-9
-    assert abs(info["log_z"] - np.log(Z)) < 1e-9
+    assert abs(info.log_z - np.log(Z)) < 1e-9
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ def test_one_site_evidence_is_exact(slope, k, bias):
     tau, nu = np.zeros(1), np.zeros(1)
     info = engine.run_gp_ep(K, y, spec, tau, nu, np.empty((1, 1)), np.empty(1), tol=1e-12,
                             max_sweeps=50)
-    assert info["log_z"] <= 0.0
-    assert info["log_z"] == pytest.approx(expected, rel=1e-10, abs=1e-12)
+    assert info.log_z <= 0.0
+    assert info.log_z == pytest.approx(expected, rel=1e-10, abs=1e-12)
     assert engine.log_marginal_likelihood(K, y, spec, tau, nu) == pytest.approx(expected, rel=1e-10, abs=1e-12)
     # any proper sites give the same (exact) value; huge precisions are where the textbook
     # form's cavity 1/Σ - τ and its ½νᵀΣν - ½ν²/(τ + τ₋) cancel to nothing
@@ -84,7 +84,7 @@ def test_n50_evidence_matches_high_precision_at_huge_precisions():
         info = engine.run_gp_ep(K, y, spec, tau, nu, np.empty((n, n)), np.empty(n), tol=1e-6)
         assert tau.max() > 1e6
         value = engine.log_marginal_likelihood(K, y, spec, tau, nu)
-        assert info["log_z"] == pytest.approx(value, rel=1e-12)
+        assert info.log_z == pytest.approx(value, rel=1e-12)
         assert value < 0.0
         assert value == pytest.approx(_mp_log_z(K, y, tau, nu, slope), rel=1e-9)
     # the same sites pushed to precisions of 1e12-1e15 (site means kept): still exact

@@ -77,7 +77,7 @@ def test_gaussian_likelihood_equals_conjugate_regression(n, d, algorithm, form):
     tau, nu, post_mean, post_cov, info = run(X, y, prior_mean, prior_cov, spec,
                                              update_form=FORMS[form], algorithm=ALGORITHMS[algorithm])
     exact_mean, exact_cov, exact_evidence = conjugate_posterior(X, y, prior_mean, prior_cov, noise_var)
-    assert info["converged"] and info["n_skipped"] == 0 and info["n_clipped"] == 0
+    assert info.converged and info.n_skipped == 0 and info.n_clipped == 0
     np.testing.assert_allclose(tau, 1 / noise_var, rtol=1e-12)
     np.testing.assert_allclose(nu, y / noise_var, rtol=1e-10, atol=1e-12)
     assert rel_err(post_cov, exact_cov) < 1e-10
@@ -127,7 +127,7 @@ def compare_with_reference(X, y, prior_mean, prior_cov, noise_var, tau0, nu0, fo
     assert rel_err(post_mean, out["post_mean"]) < rtol
     assert rel_err(post_cov, out["post_cov"]) < rtol
     for key in ("n_sweeps", "converged", "n_skipped", "n_clipped", "n_failed"):
-        assert info[key] == out[key], key
+        assert getattr(info, key) == out[key], key
     return tau, nu, post_mean, post_cov, info
 
 
@@ -159,9 +159,9 @@ def test_blocked_matches_rank1_with_mixed_sign_updates(block_size):
             block_size=block_size, **options)
     for left, right in zip(a[:4], b[:4]):
         assert rel_err(left, right) < 1e-12
-    assert {k: v for k, v in a[4].items() if k != "max_change"} == \
-        {k: v for k, v in b[4].items() if k != "max_change"}
-    assert a[4]["max_change"] == pytest.approx(b[4]["max_change"], rel=1e-10)
+    assert {k: v for k, v in a[4].as_dict().items() if k not in ("max_change", "log_z")} == \
+        {k: v for k, v in b[4].as_dict().items() if k not in ("max_change", "log_z")}
+    assert a[4].max_change == pytest.approx(b[4].max_change, rel=1e-10)
 
 
 # --------------------------------------------------------------------------- #
@@ -176,8 +176,8 @@ def test_invariant_holds_after_many_rank1_updates(algorithm):
     options = dict(damping=0.05, tol=0.0, max_sweeps=sweeps, algorithm=ALGORITHMS[algorithm])
     tau, nu, drift_mean, drift_cov, info = run(X, y, prior_mean, prior_cov, spec,
                                                refresh_every=sweeps + 1, **options)
-    assert info["n_sweeps"] == sweeps and not info["converged"]
-    assert info["max_change"] > 1e-4    # the last sweep still moved the sites
+    assert info.n_sweeps == sweeps and not info.converged
+    assert info.max_change > 1e-4    # the last sweep still moved the sites
     fresh_mean, fresh_cov = np.empty(d), np.empty((d, d))
     engine.refresh_posterior(X, prior_mean, prior_cov, tau, nu, fresh_mean, fresh_cov)
     assert rel_err(drift_cov, fresh_cov) < 1e-9
@@ -215,14 +215,14 @@ def test_update_forms_share_fixed_point_and_warm_start_converges_in_one_sweep(al
     for code in FORMS.values():
         warm = run(X, y, prior_mean, prior_cov, spec, tau, nu, update_form=code, tol=1e-10,
                    algorithm=ALGORITHMS[algorithm])
-        assert warm[4]["converged"] and warm[4]["n_sweeps"] == 1
+        assert warm[4].converged and warm[4].n_sweeps == 1
 
 
 def test_max_sweeps_zero_only_computes_posterior():
     X, y, prior_mean, prior_cov = make_problem(10, 3, seed=23)
     spec = SiteSpec(LIK_GAUSSIAN, [1.0])
     tau, nu, post_mean, post_cov, info = run(X, y, prior_mean, prior_cov, spec, max_sweeps=0)
-    assert info["n_sweeps"] == 0 and not info["converged"] and info["max_change"] == np.inf
+    assert info.n_sweeps == 0 and not info.converged and info.max_change == np.inf
     assert rel_err(post_cov, prior_cov) < 1e-13 and rel_err(post_mean, prior_mean) < 1e-13
     assert not tau.any() and not nu.any()
 
@@ -232,7 +232,7 @@ def test_no_sites_gives_prior():
     X = np.empty((0, 4))
     spec = SiteSpec(LIK_GAUSSIAN, [1.0])
     tau, nu, post_mean, post_cov, info = run(X, np.empty(0), prior_mean, prior_cov, spec)
-    assert info["converged"] and info["n_sweeps"] == 1
+    assert info.converged and info.n_sweeps == 1
     assert rel_err(post_cov, prior_cov) < 1e-13 and rel_err(post_mean, prior_mean) < 1e-13
     evidence = engine.log_evidence(X, np.empty(0), prior_mean, prior_cov, spec, tau, nu, post_mean,
                                    post_cov)
@@ -243,7 +243,7 @@ def test_nonconvergence_is_reported():
     X, y, prior_mean, prior_cov = make_problem(20, 4, seed=31)
     spec = SiteSpec(LIK_GAUSSIAN, [0.5])
     *_, info = run(X, y, prior_mean, prior_cov, spec, damping=0.1, max_sweeps=3, tol=1e-10)
-    assert not info["converged"] and info["n_sweeps"] == 3 and info["max_change"] > 1e-10
+    assert not info.converged and info.n_sweeps == 3 and info.max_change > 1e-10
 
 
 # --------------------------------------------------------------------------- #
@@ -315,14 +315,14 @@ def test_negative_precision_policies(policy, form):
     tau, nu, post_mean, post_cov, info = compare_with_reference(
         X, y, prior_mean, prior_cov, 0.5, tau0, nu0, form, 0.1, 1, 0.0, 1, policy, "rank1")
     if policy == "clip":
-        assert np.all(tau >= 0) and info["n_clipped"] == negative.sum()
+        assert np.all(tau >= 0) and info.n_clipped == negative.sum()
         np.testing.assert_array_equal(tau[negative], 0.0)
     elif policy == "skip":
-        assert info["n_skipped"] == negative.sum() and info["n_failed"] == 0
+        assert info.n_skipped == negative.sum() and info.n_failed == 0
         np.testing.assert_array_equal(tau[negative], tau0[negative])
         np.testing.assert_array_equal(nu[negative], nu0[negative])
     else:
-        assert info["n_skipped"] == 0 and np.all(tau[negative] < 0)
+        assert info.n_skipped == 0 and np.all(tau[negative] < 0)
     assert np.all(np.linalg.eigvalsh(post_cov) > 0)
     # every cavity is proper: 1 - tau_i x_i^T V x_i > 0
     s = np.einsum("ij,jk,ik->i", X, post_cov, X)
@@ -352,11 +352,11 @@ def test_improper_cavity_is_skipped_and_counted():
     for form in FORMS:
         tau, nu, post_mean, post_cov, info = compare_with_reference(
             X, y, prior_mean, prior_cov, 1.0, tau0, nu0, form, 1.0, 1, 0.0, 1, "allow", "rank1")
-        assert info["n_failed"] == 1 and info["n_skipped"] == 1 and not info["converged"]
+        assert info.n_failed == 1 and info.n_skipped == 1 and not info.converged
         assert tau[0] == 5.0 and tau[1] == 1.0
     # with more sweeps the state recovers and converges
     *_, info = run(X, y, prior_mean, prior_cov, SiteSpec(LIK_GAUSSIAN, [1.0]), tau0, nu0)
-    assert info["converged"] and info["n_failed"] == 1
+    assert info.converged and info.n_failed == 1
     # log_evidence refuses an invalid state
     post_mean, post_cov = np.empty(1), np.empty((1, 1))
     engine.refresh_posterior(X, prior_mean, prior_cov, tau0, nu0, post_mean, post_cov)
@@ -491,7 +491,7 @@ def compare_likelihood(name, n, d, form, damping, max_sweeps, tol, algorithm, se
     assert rel_err(post_mean, out["post_mean"]) < rtol
     assert rel_err(post_cov, out["post_cov"]) < rtol
     for key in ("n_sweeps", "converged", "n_skipped", "n_clipped", "n_failed"):
-        assert info[key] == out[key], key
+        assert getattr(info, key) == out[key], key
     return X, y, prior_mean, prior_cov, spec, moments, tau, nu, post_mean, post_cov, info
 
 
@@ -507,7 +507,7 @@ def test_likelihoods_converged_state_and_evidence_match_reference(name):
     (X, y, prior_mean, prior_cov, spec, moments, tau, nu, post_mean, post_cov,
      info) = compare_likelihood(name, 40, 33, "natural", damping=1.0, max_sweeps=100, tol=1e-10,
                                 algorithm="blocked")
-    assert info["converged"]
+    assert info.converged
     evidence = engine.log_evidence(X, y, prior_mean, prior_cov, spec, tau, nu, post_mean, post_cov)
     assert abs(evidence - ref.log_evidence(X, y, prior_mean, prior_cov, moments, tau, nu)) \
         < 1e-9 * abs(evidence)
@@ -526,12 +526,12 @@ def test_likelihoods_update_forms_and_algorithms_share_the_fixed_point(name):
                    algorithm=alg, damping=damping)
                for code in FORMS.values() for alg in ALGORITHMS.values() for damping in (1.0, 0.7)]
     for other in results[1:]:
-        assert other[4]["converged"]
+        assert other[4].converged
         for a, b in zip(results[0][:4], other[:4]):
             assert rel_err(a, b) < 1e-9
     tau, nu = results[0][:2]
     warm = run(X, y, prior_mean, prior_cov, spec, tau, nu, tol=1e-9)
-    assert warm[4]["converged"] and warm[4]["n_sweeps"] == 1
+    assert warm[4].converged and warm[4].n_sweeps == 1
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

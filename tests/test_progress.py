@@ -229,11 +229,11 @@ def test_gp_engine_stopped_by_the_callback_equals_a_run_capped_at_that_sweep(sch
     calls = []
     stopped = run(sweep_callback=lambda s, c, z: calls.append((s, c, z)) or s < 2)
     capped = run(max_sweeps=2)
-    assert [s for s, _, _ in calls] == [1, 2] and stopped[0]["stopped"] and not capped[0]["stopped"]
-    assert stopped[0]["n_sweeps"] == 2 == capped[0]["n_sweeps"]
+    assert [s for s, _, _ in calls] == [1, 2] and stopped[0].stopped and not capped[0].stopped
+    assert stopped[0].n_sweeps == 2 == capped[0].n_sweeps
     for a, b in zip(stopped[1:], capped[1:]):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
-    assert stopped[0]["log_z"] == pytest.approx(capped[0]["log_z"], rel=1e-12)
+    assert stopped[0].log_z == pytest.approx(capped[0].log_z, rel=1e-12)
 
 
 def test_an_engine_callback_exception_restores_the_sites():
@@ -264,13 +264,12 @@ def test_sparse_linear_and_rank_k_engines_stop_on_request():
     d = np.maximum(4.0 - np.sum(Vt ** 2, axis=1), 0.0)
     out = sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(n), np.zeros(n), np.empty((8, 8)), np.empty(8),
                                   tol=1e-12, sweep_callback=lambda s, c, z: s < 3)
-    assert out["stopped"] and out["n_sweeps"] == 3 and np.isfinite(out["log_z"])
+    assert out.stopped and out.n_sweeps == 3 and np.isfinite(out.log_z)
 
     design = np.ascontiguousarray(X)
-    direct = linear_ep._run_linear_ep(design, y, np.zeros(2), np.eye(2), spec, np.zeros(n), np.zeros(n),
-                                      np.empty(2), np.empty((2, 2)), tol=1e-14,
-                                      sweep_callback=lambda s, c, z: s < 2)
-    assert direct["stopped"] and direct["n_sweeps"] == 2
+    direct = linear_ep.LinearEP(design, y, np.zeros(2), np.eye(2), spec, tol=1e-14).run(
+        np.zeros(n), np.zeros(n), np.empty(2), np.empty((2, 2)), sweep_callback=lambda s, c, z: s < 2)
+    assert direct.stopped and direct.n_sweeps == 2
 
     rng = np.random.default_rng(0)
     Xk = rng.normal(size=(30, 2, 3))
@@ -279,7 +278,7 @@ def test_sparse_linear_and_rank_k_engines_stop_on_request():
     res = run_rank_k_ep(Xk, Yk, np.zeros(3), np.eye(3), RankKLikelihood.mvgaussian(np.eye(2)), *sites,
                         np.empty(3), np.empty((3, 3)), tol=0.0, max_sweeps=50,
                         sweep_callback=lambda s, c, z: s < 2)
-    assert res["stopped"] and res["n_sweeps"] == 2
+    assert res.stopped and res.n_sweeps == 2
 
 
 # -- fastep.progress.ProgressBar ------------------------------------------------------------------

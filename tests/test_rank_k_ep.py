@@ -90,7 +90,7 @@ def test_mvgaussian_equals_conjugate(seed):
     lik = RankKLikelihood.mvgaussian(R)
     m, V, P, b, info = run(X, Y, m0, V0, lik)
     mc, Vc, evc = conjugate(X, Y, m0, V0, R)
-    assert info['converged'] and info['n_skipped'] == 0 and info['n_sweeps'] <= 3
+    assert info.converged and info.n_skipped == 0 and info.n_sweeps <= 3
     np.testing.assert_allclose(m, mc, rtol=0, atol=1e-10 * (1 + np.abs(mc).max()))
     np.testing.assert_allclose(V, Vc, rtol=0, atol=1e-11)
     # Exact sites: P_i = R^{-1}, b_i = R^{-1} y_i.
@@ -148,7 +148,7 @@ def assert_product_equals_rank1(X, Y, m0, V0, site, damping, sweeps):
     n, k, d = X.shape
     lik = RankKLikelihood.product(site)
     m, V, P, b, info = run(X, Y, m0, V0, lik, damping=damping, tol=0.0, max_sweeps=sweeps)
-    assert info['n_sweeps'] == sweeps and info['n_skipped'] == 0
+    assert info.n_sweeps == sweeps and info.n_skipped == 0
     # Off-diagonal site precisions stay exactly zero: the separable path was taken.
     off = P - np.einsum('nkk->nk', P)[:, :, None] * np.eye(k)
     assert np.all(off == 0.0)
@@ -227,7 +227,7 @@ def test_compiled_vs_reference_product_quadrature(seed):
     mom = lambda i, h, L: ref.product_moments_quadrature(Y[i], h, L, log_lik, n_nodes=3)
     m, V, P, b, info = run(X, Y, m0, V0, lik, damping=0.8, tol=0.0, max_sweeps=4)
     r = ref.run_rank_k_ep(X, Y, m0, V0, mom, damping=0.8, tol=0.0, max_sweeps=4)
-    assert info['n_skipped'] == r['n_skipped'] == 0
+    assert info.n_skipped == r["n_skipped"] == 0
     corr = [abs(L[0, 1]) / np.sqrt(L[0, 0] * L[1, 1])
             for L in (ref.cavity(X[i], m, V, P[i], b[i])[3] for i in range(len(X)))]
     assert max(corr) > 0.1                                            # correlated cavities
@@ -243,7 +243,7 @@ def test_product_gaussian_quadrature_converges_to_exact():
     X, Y, m0, V0, _ = problem(30, n=5, k=2, d=4)
     noise = 1.5
     m, V, P, b, info = run(X, Y, m0, V0, RankKLikelihood.product(gaussian_site(noise), n_nodes=40))
-    assert info['converged']
+    assert info.converged
     mc, Vc, evc = conjugate(X, Y, m0, V0, noise * np.eye(2))
     np.testing.assert_allclose(m, mc, atol=1e-7)
     np.testing.assert_allclose(V, Vc, atol=1e-7)
@@ -266,7 +266,7 @@ def test_compiled_vs_reference_probit_correlated():
     np.testing.assert_allclose(b, r['site_natural_mean'], atol=1e-9)
     np.testing.assert_allclose(V, r['post_cov'], atol=1e-10)
     m, V, P, b, info = run(X, Y, m0, V0, lik, tol=1e-12, max_sweeps=300)
-    assert info['converged'] and info['n_skipped'] == 0
+    assert info.converged and info.n_skipped == 0
     assert all(np.all(np.linalg.eigvalsh(p) > 0) for p in P)           # log-concave: PD sites
     ev = rank_k_log_evidence(X, Y, m0, V0, lik, P, b)
     assert abs(ev - ref.log_evidence_literal(X, Y, m0, V0, mom, P, b)) < 1e-8
@@ -282,7 +282,7 @@ def test_invariant_after_many_updates():
     lik = RankKLikelihood.product(gaussian_site(noise), n_nodes=8)
     # 40 sweeps x 30 rank-3 Woodbury updates with no refresh.
     m, V, P, b, info = run(X, Y, m0, V0, lik, damping=0.5, tol=0.0, max_sweeps=40, refresh_every=0)
-    assert info['n_sweeps'] == 40
+    assert info.n_sweeps == 40
     m_ref, V_ref = np.empty_like(m), np.empty_like(V)
     run_rank_k_ep(X, Y, m0, V0, lik, P, b, m_ref, V_ref, max_sweeps=0)   # rebuild only
     np.testing.assert_allclose(m, m_ref, atol=1e-10 * (1 + np.abs(m_ref).max()))
@@ -308,7 +308,7 @@ def test_warm_start_from_sites():
     # Garbage in post_mean/post_cov is ignored: rebuilt from the sites on entry.
     m2, V2 = np.full(3, np.nan), np.full((3, 3), np.nan)
     info = run_rank_k_ep(X, Y, m0, V0, lik, P, b, m2, V2)
-    assert info['converged'] and info['n_sweeps'] == 1
+    assert info.converged and info.n_sweeps == 1
     np.testing.assert_allclose(m2, m, atol=1e-12)
 
 
@@ -421,7 +421,7 @@ def test_evidence_regrouped_equals_literal_at_fixed_point():
     noise = 1.2
     lik = RankKLikelihood.product(gaussian_site(noise), n_nodes=10)
     m, V, P, b, info = run(X, Y, m0, V0, lik, tol=1e-13, max_sweeps=500)
-    assert info['converged']
+    assert info.converged
     assert all(np.all(np.linalg.eigvalsh(p) > 0) for p in P)
     log_lik = lambda yj, z: ref.gaussian_1d_log_lik(yj, z, noise)
     mom = lambda i, h, L: ref.product_moments_quadrature(Y[i], h, L, log_lik, n_nodes=10)
@@ -464,12 +464,12 @@ def test_improper_cavity_is_skipped_then_recovers():
     b = np.zeros((2, 1))
     lik = RankKLikelihood.product(gaussian_site(1.0))
     m, V, P1, b1, info = run(X, Y, m0, V0, lik, P=P, b=b)
-    assert info['converged'] and info['n_skipped'] == 1 and info['n_skipped_last_sweep'] == 0
+    assert info.converged and info.n_skipped == 1 and info.diagnostics["n_skipped_last_sweep"] == 0
     mc, Vc, _ = conjugate(X, Y, m0, V0, np.eye(1))
     np.testing.assert_allclose(m, mc, atol=1e-12)
     mom = lambda i, h, L: ref.mvgaussian_moments(Y[i], h, L, np.eye(1))
     r = ref.run_rank_k_ep(X, Y, m0, V0, mom, site_precision=P, site_natural_mean=b)
-    assert r['n_skipped'] == 1
+    assert r["n_skipped"] == 1
     np.testing.assert_allclose(P1, r['site_precision'], atol=1e-12)
 
 

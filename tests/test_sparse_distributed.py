@@ -100,7 +100,7 @@ def test_chunk_step_reports_an_improper_cavity_and_leaves_those_sites():
     R, w_mean = np.eye(3), np.zeros(3)
     out = engine._parallel_chunk_step(Vt, d, y, Probit().site_spec(), tau, np.zeros(10), R, w_mean)
     assert np.isnan(out["log_z_sites"]) and out["bad_site"] == 2
-    assert out["n_failed"] == 2 and out["n_skipped"] == 2
+    assert out.n_failed == 2 and out.n_skipped == 2
     np.testing.assert_array_equal(out["site_precision"][[2, 7]], tau[[2, 7]])
     assert np.all(out["site_precision"][[0, 1, 3]] != 0.5)
 
@@ -147,8 +147,8 @@ def test_chunked_schedule_reaches_the_in_core_fixed_point(case):
     incore, local, params = _pair(case, [70, 1, 130, 99])
     lz1, g1, info1 = incore.evaluate(params, gradient=True, warm=False, keep=True)
     lz2, g2, info2 = local.evaluate(params, gradient=True, warm=False, keep=True)
-    assert info1["converged"] and info2["converged"]
-    assert info1["n_sweeps"] == info2["n_sweeps"]
+    assert info1.converged and info2.converged
+    assert info1.n_sweeps == info2.n_sweeps
     for key in ("n_skipped", "n_clipped", "n_failed"):
         assert info1[key] == info2[key]
     np.testing.assert_allclose(lz2, lz1, rtol=1e-10)
@@ -165,10 +165,10 @@ def test_chunked_schedule_stops_where_the_engine_stops():
     incore, local, params = _pair("probit-fitc", [150, 150], max_sweeps=3)
     _, _, info1 = incore.evaluate(params, gradient=False, warm=False, keep=True)
     _, _, info2 = local.evaluate(params, gradient=False, warm=False, keep=True)
-    assert not info1["converged"] and not info2["converged"]
-    assert info1["n_sweeps"] == info2["n_sweeps"] == 3
-    np.testing.assert_allclose(info2["log_z"], info1["log_z"], rtol=1e-12)
-    np.testing.assert_allclose(info2["max_change"], info1["max_change"], rtol=1e-8)
+    assert not info1.converged and not info2.converged
+    assert info1.n_sweeps == info2.n_sweeps == 3
+    np.testing.assert_allclose(info2.log_z, info1.log_z, rtol=1e-12)
+    np.testing.assert_allclose(info2.max_change, info1.max_change, rtol=1e-8)
     np.testing.assert_allclose(local.site_precision, incore.site_precision, rtol=1e-10, atol=1e-12)
 
 
@@ -178,8 +178,8 @@ def test_warm_start_is_used_and_equals_a_cold_start():
     moved = kernel.clone_with_theta(kernel.theta + 0.05)
     _, _, warm = local.evaluate((moved, likelihood, Z), gradient=False, warm=True, keep=True)
     _, _, cold = incore.evaluate((moved, likelihood, Z), gradient=False, warm=False, keep=True)
-    assert warm["n_sweeps"] < cold["n_sweeps"]
-    np.testing.assert_allclose(warm["log_z"], cold["log_z"], rtol=1e-7)
+    assert warm.n_sweeps < cold.n_sweeps
+    np.testing.assert_allclose(warm.log_z, cold.log_z, rtol=1e-7)
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def dense_compiled(K, y):
     info = dense_engine.run_gp_ep(np.ascontiguousarray(K), y, fastep.Probit().site_spec(), tau, nu,
                                   cov, mean, schedule=dense_engine.SCHEDULE_SEQUENTIAL, tol=1e-12,
                                   max_sweeps=200)
-    return info["log_z"], mean, np.diag(cov)
+    return info.log_z, mean, np.diag(cov)
 
 
 def test_inducing_inputs_at_training_inputs_equal_dense_ep():

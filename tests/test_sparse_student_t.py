@@ -1,6 +1,6 @@
 """Sparse robust regression: fractional EP with Student-t sites on the sparse representation.
 
-The engine (``sparse_ep.run_robust_sparse_ep``) against the dense robust engine (whose own twin
+The engine (``student_t_ep.run_sparse``) against the dense robust engine (whose own twin
 is :mod:`fastep.reference.robust_ep`) where the two models coincide, the signed natural sums,
 the Gaussian limit, the evidence gradient, outliers, and the estimator's argument checks.
 """
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastep import SparseGPRegressor, StudentT, load, save
-from fastep._epcore import robust_ep, sparse_ep
+from fastep._epcore import student_t_ep, sparse_ep
 from fastep.kernels import RBF, Bias
 
 
@@ -24,7 +24,7 @@ def _sparse_run(Vt, d, y, likelihood, power, **kw):
     n, m = Vt.shape
     tau, nu = np.zeros(n), np.zeros(n)
     R, w, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-    info = sparse_ep.run_robust_sparse_ep(Vt, d, y, likelihood.site_spec(), tau, nu, R, w, g_mean, g_var,
+    info = student_t_ep.run_sparse(Vt, d, y, likelihood.site_spec(), tau, nu, R, w, g_mean, g_var,
                                           power=power, **kw)
     return info, tau, nu, g_mean, g_var
 
@@ -33,7 +33,7 @@ def _dense_run(K, y, likelihood, power, **kw):
     n = K.shape[0]
     tau, nu = np.zeros(n), np.zeros(n)
     post_mean, post_var, cav_mean, cav_var = (np.empty(n) for _ in range(4))
-    info = robust_ep.run_robust_gp_ep(K, y, likelihood.dof, likelihood.scale, power, tau, nu, post_mean, post_var,
+    info = student_t_ep.run_dense(K, y, likelihood.dof, likelihood.scale, power, tau, nu, post_mean, post_var,
                                       cav_mean, cav_var, **kw)
     return info, tau, nu, post_mean, post_var
 
@@ -48,13 +48,13 @@ def test_full_rank_projection_equals_the_dense_robust_engine(power):
     kw = dict(tol=1e-10, max_sweeps=1000)
     info_s, tau_s, nu_s, mean_s, var_s = _sparse_run(Vt, np.zeros(x.size), y, likelihood, power, **kw)
     info_d, tau_d, nu_d, mean_d, var_d = _dense_run(K, y, likelihood, power, **kw)
-    assert info_s["converged"] and info_d["converged"]
+    assert info_s.converged and info_d.converged
     assert np.sum(tau_s < 0) >= 3                        # the outliers' sites are negative
     np.testing.assert_allclose(tau_s, tau_d, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(nu_s, nu_d, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(mean_s, mean_d, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(var_s, var_d, rtol=1e-8)
-    assert info_s["log_z"] == pytest.approx(info_d["log_z"], rel=1e-10)
+    assert info_s.log_z == pytest.approx(info_d.log_z, rel=1e-10)
 
 
 def test_fitc_at_power_one_equals_dense_ep_on_the_fitc_prior():
@@ -70,8 +70,8 @@ def test_fitc_at_power_one_equals_dense_ep_on_the_fitc_prior():
     likelihood = StudentT(dof=3.0, scale=0.2)
     info_s, *_ = _sparse_run(Vt, d, y, likelihood, 1.0, tol=1e-10, max_sweeps=2000)
     info_d, *_ = _dense_run(Vt @ Vt.T + np.diag(d), y, likelihood, 1.0, tol=1e-10, max_sweeps=2000)
-    assert info_s["converged"] and info_d["converged"]
-    assert info_s["log_z"] == pytest.approx(info_d["log_z"], rel=1e-8)
+    assert info_s.converged and info_d.converged
+    assert info_s.log_z == pytest.approx(info_d.log_z, rel=1e-8)
 
 
 def test_signed_natural_sums_subtract_negative_sites():
@@ -94,15 +94,15 @@ def test_engine_halves_steps_and_reports_an_improper_start():
     tau = np.full(n, -5.0)                             # K⁻¹ - 5 I is not positive definite
     nu = np.zeros(n)
     with pytest.raises(np.linalg.LinAlgError, match="improper"):
-        sparse_ep.run_robust_sparse_ep(Vt, np.zeros(n), y, likelihood.site_spec(), tau, nu, np.empty((m, m)),
+        student_t_ep.run_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), tau, nu, np.empty((m, m)),
                                        np.empty(m), np.empty(n), np.empty(n))
     with pytest.raises(ValueError, match="damping"):
-        sparse_ep.run_robust_sparse_ep(Vt, np.zeros(n), y, likelihood.site_spec(), np.zeros(n), nu,
+        student_t_ep.run_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), np.zeros(n), nu,
                                        np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n), damping=0.0)
     # a full (undamped) step from zero sites overshoots: the engine must halve it
     info, tau, *_ = _sparse_run(Vt, np.zeros(n), y, likelihood, 1.0, damping=1.0, tol=1e-8, max_sweeps=500)
-    assert np.all(np.isfinite(tau)) and np.isfinite(info["log_z"])
-    assert info["converged"] or info["n_halvings"] > 0
+    assert np.all(np.isfinite(tau)) and np.isfinite(info.log_z)
+    assert info.converged or info.n_halvings > 0
 
 
 def _estimator_data(n=120, seed=0):
@@ -207,10 +207,10 @@ def test_engine_matches_the_reference_sweep_by_sweep_on_a_fitc_prior(power):
     pm = ref.student_t_power_moments(3.0, 0.2)
     for n_sweeps in (1, 3, 8):
         info, tau, nu, _, _ = _sparse_run(Vt, d, y, likelihood, power, tol=1e-14, max_sweeps=n_sweeps)
-        assert info["n_sweeps"] == n_sweeps
+        assert info.n_sweeps == n_sweeps
         tau_ref, nu_ref = ref.run_robust_sparse_ep(V, d, y, pm, power=power, n_sweeps=n_sweeps)
         np.testing.assert_allclose(tau, tau_ref, rtol=1e-6, atol=1e-8)
         np.testing.assert_allclose(nu, nu_ref, rtol=1e-6, atol=1e-8)
-        assert info["log_z"] == pytest.approx(ref.log_marginal_likelihood(V, d, y, pm, tau, nu, power=power),
+        assert info.log_z == pytest.approx(ref.log_marginal_likelihood(V, d, y, pm, tau, nu, power=power),
                                               rel=1e-8)
     assert np.any(tau < 0)

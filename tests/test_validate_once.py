@@ -65,6 +65,19 @@ def test_public_kernel_methods_still_reject_bad_input():
         RBFARD([0.5, 0.5]).diag_gradient(np.ones((4, 3)))
 
 
+def _dense_unvalidated(K, y, spec, tau, nu, buf, mean, *, seed=0, post_var=None, cavity_mean=None,
+                       cavity_var=None, **options):
+    """The estimators' path: the state built from already-checked arrays."""
+    engine = gp_ep.DenseEP(K, y, spec, validate=False, **options)
+    return engine.run(tau, nu, buf, mean, seed=seed, post_var=post_var, cavity_mean=cavity_mean,
+                      cavity_var=cavity_var)
+
+
+def _sparse_unvalidated(Vt, d, y, spec, tau, nu, R, w, *, seed=0, g_mean=None, g_var=None, **options):
+    engine = sparse_ep.SparseEP(Vt, d, y, spec, validate=False, **options)
+    return engine.run(tau, nu, R, w, seed=seed, g_mean=g_mean, g_var=g_var)
+
+
 def _gp_problem(n, seed):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 2))
@@ -74,11 +87,11 @@ def _gp_problem(n, seed):
 
 
 @pytest.mark.parametrize("schedule", [gp_ep.SCHEDULE_SEQUENTIAL, gp_ep.SCHEDULE_PARALLEL, gp_ep.SCHEDULE_BLOCKED])
-def test_gp_ep_unchecked_twin_is_bitwise_the_public_function(schedule):
+def test_gp_ep_unvalidated_state_is_bitwise_the_public_function(schedule):
     K, y = _gp_problem(60, 1)
     spec = Probit().site_spec()
     outs = []
-    for run in (gp_ep.run_gp_ep, gp_ep._run_gp_ep):
+    for run in (gp_ep.run_gp_ep, _dense_unvalidated):
         tau, nu = np.zeros(60), np.zeros(60)
         buf, mean, var, cm, cv = np.empty((60, 60)), np.empty(60), np.empty(60), np.empty(60), np.empty(60)
         info = run(K, y, spec, tau, nu, buf, mean, schedule=schedule, tol=1e-10, max_sweeps=50,
@@ -104,7 +117,7 @@ def test_gp_ep_public_function_still_rejects_bad_input():
 
 @pytest.mark.parametrize("approximation", ["fitc", "dtc"])
 @pytest.mark.parametrize("schedule", [sparse_ep.SPARSE_SEQUENTIAL, sparse_ep.SPARSE_PARALLEL])
-def test_sparse_ep_unchecked_twins_are_bitwise_the_public_functions(approximation, schedule):
+def test_sparse_ep_unvalidated_state_is_bitwise_the_public_functions(approximation, schedule):
     rng = np.random.default_rng(3)
     X, Z = rng.normal(size=(80, 2)), rng.normal(size=(7, 2))
     kernel = RBF(1.0, 0.8)
@@ -117,7 +130,7 @@ def test_sparse_ep_unchecked_twins_are_bitwise_the_public_functions(approximatio
     _, Vt, d = proj_a
     spec = Probit(slope=2.0).site_spec()
     outs = []
-    for run in (sparse_ep.run_sparse_ep, sparse_ep._run_sparse_ep):
+    for run in (sparse_ep.run_sparse_ep, _sparse_unvalidated):
         tau, nu, R, w, gm, gv = np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), np.empty(80), np.empty(80)
         info = run(Vt, d, y, spec, tau, nu, R, w, power=0.5, schedule=schedule, tol=1e-9, max_sweeps=40,
                    damping=0.5 if schedule == sparse_ep.SPARSE_PARALLEL else 1.0, g_mean=gm, g_var=gv)
@@ -132,18 +145,18 @@ def test_sparse_ep_unchecked_twins_are_bitwise_the_public_functions(approximatio
         sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), tol=0.0)
 
 
-def test_linear_ep_unchecked_twins_are_bitwise_the_public_functions():
+def test_linear_ep_unvalidated_state_is_bitwise_the_validated_one():
     rng = np.random.default_rng(4)
     X = rng.normal(size=(120, 5))
     y = np.where(X @ rng.normal(size=5) > 0, 1.0, -1.0)
     m0, V0 = np.zeros(5), np.eye(5)
     spec = Probit().site_spec()
     outs = []
-    for run, evidence in ((linear_ep.run_linear_ep, linear_ep.log_evidence),
-                          (linear_ep._run_linear_ep, linear_ep._log_evidence)):
+    for validate in (True, False):
+        engine = linear_ep.LinearEP(X, y, m0, V0, spec, tol=1e-10, max_sweeps=50, validate=validate)
         tau, nu, mean, cov = np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5))
-        info = run(X, y, m0, V0, spec, tau, nu, mean, cov, tol=1e-10, max_sweeps=50)
-        outs.append((info, evidence(X, y, m0, V0, spec, tau, nu, mean, cov), tau, nu, mean, cov))
+        info = engine.run(tau, nu, mean, cov)
+        outs.append((info, engine.log_evidence(tau, nu, mean, cov), tau, nu, mean, cov))
     (info_a, *arrays_a), (info_b, *arrays_b) = outs
     assert info_a == info_b
     for a, b in zip(arrays_a, arrays_b):

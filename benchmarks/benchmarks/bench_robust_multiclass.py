@@ -5,7 +5,7 @@ import numpy as np
 
 from fastep import ConvergenceWarning, GaussianProcessClassifier, StudentT
 from fastep._double_loop_ep import run_double_loop_ep, run_sparse_double_loop_ep
-from fastep._epcore import robust_ep, sparse_ep
+from fastep._epcore import student_t_ep, sparse_ep
 from fastep.kernels import RBF
 
 
@@ -29,7 +29,7 @@ class RobustDenseEP:
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
         out = [np.empty(n) for _ in range(4)]
-        robust_ep.run_robust_gp_ep(self.K, self.y, 4.0, 0.1, 0.5, tau, nu, *out, tol=1e-6)
+        student_t_ep.run_dense(self.K, self.y, 4.0, 0.1, 0.5, tau, nu, *out, tol=1e-6)
 
 
 def _stalling_toy(n):
@@ -53,9 +53,9 @@ class DoubleLoopFallback:
         self.K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-8 * np.eye(n)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         out = [np.empty(n) for _ in range(4)]
-        info = robust_ep.run_robust_gp_ep(self.K, self.y, 1.5, 0.01, 0.5, self.tau, self.nu, *out, tol=1e-6,
+        info = student_t_ep.run_dense(self.K, self.y, 1.5, 0.01, 0.5, self.tau, self.nu, *out, tol=1e-6,
                                           max_sweeps=500)
-        if info["converged"]:
+        if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
 
     def time_to_convergence(self, n):
@@ -78,10 +78,10 @@ class SparseDoubleLoopFallback:
             np.exp(-0.5 * (z[:, None] - z[None, :]) ** 2 / 0.3 ** 2),
             np.exp(-0.5 * (x[:, None] - z[None, :]) ** 2 / 0.3 ** 2), np.ones(n), jitter=1e-8)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
-        info = sparse_ep.run_robust_sparse_ep(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
+        info = student_t_ep.run_sparse(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
                                               self.tau, self.nu, *self._outputs(n), power=0.5, tol=1e-6,
                                               max_sweeps=500)
-        if info["converged"]:
+        if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
 
     @staticmethod
@@ -109,7 +109,7 @@ class RobustSparseEP:
 
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
-        sparse_ep.run_robust_sparse_ep(self.Vt, self.d, self.y, self.spec, tau, nu, np.empty((50, 50)),
+        student_t_ep.run_sparse(self.Vt, self.d, self.y, self.spec, tau, nu, np.empty((50, 50)),
                                        np.empty(50), np.empty(n), np.empty(n), power=0.5, tol=1e-6)
 
     def peakmem_to_convergence(self, n):

@@ -1,6 +1,6 @@
 """Double-loop (convergent) fractional EP for GP regression with Student-t sites.
 
-The fallback of :func:`fastep._epcore.robust_ep.run_robust_gp_ep` when damped parallel
+The fallback of :func:`fastep._epcore.student_t_ep.run_dense` when damped parallel
 fractional EP stalls (no step keeps the posterior and the cavities proper) or does not
 converge. It maximises the same fractional EP energy by the double-loop scheme of Heskes &
 Zoeter ("Expectation propagation for approximate inference in dynamic Bayesian networks",
@@ -60,8 +60,9 @@ approximation it gives is not.
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
-from ._epcore import robust_ep as _engine
+from ._epcore import student_t_ep as _engine
 from ._epcore import sparse_ep as _sparse_engine
+from ._epcore._common import SweepDriver, SweepResult
 from ._epcore.sites import student_t_moments_array
 from ._linalg import inner, matmul
 
@@ -399,9 +400,8 @@ def _check_common(y, dof, scale, power, sites, n, tol, max_outer, max_newton, ca
 
 
 def _empty_result():
-    return {"log_z": 0.0, "n_sweeps": 0, "converged": True, "max_change": 0.0, "log_z_change": 0.0,
-            "n_failed": 0, "n_halvings": 0, "stuck": False, "stopped": False, "n_newton": 0, "n_limited": 0,
-            "inner_failures": 0, "energy": []}
+    return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
+                       diagnostics={"n_newton": 0, "n_limited": 0, "inner_failures": 0, "energy": []})
 
 
 def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
@@ -440,7 +440,7 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     Returns
     -------
     dict
-        As :func:`fastep._epcore.robust_ep.run_robust_gp_ep` (``n_sweeps`` counts outer
+        As :func:`fastep._epcore.student_t_ep.run_dense` (``n_sweeps`` counts outer
         iterations; ``stuck``: an inner minimisation could not start), plus ``n_newton``,
         ``n_limited`` (cavities at their variance bound), ``inner_failures`` (inner loops
         that stopped before their tolerance) and ``energy`` (G after every outer iteration).
@@ -454,7 +454,7 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     >>> y = np.sin(3 * x); y[2] = 4.0
     >>> tau, nu, out = np.zeros(8), np.zeros(8), [np.empty(8) for _ in range(4)]
     >>> info = run_double_loop_ep(K, y, 4.0, 0.1, 0.5, tau, nu, *out)
-    >>> info["converged"]
+    >>> info.converged
     True
     """
     K = np.ascontiguousarray(K, dtype=np.float64)
@@ -477,11 +477,9 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
         info, point = _double_loop(gaussian, tilted, float(power), site_precision, site_natural_mean, tol,
                                    max_outer, max_newton, cavity_variance_limit, sweep_callback)
         post = gaussian.posterior(site_precision, site_natural_mean, True, post_cov=post_cov)
-        info["log_z"], info["n_failed"] = _final_energy(post, tilted, float(power), site_precision,
-                                                        site_natural_mean, post_mean, post_var, cavity_mean,
-                                                        cavity_var)
-    info["converged"] = bool(info["converged"] and info["n_failed"] == 0)
-    return info
+        log_z, n_failed = _final_energy(post, tilted, float(power), site_precision, site_natural_mean,
+                                        post_mean, post_var, cavity_mean, cavity_var)
+    return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
 
 
 def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_natural_mean, post_factor,
@@ -489,7 +487,7 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
                               cavity_variance_limit=100.0, sweep_callback=None):
     """Double-loop fractional EP on the sparse (FITC / DTC) representation (module docstring).
 
-    The fallback of :func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`, with its
+    The fallback of :func:`fastep._epcore.student_t_ep.run_sparse`, with its
     representation: sites on the projections ``g = Vt w``, ``w ~ N(0, I_m)``, the Student-t
     likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``. Memory O(nm).
 
@@ -533,7 +531,7 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
     >>> tau, nu = np.zeros(12), np.zeros(12)
     >>> R, w, g_mean, g_var = np.empty((4, 4)), np.empty(4), np.empty(12), np.empty(12)
     >>> info = run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, tau, nu, R, w, g_mean, g_var)
-    >>> info["converged"]
+    >>> info.converged
     True
     """
     Vt = np.ascontiguousarray(Vt, dtype=np.float64)
@@ -561,11 +559,10 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
         factor = (np.empty((m, m)), np.empty(m))
         post = gaussian.posterior(site_precision, site_natural_mean, False, factor_out=factor)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
-        info["log_z"], info["n_failed"] = _final_energy(post, tilted, float(power), site_precision,
-                                                        site_natural_mean, g_mean, g_var, cavity_mean, cavity_var)
+        log_z, n_failed = _final_energy(post, tilted, float(power), site_precision, site_natural_mean,
+                                        g_mean, g_var, cavity_mean, cavity_var)
         post_factor[:], post_w_mean[:] = factor
-    info["converged"] = bool(info["converged"] and info["n_failed"] == 0)
-    return info
+    return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
 
 
 def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol, max_outer, max_newton,
@@ -581,12 +578,12 @@ def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol
     theta_tau, theta_nu = 1.0 / post_var, post_mean / post_var
     prior_bound = 1.0 / (cavity_variance_limit * gaussian.prior_var)
     energy, n_newton, inner_failures = [], 0, 0
-    max_change = log_z_change = np.inf
-    converged = stopped = stuck = False
+    driver = SweepDriver(tol, max_outer, sweep_callback)
+    stuck = False
     point = None
     bound = np.minimum(prior_bound, 0.5 * theta_tau)
     outer = 0
-    while outer < max_outer:
+    while outer < driver.max_sweeps:
         outer += 1
         bound = np.minimum(prior_bound, 0.5 * theta_tau)
         problem = _Inner(gaussian, tilted, power, theta_tau, theta_nu, bound)
@@ -606,25 +603,18 @@ def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol
         old_mean, old_var = theta_nu / theta_tau, 1.0 / theta_tau
         max_change = float(max(np.max(np.abs(point["post_mean"] - old_mean) / np.sqrt(old_var), initial=0.0),
                                np.max(np.abs(point["post_var"] - old_var) / old_var, initial=0.0)))
-        log_z_change = abs(G - energy[-1]) if energy else np.inf
         energy.append(G)
         s_tau, s_nu = new_tau, new_nu
         theta_tau = 1.0 / point["post_var"]
         theta_nu = point["post_mean"] / point["post_var"]
-        if sweep_callback is not None and sweep_callback(outer, max_change, G) is False:
-            stopped = True
-            break
-        if max_change < tol and log_z_change < tol * max(1.0, abs(G)):
-            converged = True
+        if driver.end_sweep(outer, max_change, G):
             break
     site_precision[:] = s_tau
     site_natural_mean[:] = s_nu
     n_limited = 0 if point is None else int(np.sum(point["a"][0] - bound <= ACTIVE_GAP * bound))
-    info = {"log_z": np.nan, "n_sweeps": outer, "converged": converged, "max_change": max_change,
-            "log_z_change": float(log_z_change), "n_failed": 0, "n_halvings": 0, "stuck": stuck,
-            "stopped": stopped, "n_newton": n_newton, "n_limited": n_limited,
-            "inner_failures": inner_failures, "energy": energy}
-    return info, point
+    info = driver.result(stuck=stuck, diagnostics={"n_newton": n_newton, "n_limited": n_limited,
+                                                   "inner_failures": inner_failures, "energy": energy})
+    return info.replace(n_sweeps=outer), point
 
 
 def _final_energy(post, tilted, power, s_tau, s_nu, post_mean, post_var, cavity_mean, cavity_var):

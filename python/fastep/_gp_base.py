@@ -197,7 +197,7 @@ class SiteProblem:
                 state = self._run_once(prior, likelihood, warm=True)
             except (np.linalg.LinAlgError, FloatingPointError):
                 state = None
-            if state is not None and state["info"]["n_failed"] == 0:
+            if state is not None and state["info"].n_failed == 0:
                 return state
         return self._run_once(prior, likelihood, warm=False)
 
@@ -247,14 +247,14 @@ class SiteProblem:
         self.log_objective = self.log_ml + (hyper.space.log_prior(hyper.hyperprior, u)[0] if u is not None
                                             else 0.0)
         info = self.info
-        progress.report("done", info["n_sweeps"], self.log_ml, info["max_change"])
-        if info.get("stopped"):
+        progress.report("done", info.n_sweeps, self.log_ml, info.max_change)
+        if info.stopped:
             pass                                        # the estimator warns once for the whole fit
-        elif not info["converged"]:
+        elif not info.converged:
             warnings.warn(
-                f"{self.algorithm} did not converge in {info['n_sweeps']} sweeps (max_sweeps={max_sweeps}); "
-                f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
-                f"and the last change of log Z {info['log_z_change']:.3g} (tol={tol:g}). "
+                f"{self.algorithm} did not converge in {info.n_sweeps} sweeps (max_sweeps={max_sweeps}); "
+                f"the largest site-parameter change in the last sweep was {info.max_change:.3g} "
+                f"and the last change of log Z {info.log_z_change:.3g} (tol={tol:g}). "
                 "Increase max_sweeps, use damping < 1, or check the model.",
                 ConvergenceWarning, stacklevel=5)
         return self
@@ -435,9 +435,9 @@ class GPEstimator(BaseEstimator):
                                else np.array([getattr(p, "n_evaluations", 0) for p in problems]))
         self.site_precision_ = stack_problems([p.site_precision for p in problems])
         self.site_natural_mean_ = stack_problems([p.site_natural_mean for p in problems])
-        self.n_sweeps_ = (problems[0].info["n_sweeps"] if len(problems) == 1
-                          else np.array([p.info["n_sweeps"] for p in problems]))
-        self.converged_ = all(bool(p.info["converged"]) for p in problems)
+        self.n_sweeps_ = (problems[0].info.n_sweeps if len(problems) == 1
+                          else np.array([p.info.n_sweeps for p in problems]))
+        self.converged_ = all(bool(p.info.converged) for p in problems)
         progress = None
         for p in problems:                      # the fit's reporter is not part of the fitted state
             progress = p.options.pop("progress", None) or progress

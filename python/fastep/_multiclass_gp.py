@@ -28,6 +28,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from ._epcore import multiclass_ep as _nested
+from ._epcore._common import SweepDriver
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
@@ -243,12 +244,10 @@ class MultinomialGPProblem(SiteProblem):
         pi, nu = _outer_sites(self.y, alpha, beta)
         post = MultinomialPosterior(K, pi, nu)
         log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
-        callback = sweep_callback_of(opts)
-        max_change = np.inf
-        log_z_change = np.inf
-        converged = stopped = False
+        driver = SweepDriver(opts["tol"], opts["max_sweeps"], sweep_callback_of(opts))
+        driver.set_log_z(log_z)
         sweep = 0
-        while sweep < opts["max_sweeps"]:
+        while sweep < driver.max_sweeps:
             sweep += 1
             old_alpha, old_beta = alpha.copy(), beta.copy()
             _, status = _nested.nested_site_updates(self.y, cavity[0], cavity[1], alpha, beta,
@@ -261,19 +260,12 @@ class MultinomialGPProblem(SiteProblem):
             post = MultinomialPosterior(K, pi, nu)
             new_log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
             n_failed += int(np.sum(status != 0))
-            log_z_change = abs(new_log_z - log_z)
-            log_z = new_log_z
-            if callback is not None and callback(sweep, max_change, log_z) is False:
-                stopped = True
+            if driver.end_sweep(sweep, max_change, new_log_z, n_failed):
                 break
-            if max_change < opts["tol"] and log_z_change < opts["tol"] * max(1.0, abs(log_z)) and n_failed == 0:
-                converged = True
-                break
-        if not np.isfinite(log_z):
+        if not np.isfinite(driver.log_z):
             raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
                                         "or add a White kernel term")
-        info = {"log_z": float(log_z), "n_sweeps": sweep, "converged": converged, "max_change": max_change,
-                "log_z_change": float(log_z_change), "n_failed": n_failed, "stopped": stopped}
+        info = driver.result()
         return {"alpha": alpha, "beta": beta, "pi": pi, "nu": nu, "post": post, "info": info}
 
     def evaluate(self, params, *, gradient, warm, keep=False):
@@ -292,8 +284,8 @@ class MultinomialGPProblem(SiteProblem):
         if keep:
             self.kernel = kernel
             self.predictor = MultinomialPredictor(kernel, self.X, post.weights, post.M, post.E)
-            self.log_ml, self.info = float(info["log_z"]), info
-        return float(info["log_z"]), grad, info
+            self.log_ml, self.info = float(info.log_z), info
+        return float(info.log_z), grad, info
 
     def run(self, prior, likelihood, warm):
         if warm and np.any(self.inner_precision):
@@ -301,7 +293,7 @@ class MultinomialGPProblem(SiteProblem):
                 state = self._run_once(prior, likelihood, warm=True)
             except (np.linalg.LinAlgError, FloatingPointError):
                 state = None
-            if state is not None and state["info"]["n_failed"] == 0:
+            if state is not None and state["info"].n_failed == 0:
                 return state
         return self._run_once(prior, likelihood, warm=False)
 

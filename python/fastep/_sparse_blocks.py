@@ -11,6 +11,7 @@ import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
 from ._epcore import sparse_ep as _engine
+from ._epcore.power_ep import power_moments_array
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
 from ._linalg import inner, matmul
 
@@ -74,7 +75,7 @@ def cavity_moments(likelihood, y, d, tau, nu, g_mean, g_var, options):
     v_c = g_var / (1.0 - power * tau * g_var)
     m_c = g_mean + v_c * power * (tau * g_mean - nu)
     var_f = v_c + d
-    _, a, b = _engine.power_moments_array(likelihood.site_spec(), y, m_c, var_f, power=power,
+    _, a, b = power_moments_array(likelihood.site_spec(), y, m_c, var_f, power=power,
                                           n_quadrature=options["n_quadrature"])
     return m_c, var_f, a, b
 

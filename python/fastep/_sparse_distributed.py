@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
+from ._epcore._common import SweepDriver, SweepResult
 from ._gp_base import SiteProblem
 from ._sparse_blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, posterior_from_sums, project_rows,
@@ -286,8 +287,8 @@ def run_parallel_ep(executor, chunks, likelihood, options):
     log_z = None
     last = None                       # stats of the update that produced the current sites
     totals = dict(n_skipped=0, n_clipped=0, n_failed=0)
-    n_sweeps, converged = 0, False
-    max_change, log_z_change = np.inf, np.inf
+    n_sweeps = 0
+    driver = SweepDriver(tol, max_sweeps)
     for step in range(1, max_sweeps + 2):
         update = step <= max_sweeps
         new = executor.map(chunk_iterate, chunks, R, w_mean, likelihood, options, update)
@@ -295,11 +296,7 @@ def run_parallel_ep(executor, chunks, likelihood, options):
         terms = [s["log_z_sites"] for s in summaries]
         new_log_z = (-half_log_det + 0.5 * quad_b + float(np.sum(terms))
                      if all(s["bad_site"] < 0 for s in summaries) else np.nan)
-        if last is not None:
-            log_z_change = abs(new_log_z - log_z)
-            scale = max(abs(new_log_z), 1.0) if np.isfinite(new_log_z) else 1.0
-            converged = bool(last["max_change"] < tol and log_z_change < tol * scale
-                             and last["n_failed"] == 0)
+        converged = last is not None and driver.test_change(last["max_change"], new_log_z, log_z, last["n_failed"])
         log_z = new_log_z
         if converged or not update:
             chunks = executor.map(chunk_rollback, new) if update else new
@@ -308,15 +305,13 @@ def run_parallel_ep(executor, chunks, likelihood, options):
                     n_failed=sum(s["n_failed"] for s in summaries))
         for key in totals:
             totals[key] += sum(s[key] for s in summaries)
-        max_change = last["max_change"]
         R, w_mean, half_log_det, quad_b = posterior_from_sums(
             _sum([s["precision_sum"] for s in summaries]), _sum([s["natural_mean_sum"] for s in summaries]))
         chunks = new
         n_sweeps = step
-    if not np.isfinite(log_z):
-        converged = False
-    info = dict(n_sweeps=n_sweeps, converged=converged, max_change=float(max_change),
-                log_z=float(log_z), log_z_change=float(log_z_change), n_rebuilds=0, **totals)
+    info = SweepResult(n_sweeps=n_sweeps, converged=driver.converged and bool(np.isfinite(log_z)),
+                       max_change=last["max_change"] if last is not None else np.inf, log_z=float(log_z),
+                       log_z_change=driver.log_z_change, **totals)
     return chunks, R, w_mean, info
 
 
@@ -356,9 +351,9 @@ class DistributedSparseEP(SiteProblem):
     def _run_from(self, projected, likelihood, warm):
         started = self.executor.map(chunk_start, projected, warm)
         chunks, R, w_mean, info = run_parallel_ep(self.executor, started, likelihood, self.options)
-        if not np.isfinite(info["log_z"]):
+        if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(
-                f"sparse EP could not form a proper cavity at {info['n_failed']} site(s) and the log "
+                f"sparse EP could not form a proper cavity at {info.n_failed} site(s) and the log "
                 "marginal likelihood is not finite; increase jitter or check the kernel")
         return chunks, R, w_mean, info
 
@@ -405,10 +400,10 @@ class DistributedSparseEP(SiteProblem):
         if keep:
             self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
             self.predictor = SparsePredictor(kernel, likelihood, Z, L, R, w_mean)
-            self.log_ml, self.info = float(info["log_z"]), info
+            self.log_ml, self.info = float(info.log_z), info
             self.site_precision = self.executor.sites(chunks, "site_precision", self.sizes)
             self.site_natural_mean = self.executor.sites(chunks, "site_natural_mean", self.sizes)
-        return float(info["log_z"]), grad, info
+        return float(info.log_z), grad, info
 
     @property
     def n_points(self):

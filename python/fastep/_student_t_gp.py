@@ -1,7 +1,7 @@
 """GP regression with Student-t noise by fractional EP: one problem's runs, evidence and gradient.
 
 Jylänki, Vanhatalo & Vehtari, "Robust Gaussian process regression with a Student-t
-likelihood" (JMLR 2011). The compiled engine :mod:`fastep._epcore.robust_ep` runs damped
+likelihood" (JMLR 2011). The compiled engine :mod:`fastep._epcore.student_t_ep` runs damped
 parallel fractional EP (sites of any sign; the posterior kept as ``L_K A⁻¹ L_Kᵀ``); this module
 builds K, learns the kernel and the likelihood's ν and σ by L-BFGS-B on the EP evidence and
 predicts.
@@ -23,7 +23,7 @@ import numpy as np
 from scipy.linalg import cho_factor
 
 from ._double_loop_ep import run_double_loop_ep
-from ._epcore import robust_ep as _engine
+from ._epcore import student_t_ep as _engine
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
@@ -115,7 +115,7 @@ class RejectStuckDuringSearch:
             self.reject_stuck = False
 
     def _reject_if_stuck(self, info):
-        if info["stuck"] and self.reject_stuck:
+        if info.stuck and self.reject_stuck:
             raise np.linalg.LinAlgError(f"{self.algorithm} found no step that keeps the posterior proper")
 
     def _with_double_loop_fallback(self, info, arrays, run_double_loop):
@@ -127,16 +127,15 @@ class RejectStuckDuringSearch:
         parallel run stands. Sets ``self.algorithm`` to what produced the kept result.
         """
         self.algorithm = type(self).algorithm
-        if not (info["stuck"] or not info["converged"]) or info["stopped"] or self.reject_stuck:
+        if not (info.stuck or not info.converged) or info.stopped or self.reject_stuck:
             return info, arrays
         trial = [a.copy() for a in arrays]
         fallback = run_double_loop(trial)
-        if not np.isfinite(fallback["log_z"]):
+        if not np.isfinite(fallback.log_z):
             return info, arrays
-        fallback["n_sweeps"] += info["n_sweeps"]
-        fallback["n_halvings"] = info["n_halvings"]
         self.algorithm = f"{type(self).algorithm} (double-loop fallback)"
-        return fallback, trial
+        return fallback.replace(n_sweeps=fallback.n_sweeps + info.n_sweeps, n_halvings=info.n_halvings,
+                                algorithm=self.algorithm), trial
 
 
 class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
@@ -164,7 +163,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         post_mean, post_var = np.empty(n), np.empty(n)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
         post_cov = np.empty((n, n))
-        info = _engine.run_robust_gp_ep(
+        info = _engine.run_dense(
             K, self.y, likelihood.dof, likelihood.scale, opts["power"], tau, nu, post_mean, post_var,
             cavity_mean, cavity_var, damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], post_cov=post_cov,
@@ -176,7 +175,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
                                          tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
                                          post_cov=a[6], sweep_callback=sweep_callback_of(opts)))
         tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
-        if not np.isfinite(info["log_z"]):
+        if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
@@ -210,8 +209,8 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         if keep:
             self.kernel, self.likelihood = kernel, likelihood
             self.predictor = StudentTPredictor(kernel, self.X, weights, inverse)
-            self.log_ml, self.info = float(info["log_z"]), info
-        return float(info["log_z"]), grad, info
+            self.log_ml, self.info = float(info.log_z), info
+        return float(info.log_z), grad, info
 
     def latent(self, X):
         return self.predictor.latent(X)

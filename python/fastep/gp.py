@@ -109,18 +109,18 @@ class _BinaryGPEP(SiteProblem):
         cavity_var = np.empty(n)
         # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
         # all the evidence gradient and prediction need (Σ itself is never formed at the end)
-        info = _engine._run_gp_ep(
-            K, self.y, likelihood.site_spec(), tau, nu, buffer, post_mean,
-            schedule=opts["schedule"], order=opts["order"], seed=opts["seed"],
+        engine = _engine.DenseEP(
+            K, self.y, likelihood.site_spec(), schedule=opts["schedule"], order=opts["order"],
             damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
             negative_precision=opts["negative_precision"], block_size=opts["block_size"],
-            refactor_every=opts["refactor_every"], output=_engine.OUTPUT_FACTOR,
-            post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
-            sweep_callback=sweep_callback_of(opts))
-        if not np.isfinite(info["log_z"]):
-            if info["n_failed"]:
+            refactor_every=opts["refactor_every"], output=_engine.OUTPUT_FACTOR, validate=False)
+        info = engine.run(tau, nu, buffer, post_mean, seed=opts["seed"], post_var=post_var,
+                          cavity_mean=cavity_mean, cavity_var=cavity_var,
+                          sweep_callback=sweep_callback_of(opts))
+        if not np.isfinite(info.log_z):
+            if info.n_failed:
                 raise np.linalg.LinAlgError(
-                    f"EP could not form a proper cavity at {info['n_failed']} site(s) and the log marginal "
+                    f"EP could not form a proper cavity at {info.n_failed} site(s) and the log marginal "
                     "likelihood is not finite: the kernel matrix is probably not positive semi-definite; "
                     "increase jitter or add a White kernel term")
             # every cavity proper, yet log Z overflowed: site precisions so large against the kernel
@@ -195,8 +195,8 @@ class _BinaryGPEP(SiteProblem):
         if keep:
             self.kernel, self.likelihood = kernel, likelihood
             self.predictor = DensePredictor(kernel, self.X, weights, L, s)
-            self.log_ml, self.info = float(info["log_z"]), info
-        return float(info["log_z"]), grad, info
+            self.log_ml, self.info = float(info.log_z), info
+        return float(info.log_z), grad, info
 
     def latent(self, X):
         return self.predictor.latent(X)
@@ -506,7 +506,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     tails keep gross outliers from dragging the fit (Jylänki, Vanhatalo & Vehtari 2011). The
     likelihood is not log-concave, so EP's sites may get negative precisions; the fit runs
     damped parallel *fractional* EP (power η = ``power``, 0.5 by default, the paper's robust
-    choice; eqs 11-14) in :mod:`fastep._epcore.robust_ep`, which keeps the posterior
+    choice; eqs 11-14) in :mod:`fastep._epcore.student_t_ep`, which keeps the posterior
     ``(K⁻¹ + T)⁻¹`` proper by halving a step that would break it. If it stalls or does not
     converge, the fit continues with the convergent double-loop algorithm (the paper's §4.2;
     Heskes & Zoeter 2002). ν and σ are learnt with the kernel (``learn_noise``) from the

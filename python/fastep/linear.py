@@ -64,16 +64,15 @@ class _LinearEPBase(BaseEstimator):
         site_natural_mean = np.zeros(n)
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        info = _engine._run_linear_ep(
-            design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-            post_mean, post_cov, update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping),
-            tol=float(self.tol), max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-            negative_precision=_NEGATIVE_POLICIES[self.negative_precision],
-            sweep_callback=progress.sweep_callback())
+        engine = _engine.LinearEP(
+            design, targets, prior_mean, prior_cov, spec, update_form=_UPDATE_FORMS[self.update_form],
+            damping=float(self.damping), tol=float(self.tol), max_sweeps=int(self.max_sweeps),
+            refresh_every=int(self.refresh_every), negative_precision=_NEGATIVE_POLICIES[self.negative_precision],
+            validate=False)
+        info = engine.run(site_precision, site_natural_mean, post_mean, post_cov,
+                          sweep_callback=progress.sweep_callback())
         try:
-            log_evidence = _engine._log_evidence(
-                design, targets, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-                post_mean, post_cov)
+            log_evidence = engine.log_evidence(site_precision, site_natural_mean, post_mean, post_cov)
         except ValueError as error:
             if "improper cavity" not in str(error):
                 raise
@@ -83,13 +82,13 @@ class _LinearEPBase(BaseEstimator):
                 f"the EP evidence cannot be formed in double precision: {error.args[0].split(';')[0]}, because "
                 f"the data outweigh the prior by a factor near 1e16 (X has entries up to {scale:.3g}, prior_cov "
                 f"{self.prior_cov!r}). Standardise the columns of X, or scale prior_cov to the data") from None
-        progress.report("done", info["n_sweeps"], log_evidence, info["max_change"])
-        if info["stopped"]:
+        progress.report("done", info.n_sweeps, log_evidence, info.max_change)
+        if info.stopped:
             self._warn_if_stopped(progress, stacklevel=4)
-        elif not info["converged"]:
+        elif not info.converged:
             warnings.warn(
-                f"EP did not converge in {info['n_sweeps']} sweeps (max_sweeps={self.max_sweeps}); "
-                f"the largest site-parameter change in the last sweep was {info['max_change']:.3g} "
+                f"EP did not converge in {info.n_sweeps} sweeps (max_sweeps={self.max_sweeps}); "
+                f"the largest site-parameter change in the last sweep was {info.max_change:.3g} "
                 f"> tol={self.tol:g}. Increase max_sweeps, lower damping, or check the model.",
                 ConvergenceWarning, stacklevel=3)
         if not np.isfinite(log_evidence) or not np.all(np.isfinite(post_mean)):
@@ -101,10 +100,10 @@ class _LinearEPBase(BaseEstimator):
         self.site_precision_ = site_precision
         self.site_natural_mean_ = site_natural_mean
         self.log_evidence_ = float(log_evidence)
-        self.n_sweeps_ = int(info["n_sweeps"])
-        self.converged_ = bool(info["converged"])
-        self.n_skipped_updates_ = int(info["n_skipped"])
-        self.n_clipped_updates_ = int(info["n_clipped"])
+        self.n_sweeps_ = int(info.n_sweeps)
+        self.converged_ = bool(info.converged)
+        self.n_skipped_updates_ = int(info.n_skipped)
+        self.n_clipped_updates_ = int(info.n_clipped)
         self.n_features_in_ = design.shape[1] - int(bool(self.fit_intercept))
         return self
 

@@ -228,7 +228,7 @@ class RankKEP(BaseEstimator):
                              max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
                              sweep_callback=progress.sweep_callback())
         log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
-        progress.report("done", info["n_sweeps"], log_evidence, info["max_change"])
+        progress.report("done", info.n_sweeps, log_evidence, info.max_change)
         self._warn_if_stopped(progress)
 
         self.posterior_mean_ = post_mean
@@ -236,15 +236,15 @@ class RankKEP(BaseEstimator):
         self.site_precision_ = site_precision
         self.site_natural_mean_ = site_natural_mean
         self.log_evidence_ = log_evidence
-        self.n_sweeps_ = info['n_sweeps']
-        self.converged_ = info['converged']
-        self.n_skipped_ = info['n_skipped']
+        self.n_sweeps_ = info.n_sweeps
+        self.converged_ = info.converged
+        self.n_skipped_ = info.n_skipped
         if not self.converged_:
-            if info['n_skipped_last_sweep'] > 0:
-                reason = (f"{info['n_skipped_last_sweep']} factor update(s) skipped in the last sweep "
+            if info.diagnostics['n_skipped_last_sweep'] > 0:
+                reason = (f"{info.diagnostics['n_skipped_last_sweep']} factor update(s) skipped in the last sweep "
                           "because they would make a cavity or the posterior improper")
             else:
-                reason = f"last max change {info['max_change']:.3g} > tol={self.tol}"
+                reason = f"last max change {info.max_change:.3g} > tol={self.tol}"
             warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
                           ConvergenceWarning, stacklevel=2)
         return self

@@ -64,6 +64,8 @@ import numpy as np
 from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
+from ._epcore import student_t_ep as _student_t_engine
+from ._epcore.power_ep import power_moments_array
 from ._base import check_is_fitted
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
@@ -154,15 +156,15 @@ class _BinarySparseEP(SiteProblem):
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        info = _engine._run_sparse_ep(
-            Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, power=opts["power"],
-            n_quadrature=opts["n_quadrature"], schedule=opts["schedule"], order=opts["order"],
-            seed=opts["seed"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            negative_precision=opts["negative_precision"], g_mean=g_mean, g_var=g_var,
-            sweep_callback=sweep_callback_of(opts))
-        if not np.isfinite(info["log_z"]):
+        engine = _engine.SparseEP(
+            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
+            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"], validate=False)
+        info = engine.run(tau, nu, R, w_mean, seed=opts["seed"], g_mean=g_mean, g_var=g_var,
+                          sweep_callback=sweep_callback_of(opts))
+        if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(
-                f"sparse EP could not form a proper cavity at {info['n_failed']} site(s) and the log "
+                f"sparse EP could not form a proper cavity at {info.n_failed} site(s) and the log "
                 "marginal likelihood is not finite; increase jitter or check the kernel")
         return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
 
@@ -188,8 +190,8 @@ class _BinarySparseEP(SiteProblem):
         if keep:
             self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
             self.predictor = SparsePredictor(kernel, likelihood, Z, L, state["R"], state["w_mean"])
-            self.log_ml, self.info = float(info["log_z"]), info
-        return float(info["log_z"]), grad, info
+            self.log_ml, self.info = float(info.log_z), info
+        return float(info.log_z), grad, info
 
     def _gradient(self, kernel, likelihood, Z, L, Vt, d, state, learn_likelihood, learn_inducing):
         opts = self.options
@@ -222,7 +224,7 @@ class _BinarySparseEP(SiteProblem):
 
 class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     """Robust sparse regression: fractional EP with Student-t sites that may be negative
-    (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`); the evidence gradient is the
+    (:func:`fastep._epcore.student_t_ep.run_sparse`); the evidence gradient is the
     sparse one (its formulas hold for sites of any sign). A run that stalls or does not
     converge continues with the sparse double loop
     (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
@@ -238,7 +240,7 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        info = _engine.run_robust_sparse_ep(
+        info = _student_t_engine.run_sparse(
             Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
             power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
             max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
@@ -249,7 +251,7 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
                                                 tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
                                                 sweep_callback=sweep_callback_of(opts)))
         tau, nu, R, w_mean, g_mean, g_var = arrays
-        if not np.isfinite(info["log_z"]):
+        if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(
                 f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
                 "increase jitter or check the kernel")
@@ -467,7 +469,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
             _check_likelihood_learnable_with_power(likelihood, options["power"])
         if options["power"] < 1.0:
             # the same check as the engine: a pointwise log density is needed
-            _engine.power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
+            power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
                                         power=options["power"], n_quadrature=options["n_quadrature"])
 
     def _fit_chunked(self, X, y, client, kernel, likelihood, options, learn_likelihood, classifier):
@@ -863,7 +865,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     With ``likelihood=StudentT(...)`` (or ``'student_t'``) the fit is robust to gross outliers
     (Jylänki, Vanhatalo & Vehtari 2011): damped parallel *fractional* EP (α = ``power``, 0.5 by
     default; the paper's eqs 11-14) on the sparse representation, whose sites may have negative
-    precisions (:func:`fastep._epcore.sparse_ep.run_robust_sparse_ep`; a step that would make
+    precisions (:func:`fastep._epcore.student_t_ep.run_sparse`; a step that would make
     the posterior or a cavity improper is halved), with ν and σ learnt from the fractional EP
     evidence and its exact gradient. If it stalls or does not converge, the fit continues with
     the convergent double-loop algorithm (the paper's §4.2; Heskes & Zoeter 2002) on the same

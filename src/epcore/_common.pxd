@@ -129,3 +129,42 @@ cdef inline double max_relative_site_change(int n, const double* tau_old, const 
         if change > largest:
             largest = change
     return largest
+
+
+# --- one EP run: the sweep driver --------------------------------------------------------
+cdef class SweepDriver:
+    """Bookkeeping of one EP run, shared by every engine (see _common.pyx)."""
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int n_sweeps
+    cdef readonly long n_skipped
+    cdef readonly long n_clipped
+    cdef readonly long n_failed
+    cdef readonly int n_failed_last
+    cdef readonly double max_change
+    cdef readonly double log_z
+    cdef readonly double log_z_change
+    cdef readonly bint converged
+    cdef readonly bint stopped
+    cdef SweepStats stats
+    cdef InterruptCheck interrupt
+    cdef object callback
+    cdef list errors
+    cdef list saved
+
+    cdef SweepStats* begin_sweep(self) noexcept nogil
+    cdef bint interrupted(self) noexcept nogil
+    cdef void record_sweep(self, int sweep) noexcept nogil
+    cdef void record_change(self, int sweep, double max_change, int n_failed) noexcept nogil
+    cdef bint test(self, double new_log_z, double reference_log_z) noexcept nogil
+    cdef bint test_sites(self) noexcept nogil
+    cdef bint notify(self, int sweep) noexcept nogil
+
+
+cdef inline SiteUpdateOptions natural_update_options(double damping, int negative_precision) noexcept nogil:
+    """Options of a natural-form site update (the GP and sparse engines)."""
+    cdef SiteUpdateOptions opts
+    opts.update_form = UPDATE_NATURAL
+    opts.damping = damping
+    opts.negative_precision = negative_precision
+    return opts

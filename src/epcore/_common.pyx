@@ -9,6 +9,10 @@
 * the input checks of the public engine functions (their private ``_run_*`` twins skip
   them);
 * the enum constants, exported as plain integers for Python callers;
+* the sweep driver (:class:`SweepDriver`): what every EP run does between two sweeps — the
+  running totals, the convergence test, the progress callback, interrupt polling, and the
+  restore of the site arrays when a run ends in an error — and the typed result of a run
+  (:class:`SweepResult`), for the compiled engines and the Python paths alike;
 * interrupts: the compiled loops poll Python's signal handlers between sites (with the GIL,
   about every ``INTERRUPT_FLOPS`` floating-point operations of work), so that Ctrl-C stops
   a long sweep within a fraction of a second; the engine then restores its inputs and
@@ -16,7 +20,7 @@
 """
 import numpy as np
 
-from libc.math cimport isfinite
+from libc.math cimport isfinite, fabs, INFINITY, NAN
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.ref cimport PyObject
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
@@ -259,3 +263,270 @@ cdef int interrupt_reraise(InterruptCheck* check) except -1:
     check.exc_value = NULL
     check.exc_tb = NULL
     return -1
+
+
+
+# --------------------------------------------------------------------------- #
+# the sweep driver and the result of a run
+# --------------------------------------------------------------------------- #
+
+cdef class SweepResult:
+    """What one EP run reports (read-only).
+
+    Attributes
+    ----------
+    n_sweeps : int
+        Sweeps (parallel schedules: iterations) completed.
+    converged : bool
+        The convergence test passed (and, for engines that track it, log Z is finite).
+    max_change : float
+        Largest relative site change of the last sweep (``inf`` if none ran).
+    log_z : float
+        EP approximation of the log marginal likelihood at the returned sites.
+    log_z_change : float
+        ``|Δ log Z|`` over the last sweep.
+    n_skipped, n_clipped, n_failed : int
+        Site updates skipped (including failed ones), clipped to zero precision, and failed
+        (improper cavity or tilted moments), summed over the run; for the fractional-EP
+        engines ``n_failed`` counts the sites that failed in the last iteration.
+    stopped : bool
+        The sweep callback returned False.
+    block_size : int
+        Sites per fold of the dense engine's blocked schedule (1 sequential, 0 parallel).
+    n_rebuilds : int
+        Refactorisations of the sparse engine's sequential sweeps (drift or a downdate that
+        failed).
+    n_halvings : int
+        Step halvings of fractional EP (a damped step that would make the posterior or a
+        cavity improper is halved).
+    stuck : bool
+        Fractional EP found no proper step in an iteration.
+    algorithm : str
+        Which algorithm produced the result (set by the estimators' fallbacks).
+    diagnostics : dict
+        Engine-specific details (e.g. the double loop's Newton steps and energy trace).
+    """
+    cdef readonly int n_sweeps
+    cdef readonly bint converged
+    cdef readonly double max_change
+    cdef readonly double log_z
+    cdef readonly double log_z_change
+    cdef readonly long n_skipped
+    cdef readonly long n_clipped
+    cdef readonly long n_failed
+    cdef readonly bint stopped
+    cdef readonly int block_size
+    cdef readonly long n_rebuilds
+    cdef readonly long n_halvings
+    cdef readonly bint stuck
+    cdef readonly str algorithm
+    cdef readonly dict diagnostics
+
+    _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "log_z_change", "n_skipped",
+               "n_clipped", "n_failed", "stopped", "block_size", "n_rebuilds", "n_halvings",
+               "stuck", "algorithm", "diagnostics")
+
+    def __init__(self, int n_sweeps=0, bint converged=False, double max_change=INFINITY,
+                 double log_z=NAN, double log_z_change=INFINITY, long n_skipped=0, long n_clipped=0,
+                 long n_failed=0, bint stopped=False, int block_size=0, long n_rebuilds=0,
+                 long n_halvings=0, bint stuck=False, str algorithm="", dict diagnostics=None):
+        self.n_sweeps = n_sweeps
+        self.converged = converged
+        self.max_change = max_change
+        self.log_z = log_z
+        self.log_z_change = log_z_change
+        self.n_skipped = n_skipped
+        self.n_clipped = n_clipped
+        self.n_failed = n_failed
+        self.stopped = stopped
+        self.block_size = block_size
+        self.n_rebuilds = n_rebuilds
+        self.n_halvings = n_halvings
+        self.stuck = stuck
+        self.algorithm = algorithm
+        self.diagnostics = {} if diagnostics is None else diagnostics
+
+    def replace(self, **changes):
+        """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
+        unknown = set(changes) - set(self._FIELDS)
+        if unknown:
+            raise TypeError(f"unknown SweepResult field(s): {sorted(unknown)}")
+        fields = {name: getattr(self, name) for name in self._FIELDS}
+        fields.update(changes)
+        return SweepResult(**fields)
+
+    def as_dict(self):
+        """The fields as a plain dict (for logging and JSON)."""
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def __eq__(self, other):
+        """Field by field; NaN equals NaN (a result equals its own copy)."""
+        if not isinstance(other, SweepResult):
+            return NotImplemented
+        for name in self._FIELDS:
+            a, b = getattr(self, name), getattr(other, name)
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+                return False
+        return True
+
+    def __reduce__(self):
+        return (SweepResult, tuple(getattr(self, name) for name in self._FIELDS))
+
+    def __repr__(self):
+        return (f"SweepResult(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
+                f"log_z={self.log_z!r}, max_change={self.max_change!r})")
+
+
+cdef class SweepDriver:
+    """The loop bookkeeping of one EP run, one object for every engine.
+
+    An engine asks for the statistics of a sweep (``begin_sweep``), runs the sweep, and
+    hands over: ``record_sweep`` (totals and the largest relative site change, from the
+    statistics the site steps kept) or ``record_change`` (engines that step all sites at
+    once), then ``test`` (the convergence test: largest relative site change below ``tol``,
+    ``|Δ log Z|`` below ``tol · max(1, |log Z|)``, and no failed site in the sweep) and
+    ``notify`` (the progress callback, with the GIL, between sweeps; it stops the run by
+    returning False). The compiled engines call these from ``nogil`` code; Python paths call
+    :meth:`end_sweep`, which does all three.
+
+    Before the first sweep the engine hands its in/out site arrays to :meth:`keep`; on
+    Ctrl-C (polled every ``INTERRUPT_FLOPS / site_cost`` sites) or an exception raised by
+    the callback, :meth:`raise_pending` puts them back and re-raises, so a failed run leaves
+    its inputs as they were. :meth:`result` builds the :class:`SweepResult`.
+
+    Parameters
+    ----------
+    tol : float > 0
+        Convergence threshold (relative site change and relative change of log Z).
+    max_sweeps : int >= 1
+    callback : callable or None
+        ``callback(sweep, max_change, log_z)`` after every sweep.
+    site_cost : float
+        Floating-point operations per site update (sets the polling interval); 0 turns
+        polling off for this run.
+    """
+
+    def __cinit__(self, double tol=1e-8, int max_sweeps=100, object callback=None,
+                  double site_cost=0.0):
+        self.tol = tol
+        self.max_sweeps = max_sweeps
+        self.callback = callback
+        self.errors = []
+        self.saved = []
+        self.n_sweeps = 0
+        self.n_skipped = self.n_clipped = self.n_failed = 0
+        self.n_failed_last = 0
+        self.max_change = INFINITY
+        self.log_z = NAN
+        self.log_z_change = INFINITY
+        self.converged = False
+        self.stopped = False
+        sweep_stats_reset(&self.stats)
+        self.interrupt.pending = 0
+        self.stats.interrupt = NULL
+        if site_cost > 0.0:
+            interrupt_init(&self.interrupt, &self.stats, site_cost)
+
+    cdef SweepStats* begin_sweep(self) noexcept nogil:
+        """The statistics the next sweep's site steps record into (reset by the steps'
+        engine as before; polling stays attached)."""
+        return &self.stats
+
+    cdef bint interrupted(self) noexcept nogil:
+        """True once a Ctrl-C is pending (polls the signal handlers now)."""
+        return self.stats.interrupt != NULL and interrupt_poll(self.stats.interrupt)
+
+    cdef void record_sweep(self, int sweep) noexcept nogil:
+        """Count a completed sweep from the statistics its site steps kept."""
+        self.n_sweeps = sweep
+        self.n_skipped += self.stats.n_skipped
+        self.n_clipped += self.stats.n_clipped
+        self.n_failed += self.stats.n_failed
+        self.n_failed_last = self.stats.n_failed
+        self.max_change = self.stats.max_change_precision
+        if self.stats.max_change_natural_mean > self.max_change:
+            self.max_change = self.stats.max_change_natural_mean
+
+    cdef void record_change(self, int sweep, double max_change, int n_failed) noexcept nogil:
+        """Count a completed iteration of an engine that steps all sites at once (its
+        ``n_failed`` is that of the last iteration)."""
+        self.n_sweeps = sweep
+        self.max_change = max_change
+        self.n_failed_last = n_failed
+        self.n_failed = n_failed
+
+    cdef bint test(self, double new_log_z, double reference_log_z) noexcept nogil:
+        """The convergence test at ``new_log_z`` against ``reference_log_z`` (sets
+        ``log_z_change`` and ``converged``; ``log_z`` is the caller's to set)."""
+        cdef double scale = fabs(new_log_z)
+        if not scale > 1.0:
+            scale = 1.0
+        self.log_z_change = fabs(new_log_z - reference_log_z)
+        self.converged = (self.max_change < self.tol and self.log_z_change < self.tol * scale
+                          and self.n_failed_last == 0)
+        return self.converged
+
+    cdef bint test_sites(self) noexcept nogil:
+        """The convergence test of engines without a log Z between sweeps: largest relative
+        site change below ``tol`` and no failed site."""
+        self.converged = self.max_change < self.tol and self.n_failed_last == 0
+        return self.converged
+
+    cdef bint notify(self, int sweep) noexcept nogil:
+        """Call the progress callback (if any); True if it asks the run to stop."""
+        if self.callback is None:
+            return False
+        with gil:
+            self.stopped = sweep_callback_stops(self.callback, sweep, self.max_change, self.log_z,
+                                                self.errors)
+        return self.stopped
+
+    def end_sweep(self, int sweep, double max_change, double new_log_z, int n_failed=0):
+        """Python paths: record an iteration, test convergence against the previous log Z,
+        call the callback. Returns True if the run should stop (converged or stopped)."""
+        self.record_change(sweep, max_change, n_failed)
+        self.test(new_log_z, self.log_z)
+        self.log_z = new_log_z
+        self.notify(sweep)
+        if self.errors:
+            self.raise_pending()
+        return bool(self.converged or self.stopped)
+
+    def test_change(self, double max_change, double new_log_z, double reference_log_z, int n_failed=0):
+        """Python paths that record and test in separate steps: the convergence test of an
+        iteration with the given largest site change against ``reference_log_z``."""
+        self.max_change = max_change
+        self.n_failed_last = n_failed
+        return bool(self.test(new_log_z, reference_log_z))
+
+    def set_log_z(self, double log_z):
+        """Set the current log Z (the start value, or a refactorised one)."""
+        self.log_z = log_z
+
+    def keep(self, *arrays):
+        """Keep copies of in/out arrays, to be put back if the run ends in an error."""
+        self.saved = [(np.asarray(a), np.array(a, copy=True)) for a in arrays]
+
+    def restore(self):
+        """Put the kept arrays back to their values at :meth:`keep`."""
+        for target, copy in self.saved:
+            target[...] = copy
+
+    def raise_pending(self):
+        """After the loop: on a pending Ctrl-C or a callback's exception, restore the kept
+        arrays and re-raise it; otherwise do nothing."""
+        if self.interrupt.pending or self.errors:
+            self.restore()
+            interrupt_reraise(&self.interrupt)
+            raise self.errors[0]
+
+    def result(self, bint has_log_z=True, **extra):
+        """The :class:`SweepResult` of the run (``extra``: engine-specific fields). With
+        ``has_log_z`` (engines that track log Z) a run whose log Z is not finite has not
+        converged."""
+        return SweepResult(n_sweeps=self.n_sweeps,
+                           converged=self.converged and (isfinite(self.log_z) or not has_log_z),
+                           max_change=self.max_change, log_z=self.log_z,
+                           log_z_change=self.log_z_change, n_skipped=self.n_skipped,
+                           n_clipped=self.n_clipped, n_failed=self.n_failed,
+                           stopped=self.stopped, **extra)

@@ -156,10 +156,8 @@ from fastep._epcore._common cimport (
     UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP,
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
-from fastep._epcore._common cimport (
-    sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise, interrupt_requested,
-)
-from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
+from fastep._epcore._common cimport interrupt_requested, natural_update_options, SweepDriver
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector, SweepResult
 
 # Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
 # callers; Cython exposes the cpdef enums of gp_ep.pxd only as classes.
@@ -971,15 +969,13 @@ def _effective_block_size(int schedule, int block_size, int n):
     return block_size if block_size > 0 else 1
 
 
-def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
-              double[::1] site_precision, double[::1] site_natural_mean,
-              double[:, ::1] post_cov, double[::1] post_mean,
-              *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
-              double damping=1.0, double tol=1e-8, int max_sweeps=100,
-              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
-              int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
-              double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
-    """Run dense GP EP to convergence (Minka §2, eqs 77-88).
+cdef class DenseEP:
+    """Dense GP EP bound to one kernel matrix, its targets and likelihood (Minka, *EP: a quick
+    reference*, §2, eqs 77-88; Rasmussen & Williams Algorithm 3.5 in the Σ form).
+
+    Built once from validated inputs; :meth:`run` performs sweeps from given sites to
+    convergence and returns a :class:`~fastep._epcore._common.SweepResult`. The module
+    docstring describes the schedules, orders, refactorisation and evidence.
 
     Parameters
     ----------
@@ -990,19 +986,10 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
         Targets handed to the site kernel (checked against the likelihood's support).
     spec : SiteSpec
         Likelihood (``Likelihood.site_spec()``).
-    site_precision, site_natural_mean : (n,) float64, in/out
-        Sites ``τ_i >= 0`` and ``ν_i`` (zeros: cold start; anything valid: warm start).
-        Updated in place.
-    post_cov : (n, n) float64, out
-        Posterior covariance Σ of the returned sites (full, symmetric).
-    post_mean : (n,) float64, out
-        Posterior mean μ = Σν of the returned sites.
     schedule : {SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED}
-        See the module docstring.  Default blocked.
+        Default blocked.
     order : {ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY}
         Site order within a sweep (ignored by the parallel schedule).
-    seed : int >= 0
-        Seed of ORDER_RANDOM's generator.
     damping : float in (0, 1]
         Step in natural parameters (1 = none).
     tol : float > 0
@@ -1010,331 +997,360 @@ def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not Non
     max_sweeps : int >= 1
         Maximum number of sweeps (parallel: iterations).
     negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
-        linear_ep's policy for negative target precisions; NEGATIVE_ALLOW is rejected.
+        Policy for negative target precisions; NEGATIVE_ALLOW is rejected.
     block_size : int >= 0
         Sites per syrk fold of the blocked schedule (0 = ``auto_block_size(n)``; values
         above n are clipped to n).
     refactor_every : int >= 1
         Sequential and blocked schedules: refactorise from the Cholesky of B every this
-        many sweeps, and always once more after the last sweep (on convergence or at
-        ``max_sweeps``), so the returned posterior and log Z are always from a fresh
-        factorisation.  Between refactorisations, log Z is evaluated from the incremental
-        ``diag Σ``, ``μ`` and ½ log|B| accumulated by the determinant lemma.  Default 1:
-        refactorise after every sweep.  (The parallel schedule refactorises every
-        iteration.)
+        many sweeps, and always once more after the last sweep, so the returned posterior
+        and log Z are always from a fresh factorisation. Between refactorisations log Z is
+        evaluated from the incremental ``diag Σ``, ``μ`` and ½ log|B| accumulated by the
+        determinant lemma. The parallel schedule refactorises every iteration.
     output : {OUTPUT_COVARIANCE, OUTPUT_FACTOR}
-        What ``post_cov`` holds on return.  OUTPUT_COVARIANCE (default): Σ, full and
-        symmetric.  OUTPUT_FACTOR: the lower-triangular Cholesky factor L of
-        B = I + S^½ K S^½ (strict upper triangle zero), which is all that prediction and
-        the evidence gradient need; the final refactorisation then skips forming Σ
-        (``gp_refactor_marginals``: about n³ + 2n³/3 flops fewer than refactorising and
-        factorising B again).
-    post_var : (n,) float64, out, optional
-        If given, receives diag Σ of the returned sites.
-    cavity_mean, cavity_var : (n,) float64, out, optional
-        If given, receive the cavities ``h_i``, ``λ_i`` (eqs 78-79) of the returned sites,
-        computed from the Cholesky of B as in ``gp_log_z_stable`` (accurate also where
-        ``τ_i Σ_ii`` is within rounding of 1, where ``1/Σ_ii - τ_i`` is not).
-    sweep_callback : callable, optional
-        Called as ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
-        between sweeps; ``log_z`` as tracked for the convergence test). Returning ``False``
-        stops the sweeps there: the state is finalised from the current sites as after the
-        last sweep, and ``stopped`` is True. An exception it raises is re-raised after the
-        site arrays are restored to their input values.
+        What ``post_cov`` holds after :meth:`run`: Σ (full, symmetric), or the
+        lower-triangular Cholesky factor L of B = I + S^½ K S^½ (strict upper triangle
+        zero), which is all that prediction and the evidence gradient need.
+    validate : bool, default True
+        Check K, y and the options here and the site and output arrays at every
+        :meth:`run` (ValueError naming the argument). ``False`` is the one path for callers
+        that validated them already (the estimators, at every optimiser step): invalid
+        inputs then give undefined results instead of an error.
 
-    Returns
-    -------
-    dict
-        ``n_sweeps``; ``converged`` (bool); ``max_change`` (last sweep; ``inf`` if none ran);
-        ``log_z`` (log Z_EP of the returned sites, always from ``gp_log_z_stable`` on a
-        fresh factorisation; NaN only if some site's cavity is improper
-        or its kernel fails at the returned state, then ``converged`` is False);
-        ``log_z_change`` (``|Δ log Z|`` over the last sweep); ``n_skipped``, ``n_clipped``,
-        ``n_failed`` (totals over all sweeps; as in linear_ep ``n_skipped`` includes the
-        failed sites); ``block_size`` (sites per fold used: k for blocked, 1 for
-        sequential, 0 for parallel); ``stopped`` (``sweep_callback`` returned False).
-
-    Raises
-    ------
-    ValueError
-        Bad shapes, non-finite or asymmetric K, non-finite y or sites, a negative site
-        precision, a target outside the likelihood's support, out-of-range options,
-        outputs aliasing inputs.  Nothing is modified.
-    numpy.linalg.LinAlgError
-        The Cholesky of B fails (K not PSD).  The site arrays are restored to their
-        input values; ``post_cov``/``post_mean`` are then undefined.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._epcore import gp_ep
+    >>> from fastep import Probit
+    >>> X = np.linspace(-2, 2, 20)[:, None]
+    >>> K = np.exp(-0.5 * (X - X.T) ** 2) + 1e-8 * np.eye(20)
+    >>> y = np.sign(X[:, 0]) + 0.0
+    >>> engine = gp_ep.DenseEP(K, y, Probit().site_spec(), tol=1e-6)
+    >>> tau, nu = np.zeros(20), np.zeros(20)
+    >>> result = engine.run(tau, nu, np.empty((20, 20)), np.empty(20))
+    >>> result.converged
+    True
     """
-    cdef int n = _check_kernel_matrix(K)
-    _check_targets(spec, y, n)
-    _check_vector("site_precision", site_precision, n, nonnegative=True)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_outputs(post_cov, post_mean, n)
-    _check_options(schedule, order, damping, negative_precision, block_size)
-    if not tol > 0.0:
-        raise ValueError(f"tol must be > 0; got {tol}")
-    if max_sweeps < 1:
-        raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
-    if refactor_every < 1:
-        raise ValueError(f"refactor_every must be >= 1; got {refactor_every}")
-    if output != OUTPUT_COVARIANCE and output != OUTPUT_FACTOR:
-        raise ValueError(f"output must be OUTPUT_COVARIANCE (0) or OUTPUT_FACTOR (1); got {output}")
-    for _name, _out in (("cavity_mean", cavity_mean), ("cavity_var", cavity_var)):
-        if _out is not None and _out.shape[0] != n:
-            raise ValueError(f"{_name} must have length n = K.shape[0] = {n}; got {_out.shape[0]}")
-    outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
-               "post_cov": post_cov, "post_mean": post_mean}
-    if post_var is not None:
-        if post_var.shape[0] != n:
-            raise ValueError(f"post_var must have shape ({n},); got ({post_var.shape[0]},)")
-        outputs["post_var"] = post_var
-    _check_no_aliasing({"K": K, "y": y}, outputs)
-    return _run_gp_ep(K, y, spec, site_precision, site_natural_mean, post_cov, post_mean,
-                      schedule=schedule, order=order, seed=seed, damping=damping, tol=tol,
-                      max_sweeps=max_sweeps, negative_precision=negative_precision,
-                      block_size=block_size, refactor_every=refactor_every, output=output,
-                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
-                      sweep_callback=sweep_callback)
+    cdef readonly object K
+    cdef readonly object y
+    cdef readonly SiteSpec spec
+    cdef readonly int n
+    cdef readonly int schedule
+    cdef readonly int order
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int negative_precision
+    cdef readonly int block_size
+    cdef readonly int refactor_every
+    cdef readonly int output
+    cdef readonly bint validate
 
-
-def _run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
-               double[::1] site_precision, double[::1] site_natural_mean,
-               double[:, ::1] post_cov, double[::1] post_mean,
-               *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
-               double damping=1.0, double tol=1e-8, int max_sweeps=100,
-               int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
-               int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
-               double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
-    """:func:`run_gp_ep` without its input checks, for callers that validated the inputs
-    already (the estimators, at every optimiser step). Same arguments and results; invalid
-    inputs give undefined results instead of an error."""
-    cdef int n = K.shape[0]
-    cdef int k_block = _effective_block_size(schedule, block_size, n)
-    if n == 0:
-        return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                    n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block, stopped=False)
-
-    cdef SiteUpdateOptions opts
-    opts.update_form = UPDATE_NATURAL
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef bint parallel = schedule == SCHEDULE_PARALLEL
-    cdef bint entropy = order == ORDER_ENTROPY and not parallel
-    cdef bint shuffled = order == ORDER_RANDOM and not parallel
-
-    cdef double[:, ::1] work = np.empty((n, n))
-    cdef double[::1] scratch = np.empty(n)
-    cdef double[::1] post_diag = np.empty(n)
-    cdef double[::1] col = np.empty(n)
-    cdef double[::1] vec4 = np.empty(4 * n)
-    # diag(B⁻¹) from the last gp_refactor_marginals (valid while have_factor)
-    cdef double[::1] inv_diag = np.empty(n)
-    cdef double* cav_mean_ptr = &cavity_mean[0] if cavity_mean is not None else NULL
-    cdef double* cav_var_ptr = &cavity_var[0] if cavity_var is not None else NULL
-    cdef double[::1] small = np.empty(max(k_block, 1))
-    cdef int[::1] perm = np.empty(n, dtype=np.intc)
-    cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
-    tau_saved = np.array(site_precision, copy=True)
-    nu_saved = np.array(site_natural_mean, copy=True)
-
-    cdef const SiteModel* model = &spec.model
-    cdef const double* k_ptr = &K[0, 0]
-    cdef const double* y_ptr = &y[0]
-    cdef double* tau_ptr = &site_precision[0]
-    cdef double* nu_ptr = &site_natural_mean[0]
-    cdef double* cov_ptr = &post_cov[0, 0]
-    cdef double* mean_ptr = &post_mean[0]
-    cdef double* diag_ptr = &post_diag[0]
-    cdef double* work_ptr = &work[0, 0]
-    cdef const int* perm_ptr = &perm[0] if shuffled else NULL
-    cdef unsigned long long rng_state = seed
-    cdef SweepStats stats
-    cdef int info = 0, failed_sweep = -1, sweep, n_sweeps = 0, bad_site = -1
-    cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
-    cdef bint converged = False
-    cdef double log_chol = 0.0, log_z = NAN, new_log_z, log_z_change = INFINITY
-    cdef double max_change = INFINITY, scale, prev_log_z = NAN, refactor_log_z = NAN
-    cdef bint refactor_now, use_marginals, have_factor = False
-    cdef bint want_factor = output == OUTPUT_FACTOR
-    cdef Py_ssize_t j
-    cdef bint has_callback = sweep_callback is not None, stopped = False
-    cdef list callback_errors = []
-    cdef InterruptCheck interrupt
-    sweep_stats_reset(&stats)
-    interrupt_init(&interrupt, &stats, <double>n * n)
-
-    with nogil:
-        # the parallel schedule works from diag Σ and μ alone (L kept in post_cov); the
-        # sweeps need Σ itself
-        if parallel:
-            info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
-                                         work_ptr, &scratch[0], &log_chol, &inv_diag[0])
+    def __init__(self, K, y, SiteSpec spec not None, *, int schedule=SCHEDULE_BLOCKED,
+                 int order=ORDER_FIXED, double damping=1.0, double tol=1e-8, int max_sweeps=100,
+                 int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
+                 int output=OUTPUT_COVARIANCE, bint validate=True):
+        if validate:
+            self.n = _check_kernel_matrix(K)
+            _check_targets(spec, y, self.n)
+            _check_options(schedule, order, damping, negative_precision, block_size)
+            if not tol > 0.0:
+                raise ValueError(f"tol must be > 0; got {tol}")
+            if max_sweeps < 1:
+                raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
+            if refactor_every < 1:
+                raise ValueError(f"refactor_every must be >= 1; got {refactor_every}")
+            if output != OUTPUT_COVARIANCE and output != OUTPUT_FACTOR:
+                raise ValueError(f"output must be OUTPUT_COVARIANCE (0) or OUTPUT_FACTOR (1); got {output}")
         else:
-            info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
-                               &scratch[0], &log_chol, True)
-        have_factor = parallel
-        if info == 0:
-            log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr, log_chol,
-                             &bad_site)
-            if gp_needs_stable_log_z(n, tau_ptr, diag_ptr):
-                if have_factor:
-                    log_z = gp_log_z_stable_factored(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
-                                                     diag_ptr, cov_ptr, &inv_diag[0], work_ptr,
-                                                     &vec4[0], NULL, NULL, &bad_site)
-                else:
-                    log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
-                                            work_ptr, &vec4[0], NULL, NULL, &bad_site)
-            refactor_log_z = log_z
-            for sweep in range(1, max_sweeps + 1):
-                if parallel:
-                    gp_parallel_update(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
-                                       &opts, &stats)
-                else:
-                    if shuffled:
-                        random_permutation(n, &perm[0], &rng_state)
-                    if schedule == SCHEDULE_SEQUENTIAL:
-                        gp_sweep_sequential(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
-                                            perm_ptr, entropy, diag_ptr, &done[0], &col[0],
-                                            &opts, &stats, &log_chol)
+            self.n = K.shape[0]
+        self.K = K
+        self.y = y
+        self.spec = spec
+        self.schedule = schedule
+        self.order = order
+        self.damping = damping
+        self.tol = tol
+        self.max_sweeps = max_sweeps
+        self.negative_precision = negative_precision
+        self.block_size = _effective_block_size(schedule, block_size, self.n)
+        self.refactor_every = refactor_every
+        self.output = output
+        self.validate = validate
+
+    def _check_run(self, site_precision, site_natural_mean, post_cov, post_mean, post_var,
+                   cavity_mean, cavity_var):
+        cdef int n = self.n
+        _check_vector("site_precision", site_precision, n, nonnegative=True)
+        _check_vector("site_natural_mean", site_natural_mean, n)
+        _check_outputs(post_cov, post_mean, n)
+        for name, out in (("cavity_mean", cavity_mean), ("cavity_var", cavity_var)):
+            if out is not None and out.shape[0] != n:
+                raise ValueError(f"{name} must have length n = K.shape[0] = {n}; got {out.shape[0]}")
+        outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+                   "post_cov": post_cov, "post_mean": post_mean}
+        if post_var is not None:
+            if post_var.shape[0] != n:
+                raise ValueError(f"post_var must have shape ({n},); got ({post_var.shape[0]},)")
+            outputs["post_var"] = post_var
+        _check_no_aliasing({"K": self.K, "y": self.y}, outputs)
+
+    def run(self, double[::1] site_precision, double[::1] site_natural_mean,
+            double[:, ::1] post_cov, double[::1] post_mean, *, unsigned long seed=0,
+            double[::1] post_var=None, double[::1] cavity_mean=None, double[::1] cavity_var=None,
+            object sweep_callback=None):
+        """Sweep from the given sites to convergence (or ``max_sweeps``).
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64, in/out
+            Sites ``τ_i >= 0`` and ``ν_i`` (zeros: cold start; anything valid: warm
+            start). Updated in place.
+        post_cov : (n, n) float64, out
+            Σ of the returned sites, or the factor L (``output``).
+        post_mean : (n,) float64, out
+            Posterior mean μ = Σν of the returned sites.
+        seed : int >= 0
+            Seed of ORDER_RANDOM's generator (the same seed gives the same run).
+        post_var : (n,) float64, out, optional
+            diag Σ of the returned sites.
+        cavity_mean, cavity_var : (n,) float64, out, optional
+            The cavities ``h_i``, ``λ_i`` (eqs 78-79) of the returned sites, computed from
+            the Cholesky of B (accurate also where ``τ_i Σ_ii`` is within rounding of 1).
+        sweep_callback : callable, optional
+            ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
+            between sweeps). Returning ``False`` stops the sweeps there (the state is
+            finalised from the current sites, ``stopped`` is True). An exception it raises
+            is re-raised after the site arrays are restored to their input values.
+
+        Returns
+        -------
+        SweepResult
+            ``log_z`` is always from the stable form on a fresh factorisation (NaN only if
+            some site's cavity is improper or its kernel fails at the returned state; then
+            ``converged`` is False); ``block_size`` is the sites per fold used.
+
+        Raises
+        ------
+        ValueError
+            (``validate=True``) bad shapes, non-finite or negative sites, outputs aliasing
+            inputs. Nothing is modified.
+        numpy.linalg.LinAlgError
+            The Cholesky of B fails (K not PSD). The site arrays are restored to their
+            input values; ``post_cov``/``post_mean`` are then undefined.
+        """
+        if self.validate:
+            self._check_run(site_precision, site_natural_mean, post_cov, post_mean, post_var,
+                            cavity_mean, cavity_var)
+        cdef int n = self.n
+        cdef int k_block = self.block_size
+        cdef int schedule = self.schedule
+        cdef int max_sweeps = self.max_sweeps, refactor_every = self.refactor_every
+        if n == 0:
+            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
+                               block_size=k_block)
+        cdef SweepDriver driver = SweepDriver(self.tol, max_sweeps, sweep_callback, <double>n * n)
+        driver.keep(site_precision, site_natural_mean)
+        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
+        cdef bint parallel = schedule == SCHEDULE_PARALLEL
+        cdef bint entropy = self.order == ORDER_ENTROPY and not parallel
+        cdef bint shuffled = self.order == ORDER_RANDOM and not parallel
+
+        cdef const double[:, ::1] K = self.K
+        cdef const double[::1] y = self.y
+        cdef double[:, ::1] work = np.empty((n, n))
+        cdef double[::1] scratch = np.empty(n)
+        cdef double[::1] post_diag = np.empty(n)
+        cdef double[::1] col = np.empty(n)
+        cdef double[::1] vec4 = np.empty(4 * n)
+        # diag(B⁻¹) from the last gp_refactor_marginals (valid while have_factor)
+        cdef double[::1] inv_diag = np.empty(n)
+        cdef double* cav_mean_ptr = &cavity_mean[0] if cavity_mean is not None else NULL
+        cdef double* cav_var_ptr = &cavity_var[0] if cavity_var is not None else NULL
+        cdef double[::1] small = np.empty(max(k_block, 1))
+        cdef int[::1] perm = np.empty(n, dtype=np.intc)
+        cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
+
+        cdef const SiteModel* model = &self.spec.model
+        cdef const double* k_ptr = &K[0, 0]
+        cdef const double* y_ptr = &y[0]
+        cdef double* tau_ptr = &site_precision[0]
+        cdef double* nu_ptr = &site_natural_mean[0]
+        cdef double* cov_ptr = &post_cov[0, 0]
+        cdef double* mean_ptr = &post_mean[0]
+        cdef double* diag_ptr = &post_diag[0]
+        cdef double* work_ptr = &work[0, 0]
+        cdef const int* perm_ptr = &perm[0] if shuffled else NULL
+        cdef unsigned long long rng_state = seed
+        cdef SweepStats* stats = driver.begin_sweep()
+        cdef int info = 0, failed_sweep = -1, sweep, bad_site = -1
+        cdef double log_chol = 0.0, new_log_z, prev_log_z = NAN, refactor_log_z = NAN
+        cdef bint refactor_now, use_marginals, have_factor = False
+        cdef bint want_factor = self.output == OUTPUT_FACTOR
+        cdef Py_ssize_t j
+
+        with nogil:
+            # the parallel schedule works from diag Σ and μ alone (L kept in post_cov); the
+            # sweeps need Σ itself
+            if parallel:
+                info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
+                                             work_ptr, &scratch[0], &log_chol, &inv_diag[0])
+            else:
+                info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr, work_ptr,
+                                   &scratch[0], &log_chol, True)
+            have_factor = parallel
+            if info == 0:
+                driver.log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                        log_chol, &bad_site)
+                if gp_needs_stable_log_z(n, tau_ptr, diag_ptr):
+                    if have_factor:
+                        driver.log_z = gp_log_z_stable_factored(
+                            model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
+                            &inv_diag[0], work_ptr, &vec4[0], NULL, NULL, &bad_site)
                     else:
-                        gp_sweep_blocked(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
-                                         perm_ptr, entropy, diag_ptr, &done[0], k_block,
-                                         work_ptr, &small[0], &col[0], &opts, &stats, &log_chol)
-                if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
-                    break                   # Ctrl-C: the sites are restored and the exception raised below
-                n_sweeps = sweep
-                total_skipped += stats.n_skipped
-                total_clipped += stats.n_clipped
-                total_failed += stats.n_failed
-                max_change = stats.max_change_precision
-                if stats.max_change_natural_mean > max_change:
-                    max_change = stats.max_change_natural_mean
-                refactor_now = parallel or sweep % refactor_every == 0 or sweep == max_sweeps
-                if not refactor_now:
-                    # incremental posterior: diag Σ from the (current) lower triangle, μ as
-                    # updated, ½ log|B| accumulated by the determinant lemma
-                    for j in range(n):
-                        diag_ptr[j] = cov_ptr[<Py_ssize_t>j * n + j]
+                        driver.log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
+                                                       diag_ptr, work_ptr, &vec4[0], NULL, NULL,
+                                                       &bad_site)
+                refactor_log_z = driver.log_z
+                for sweep in range(1, max_sweeps + 1):
+                    if parallel:
+                        gp_parallel_update(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                           &opts, stats)
+                    else:
+                        if shuffled:
+                            random_permutation(n, &perm[0], &rng_state)
+                        if schedule == SCHEDULE_SEQUENTIAL:
+                            gp_sweep_sequential(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                                perm_ptr, entropy, diag_ptr, &done[0], &col[0],
+                                                &opts, stats, &log_chol)
+                        else:
+                            gp_sweep_blocked(model, y_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                             perm_ptr, entropy, diag_ptr, &done[0], k_block,
+                                             work_ptr, &small[0], &col[0], &opts, stats, &log_chol)
+                    if driver.interrupted():
+                        break               # Ctrl-C: the sites are restored and the exception raised below
+                    driver.record_sweep(sweep)
+                    refactor_now = parallel or sweep % refactor_every == 0 or sweep == max_sweeps
+                    if not refactor_now:
+                        # incremental posterior: diag Σ from the (current) lower triangle, μ as
+                        # updated, ½ log|B| accumulated by the determinant lemma
+                        for j in range(n):
+                            diag_ptr[j] = cov_ptr[<Py_ssize_t>j * n + j]
+                        new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
+                                             log_chol, &bad_site)
+                        driver.test(new_log_z, driver.log_z)
+                        if not (driver.converged or not isfinite(new_log_z)):
+                            driver.log_z = new_log_z
+                            if driver.notify(sweep):
+                                break
+                            continue
+                        # converged (or something needs a fresh factorisation): refactorise and
+                        # report the refactorised posterior and log Z
+                        prev_log_z = driver.log_z
+                        # probably the last refactorisation: without Σ if only L is wanted
+                        use_marginals = want_factor
+                    else:
+                        use_marginals = parallel
+                    if use_marginals:
+                        info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
+                                                     diag_ptr, work_ptr, &scratch[0], &log_chol,
+                                                     &inv_diag[0])
+                    else:
+                        info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
+                                           work_ptr, &scratch[0], &log_chol, True)
+                    have_factor = use_marginals
+                    if info != 0:
+                        failed_sweep = sweep
+                        break
                     new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
                                          log_chol, &bad_site)
-                    log_z_change = fabs(new_log_z - log_z)
-                    scale = fabs(new_log_z)
-                    if not scale > 1.0:
-                        scale = 1.0
-                    converged = (max_change < tol and log_z_change < tol * scale
-                                 and stats.n_failed == 0)
-                    if not (converged or not isfinite(new_log_z)):
-                        log_z = new_log_z
-                        if has_callback:
-                            with gil:
-                                stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
-                                                               callback_errors)
-                            if stopped:
-                                break
-                        continue
-                    # converged (or something needs a fresh factorisation): refactorise and
-                    # report the refactorised posterior and log Z
-                    prev_log_z = log_z
-                    # probably the last refactorisation: without Σ if only L is wanted
-                    use_marginals = want_factor
-                else:
-                    use_marginals = parallel
-                if use_marginals:
-                    info = gp_refactor_marginals(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr,
-                                                 diag_ptr, work_ptr, &scratch[0], &log_chol,
-                                                 &inv_diag[0])
-                else:
-                    info = gp_refactor(k_ptr, n, tau_ptr, nu_ptr, cov_ptr, mean_ptr, diag_ptr,
-                                       work_ptr, &scratch[0], &log_chol, True)
-                have_factor = use_marginals
-                if info != 0:
-                    failed_sweep = sweep
-                    break
-                new_log_z = gp_log_z(model, y_ptr, n, tau_ptr, nu_ptr, diag_ptr, mean_ptr,
-                                     log_chol, &bad_site)
-                if gp_needs_stable_log_z(n, tau_ptr, diag_ptr):
-                    # some τ_i Σ_ii within 1e-4 of 1: the textbook form loses digits
-                    # (work is free after a refactorisation).  The incremental values between
-                    # refactorisations then disagree with it by that loss, so Δ log Z is
-                    # taken against the previous refactorisation's value instead.  After
-                    # gp_refactor_marginals its L (post_cov) and diag(B⁻¹) are reused; after
-                    # gp_refactor post_cov holds Σ, so B is factorised again.
-                    if have_factor:
-                        new_log_z = gp_log_z_stable_factored(model, y_ptr, n, k_ptr, tau_ptr,
-                                                             nu_ptr, diag_ptr, cov_ptr,
-                                                             &inv_diag[0], work_ptr, &vec4[0],
-                                                             NULL, NULL, &bad_site)
-                    else:
-                        new_log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
-                                                    diag_ptr, work_ptr, &vec4[0], NULL, NULL,
-                                                    &bad_site)
+                    if gp_needs_stable_log_z(n, tau_ptr, diag_ptr):
+                        # some τ_i Σ_ii within 1e-4 of 1: the textbook form loses digits
+                        # (work is free after a refactorisation). The incremental values between
+                        # refactorisations then disagree with it by that loss, so Δ log Z is
+                        # taken against the previous refactorisation's value instead. After
+                        # gp_refactor_marginals its L (post_cov) and diag(B⁻¹) are reused; after
+                        # gp_refactor post_cov holds Σ, so B is factorised again.
+                        if have_factor:
+                            new_log_z = gp_log_z_stable_factored(model, y_ptr, n, k_ptr, tau_ptr,
+                                                                 nu_ptr, diag_ptr, cov_ptr,
+                                                                 &inv_diag[0], work_ptr, &vec4[0],
+                                                                 NULL, NULL, &bad_site)
+                        else:
+                            new_log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
+                                                        diag_ptr, work_ptr, &vec4[0], NULL, NULL,
+                                                        &bad_site)
+                        if not refactor_now:
+                            prev_log_z = refactor_log_z
+                    refactor_log_z = new_log_z
                     if not refactor_now:
-                        prev_log_z = refactor_log_z
-                refactor_log_z = new_log_z
-                if not refactor_now:
-                    log_z = prev_log_z
-                log_z_change = fabs(new_log_z - log_z)
-                log_z = new_log_z
-                scale = fabs(log_z)
-                if not scale > 1.0:
-                    scale = 1.0
-                converged = (max_change < tol and log_z_change < tol * scale
-                             and stats.n_failed == 0)
-                if has_callback:
-                    with gil:
-                        stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
-                                                       callback_errors)
-                if converged or stopped:
-                    break
-                if have_factor and not parallel and sweep < max_sweeps:
-                    # not converged after all: the next sweep needs Σ
-                    gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
-                    have_factor = False
-            if info == 0 and not interrupt.pending:
-                # the reported log Z (and the cavities) always in the stable form, on the
-                # final sites, from the factor at hand: after gp_refactor_marginals its L and
-                # diag(B⁻¹) (O(n²)); for OUTPUT_FACTOR after gp_refactor, the L returned
-                # anyway (+ trtri, n³/3); for Σ output after gp_refactor (post_cov holds Σ,
-                # L is gone) B is factorised again (potrf + trtri, 2n³/3; work is free here).
-                if want_factor:
-                    if not have_factor:
-                        info = gp_factor_only(k_ptr, n, tau_ptr, cov_ptr, &scratch[0])
-                    if info == 0:
-                        log_z = gp_log_z_stable_factored(
-                            model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
-                            &inv_diag[0] if have_factor else NULL, work_ptr, &vec4[0],
-                            cav_mean_ptr, cav_var_ptr, &bad_site)
-                        for j in range(n):
-                            memset(cov_ptr + j * n + j + 1, 0, (n - 1 - j) * sizeof(double))
-                else:
-                    if have_factor:
-                        log_z = gp_log_z_stable_factored(
-                            model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
-                            &inv_diag[0], work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
-                            &bad_site)
+                        driver.log_z = prev_log_z
+                    driver.test(new_log_z, driver.log_z)
+                    driver.log_z = new_log_z
+                    driver.notify(sweep)
+                    if driver.converged or driver.stopped:
+                        break
+                    if have_factor and not parallel and sweep < max_sweeps:
+                        # not converged after all: the next sweep needs Σ
                         gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
+                        have_factor = False
+                if info == 0 and not driver.interrupt.pending:
+                    # the reported log Z (and the cavities) always in the stable form, on the
+                    # final sites, from the factor at hand: after gp_refactor_marginals its L and
+                    # diag(B⁻¹) (O(n²)); for OUTPUT_FACTOR after gp_refactor, the L returned
+                    # anyway (+ trtri, n³/3); for Σ output after gp_refactor (post_cov holds Σ,
+                    # L is gone) B is factorised again (potrf + trtri, 2n³/3; work is free here).
+                    if want_factor:
+                        if not have_factor:
+                            info = gp_factor_only(k_ptr, n, tau_ptr, cov_ptr, &scratch[0])
+                        if info == 0:
+                            driver.log_z = gp_log_z_stable_factored(
+                                model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
+                                &inv_diag[0] if have_factor else NULL, work_ptr, &vec4[0],
+                                cav_mean_ptr, cav_var_ptr, &bad_site)
+                            for j in range(n):
+                                memset(cov_ptr + j * n + j + 1, 0, (n - 1 - j) * sizeof(double))
                     else:
-                        log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr,
-                                                work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
-                                                &bad_site)
-                    symmetrize(True, n, cov_ptr, n)
-    if interrupt.pending or callback_errors:        # Ctrl-C or the callback raised: inputs back, re-raise
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
-        interrupt_reraise(&interrupt)
-        raise callback_errors[0]
-    if info == 0 and post_var is not None:
-        np.asarray(post_var)[:] = np.asarray(post_diag)
-    if info != 0:
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
-        where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
-        raise _refactor_error(info, where)
-    if not isfinite(log_z):
-        converged = False
-    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
-                log_z=float(log_z), log_z_change=float(log_z_change),
-                n_skipped=int(total_skipped), n_clipped=int(total_clipped),
-                n_failed=int(total_failed), block_size=int(k_block), stopped=bool(stopped))
+                        if have_factor:
+                            driver.log_z = gp_log_z_stable_factored(
+                                model, y_ptr, n, k_ptr, tau_ptr, nu_ptr, diag_ptr, cov_ptr,
+                                &inv_diag[0], work_ptr, &vec4[0], cav_mean_ptr, cav_var_ptr,
+                                &bad_site)
+                            gp_covariance_from_factor(k_ptr, n, tau_ptr, cov_ptr, work_ptr, &scratch[0])
+                        else:
+                            driver.log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
+                                                           diag_ptr, work_ptr, &vec4[0], cav_mean_ptr,
+                                                           cav_var_ptr, &bad_site)
+                        symmetrize(True, n, cov_ptr, n)
+        driver.raise_pending()                  # Ctrl-C or the callback raised: inputs back, re-raise
+        if info == 0 and post_var is not None:
+            np.asarray(post_var)[:] = np.asarray(post_diag)
+        if info != 0:
+            driver.restore()
+            where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
+            raise _refactor_error(info, where)
+        return driver.result(block_size=k_block)
+
+
+def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
+              double[::1] site_precision, double[::1] site_natural_mean,
+              double[:, ::1] post_cov, double[::1] post_mean,
+              *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
+              double damping=1.0, double tol=1e-8, int max_sweeps=100,
+              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
+              int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
+              double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
+    """One validated dense GP EP run: ``DenseEP(K, y, spec, **options).run(sites, outputs)``.
+
+    The arguments are those of :class:`DenseEP` and :meth:`DenseEP.run`; returns the
+    :class:`~fastep._epcore._common.SweepResult`.
+    """
+    engine = DenseEP(K, y, spec, schedule=schedule, order=order, damping=damping, tol=tol,
+                     max_sweeps=max_sweeps, negative_precision=negative_precision,
+                     block_size=block_size, refactor_every=refactor_every, output=output)
+    return engine.run(site_precision, site_natural_mean, post_cov, post_mean, seed=seed,
+                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+                      sweep_callback=sweep_callback)
 
 
 def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,

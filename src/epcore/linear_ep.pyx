@@ -104,9 +104,7 @@ from fastep._epcore._blas cimport (
     symmetrize, symm_right,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
-from fastep._epcore._common cimport (
-    sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise, interrupt_requested,
-)
+from fastep._epcore._common cimport interrupt_requested, SweepDriver
 from fastep._epcore._common import site_update_constants as _site_update_constants
 
 # Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
@@ -488,14 +486,13 @@ def _auto_block_size(int d):
     return 64
 
 
-def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
-                  const double[:, ::1] prior_cov, SiteSpec spec not None,
-                  double[::1] site_precision, double[::1] site_natural_mean,
-                  double[::1] post_mean, double[:, ::1] post_cov,
-                  int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
-                  int algorithm=ALGORITHM_AUTO, int block_size=0):
-    """Run sequential rank-1 EP sweeps for a linear-Gaussian-prior model (Minka §1.1).
+cdef class LinearEP:
+    """Sequential rank-1 EP for a linear-Gaussian-prior model (Minka, *EP: a quick reference*,
+    §1.1), bound to one design, its targets, prior and likelihood.
+
+    Built once from validated inputs; :meth:`run` sweeps from given sites and returns a
+    :class:`~fastep._epcore._common.SweepResult`; :meth:`log_evidence` gives the EP
+    evidence of given sites (eqs 48-49).
 
     Parameters
     ----------
@@ -507,12 +504,6 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
         Prior ``N(m0, V0)``; ``V0`` must be positive definite.
     spec : SiteSpec
         Likelihood (code and parameters) for ``site_moments``.
-    site_precision, site_natural_mean : (n,) float64, in/out
-        Sites ``tau_i = 1/v_i`` and ``nu_i = m_i/v_i``.  Zeros for a cold
-        start; any valid state for a warm start.  Updated in place.
-    post_mean, post_cov : (d,), (d, d) float64, out
-        Posterior mean and covariance; computed from the sites at the start
-        (eqs 46-47) and full symmetric on return.
     update_form : {UPDATE_MOMENT, UPDATE_NATURAL}
         eqs 34-38 or eqs 39-45 (see module docstring); same fixed point.
     damping : float in (0, 1]
@@ -531,161 +522,202 @@ def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1]
         when ``d >= 32``).
     block_size : int
         Sites per block for ALGORITHM_BLOCKED (0 = automatic).
-
-    Returns
-    -------
-    dict
-        ``n_sweeps``, ``converged`` (bool), ``max_change`` (last sweep, the larger
-        of the two relative changes; ``inf`` if no sweep ran), ``n_skipped``,
-        ``n_clipped``, ``n_failed`` (totals over all sweeps; ``n_failed`` is the
-        part of ``n_skipped`` due to improper cavities or kernel failures) and
-        ``n_skipped_last_sweep``, ``n_clipped_last_sweep``, ``n_failed_last_sweep``.
-
-    Raises
-    ------
-    numpy.linalg.LinAlgError
-        ``prior_cov`` or the posterior precision (at the start or at a refresh)
-        is not positive definite.
-    ValueError
-        Bad shapes, non-finite input, out-of-range options, aliasing outputs.
+    validate : bool, default True
+        Check the inputs and options here and the site and output arrays at every call
+        (ValueError naming the argument). ``False`` is the one path for callers that
+        validated them already (the estimators).
     """
-    cdef int n, d
-    n, d = _check_inputs(X, prior_mean, prior_cov, site_precision, site_natural_mean,
-                         post_mean, post_cov, y=y)
-    if update_form != UPDATE_MOMENT and update_form != UPDATE_NATURAL:
-        raise ValueError(f"update_form must be UPDATE_MOMENT (0) or UPDATE_NATURAL (1); got {update_form}")
-    if not (damping > 0.0 and damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1]; got {damping}")
-    if not (tol >= 0.0):
-        raise ValueError(f"tol must be >= 0; got {tol}")
-    if max_sweeps < 0:
-        raise ValueError(f"max_sweeps must be >= 0; got {max_sweeps}")
-    if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW):
-        raise ValueError("negative_precision must be NEGATIVE_CLIP (0), NEGATIVE_SKIP (1) or "
-                         f"NEGATIVE_ALLOW (2); got {negative_precision}")
-    if algorithm not in (ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED):
-        raise ValueError("algorithm must be ALGORITHM_AUTO (0), ALGORITHM_RANK1 (1) or "
-                         f"ALGORITHM_BLOCKED (2); got {algorithm}")
-    if block_size < 0:
-        raise ValueError(f"block_size must be >= 0; got {block_size}")
-    return _run_linear_ep(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-                          post_mean, post_cov, update_form=update_form, damping=damping, tol=tol, max_sweeps=max_sweeps,
-                          refresh_every=refresh_every, negative_precision=negative_precision, algorithm=algorithm,
-                          block_size=block_size)
+    cdef readonly object X
+    cdef readonly object y
+    cdef readonly object prior_mean
+    cdef readonly object prior_cov
+    cdef readonly SiteSpec spec
+    cdef readonly int update_form
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int refresh_every
+    cdef readonly int negative_precision
+    cdef readonly int algorithm
+    cdef readonly int block_size
+    cdef readonly bint validate
 
+    def __init__(self, X, y, prior_mean, prior_cov, SiteSpec spec not None, *,
+                 int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
+                 int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
+                 int algorithm=ALGORITHM_AUTO, int block_size=0, bint validate=True):
+        if validate:
+            if update_form != UPDATE_MOMENT and update_form != UPDATE_NATURAL:
+                raise ValueError(f"update_form must be UPDATE_MOMENT (0) or UPDATE_NATURAL (1); got {update_form}")
+            if not (damping > 0.0 and damping <= 1.0):
+                raise ValueError(f"damping must be in (0, 1]; got {damping}")
+            if not (tol >= 0.0):
+                raise ValueError(f"tol must be >= 0; got {tol}")
+            if max_sweeps < 0:
+                raise ValueError(f"max_sweeps must be >= 0; got {max_sweeps}")
+            if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW):
+                raise ValueError("negative_precision must be NEGATIVE_CLIP (0), NEGATIVE_SKIP (1) or "
+                                 f"NEGATIVE_ALLOW (2); got {negative_precision}")
+            if algorithm not in (ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED):
+                raise ValueError("algorithm must be ALGORITHM_AUTO (0), ALGORITHM_RANK1 (1) or "
+                                 f"ALGORITHM_BLOCKED (2); got {algorithm}")
+            if block_size < 0:
+                raise ValueError(f"block_size must be >= 0; got {block_size}")
+        cdef int n = X.shape[0], d = X.shape[1]
+        if algorithm == ALGORITHM_AUTO:
+            algorithm = ALGORITHM_RANK1 if d < 32 else ALGORITHM_BLOCKED
+        if block_size == 0:
+            block_size = _auto_block_size(d)
+        if n > 0 and block_size > n:
+            block_size = n
+        if block_size < 1:
+            block_size = 1
+        self.X, self.y, self.prior_mean, self.prior_cov, self.spec = X, y, prior_mean, prior_cov, spec
+        self.update_form, self.damping, self.tol = update_form, damping, tol
+        self.max_sweeps, self.refresh_every = max_sweeps, refresh_every
+        self.negative_precision, self.algorithm, self.block_size = negative_precision, algorithm, block_size
+        self.validate = validate
 
-def _run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
-                   const double[:, ::1] prior_cov, SiteSpec spec not None,
-                   double[::1] site_precision, double[::1] site_natural_mean,
-                   double[::1] post_mean, double[:, ::1] post_cov,
-                   int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
-                   int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
-                   int algorithm=ALGORITHM_AUTO, int block_size=0, object sweep_callback=None):
-    """:func:`run_linear_ep` without its input checks, for callers that validated the
-    inputs already (the estimators, at every optimiser step). Same arguments and
-    results; invalid inputs give undefined results instead of an error.
+    def run(self, double[::1] site_precision, double[::1] site_natural_mean, double[::1] post_mean,
+            double[:, ::1] post_cov, *, object sweep_callback=None):
+        """Sweep from the given sites to convergence (or ``max_sweeps``).
 
-    ``sweep_callback(sweep, max_change, nan)``, if given, is called after every sweep (with the
-    GIL, between sweeps); returning ``False`` stops the sweeps (the posterior is refreshed from
-    the current sites; ``stopped`` is True in the result), an exception it raises is re-raised."""
-    cdef int n = X.shape[0], d = X.shape[1]
-    if algorithm == ALGORITHM_AUTO:
-        algorithm = ALGORITHM_RANK1 if d < 32 else ALGORITHM_BLOCKED
-    if block_size == 0:
-        block_size = _auto_block_size(d)
-    if n > 0 and block_size > n:
-        block_size = n
-    if block_size < 1:
-        block_size = 1
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64, in/out
+            Sites ``tau_i = 1/v_i`` and ``nu_i = m_i/v_i``. Zeros for a cold start; any
+            valid state for a warm start. Updated in place.
+        post_mean, post_cov : (d,), (d, d) float64, out
+            Posterior mean and covariance; computed from the sites at the start (eqs
+            46-47) and full symmetric on return.
+        sweep_callback : callable, optional
+            ``sweep_callback(sweep, max_change, nan)`` after every sweep that did not
+            converge (with the GIL, between sweeps); returning ``False`` stops the sweeps
+            (the posterior is refreshed from the current sites; ``stopped`` is True), an
+            exception it raises is re-raised.
 
-    cdef SiteUpdateOptions opts
-    opts.update_form = update_form
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef bint refreshing = refresh_every > 0 and refresh_every <= max_sweeps
+        Returns
+        -------
+        SweepResult
+            ``log_z`` is NaN (:meth:`log_evidence` computes it); ``n_skipped`` includes the
+            failed updates; ``diagnostics`` holds ``n_skipped_last_sweep``,
+            ``n_clipped_last_sweep`` and ``n_failed_last_sweep``.
 
-    cdef double[:, ::1] prior_precision = np.empty((d, d))
-    cdef double[::1] prior_precision_mean = np.empty(d)
-    cdef int scratch_rows = _scratch_rows(n, d)
-    cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
-    cdef int block_rows = block_size if algorithm == ALGORITHM_BLOCKED else 1
-    cdef double[:, ::1] cross = np.empty((block_rows, d))
-    cdef double[:, ::1] scaled = np.empty((block_rows, d))
-    cdef double[::1] small = np.empty(block_rows)
-    cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
-    cdef const double* y_ptr = &y[0] if n > 0 else NULL
-    cdef double* tau_ptr = &site_precision[0] if n > 0 else NULL
-    cdef double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
-    cdef const SiteModel* model = &spec.model
-    cdef SweepStats stats
-    cdef int prior_info = 0, info = 0, failed_sweep = -1, sweep = 0, n_sweeps = 0
-    cdef long total_skipped = 0, total_clipped = 0, total_failed = 0
-    cdef bint converged = False, refreshed_last = True
-    cdef double log_det_prior = 0.0, prior_quad = 0.0, max_change = INFINITY
-    cdef bint has_callback = sweep_callback is not None, stopped = False
-    cdef list callback_errors = []
-    cdef InterruptCheck interrupt
-    sweep_stats_reset(&stats)
-    interrupt_init(&interrupt, &stats, 2.0 * d * d)
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            ``prior_cov`` or the posterior precision (at the start or at a refresh) is not
+            positive definite.
+        ValueError
+            (``validate=True``) bad shapes, non-finite input, aliasing outputs.
+        """
+        if self.validate:
+            _check_inputs(self.X, self.prior_mean, self.prior_cov, site_precision, site_natural_mean,
+                          post_mean, post_cov, y=self.y)
+        cdef const double[:, ::1] X = self.X
+        cdef const double[::1] y = self.y
+        cdef const double[::1] prior_mean = self.prior_mean
+        cdef const double[:, ::1] prior_cov = self.prior_cov
+        cdef int n = X.shape[0], d = X.shape[1]
+        cdef int algorithm = self.algorithm, block_size = self.block_size, max_sweeps = self.max_sweeps
+        cdef int refresh_every = self.refresh_every
+        cdef SiteUpdateOptions opts
+        opts.update_form = self.update_form
+        opts.damping = self.damping
+        opts.negative_precision = self.negative_precision
+        cdef bint refreshing = refresh_every > 0 and refresh_every <= max_sweeps
 
-    with nogil:
-        prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
-                                   &prior_precision_mean[0], &log_det_prior, &prior_quad)
-        if prior_info == 0:
-            info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
-                                 &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
-                                 &scratch[0, 0], scratch_rows)
-            if info == 0:
-                for sweep in range(1, max_sweeps + 1):
-                    if algorithm == ALGORITHM_BLOCKED:
-                        sweep_blocked(model, x_ptr, y_ptr, n, d, tau_ptr, nu_ptr, &post_cov[0, 0],
-                                      &post_mean[0], block_size, &cross[0, 0], &scaled[0, 0],
-                                      &small[0], &opts, &stats)
-                    else:
-                        sweep_rank1(model, x_ptr, y_ptr, n, d, tau_ptr, nu_ptr, &post_cov[0, 0],
-                                    &post_mean[0], &cross[0, 0], &opts, &stats)
-                    if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
-                        break               # Ctrl-C: re-raised below
-                    n_sweeps = sweep
-                    total_skipped += stats.n_skipped
-                    total_clipped += stats.n_clipped
-                    total_failed += stats.n_failed
-                    max_change = stats.max_change_precision
-                    if stats.max_change_natural_mean > max_change:
-                        max_change = stats.max_change_natural_mean
-                    converged = max_change < tol and stats.n_failed == 0
-                    refreshed_last = False
-                    if has_callback and not converged:
-                        with gil:
-                            stopped = sweep_callback_stops(sweep_callback, sweep, max_change, NAN,
-                                                           callback_errors)
-                    if refreshing and (sweep % refresh_every == 0 or converged or stopped
-                                       or sweep == max_sweeps):
-                        info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
-                                             &prior_precision_mean[0], &post_cov[0, 0],
-                                             &post_mean[0], &scratch[0, 0], scratch_rows)
-                        refreshed_last = True
-                        if info != 0:
-                            failed_sweep = sweep
+        cdef double[:, ::1] prior_precision = np.empty((d, d))
+        cdef double[::1] prior_precision_mean = np.empty(d)
+        cdef int scratch_rows = _scratch_rows(n, d)
+        cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
+        cdef int block_rows = block_size if algorithm == ALGORITHM_BLOCKED else 1
+        cdef double[:, ::1] cross = np.empty((block_rows, d))
+        cdef double[:, ::1] scaled = np.empty((block_rows, d))
+        cdef double[::1] small = np.empty(block_rows)
+        cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
+        cdef const double* y_ptr = &y[0] if n > 0 else NULL
+        cdef double* tau_ptr = &site_precision[0] if n > 0 else NULL
+        cdef double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
+        cdef const SiteModel* model = &self.spec.model
+        cdef SweepDriver driver = SweepDriver(self.tol, max_sweeps, sweep_callback, 2.0 * d * d)
+        cdef SweepStats* stats = driver.begin_sweep()
+        cdef int prior_info = 0, info = 0, failed_sweep = -1, sweep = 0
+        cdef bint refreshed_last = True
+        cdef double log_det_prior = 0.0, prior_quad = 0.0
+
+        with nogil:
+            prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
+                                       &prior_precision_mean[0], &log_det_prior, &prior_quad)
+            if prior_info == 0:
+                info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
+                                     &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
+                                     &scratch[0, 0], scratch_rows)
+                if info == 0:
+                    for sweep in range(1, max_sweeps + 1):
+                        if algorithm == ALGORITHM_BLOCKED:
+                            sweep_blocked(model, x_ptr, y_ptr, n, d, tau_ptr, nu_ptr, &post_cov[0, 0],
+                                          &post_mean[0], block_size, &cross[0, 0], &scaled[0, 0],
+                                          &small[0], &opts, stats)
+                        else:
+                            sweep_rank1(model, x_ptr, y_ptr, n, d, tau_ptr, nu_ptr, &post_cov[0, 0],
+                                        &post_mean[0], &cross[0, 0], &opts, stats)
+                        if driver.interrupted():
+                            break               # Ctrl-C: re-raised below
+                        driver.record_sweep(sweep)
+                        driver.test_sites()
+                        refreshed_last = False
+                        if not driver.converged:
+                            driver.notify(sweep)
+                        if refreshing and (sweep % refresh_every == 0 or driver.converged or driver.stopped
+                                           or sweep == max_sweeps):
+                            info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
+                                                 &prior_precision_mean[0], &post_cov[0, 0],
+                                                 &post_mean[0], &scratch[0, 0], scratch_rows)
+                            refreshed_last = True
+                            if info != 0:
+                                failed_sweep = sweep
+                                break
+                        if driver.converged or driver.stopped:
                             break
-                    if converged or stopped:
-                        break
-            if info == 0:
-                symmetrize(True, d, &post_cov[0, 0], d)
-    if interrupt.pending:
-        interrupt_reraise(&interrupt)
-    if callback_errors:
-        raise callback_errors[0]
-    if prior_info != 0:
-        raise _prior_error(prior_info)
-    if info != 0:
-        where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
-        raise _precision_error(info, where)
-    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change), stopped=bool(stopped),
-                n_skipped=int(total_skipped), n_clipped=int(total_clipped),
-                n_failed=int(total_failed), n_skipped_last_sweep=int(stats.n_skipped),
-                n_clipped_last_sweep=int(stats.n_clipped),
-                n_failed_last_sweep=int(stats.n_failed))
+                if info == 0:
+                    symmetrize(True, d, &post_cov[0, 0], d)
+        driver.raise_pending()
+        if prior_info != 0:
+            raise _prior_error(prior_info)
+        if info != 0:
+            where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
+            raise _precision_error(info, where)
+        return driver.result(has_log_z=False, diagnostics={"n_skipped_last_sweep": int(stats.n_skipped),
+                                          "n_clipped_last_sweep": int(stats.n_clipped),
+                                          "n_failed_last_sweep": int(stats.n_failed)})
+
+    def log_evidence(self, const double[::1] site_precision, const double[::1] site_natural_mean,
+                     const double[::1] post_mean, const double[:, ::1] post_cov):
+        """EP approximation of the log marginal likelihood of the given sites (:func:`log_evidence`)."""
+        if self.validate:
+            _check_inputs(self.X, self.prior_mean, self.prior_cov, site_precision, site_natural_mean,
+                          post_mean, post_cov, y=self.y)
+        return _log_evidence(self.X, self.y, self.prior_mean, self.prior_cov, self.spec, site_precision,
+                             site_natural_mean, post_mean, post_cov)
+
+
+def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
+                  const double[:, ::1] prior_cov, SiteSpec spec not None,
+                  double[::1] site_precision, double[::1] site_natural_mean,
+                  double[::1] post_mean, double[:, ::1] post_cov,
+                  int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
+                  int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
+                  int algorithm=ALGORITHM_AUTO, int block_size=0):
+    """One validated linear EP run: ``LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(...)``.
+
+    The arguments are those of :class:`LinearEP` and :meth:`LinearEP.run`; returns the
+    :class:`~fastep._epcore._common.SweepResult`.
+    """
+    engine = LinearEP(X, y, prior_mean, prior_cov, spec, update_form=update_form, damping=damping, tol=tol,
+                      max_sweeps=max_sweeps, refresh_every=refresh_every,
+                      negative_precision=negative_precision, algorithm=algorithm, block_size=block_size)
+    return engine.run(site_precision, site_natural_mean, post_mean, post_cov)
 
 
 def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
@@ -730,9 +762,7 @@ def _log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1]
                   const double[:, ::1] prior_cov, SiteSpec spec not None,
                   const double[::1] site_precision, const double[::1] site_natural_mean,
                   const double[::1] post_mean, const double[:, ::1] post_cov):
-    """:func:`log_evidence` without its input checks, for callers that validated the
-    inputs already (the estimators, at every optimiser step). Same arguments and
-    results; invalid inputs give undefined results instead of an error."""
+    """:func:`log_evidence` on checked inputs (shared by it and :meth:`LinearEP.log_evidence`)."""
     cdef int n = X.shape[0], d = X.shape[1]
     cdef double[:, ::1] prior_precision = np.empty((d, d))
     cdef double[::1] prior_precision_mean = np.empty(d)

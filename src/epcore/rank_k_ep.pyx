@@ -60,6 +60,7 @@ from fastep._epcore._blas cimport (
     blas_int, dcopy, gemv, gemv_t, trsv, potrf, potri, symmetrize,
     gemm, symm, syr2k, trsm, lu_factor, lu_solve, lu_log_abs_det,
 )
+from fastep._epcore._common cimport SweepDriver
 from fastep._epcore.sites cimport (
     SiteModel, SiteSpec, site_moments, SITE_OK, SITE_BAD_LABEL,
     LIK_PROBIT, LIK_LOGISTIC_MACKAY, LIK_LOGISTIC_GH, LIK_GAUSSIAN,
@@ -798,10 +799,10 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
 
     Returns
     -------
-    dict
-        ``n_sweeps``, ``converged``, ``max_change`` (of the last sweep), ``n_skipped``
-        (factor updates skipped in all sweeps, see the module docstring for the policy),
-        ``n_skipped_last_sweep`` and ``stopped``.
+    SweepResult
+        ``max_change`` of the last sweep, ``n_skipped`` the factor updates skipped in all
+        sweeps (see the module docstring for the policy), ``diagnostics["n_skipped_last_sweep"]``;
+        ``log_z`` is NaN (:func:`rank_k_log_evidence` computes it).
 
     Raises
     ------
@@ -849,7 +850,8 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
     cdef Py_ssize_t bad_i = -1
     cdef int sweep, n_sweeps = 0, n_skip_sweep = 0
     cdef long n_skipped = 0
-    cdef bint converged = False, stalled = False, refreshed_last = True, stopped = False
+    cdef bint stalled = False, refreshed_last = True
+    cdef SweepDriver driver = SweepDriver(tol, max_sweeps, sweep_callback)
     _work_layout(&w, &work_v[0], &ipiv_v[0], &iwork_v[0], k_, d_)
 
     with nogil:
@@ -876,14 +878,16 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
             raise _status_error(bad_status, bad_i)
         n_sweeps += 1
         n_skipped += n_skip_sweep
+        driver.record_change(n_sweeps, max_change, n_skip_sweep)
         # Stop once a sweep changes nothing (the next would repeat it); it is only a
         # fixed point if no factor was skipped in that sweep.
         stalled = max_change < tol
-        converged = stalled and n_skip_sweep == 0
+        driver.test_sites()
         refreshed_last = False
-        if sweep_callback is not None and not stalled:
-            stopped = sweep_callback(n_sweeps, max_change, float("nan")) is False
-        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or stalled or stopped
+        if not stalled:
+            driver.notify(n_sweeps)
+            driver.raise_pending()
+        if refresh_every > 0 and (n_sweeps % refresh_every == 0 or stalled or driver.stopped
                                   or sweep == max_sweeps - 1):
             with nogil:
                 info = _refresh(n_, k_, d_, &x_v[0, 0, 0], &p_v[0, 0, 0], &b_v[0, 0], &v0i_v[0, 0],
@@ -892,12 +896,12 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
                 raise LinAlgError("posterior precision lost positive definiteness at a refresh "
                                   f"after sweep {n_sweeps}")
             refreshed_last = True
-        if stalled or stopped:
+        if stalled or driver.stopped:
             break
     if not refreshed_last:
         symmetrize(True, d_, &v_v[0, 0], d_)
-    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
-                n_skipped=int(n_skipped), n_skipped_last_sweep=int(n_skip_sweep), stopped=bool(stopped))
+    return driver.result(has_log_z=False, diagnostics={"n_skipped_last_sweep": int(n_skip_sweep)}).replace(
+        max_change=float(max_change), n_skipped=n_skipped, n_failed=0)
 
 
 def rank_k_log_evidence(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision,

@@ -8,31 +8,18 @@ State (row-major; n sites, m inducing inputs):
 * ``R`` (m x m, upper triangular): A = I + Vtᵀ diag(τ) Vt = Rᵀ R (strict lower part zero after a rebuild).
 * ``w_mean`` (m): μ_w = A⁻¹ Vtᵀ ν, so that E[g] = Vt μ_w and Var[g_i] = |R⁻ᵀ v_i|²; during a
   sequential sweep the engine carries β = R⁻ᵀ Vtᵀ ν instead (μ_w = R⁻¹ β).
-* sites ``site_precision[i] = τ_i`` (>= 0, except in the Student-t engine ``run_robust_sparse_ep``),
+* sites ``site_precision[i] = τ_i`` (>= 0, except in the Student-t engine of ``student_t_ep``),
   ``site_natural_mean[i] = ν_i`` on the projections g_i.
 """
 from fastep._epcore.sites cimport SiteModel
-from fastep._epcore.linear_ep cimport SiteUpdateOptions, SweepStats
+from fastep._epcore._common cimport SiteUpdateOptions, SweepStats
+from fastep._epcore.power_ep cimport PowerRule
 
 
 cpdef enum SparseSchedule:
     SPARSE_SEQUENTIAL = 0    # one site at a time: two trsv and a rank-1 Cholesky update per site
     SPARSE_PARALLEL = 1      # every site from the same posterior, then a rebuild (damping advised)
 
-
-cdef struct PowerRule:
-    double power                 # α in (0, 1]
-    const double* nodes          # Gauss-Hermite nodes t_k for ∫ g(t) exp(-t²) dt (used when α < 1)
-    const double* log_weights    # log(w_k / sqrt(pi))
-    int n_nodes
-
-
-cdef int power_site_moments(const SiteModel* model, const PowerRule* rule, double y, double mean,
-                            double var, double* log_z, double* alpha, double* beta) noexcept nogil
-
-cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y, double g_mean,
-                         double g_var, double d, double* site_precision_i,
-                         double* site_natural_mean_i, const SiteUpdateOptions* opts) noexcept nogil
 
 cdef int cholesky_rank1(double* R, int m, double* x, bint downdate, double* beta) noexcept nogil
 
@@ -66,3 +53,5 @@ cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const do
                          const double* site_natural_mean, const double* g_mean,
                          const double* g_var, double half_log_det_a, double quad_b,
                          int* bad_site) noexcept nogil
+
+cdef int scratch_rows(int n, int m) noexcept nogil

@@ -23,43 +23,12 @@ projection ``Vt`` and the m x m triangular factor ``R``.  Memory O(nm): ``Vt`` p
 For power 1 these sites are equivalent to dense EP on the explicit prior ``Q + diag(d)`` (a
 Gaussian site on f_i of precision ``τ_i / (1 - d_i τ_i)``); tests check that equality.
 
-One site (``power_site_step``, power α ∈ (0, 1])
-------------------------------------------------
-From ``s = Var[g_i]`` and ``h = E[g_i]``: cavity variance ``v_c = s / (1 - α τ_i s)`` and mean
-``m_c = h + v_c α (τ_i h - ν_i)`` (eqs 78-79 with α τ_i, α ν_i); the site kernel of the
-likelihood raised to the power α at the cavity of f, ``N(m_c, v_c + d_i)``, gives
-``(log Z_i, a, b)`` (``power_site_moments``); the new site is
-
-    τ* = b / (α (1 - v_c b)),      ν* = (a + b m_c) / (α (1 - v_c b))      (eqs 81-83, / α),
-
-then damping in natural parameters and linear_ep's negative-precision policy
-(``NEGATIVE_CLIP``: τ* < 0 becomes 0 with ν* = a/α; ``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is
-rejected: τ >= 0 keeps A >= I, so every downdate below is well posed). Student-t sites, whose
-precisions must be allowed to go negative, have their own parallel schedule with step halving,
-``run_robust_sparse_ep`` (fractional EP; A is then built with a subtracting ``syrk`` for the
-negative sites and its Cholesky factorisation is the check that the posterior is proper).  A site with an improper
-cavity, a failing kernel or ``1 - v_c b <= 0`` is left unchanged and counted as failed.
-
-Powered moments (``power_site_moments``)
----------------------------------------
-``Z = ∫ p(y | f)^α N(f; m, v) df``.  α = 1: the site kernel itself.  Gaussian likelihood:
-closed form, ``N(y; f, σ²)^α = (2πσ²)^((1-α)/2) α^(-1/2) N(y; f, σ²/α)``.  Otherwise
-Gauss-Hermite quadrature centred on ``N(m_b, v_b)``, the cavity times the α-th power of the
-power-1 EP site (from the site kernel at the cavity; 0 if that site has negative precision),
-which follows the tilted density when the cavity is wide:
-
-    Z = Σ_k w_k exp(α ℓ(f_k)) N(f_k; m, v) / N(f_k; m_b, v_b),   f_k = m_b + sqrt(2 v_b) t_k,
-
-with ``ℓ, ℓ', -ℓ''`` from the site kernel at zero cavity variance (the pointwise
-log-likelihood), and, differentiating under the integral,
-``a = α E_p[ℓ']``, ``b = α E_p[-ℓ''] - α² Var_p[ℓ']`` (p: the normalised quadrature weights).
-This needs a likelihood with a pointwise log density: probit/ordinal with finite slope,
-logistic, Gaussian.  The step likelihood (and infinite slopes) are rejected for α < 1.
-Accuracy (probit, against adaptive scipy quadrature and a 2·10⁶-point grid): relative error
-< 1e-5 at 64 nodes (~1e-7 typical at 32) for cavity variances up to ~10; it degrades when a
-wide cavity sits on the wrong side of the decision boundary (variance 100, mean 5, y = -1:
-~1e-2 at 32 nodes, ~5e-3 at 64), where the tilted density is a half-Gaussian with a kink
-that a Gaussian rule resolves poorly.  Raise ``n_quadrature`` (<= 256) for such problems.
+One site and the powered moments
+--------------------------------
+``power_site_step`` and ``power_site_moments`` of :mod:`fastep._epcore.power_ep` (the cavity of
+``g_i``, the likelihood to the power α at the cavity of ``f_i``, the damped new site and the
+negative-precision policy). Student-t sites, whose precisions must be allowed to go negative,
+have their own parallel schedule with step halving in :mod:`fastep._epcore.student_t_ep`.
 
 Sequential sweep (``sparse_sweep_sequential``): O(m²) per site
 --------------------------------------------------------------
@@ -109,7 +78,6 @@ import numpy as np
 
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset
-from cpython.exc cimport PyErr_CheckSignals
 from fastep._epcore._blas cimport (
     ddot, daxpy, dscal, dcopy, gemv, gemv_t, syrk, trsv, potrf, trsm_right,
 )
@@ -118,15 +86,13 @@ from fastep._epcore.sites cimport (
     SITE_BAD_PARAMS, student_t_moments, student_t_log_norm,
 )
 from fastep._epcore._common cimport (
-    SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record, max_relative_site_change,
-    UPDATE_NATURAL, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
-    STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
+    SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
+    NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
+    random_permutation, interrupt_requested, natural_update_options, SweepDriver,
 )
-from fastep._epcore._common cimport (
-    random_permutation, sweep_callback_stops, InterruptCheck, interrupt_init, interrupt_poll, interrupt_reraise,
-    interrupt_requested,
-)
-from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector, SweepResult
+from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments, power_site_step
+from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, power_moments_array
 from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
 
 for _member in SparseSchedule:
@@ -156,162 +122,6 @@ cdef extern from *:
     void fastep_sparse_rotate_row(double* row, double* x, Py_ssize_t count, double ss, double inv_c,
                                   double c, double s) noexcept nogil
 
-#: Default number of Gauss-Hermite nodes of the powered site moments (α < 1).
-DEFAULT_N_QUADRATURE = 32
-
-
-# --------------------------------------------------------------------------- #
-# powered site moments and the site step
-# --------------------------------------------------------------------------- #
-
-cdef int power_site_moments(const SiteModel* model, const PowerRule* rule, double y, double mean,
-                            double var, double* log_z, double* alpha, double* beta) noexcept nogil:
-    """log Z, a = ∂ log Z/∂mean, b = -∂² log Z/∂mean² of ``Z = ∫ p(y|f)^α N(f; mean, var) df``.
-
-    Module docstring ("Powered moments").  Returns the site kernel's status (SITE_OK = 0 on
-    success, with finite outputs).
-    """
-    cdef double power = rule.power
-    cdef SiteModel local
-    cdef double noise, lz1, a1, b1, one_minus, site_tau, site_nu, prec_b, var_b, mean_b, sd_b
-    cdef double f, l, d1, d2, lw_max, total, p, e1, e2, e11, half_log_ratio
-    cdef double lw[GH_MAX_NODES]
-    cdef double g1[GH_MAX_NODES]
-    cdef double g2[GH_MAX_NODES]
-    cdef int k, status, n_nodes = rule.n_nodes
-    if model.code == LIK_STUDENT_T:
-        # the powered Student-t site by its own panel quadrature (any α; the tilted density
-        # may be bimodal, which a Gauss-Hermite rule centred on one site would miss)
-        if model.n_params != 2:
-            return SITE_BAD_PARAMS
-        if not (var >= 0.0 and isfinite(var) and isfinite(mean)):
-            return SITE_BAD_PARAMS
-        status = student_t_moments(model.params[0], model.params[1], power,
-                                   student_t_log_norm(model.params[0], model.params[1]), y, mean, var,
-                                   log_z, alpha, beta, &e1, &e2)
-        if status == SITE_OK and not (isfinite(log_z[0]) and isfinite(alpha[0]) and isfinite(beta[0])):
-            return 5    # SITE_OVERFLOW
-        return status
-    if power == 1.0:
-        return site_moments(model, y, mean, var, log_z, alpha, beta)
-    if model.code == LIK_GAUSSIAN:
-        if model.n_params != 1:
-            return SITE_BAD_PARAMS
-        noise = model.params[0]
-        local = model[0]
-        noise = noise / power
-        local.params = &noise
-        status = site_moments(&local, y, mean, var, log_z, alpha, beta)
-        if status == SITE_OK:
-            log_z[0] += 0.5 * (1.0 - power) * (_LOG_2PI + log(model.params[0])) - 0.5 * log(power)
-        return status
-    if n_nodes < 1 or n_nodes > GH_MAX_NODES or rule.nodes == NULL or rule.log_weights == NULL:
-        return SITE_BAD_PARAMS
-    # quadrature base: the cavity times the α-th power of the power-1 site
-    status = site_moments(model, y, mean, var, &lz1, &a1, &b1)
-    if status != SITE_OK:
-        return status
-    one_minus = 1.0 - var * b1
-    if b1 > 0.0 and one_minus > 0.0:
-        site_tau = b1 / one_minus
-        site_nu = (a1 + b1 * mean) / one_minus
-    else:
-        site_tau = 0.0
-        site_nu = a1
-    prec_b = 1.0 / var + power * site_tau
-    var_b = 1.0 / prec_b
-    mean_b = (mean / var + power * site_nu) * var_b
-    sd_b = sqrt(2.0 * var_b)
-    half_log_ratio = 0.5 * log(var_b / var)
-    lw_max = -INFINITY
-    for k in range(n_nodes):
-        f = mean_b + sd_b * rule.nodes[k]
-        status = site_moments(model, y, f, 0.0, &l, &d1, &d2)
-        if status != SITE_OK:
-            return status
-        # log w_k + α ℓ(f_k) + log N(f_k; mean, var) - log N(f_k; mean_b, var_b)
-        lw[k] = (rule.log_weights[k] + power * l - 0.5 * (f - mean) * (f - mean) / var
-                 + rule.nodes[k] * rule.nodes[k] + half_log_ratio)
-        g1[k] = d1
-        g2[k] = d2
-        if lw[k] > lw_max:
-            lw_max = lw[k]
-    if not isfinite(lw_max):
-        return 3    # SITE_ZERO_MASS
-    total = 0.0
-    for k in range(n_nodes):
-        lw[k] = exp(lw[k] - lw_max)
-        total += lw[k]
-    e1 = 0.0
-    e2 = 0.0
-    for k in range(n_nodes):
-        p = lw[k] / total
-        lw[k] = p
-        e1 += p * g1[k]
-        e2 += p * g2[k]
-    e11 = 0.0
-    for k in range(n_nodes):
-        e11 += lw[k] * (g1[k] - e1) * (g1[k] - e1)
-    log_z[0] = lw_max + log(total)
-    alpha[0] = power * e1
-    beta[0] = power * e2 - power * power * e11
-    if not (isfinite(log_z[0]) and isfinite(alpha[0]) and isfinite(beta[0])):
-        return 5    # SITE_OVERFLOW
-    return SITE_OK
-
-
-cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y, double g_mean,
-                         double g_var, double d, double* site_precision_i,
-                         double* site_natural_mean_i, const SiteUpdateOptions* opts) noexcept nogil:
-    """One power-EP site update from the marginal ``N(g_i; g_mean, g_var)`` (module docstring).
-
-    Writes the new site unless the result is STEP_SKIPPED / STEP_FAILED; returns a
-    linear_ep ``SiteStepResult``.  The update of the posterior it implies,
-    ``1 + Δτ g_var``, is checked to be > 0 (else STEP_SKIPPED).
-    """
-    cdef double power = rule.power
-    cdef double tau_old = site_precision_i[0], nu_old = site_natural_mean_i[0]
-    cdef double denom, v_c, m_c, log_z = 0.0, a = 0.0, b = 0.0, one_minus
-    cdef double tau_t, nu_t, tau_new, nu_new
-    cdef int result = STEP_APPLIED
-    if not (g_var >= 0.0 and isfinite(g_var) and isfinite(g_mean)):      # 0: f_i independent of u
-        return STEP_FAILED
-    denom = 1.0 - power * tau_old * g_var
-    if not denom > 0.0:
-        return STEP_FAILED
-    v_c = g_var / denom                                                   # eq 79
-    m_c = g_mean + v_c * power * (tau_old * g_mean - nu_old)             # eq 78
-    if not (isfinite(v_c) and isfinite(m_c)):
-        return STEP_FAILED
-    if power_site_moments(model, rule, y, m_c, v_c + d, &log_z, &a, &b) != 0:
-        return STEP_FAILED
-    one_minus = 1.0 - v_c * b
-    if not one_minus > 0.0:
-        return STEP_FAILED
-    tau_t = b / (power * one_minus)                                       # eqs 81-83, / α
-    nu_t = (a + b * m_c) / (power * one_minus)
-    if tau_t < 0.0:
-        if opts.negative_precision == NEGATIVE_SKIP:
-            return STEP_SKIPPED
-        tau_t = 0.0
-        nu_t = a / power
-        result = STEP_CLIPPED
-    if opts.damping == 1.0:
-        tau_new = tau_t
-        nu_new = nu_t
-    else:
-        tau_new = tau_old + opts.damping * (tau_t - tau_old)
-        nu_new = nu_old + opts.damping * (nu_t - nu_old)
-        if tau_new < 0.0:
-            if opts.negative_precision == NEGATIVE_SKIP:
-                return STEP_SKIPPED
-            tau_new = 0.0
-            result = STEP_CLIPPED
-    if not 1.0 + (tau_new - tau_old) * g_var > 0.0:
-        return STEP_SKIPPED
-    site_precision_i[0] = tau_new
-    site_natural_mean_i[0] = nu_new
-    return result
 
 
 # --------------------------------------------------------------------------- #
@@ -569,44 +379,13 @@ cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const do
 # Python API
 # --------------------------------------------------------------------------- #
 
-_RULES = {}
-
-
-def _gauss_hermite(int n_nodes):
-    """Physicists' Gauss-Hermite nodes and log(w_k/sqrt(pi)) (cached)."""
-    rule = _RULES.get(n_nodes)
-    if rule is None:
-        nodes, weights = np.polynomial.hermite.hermgauss(n_nodes)
-        rule = (np.ascontiguousarray(nodes), np.ascontiguousarray(np.log(weights) - 0.5 * np.log(np.pi)))
-        _RULES[n_nodes] = rule
-    return rule
-
-
-cdef int _scratch_rows(int n, int m):
+cdef int scratch_rows(int n, int m) noexcept nogil:
     cdef int rows = 131072 // (m if m > 0 else 1)
     if rows < 64:
         rows = 64
     if rows > n:
         rows = n
     return rows if rows > 0 else 1
-
-
-def _check_power(double power, SiteSpec spec, int n_quadrature):
-    """power in (0, 1]; for power < 1 a likelihood with a pointwise log density."""
-    cdef double log_z, alpha, beta
-    cdef int status
-    if not (power > 0.0 and power <= 1.0):
-        raise ValueError(f"power must be in (0, 1]; got {power}")
-    if not (1 <= n_quadrature <= GH_MAX_NODES):
-        raise ValueError(f"n_quadrature must be in [1, {GH_MAX_NODES}]; got {n_quadrature}")
-    if power < 1.0 and spec.code != LIK_GAUSSIAN:
-        # the quadrature evaluates the likelihood pointwise: zero cavity variance must work
-        status = site_moments(&spec.model, 0.0 if spec.code == LIK_ORDINAL else 1.0, 0.0, 0.0, &log_z,
-                              &alpha, &beta)
-        if status != SITE_OK:
-            raise ValueError("power < 1 needs a likelihood with a pointwise log density (probit or "
-                             "ordinal with a finite slope, logistic, Gaussian); the step likelihood "
-                             "and infinite slopes support power = 1 only")
 
 
 def _check_projection(const double[:, ::1] Vt, const double[::1] d):
@@ -743,14 +522,11 @@ def _sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const doubl
     return L, Vt, d
 
 
-def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-                  SiteSpec spec not None, double[::1] site_precision, double[::1] site_natural_mean,
-                  double[:, ::1] post_factor, double[::1] post_w_mean, *, double power=1.0,
-                  int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
-                  int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
-                  double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
-    """Run sparse (power) EP to convergence (module docstring).
+cdef class SparseEP:
+    """Sparse (power) EP bound to one projection, its targets and likelihood (module docstring).
+
+    Built once from validated inputs; :meth:`run` sweeps from given sites to convergence and
+    returns a :class:`~fastep._epcore._common.SweepResult`.
 
     Parameters
     ----------
@@ -762,407 +538,233 @@ def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1
         Targets for the site kernel.
     spec : SiteSpec
         Likelihood (``Likelihood.site_spec()``).
-    site_precision, site_natural_mean : (n,) float64, in/out
-        Sites on the projections (τ_i >= 0; zeros = cold start).  Updated in place.
-    post_factor : (m, m) float64, out
-        Upper-triangular R with ``Rᵀ R = A = I + Vtᵀ diag(τ) Vt`` (strict lower triangle zero).
-    post_w_mean : (m,) float64, out
-        μ_w = A⁻¹ Vtᵀ ν.
     power : float in (0, 1]
-        Power-EP α (1: EP-FITC / EP-DTC).  For α < 1 the likelihood needs a pointwise log
+        Power-EP α (1: EP-FITC / EP-DTC). For α < 1 the likelihood needs a pointwise log
         density (probit/ordinal with finite slope, logistic, Gaussian).
     n_quadrature : int in [1, 256]
         Gauss-Hermite nodes of the powered moments (α < 1, non-Gaussian likelihoods).
     schedule : {SPARSE_SEQUENTIAL, SPARSE_PARALLEL}
     order : {ORDER_FIXED, ORDER_RANDOM}
-        Site order of the sequential schedule (gp_ep's constants; random: a seeded
-        permutation per sweep).
-    seed : int >= 0
+        Site order of the sequential schedule (random: a seeded permutation per sweep).
     damping : float in (0, 1]
     tol : float > 0
     max_sweeps : int >= 1
     negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
-    g_mean, g_var : (n,) float64, out, optional
-        E[g_i] and Var[g_i] of the returned sites.
-    sweep_callback : callable, optional
-        Called as ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
-        between sweeps). Returning ``False`` stops the sweeps there (the returned state is that
-        of the current sites; ``stopped`` is True). An exception it raises is re-raised after
-        the sites are restored to their input values.
+    validate : bool, default True
+        Check the inputs and options here and the site and output arrays at every
+        :meth:`run` (ValueError naming the argument). ``False`` is the one path for callers
+        that validated them already (the estimators, at every optimiser step).
 
-    Returns
-    -------
-    dict
-        ``n_sweeps``, ``converged``, ``max_change``, ``log_z`` (NaN only if a cavity is
-        improper or the kernel fails at the returned state, then ``converged`` is False),
-        ``log_z_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` (totals over sweeps),
-        ``n_rebuilds`` (extra rebuilds after failed downdates), ``stopped``.
-
-    Raises
-    ------
-    ValueError
-        Bad shapes, non-finite or negative input, targets outside the likelihood's support,
-        out-of-range options, aliasing outputs.  Nothing is modified.
-    numpy.linalg.LinAlgError
-        A rebuild's Cholesky factorisation failed (only with non-finite intermediate values);
-        the sites are restored.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._epcore import sparse_ep
+    >>> from fastep import Probit
+    >>> x = np.linspace(-2, 2, 30)[:, None]
+    >>> z = np.linspace(-2, 2, 5)[:, None]
+    >>> k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)
+    >>> Vt, d, _ = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
+    >>> engine = sparse_ep.SparseEP(Vt, d, np.sign(x[:, 0]) + 0.0, Probit().site_spec(), tol=1e-6)
+    >>> result = engine.run(np.zeros(30), np.zeros(30), np.empty((5, 5)), np.empty(5))
+    >>> result.converged
+    True
     """
-    cdef int n, m
-    n, m = _check_projection(Vt, d)
-    _check_targets(spec, y, n)
-    _check_vector("site_precision", site_precision, n, nonnegative=True)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_factor_outputs(post_factor, post_w_mean, m)
-    _check_options(schedule, order, damping, negative_precision)
-    _check_power(power, spec, n_quadrature)
-    if not tol > 0.0:
-        raise ValueError(f"tol must be > 0; got {tol}")
-    if max_sweeps < 1:
-        raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
-    outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
-               "post_factor": post_factor, "post_w_mean": post_w_mean}
-    _check_marginal_outputs(g_mean, g_var, n)
-    for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
-        if arr is not None:
-            outputs[name] = arr
-    _check_no_aliasing({"Vt": Vt, "d": d, "y": y}, outputs)
+    cdef readonly object Vt
+    cdef readonly object d
+    cdef readonly object y
+    cdef readonly SiteSpec spec
+    cdef readonly int n
+    cdef readonly int m
+    cdef readonly double power
+    cdef readonly int n_quadrature
+    cdef readonly int schedule
+    cdef readonly int order
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int negative_precision
+    cdef readonly bint validate
+    cdef PowerQuadrature quadrature
 
-    return _run_sparse_ep(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean,
-                          power=power, n_quadrature=n_quadrature, schedule=schedule, order=order, seed=seed,
-                          damping=damping, tol=tol, max_sweeps=max_sweeps, negative_precision=negative_precision,
-                          g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback)
+    def __init__(self, Vt, d, y, SiteSpec spec not None, *, double power=1.0,
+                 int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
+                 int order=ORDER_FIXED, double damping=1.0, double tol=1e-8, int max_sweeps=100,
+                 int negative_precision=NEGATIVE_CLIP, bint validate=True):
+        if validate:
+            self.n, self.m = _check_projection(Vt, d)
+            _check_targets(spec, y, self.n)
+            _check_options(schedule, order, damping, negative_precision)
+            _check_power(power, spec, n_quadrature)
+            if not tol > 0.0:
+                raise ValueError(f"tol must be > 0; got {tol}")
+            if max_sweeps < 1:
+                raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
+        else:
+            self.n, self.m = Vt.shape[0], Vt.shape[1]
+        self.Vt, self.d, self.y, self.spec = Vt, d, y, spec
+        self.power, self.n_quadrature = power, n_quadrature
+        self.schedule, self.order, self.damping = schedule, order, damping
+        self.tol, self.max_sweeps, self.negative_precision = tol, max_sweeps, negative_precision
+        self.validate = validate
+        self.quadrature = PowerQuadrature(power, n_quadrature)
 
+    def _check_run(self, site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var):
+        cdef int n = self.n
+        _check_vector("site_precision", site_precision, n, nonnegative=True)
+        _check_vector("site_natural_mean", site_natural_mean, n)
+        _check_factor_outputs(post_factor, post_w_mean, self.m)
+        outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+                   "post_factor": post_factor, "post_w_mean": post_w_mean}
+        _check_marginal_outputs(g_mean, g_var, n)
+        for name, arr in (("g_mean", g_mean), ("g_var", g_var)):
+            if arr is not None:
+                outputs[name] = arr
+        _check_no_aliasing({"Vt": self.Vt, "d": self.d, "y": self.y}, outputs)
 
-def _run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-                   SiteSpec spec not None, double[::1] site_precision, double[::1] site_natural_mean,
-                   double[:, ::1] post_factor, double[::1] post_w_mean, *, double power=1.0,
-                   int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
-                   int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
-                   int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
-                   double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
-    """:func:`run_sparse_ep` without its input checks, for callers that validated the
-    inputs already (the estimators, at every optimiser step). Same arguments and
-    results; invalid inputs give undefined results instead of an error."""
-    cdef int n = Vt.shape[0], m = Vt.shape[1]
-    nodes, log_weights = _gauss_hermite(n_quadrature)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = n_quadrature
-    cdef SiteUpdateOptions opts
-    opts.update_form = UPDATE_NATURAL
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef bint parallel = schedule == SPARSE_PARALLEL
-    cdef bint shuffled = order == ORDER_RANDOM and not parallel
-    cdef int rows = _scratch_rows(n, m)
-    cdef double[::1] gm = np.empty(max(n, 1)) if g_mean is None else g_mean
-    cdef double[::1] gv = np.empty(max(n, 1)) if g_var is None else g_var
-    cdef double[:, ::1] scratch = np.empty((rows, m))
-    cdef double[::1] w = np.empty(m)
-    cdef double[::1] z = np.empty(m)
-    cdef double[::1] beta = np.empty(m)
-    cdef int[::1] perm = np.empty(max(n, 1), dtype=np.intc)
-    tau_saved = np.array(site_precision, copy=True)
-    nu_saved = np.array(site_natural_mean, copy=True)
-    if n == 0:
-        np.asarray(post_factor)[:] = np.eye(m)
-        np.asarray(post_w_mean)[:] = 0.0
-        return dict(n_sweeps=0, converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                    n_skipped=0, n_clipped=0, n_failed=0, n_rebuilds=0, stopped=False)
+    def run(self, double[::1] site_precision, double[::1] site_natural_mean,
+            double[:, ::1] post_factor, double[::1] post_w_mean, *, unsigned long seed=0,
+            double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
+        """Sweep from the given sites to convergence (or ``max_sweeps``).
 
-    cdef const SiteModel* model = &spec.model
-    cdef const double* vt_ptr = &Vt[0, 0]
-    cdef const double* d_ptr = &d[0]
-    cdef const double* y_ptr = &y[0]
-    cdef double* tau_ptr = &site_precision[0]
-    cdef double* nu_ptr = &site_natural_mean[0]
-    cdef double* r_ptr = &post_factor[0, 0]
-    cdef double* wm_ptr = &post_w_mean[0]
-    cdef double* gm_ptr = &gm[0]
-    cdef double* gv_ptr = &gv[0]
-    cdef const int* perm_ptr = &perm[0] if shuffled else NULL
-    cdef unsigned long long rng_state = seed
-    cdef SweepStats stats
-    cdef int info = 0, failed_sweep = -1, sweep, n_sweeps = 0, bad_site = -1, rebuilt
-    cdef long total_skipped = 0, total_clipped = 0, total_failed = 0, total_rebuilds = 0
-    cdef bint converged = False
-    cdef double half_log_det = 0.0, quad_b = 0.0, log_z = NAN, new_log_z
-    cdef double log_z_change = INFINITY, max_change = INFINITY, scale
-    cdef bint has_callback = sweep_callback is not None, stopped = False
-    cdef list callback_errors = []
-    cdef InterruptCheck interrupt
-    sweep_stats_reset(&stats)
-    interrupt_init(&interrupt, &stats, 3.0 * m * m)
-    with nogil:
-        info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
-                              &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
-        if info == 0:
-            log_z = sparse_log_z(model, &rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr, gv_ptr,
-                                 half_log_det, quad_b, &bad_site)
-            for sweep in range(1, max_sweeps + 1):
-                if parallel:
-                    sparse_parallel_update(model, &rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
-                                           gv_ptr, &opts, &stats)
-                else:
-                    if shuffled:
-                        random_permutation(n, &perm[0], &rng_state)
-                    rebuilt = sparse_sweep_sequential(model, &rule, y_ptr, vt_ptr, d_ptr, n, m,
-                                                      tau_ptr, nu_ptr, r_ptr, &beta[0], perm_ptr,
-                                                      &w[0], &z[0], &scratch[0, 0], rows, &opts,
-                                                      &stats)
-                    if rebuilt < 0:
-                        info = -rebuilt
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64, in/out
+            Sites on the projections (τ_i >= 0; zeros = cold start). Updated in place.
+        post_factor : (m, m) float64, out
+            Upper-triangular R with ``Rᵀ R = A = I + Vtᵀ diag(τ) Vt`` (strict lower triangle zero).
+        post_w_mean : (m,) float64, out
+            μ_w = A⁻¹ Vtᵀ ν.
+        seed : int >= 0
+            Seed of ORDER_RANDOM's generator.
+        g_mean, g_var : (n,) float64, out, optional
+            E[g_i] and Var[g_i] of the returned sites.
+        sweep_callback : callable, optional
+            ``sweep_callback(sweep, max_change, log_z)`` after every sweep (with the GIL,
+            between sweeps). Returning ``False`` stops the sweeps there (``stopped`` is True).
+            An exception it raises is re-raised after the sites are restored to their input
+            values.
+
+        Returns
+        -------
+        SweepResult
+            ``log_z`` is NaN only if a cavity is improper or the kernel fails at the returned
+            state (then ``converged`` is False); ``n_rebuilds`` counts the extra rebuilds
+            after failed downdates.
+
+        Raises
+        ------
+        ValueError
+            (``validate=True``) bad shapes, non-finite or negative sites, aliasing outputs.
+            Nothing is modified.
+        numpy.linalg.LinAlgError
+            A rebuild's Cholesky factorisation failed (only with non-finite intermediate
+            values); the sites are restored.
+        """
+        if self.validate:
+            self._check_run(site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var)
+        cdef int n = self.n, m = self.m
+        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
+        cdef bint parallel = self.schedule == SPARSE_PARALLEL
+        cdef bint shuffled = self.order == ORDER_RANDOM and not parallel
+        cdef int rows = scratch_rows(n, m)
+        cdef double[::1] gm = np.empty(max(n, 1)) if g_mean is None else g_mean
+        cdef double[::1] gv = np.empty(max(n, 1)) if g_var is None else g_var
+        cdef double[:, ::1] scratch = np.empty((rows, m))
+        cdef double[::1] w = np.empty(m)
+        cdef double[::1] z = np.empty(m)
+        cdef double[::1] beta = np.empty(m)
+        cdef int[::1] perm = np.empty(max(n, 1), dtype=np.intc)
+        if n == 0:
+            np.asarray(post_factor)[:] = np.eye(m)
+            np.asarray(post_w_mean)[:] = 0.0
+            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
+        cdef SweepDriver driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback, 3.0 * m * m)
+        driver.keep(site_precision, site_natural_mean)
+
+        cdef const double[:, ::1] Vt = self.Vt
+        cdef const double[::1] d = self.d
+        cdef const double[::1] y = self.y
+        cdef const SiteModel* model = &self.spec.model
+        cdef const PowerRule* rule = &self.quadrature.rule
+        cdef const double* vt_ptr = &Vt[0, 0]
+        cdef const double* d_ptr = &d[0]
+        cdef const double* y_ptr = &y[0]
+        cdef double* tau_ptr = &site_precision[0]
+        cdef double* nu_ptr = &site_natural_mean[0]
+        cdef double* r_ptr = &post_factor[0, 0]
+        cdef double* wm_ptr = &post_w_mean[0]
+        cdef double* gm_ptr = &gm[0]
+        cdef double* gv_ptr = &gv[0]
+        cdef const int* perm_ptr = &perm[0] if shuffled else NULL
+        cdef unsigned long long rng_state = seed
+        cdef SweepStats* stats = driver.begin_sweep()
+        cdef int info = 0, failed_sweep = -1, sweep, bad_site = -1, rebuilt
+        cdef long total_rebuilds = 0
+        cdef double half_log_det = 0.0, quad_b = 0.0, new_log_z
+        with nogil:
+            info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
+                                  &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
+            if info == 0:
+                driver.log_z = sparse_log_z(model, rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
+                                            gv_ptr, half_log_det, quad_b, &bad_site)
+                for sweep in range(1, self.max_sweeps + 1):
+                    if parallel:
+                        sparse_parallel_update(model, rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
+                                               gv_ptr, &opts, stats)
+                    else:
+                        if shuffled:
+                            random_permutation(n, &perm[0], &rng_state)
+                        rebuilt = sparse_sweep_sequential(model, rule, y_ptr, vt_ptr, d_ptr, n, m,
+                                                          tau_ptr, nu_ptr, r_ptr, &beta[0], perm_ptr,
+                                                          &w[0], &z[0], &scratch[0, 0], rows, &opts,
+                                                          stats)
+                        if rebuilt < 0:
+                            info = -rebuilt
+                            failed_sweep = sweep
+                            break
+                        total_rebuilds += rebuilt
+                    if driver.interrupted():
+                        break               # Ctrl-C: the sites are restored and the exception raised below
+                    driver.record_sweep(sweep)
+                    info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
+                                          &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
+                    if info != 0:
                         failed_sweep = sweep
                         break
-                    total_rebuilds += rebuilt
-                if stats.interrupt != NULL and interrupt_poll(stats.interrupt):
-                    break                   # Ctrl-C: the sites are restored and the exception raised below
-                n_sweeps = sweep
-                total_skipped += stats.n_skipped
-                total_clipped += stats.n_clipped
-                total_failed += stats.n_failed
-                max_change = stats.max_change_precision
-                if stats.max_change_natural_mean > max_change:
-                    max_change = stats.max_change_natural_mean
-                info = sparse_rebuild(vt_ptr, n, m, tau_ptr, nu_ptr, r_ptr, wm_ptr, gm_ptr, gv_ptr,
-                                      &scratch[0, 0], rows, &half_log_det, &quad_b, &beta[0])
-                if info != 0:
-                    failed_sweep = sweep
-                    break
-                new_log_z = sparse_log_z(model, &rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
-                                         gv_ptr, half_log_det, quad_b, &bad_site)
-                log_z_change = fabs(new_log_z - log_z)
-                log_z = new_log_z
-                scale = fabs(log_z)
-                if not scale > 1.0:
-                    scale = 1.0
-                converged = (max_change < tol and log_z_change < tol * scale
-                             and stats.n_failed == 0)
-                if has_callback:
-                    with gil:
-                        stopped = sweep_callback_stops(sweep_callback, sweep, max_change, log_z,
-                                                       callback_errors)
-                if converged or stopped:
-                    break
-    if interrupt.pending or callback_errors:        # Ctrl-C or the callback raised: inputs back, re-raise
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
-        interrupt_reraise(&interrupt)
-        raise callback_errors[0]
-    if info != 0:
-        np.asarray(site_precision)[:] = tau_saved
-        np.asarray(site_natural_mean)[:] = nu_saved
-        where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
-        raise np.linalg.LinAlgError(
-            f"Cholesky factorisation of A = I + Vt^T diag(tau) Vt failed {where} (leading minor of "
-            f"order {info}): non-finite projections or sites")
-    if not isfinite(log_z):
-        converged = False
-    return dict(n_sweeps=n_sweeps, converged=bool(converged), max_change=float(max_change),
-                log_z=float(log_z), log_z_change=float(log_z_change),
-                n_skipped=int(total_skipped), n_clipped=int(total_clipped),
-                n_failed=int(total_failed), n_rebuilds=int(total_rebuilds), stopped=bool(stopped))
+                    new_log_z = sparse_log_z(model, rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
+                                             gv_ptr, half_log_det, quad_b, &bad_site)
+                    driver.test(new_log_z, driver.log_z)
+                    driver.log_z = new_log_z
+                    driver.notify(sweep)
+                    if driver.converged or driver.stopped:
+                        break
+        driver.raise_pending()                  # Ctrl-C or the callback raised: inputs back, re-raise
+        if info != 0:
+            driver.restore()
+            where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
+            raise np.linalg.LinAlgError(
+                f"Cholesky factorisation of A = I + Vt^T diag(tau) Vt failed {where} (leading minor of "
+                f"order {info}): non-finite projections or sites")
+        return driver.result(n_rebuilds=total_rebuilds)
 
 
-cdef int _robust_targets(const SiteModel* model, const PowerRule* rule, const double* y, const double* d,
-                         int n, const double* site_precision, const double* site_natural_mean,
-                         const double* g_mean, const double* g_var, double* target_precision,
-                         double* target_natural_mean, double* sum_terms) noexcept nogil:
-    """Fractional-EP targets of every site from the same marginals, no clipping; a site whose
-    cavity is improper or whose moments fail keeps its value. Returns the number failed.
+def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
+                  SiteSpec spec not None, double[::1] site_precision, double[::1] site_natural_mean,
+                  double[:, ::1] post_factor, double[::1] post_w_mean, *, double power=1.0,
+                  int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
+                  int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
+                  int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
+                  double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
+    """One validated sparse EP run: ``SparseEP(Vt, d, y, spec, **options).run(sites, outputs)``.
 
-    ``sum_terms`` receives the sites' share of the energy (as :func:`sparse_log_z`, from the
-    same moments) over the sites that did not fail."""
-    cdef int i, n_failed = 0
-    cdef double power = rule.power, denom, v_c, m_c, log_z = 0.0, a = 0.0, b = 0.0, one_minus
-    cdef double dt, dn, s, h
-    sum_terms[0] = 0.0
-    for i in range(n):
-        target_precision[i] = site_precision[i]
-        target_natural_mean[i] = site_natural_mean[i]
-        denom = 1.0 - power * site_precision[i] * g_var[i]
-        if not (g_var[i] > 0.0 and denom > 0.0):
-            n_failed += 1
-            continue
-        v_c = g_var[i] / denom
-        m_c = g_mean[i] + v_c * power * (site_precision[i] * g_mean[i] - site_natural_mean[i])
-        if not (isfinite(v_c) and isfinite(m_c)) or \
-                power_site_moments(model, rule, y[i], m_c, v_c + d[i], &log_z, &a, &b) != 0:
-            n_failed += 1
-            continue
-        one_minus = 1.0 - v_c * b
-        if not one_minus > 0.0:
-            n_failed += 1
-            continue
-        target_precision[i] = b / (power * one_minus)
-        target_natural_mean[i] = (a + b * m_c) / (power * one_minus)
-        s = g_var[i]
-        h = g_mean[i]
-        dt = power * site_precision[i]
-        dn = power * site_natural_mean[i]
-        sum_terms[0] += (log_z - 0.5 * log1p(-dt * s)
-                         + 0.5 * v_c * (dn * dn - 2.0 * dn * h / s + dt * h * h / s)) / power
-    return n_failed
-
-
-def run_robust_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-                         SiteSpec spec not None, double[::1] site_precision,
-                         double[::1] site_natural_mean, double[:, ::1] post_factor,
-                         double[::1] post_w_mean, double[::1] g_mean, double[::1] g_var, *,
-                         double power=0.5, double damping=0.5, double tol=1e-4, int max_sweeps=200,
-                         int max_halvings=10, object sweep_callback=None):
-    """Sparse fractional EP that allows negative site precisions (robust Student-t regression).
-
-    The parallel schedule of :func:`fastep._epcore.robust_ep.run_robust_gp_ep` on the sparse
-    representation of this module: every iteration computes all targets from one posterior
-    (no clipping; a site with an improper cavity keeps its value and counts as failed), then
-    steps ``τ ← τ + δ (τ* - τ)`` (likewise ν) from ``δ = damping``, halving δ (up to
-    ``max_halvings`` times) while ``A = I + Vtᵀ T Vt`` is not positive definite (the posterior
-    would be improper; A is built with a second, subtracting ``syrk`` for the negative sites)
-    or a new cavity ``1 - α τ_i Var[g_i]`` is not positive. The evidence is
-    :func:`log_marginal_likelihood`'s power-EP energy, which for negative sites is the
-    fractional EP energy of Jylänki, Vanhatalo & Vehtari (2011, eq 14).
-
-    Parameters
-    ----------
-    Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean
-        As :func:`run_sparse_ep`; the sites may have any sign but must give a proper start.
-    g_mean, g_var : ndarray (n,)
-        Outputs: E[g] and Var[g] of the final posterior.
-    power : float in (0, 1]
-        The fraction α (0.5 is the robust choice).
-    damping : float in (0, 1]
-        First step of every iteration.
-    tol : float > 0
-    max_sweeps : int >= 1
-    max_halvings : int >= 0
-    sweep_callback : callable or None
-        ``callback(sweep, max_change, log_z)`` after every iteration; False stops the run.
-
-    Returns
-    -------
-    dict
-        ``log_z``, ``n_sweeps``, ``converged``, ``max_change``, ``log_z_change``, ``n_failed``
-        (sites whose update failed in the last iteration), ``n_halvings``, ``stuck`` (an
-        iteration found no proper step), ``stopped``.
-
-    Raises
-    ------
-    numpy.linalg.LinAlgError
-        The start sites give an improper posterior.
-    ValueError
-        Bad shapes or options.
+    The arguments are those of :class:`SparseEP` and :meth:`SparseEP.run`; returns the
+    :class:`~fastep._epcore._common.SweepResult`.
     """
-    cdef int n = Vt.shape[0], m = Vt.shape[1]
-    _check_projection(Vt, d)
-    _check_vector("y", y, n)
-    _check_vector("site_precision", site_precision, n)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_marginal_outputs(g_mean, g_var, n)
-    _check_factor_outputs(post_factor, post_w_mean, m)
-    _check_power(power, spec, DEFAULT_N_QUADRATURE)
-    if not (0.0 < damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
-    if not tol > 0 or max_sweeps < 1 or max_halvings < 0:
-        raise ValueError("tol must be > 0, max_sweeps >= 1 and max_halvings >= 0")
-    if n == 0:
-        np.asarray(post_factor)[:] = np.eye(m)
-        np.asarray(post_w_mean)[:] = 0.0
-        return dict(log_z=0.0, n_sweeps=0, converged=True, max_change=0.0, log_z_change=0.0,
-                    n_failed=0, n_halvings=0, stuck=False, stopped=False)
-    nodes, log_weights = _gauss_hermite(DEFAULT_N_QUADRATURE)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = DEFAULT_N_QUADRATURE
-    cdef const SiteModel* model = &spec.model
-    cdef int rows = _scratch_rows(n, m)
-    cdef double[:, ::1] scratch = np.empty((rows, m))
-    cdef double[:, ::1] trial_factor = np.empty((m, m))
-    cdef double[::1] trial_w = np.empty(m)
-    vectors = np.empty((6, n))
-    cdef double[:, ::1] vec = vectors     # rows: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
-    cdef int info, i, sweep = 0, halving, n_failed = 0, n_halvings = 0
-    cdef double half_log_det = 0.0, quad_b = 0.0, log_z, new_log_z, step, max_change = 0.0
-    cdef double log_z_change = 0.0, sum_terms = 0.0
-    cdef bint accepted, converged = False, stuck = False, stopped = False
-    with nogil:
-        info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
-                              &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
-                              &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
-    if info != 0:
-        raise np.linalg.LinAlgError("the start sites give an improper posterior (A = I + Vt^T T Vt is "
-                                    "not positive definite); start from zero sites")
-    with nogil:
-        n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
-                                   &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0], &vec[1, 0],
-                                   &sum_terms)
-    log_z = -half_log_det + 0.5 * quad_b + sum_terms
-    while sweep < max_sweeps:
-        sweep += 1
-        step = damping
-        accepted = False
-        with nogil:
-            for halving in range(max_halvings + 1):
-                for i in range(n):
-                    vec[2, i] = site_precision[i] + step * (vec[0, i] - site_precision[i])
-                    vec[3, i] = site_natural_mean[i] + step * (vec[1, i] - site_natural_mean[i])
-                info = sparse_rebuild(&Vt[0, 0], n, m, &vec[2, 0], &vec[3, 0], &trial_factor[0, 0],
-                                      &trial_w[0], &vec[4, 0], &vec[5, 0], &scratch[0, 0], rows,
-                                      &half_log_det, &quad_b, NULL)
-                if info == 0:
-                    accepted = True
-                    for i in range(n):
-                        if not (vec[5, i] > 0.0 and 1.0 - power * vec[2, i] * vec[5, i] > 0.0):
-                            accepted = False
-                            break
-                if accepted:
-                    break
-                step *= 0.5
-                n_halvings += 1
-        if not accepted:
-            stuck = True
-            with nogil:      # the factor of the current sites (the trials used their own buffers)
-                sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
-                               &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
-                               &scratch[0, 0], rows, &half_log_det, &quad_b, NULL)
-            break
-        with nogil:
-            max_change = max_relative_site_change(n, &site_precision[0], &site_natural_mean[0],
-                                                  &vec[2, 0], &vec[3, 0])
-            for i in range(n):
-                site_precision[i] = vec[2, i]
-                site_natural_mean[i] = vec[3, i]
-                g_mean[i] = vec[4, i]
-                g_var[i] = vec[5, i]
-            dcopy(m * m, &trial_factor[0, 0], 1, &post_factor[0, 0], 1)
-            dcopy(m, &trial_w[0], 1, &post_w_mean[0], 1)
-            n_failed = _robust_targets(model, &rule, &y[0], &d[0], n, &site_precision[0],
-                                       &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0],
-                                       &vec[1, 0], &sum_terms)
-            new_log_z = -half_log_det + 0.5 * quad_b + sum_terms
-        log_z_change = fabs(new_log_z - log_z)
-        log_z = new_log_z
-        PyErr_CheckSignals()
-        if sweep_callback is not None and sweep_callback(sweep, max_change, log_z) is False:
-            stopped = True
-            break
-        if max_change < tol and log_z_change < tol * max(1.0, fabs(log_z)) and n_failed == 0:
-            converged = True
-            break
-    if not isfinite(log_z):
-        converged = False
-    return dict(log_z=float(log_z), n_sweeps=sweep, converged=bool(converged),
-                max_change=float(max_change), log_z_change=float(log_z_change),
-                n_failed=int(n_failed), n_halvings=int(n_halvings), stuck=bool(stuck),
-                stopped=bool(stopped))
+    engine = SparseEP(Vt, d, y, spec, power=power, n_quadrature=n_quadrature, schedule=schedule,
+                      order=order, damping=damping, tol=tol, max_sweeps=max_sweeps,
+                      negative_precision=negative_precision)
+    return engine.run(site_precision, site_natural_mean, post_factor, post_w_mean, seed=seed,
+                      g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback)
 
 
 def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
@@ -1172,7 +774,7 @@ def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
     ``A = I + Vtᵀ diag(τ) Vt`` and ``b = Vtᵀ ν`` (module docstring, "Rebuild"); no input
     checks (callers validate)."""
     cdef int n = Vt.shape[0], m = Vt.shape[1]
-    cdef int rows = _scratch_rows(n, m)
+    cdef int rows = scratch_rows(n, m)
     precision_sum = np.zeros((m, m))
     natural_mean_sum = np.zeros(m)
     cdef double[:, ::1] P = precision_sum
@@ -1213,19 +815,9 @@ def _parallel_chunk_step(const double[:, ::1] Vt, const double[::1] d, const dou
         ``precision_sum``, ``natural_mean_sum``.
     """
     cdef int n = Vt.shape[0], m = Vt.shape[1]
-    nodes, log_weights = _gauss_hermite(n_quadrature)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = n_quadrature
-    cdef SiteUpdateOptions opts
-    opts.update_form = UPDATE_NATURAL
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef int rows = _scratch_rows(n, m)
+    cdef PowerQuadrature quadrature = PowerQuadrature(power, n_quadrature)
+    cdef SiteUpdateOptions opts = natural_update_options(damping, negative_precision)
+    cdef int rows = scratch_rows(n, m)
     g_mean = np.zeros(n)
     g_var = np.zeros(n)
     new_tau = np.array(site_precision, dtype=np.float64, copy=True)
@@ -1248,10 +840,10 @@ def _parallel_chunk_step(const double[:, ::1] Vt, const double[::1] d, const dou
         with nogil:
             gemv(n, m, 1.0, &Vt[0, 0], m, &post_w_mean[0], 0.0, &gm[0])
             sparse_marginal_variances(&Vt[0, 0], n, m, &post_factor[0, 0], &gv[0], &scratch[0, 0], rows)
-            log_z_sites = sparse_log_z(&spec.model, &rule, &y[0], &d[0], n, &site_precision[0],
+            log_z_sites = sparse_log_z(&spec.model, &quadrature.rule, &y[0], &d[0], n, &site_precision[0],
                                        &site_natural_mean[0], &gm[0], &gv[0], 0.0, 0.0, &bad_site)
             if update:
-                sparse_parallel_update(&spec.model, &rule, &y[0], &d[0], n, &tau_v[0], &nu_v[0],
+                sparse_parallel_update(&spec.model, &quadrature.rule, &y[0], &d[0], n, &tau_v[0], &nu_v[0],
                                        &gm[0], &gv[0], &opts, &stats)
                 sparse_natural_sums(&Vt[0, 0], n, m, &tau_v[0], &nu_v[0], &P[0, 0], &b[0],
                                     &scratch[0, 0], rows)
@@ -1277,7 +869,7 @@ def rebuild(const double[:, ::1] Vt, const double[::1] site_precision,
     _check_vector("site_natural_mean", site_natural_mean, n)
     _check_factor_outputs(post_factor, post_w_mean, m)
     _check_marginal_outputs(g_mean, g_var, n)
-    cdef int rows = _scratch_rows(n, m)
+    cdef int rows = scratch_rows(n, m)
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double half_log_det = 0.0, quad_b = 0.0
     cdef double* gm_ptr = NULL if g_mean is None else &g_mean[0]
@@ -1328,7 +920,7 @@ def site_posterior(const double[:, ::1] Vt, const double[::1] site_precision,
         np.asarray(post_factor)[:] = np.eye(m)
         np.asarray(post_w_mean)[:] = 0.0
         return 0.0, 0.0
-    cdef int rows = _scratch_rows(n, m)
+    cdef int rows = scratch_rows(n, m)
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double half_log_det = 0.0, quad_b = 0.0
     with nogil:
@@ -1360,19 +952,9 @@ def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double
     _check_factor_outputs(post_factor, post_w_mean, m)
     _check_options(SPARSE_SEQUENTIAL, ORDER_FIXED, damping, negative_precision)
     _check_power(power, spec, n_quadrature)
-    nodes, log_weights = _gauss_hermite(n_quadrature)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = n_quadrature
-    cdef SiteUpdateOptions opts
-    opts.update_form = UPDATE_NATURAL
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef int rows = _scratch_rows(n, m)
+    cdef PowerQuadrature quadrature = PowerQuadrature(power, n_quadrature)
+    cdef SiteUpdateOptions opts = natural_update_options(damping, negative_precision)
+    cdef int rows = scratch_rows(n, m)
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double[::1] w = np.empty(m)
     cdef double[::1] z = np.empty(m)
@@ -1384,7 +966,7 @@ def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double
     if n > 0:
         with nogil:
             _beta_from_w_mean(&post_factor[0, 0], m, &post_w_mean[0], &beta[0])
-            rebuilt = sparse_sweep_sequential(&spec.model, &rule, &y[0], &Vt[0, 0], &d[0], n, m,
+            rebuilt = sparse_sweep_sequential(&spec.model, &quadrature.rule, &y[0], &Vt[0, 0], &d[0], n, m,
                                               &site_precision[0], &site_natural_mean[0],
                                               &post_factor[0, 0], &beta[0], NULL, &w[0],
                                               &z[0], &scratch[0, 0], rows, &opts, &stats)
@@ -1411,15 +993,8 @@ def log_marginal_likelihood(const double[:, ::1] Vt, const double[::1] d, const 
     _check_power(power, spec, n_quadrature)
     if n == 0:
         return 0.0
-    nodes, log_weights = _gauss_hermite(n_quadrature)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = n_quadrature
-    cdef int rows = _scratch_rows(n, m), info, bad_site = -1
+    cdef PowerQuadrature quadrature = PowerQuadrature(power, n_quadrature)
+    cdef int rows = scratch_rows(n, m), info, bad_site = -1
     cdef double[:, ::1] scratch = np.empty((rows, m))
     cdef double[:, ::1] R = np.empty((m, m))
     cdef double[::1] wm = np.empty(m)
@@ -1431,7 +1006,7 @@ def log_marginal_likelihood(const double[:, ::1] Vt, const double[::1] d, const 
                               &wm[0], &gm[0], &gv[0], &scratch[0, 0], rows, &half_log_det, &quad_b,
                               NULL)
         if info == 0:
-            total = sparse_log_z(&spec.model, &rule, &y[0], &d[0], n, &site_precision[0],
+            total = sparse_log_z(&spec.model, &quadrature.rule, &y[0], &d[0], n, &site_precision[0],
                                  &site_natural_mean[0], &gm[0], &gv[0], half_log_det, quad_b,
                                  &bad_site)
     if info != 0:
@@ -1440,46 +1015,6 @@ def log_marginal_likelihood(const double[:, ::1] Vt, const double[::1] d, const 
         raise ValueError(f"site {bad_site} has an improper cavity or its site kernel fails at the "
                          "cavity; log marginal likelihood undefined for these sites")
     return float(total)
-
-
-def power_moments_array(SiteSpec spec not None, y, mean, var, *, double power=1.0,
-                        int n_quadrature=DEFAULT_N_QUADRATURE):
-    """``(log_z, alpha, beta)`` of ``∫ p(y_i|f)^α N(f; mean_i, var_i) df`` for arrays (module docstring).
-
-    Raises ValueError naming the first site whose kernel fails.
-    """
-    cdef const double[::1] yv = np.ascontiguousarray(y, dtype=np.float64)
-    cdef const double[::1] mv = np.ascontiguousarray(mean, dtype=np.float64)
-    cdef const double[::1] vv = np.ascontiguousarray(var, dtype=np.float64)
-    cdef Py_ssize_t n = yv.shape[0], i, bad = -1
-    if mv.shape[0] != n or vv.shape[0] != n:
-        raise ValueError("y, mean and var must have the same length")
-    _check_power(power, spec, n_quadrature)
-    nodes, log_weights = _gauss_hermite(n_quadrature)
-    cdef const double[::1] nodes_v = nodes
-    cdef const double[::1] lw_v = log_weights
-    cdef PowerRule rule
-    rule.power = power
-    rule.nodes = &nodes_v[0]
-    rule.log_weights = &lw_v[0]
-    rule.n_nodes = n_quadrature
-    log_z = np.empty(n)
-    alpha = np.empty(n)
-    beta = np.empty(n)
-    cdef double[::1] lz = log_z
-    cdef double[::1] al = alpha
-    cdef double[::1] be = beta
-    cdef int status = 0
-    with nogil:
-        for i in range(n):
-            status = power_site_moments(&spec.model, &rule, yv[i], mv[i], vv[i], &lz[i], &al[i], &be[i])
-            if status != 0:
-                bad = i
-                break
-    if bad >= 0:
-        raise ValueError(f"site {bad}: the site kernel failed (status {status}) at y = {yv[bad]!r}, "
-                         f"mean = {mv[bad]!r}, var = {vv[bad]!r}")
-    return log_z, alpha, beta
 
 
 def cholesky_rank1_update(double[:, ::1] R, x, bint downdate=False, double[::1] beta=None):
