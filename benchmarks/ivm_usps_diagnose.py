@@ -56,7 +56,7 @@ from scipy.special import ndtr, ndtri
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ivm_usps_table1 as table1  # noqa: E402
 import fastep  # noqa: E402
-import fastep._likelihood_params as likelihood_params  # noqa: E402
+import fastep.likelihoods  # noqa: E402
 import fastep.ivm as fivm  # noqa: E402
 from fastep.kernels import RBF, Bias, Linear, White  # noqa: E402
 from fastep.likelihoods import Probit  # noqa: E402
@@ -81,8 +81,9 @@ def install_variant(args):
             return np.array(problem.state.post_mean), np.array(problem.state.post_var)
         fivm._IVMProblem.cavity_marginals = posterior_marginals
     if args.fix_slope:
-        names = likelihood_params._names
-        likelihood_params._names = lambda lik: [n for n in names(lik) if n != "log_slope"]
+        # the probit slope stays where it starts: only the bias is learnt
+        fastep.likelihoods.Probit.theta_names = lambda self: ["bias"]
+        fastep.likelihoods.Probit._theta_values = lambda self: [self.bias]
 
 
 def make_kernel(args):

@@ -196,7 +196,7 @@ def _flatten(prefix, value, out, depth=0):
     elif isinstance(value, (list, tuple)) and depth < 4:
         for i, item in enumerate(value):
             _flatten(f'{prefix}[{i}]', item, out, depth + 1)
-    elif hasattr(value, 'theta') and depth < 4:
+    elif hasattr(value, 'theta') and hasattr(value, 'bounds') and depth < 4:   # kernels
         _flatten(f'{prefix}.theta', np.asarray(value.theta, dtype=float), out, depth + 1)
         if hasattr(value, 'get_params'):
             params = {k: v for k, v in value.get_params().items()

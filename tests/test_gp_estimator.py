@@ -204,8 +204,7 @@ def test_gradient_matches_finite_differences(kernel, likelihood, learn_likelihoo
     assert np.all(clf.site_precision_ > 0)
     theta = kernel.theta
     if learn_likelihood:
-        from fastep._likelihood_params import likelihood_theta
-        theta = np.concatenate([theta, likelihood_theta(likelihood)[1]])
+        theta = np.concatenate([theta, likelihood.theta])
     value, grad = clf.log_marginal_likelihood(theta, eval_gradient=True)
     assert abs(value - clf.log_marginal_likelihood_value_) < 1e-8
     fd = _fd_gradient(lambda t: clf.log_marginal_likelihood(t), theta)

@@ -77,8 +77,7 @@ def test_eq34_gradient_matches_finite_differences(kind):
         lik = OrderedCategorical(4, slope=2.0, bias=-0.5, widths=[0.6, 0.9])
     problem = _IVMProblem(X, y, kernel, lik, 25, engine.CRITERION_ENTROPY, 0, offset=offset)
     problem.select()
-    from fastep._likelihood_params import likelihood_theta
-    theta = likelihood_theta(lik)[1]
+    theta = lik.theta
     if learn_offset:
         theta = np.append(theta, offset)
     _, grad = problem.noise_objective(theta, learn_offset)
@@ -352,9 +351,8 @@ def test_algorithm2_noise_step_reaches_the_maximiser_of_eq34_on_the_ordinal_toy(
     problem = _IVMProblem(X[:200], labels[:200].astype(float), model.kernel_, start, 50,
                           engine.CRITERION_ENTROPY, 0)
     problem.select()
-    from fastep._likelihood_params import likelihood_theta
-    value0, grad0 = problem.noise_objective(likelihood_theta(start)[1], False)
-    value, grad = problem.noise_objective(likelihood_theta(model.likelihood_)[1], False)
+    value0, grad0 = problem.noise_objective(start.theta, False)
+    value, grad = problem.noise_objective(model.likelihood_.theta, False)
     assert np.max(np.abs(grad0)) > 5.0
     assert value > value0 + 1.0
     assert np.max(np.abs(grad)) < 1e-2

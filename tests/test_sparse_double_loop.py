@@ -223,7 +223,7 @@ def test_estimator_falls_back_to_the_double_loop(approximation, m, seed, dof, sc
 def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypatch):
     """Policy, as for the dense regressor: a double loop that ends with an improper cavity is
     not used; the fit keeps the stalled parallel run and warns."""
-    import fastep.sparse as sparse_module
+    import fastep._sparse_problem as sparse_module
 
     calls = []
 

@@ -196,17 +196,16 @@ def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_like
     trust-region fallback must move every fit off its start. Others stopped on L-BFGS-B's
     relative-reduction test with gradient components of 1.9-3.8 (seeds 0, 1, 6); continued in
     trust regions, every fit must end at a stationary point of the evidence."""
-    from fastep._likelihood_params import likelihood_theta
     from fastep.likelihoods import Probit
     for seed in range(20):
         X, y, _ = toy(200, seed)
         kernel = RBF(transforms={"variance": "log", "inverse_width": "log"})
         clf = SparseGPClassifier(kernel, Probit(), n_inducing=10, learn_inducing=False,
                                  learn_likelihood=learn_likelihood, hyperprior=None).fit(X, y)
-        lik0 = likelihood_theta(Probit())[1] if learn_likelihood else []
+        lik0 = Probit().theta if learn_likelihood else []
         start = clf.log_marginal_likelihood(np.r_[kernel.theta, lik0])
         assert clf.log_marginal_likelihood_value_ > start + 0.1, seed
-        lik = likelihood_theta(clf.likelihood_)[1] if learn_likelihood else []
+        lik = clf.likelihood_.theta if learn_likelihood else []
         theta = np.r_[clf.kernel_.theta, lik]
         _, gradient = clf.log_marginal_likelihood(theta, eval_gradient=True)
         # stationary to the search's own rule (it stops where a Newton step would gain under 1e-5 nats
@@ -388,7 +387,7 @@ def _rings(n, seed):
 
 
 def test_auto_grows_m_while_the_evidence_per_point_gains_and_keeps_the_best():
-    from fastep.sparse import GROWTH_TOL
+    from fastep._inducing import GROWTH_TOL
     X, y = _rings(800, 0)
     clf = SparseGPClassifier(random_state=0).fit(X, y)
     history = clf.growth_history_

@@ -31,8 +31,8 @@ from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._defaults import default_kernel, default_noise_variance
 from ._learning_checks import warn_if_kernel_stuck
+from ._prediction import BatchedPredictor
 from ._progress import StopRequested, quiet
-from ._likelihood_params import likelihood_theta, likelihood_with_theta
 from ._linalg import matmul
 from ._learning import Search, search_space_of
 from ._optimize import maximize_log_likelihood
@@ -44,8 +44,6 @@ from .likelihoods import Gaussian, Logistic, Probit, Step
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
 
-#: Test points per batch of the latent predictive (bounds the m x n cross-kernel block).
-PREDICT_BATCH = 1024
 
 
 def check_noise_model(likelihood, noise_variance):
@@ -76,7 +74,7 @@ class Hyperparameters:
     kernel : Kernel
         Its unconstrained ``theta`` and ``bounds`` come first.
     likelihood : Likelihood
-        Its learnable parameters (:func:`fastep._likelihood_params.likelihood_theta`)
+        Its learnable parameters (:attr:`fastep.likelihoods.Likelihood.theta`)
         follow when ``learn_likelihood``.
     learn_likelihood : bool
     extra : ndarray or None
@@ -99,7 +97,7 @@ class Hyperparameters:
         self.hyperprior = hyperprior
         self.n_kernel = kernel.n_theta
         if self.learn_likelihood:
-            _, lik_theta, lik_bounds = likelihood_theta(likelihood)
+            lik_theta, lik_bounds = likelihood.theta, likelihood.theta_bounds
         else:
             lik_theta, lik_bounds = np.zeros(0), np.zeros((0, 2))
         self.n_likelihood = lik_theta.size
@@ -118,7 +116,7 @@ class Hyperparameters:
         """``(kernel, likelihood, extra)`` at ``theta`` (the fixed parts unchanged)."""
         n_kernel, n_lik = self.n_kernel, self.n_likelihood
         kernel = self.kernel.clone_with_theta(theta[:n_kernel])
-        likelihood = (likelihood_with_theta(self.likelihood, theta[n_kernel:n_kernel + n_lik])
+        likelihood = (self.likelihood.with_theta(theta[n_kernel:n_kernel + n_lik])
                       if self.learn_likelihood else self.likelihood)
         extra = (None if self.extra is None
                  else np.ascontiguousarray(theta[n_kernel + n_lik:].reshape(self.extra.shape)))
@@ -128,7 +126,7 @@ class Hyperparameters:
         """θ of ``kernel``, ``likelihood`` (if learnt) and ``extra`` (if learnt): :meth:`unpack`'s inverse."""
         parts = [kernel.theta]
         if self.learn_likelihood:
-            parts.append(likelihood_theta(likelihood)[1])
+            parts.append(likelihood.theta)
         if self.extra is not None:
             parts.append(np.ravel(extra))
         return np.concatenate(parts)
@@ -192,7 +190,7 @@ class SiteProblem:
         A warm start that fails (improper cavities after a large hyperparameter step, or a
         failed factorisation) is retried once from a cold start.
         """
-        if warm and np.any(self.site_precision):
+        if warm and self._has_sites():
             try:
                 state = self._run_once(prior, likelihood, warm=True)
             except (np.linalg.LinAlgError, FloatingPointError):
@@ -200,6 +198,10 @@ class SiteProblem:
             if state is not None and state["info"].n_failed == 0:
                 return state
         return self._run_once(prior, likelihood, warm=False)
+
+    def _has_sites(self):
+        """Whether there are sites to start warm from (any nonzero precision)."""
+        return bool(np.any(self.site_precision))
 
     def fit(self, hyper, *, optimizer, n_restarts, seed, warm_start, max_sweeps, tol):
         """Learn θ (unless ``optimizer`` is None) and keep the EP state at the result.
@@ -287,7 +289,7 @@ class SiteProblem:
         return (value, grad) if eval_gradient else value
 
 
-class DensePredictor:
+class DensePredictor(BatchedPredictor):
     """Latent predictive of a GP posterior given by Gaussian sites on a set of inputs.
 
     With sites of precision ``B = diag(β)`` on the inputs ``X_basis``,
@@ -314,18 +316,10 @@ class DensePredictor:
         self.chol = chol
         self.sqrt_precision = sqrt_precision
 
-    def latent(self, X):
-        """``(mean, var)`` of the latent function at the rows of ``X`` (variance clipped at 0)."""
-        n_test = X.shape[0]
-        mean = np.empty(n_test)
-        var = np.empty(n_test)
-        for a in range(0, n_test, PREDICT_BATCH):
-            z = slice(a, min(a + PREDICT_BATCH, n_test))
-            Ks = self.kernel._unchecked_call(X[z], self.X_basis)                    # (batch, n)
-            mean[z] = matmul(Ks, self.weights)
-            V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
-            var[z] = self.kernel._unchecked_diag(X[z]) - np.einsum("ij,ij->j", V, V)
-        return mean, np.maximum(var, 0.0)
+    def _latent_batch(self, X):
+        Ks = self.kernel._unchecked_call(X, self.X_basis)                           # (batch, n)
+        V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
+        return matmul(Ks, self.weights), self.kernel._unchecked_diag(X) - np.einsum("ij,ij->j", V, V)
 
 
 #: The ``n_jobs`` parameter of the one-vs-rest classifiers, as their docstrings give it.
@@ -395,7 +389,7 @@ def check_classifier_likelihood(likelihood, learn_likelihood, allowed=(Probit, S
     likelihood = check_binary_likelihood(likelihood, allowed)
     learn = v.check_bool(learn_likelihood, "learn_likelihood")
     if learn:
-        likelihood_theta(likelihood)            # raises for parameters that cannot be learnt
+        likelihood.theta                        # raises for parameters that cannot be learnt
     return likelihood, learn
 
 
@@ -478,7 +472,7 @@ class EPEvidenceMixin:
         theta : array-like or None, default None
             Unconstrained hyperparameters, in the order ``kernel_.theta``; then the
             likelihood's learnt parameters (``learn_likelihood``, or log σ² with
-            ``learn_noise``; :func:`fastep._likelihood_params.likelihood_theta` gives their
+            ``learn_noise``; :meth:`fastep.likelihoods.Likelihood.theta_names` gives their
             coordinates); then, for the sparse models with ``learn_inducing``,
             ``inducing_inputs_.ravel()``. None returns the fitted value. One-vs-rest: the
             same ``theta`` for every class, and the sum over the classes is returned.

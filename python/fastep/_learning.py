@@ -29,7 +29,6 @@ import warnings
 import numpy as np
 from scipy.special import expit
 
-from ._likelihood_params import likelihood_theta
 from ._linalg import inner
 from ._progress import StopRequested
 from .exceptions import ConvergenceWarning
@@ -49,7 +48,7 @@ class SearchSpace:
     ----------
     kernel : Kernel
     likelihood_names : list of str
-        Names of the learnt likelihood parameters (:func:`fastep._likelihood_params.likelihood_theta`).
+        Names of the learnt likelihood parameters (:meth:`fastep.likelihoods.Likelihood.theta_names`).
     n_extra : int
         Size of the trailing block without log scale (inducing inputs).
     theta0 : ndarray (p,)
@@ -116,7 +115,7 @@ class SearchSpace:
 
 
 def search_space_of(kernel, likelihood, learn_likelihood, n_extra, theta0, bounds):
-    names = likelihood_theta(likelihood)[0] if learn_likelihood else []
+    names = likelihood.theta_names() if learn_likelihood else []
     return SearchSpace(kernel, names, n_extra, theta0, bounds)
 
 

@@ -29,7 +29,8 @@ from scipy.linalg import lapack, solve_triangular
 
 from ._epcore import multiclass_ep as _nested
 from ._epcore._common import SweepDriver
-from ._gp_base import PREDICT_BATCH, SiteProblem
+from ._gp_base import SiteProblem
+from ._prediction import PREDICT_BATCH
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
 from ._progress import sweep_callback_of
@@ -287,15 +288,8 @@ class MultinomialGPProblem(SiteProblem):
             self.log_ml, self.info = float(info.log_z), info
         return float(info.log_z), grad, info
 
-    def run(self, prior, likelihood, warm):
-        if warm and np.any(self.inner_precision):
-            try:
-                state = self._run_once(prior, likelihood, warm=True)
-            except (np.linalg.LinAlgError, FloatingPointError):
-                state = None
-            if state is not None and state["info"].n_failed == 0:
-                return state
-        return self._run_once(prior, likelihood, warm=False)
+    def _has_sites(self):
+        return bool(np.any(self.inner_precision))
 
     def sites(self):
         return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean

@@ -31,7 +31,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
 
     The stall comes from L-BFGS-B's first step. When every variable has two finite bounds
     (for example kernels with only ``'log'`` transforms, bounds ±700, together with the
-    likelihood parameters of :mod:`fastep._likelihood_params`, or either alone), its first
+    likelihood parameters (:attr:`fastep.likelihoods.Likelihood.theta`), or either alone), its first
     trial point is ``theta0`` minus the whole projected gradient (with any unbounded
     variable the step is scaled to length 1 instead). The gradient of an evidence summed
     over N points is O(N): the trial lands on or near the bounds, where the model fails

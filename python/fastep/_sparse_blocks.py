@@ -12,8 +12,8 @@ from scipy.linalg import cholesky, solve_triangular
 
 from ._epcore import sparse_ep as _engine
 from ._epcore.power_ep import power_moments_array
-from ._likelihood_params import likelihood_theta, likelihood_theta_gradient
 from ._linalg import inner, matmul
+from ._prediction import BatchedPredictor
 
 #: Elements of the n x m temporaries computed per block (K(X, Z), the gradient's G).
 BLOCK_ELEMENTS = 1 << 21
@@ -83,10 +83,10 @@ def cavity_moments(likelihood, y, d, tau, nu, g_mean, g_var, options):
 def likelihood_gradient(likelihood, y, cavity_mean, cavity_var, a, b, power):
     """``Σ_i (1/α) ∂ log Z_i/∂t`` over the given sites for the learnable likelihood parameters."""
     if power == 1.0:
-        return likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var)
-    names, _, _ = likelihood_theta(likelihood)
+        return likelihood.theta_gradient(y, cavity_mean, cavity_var)
+    names = likelihood.theta_names()
     if names == ["log_dof", "log_scale"]:          # Student-t: powered moments, any α
-        return likelihood_theta_gradient(likelihood, y, cavity_mean, cavity_var, power=power)
+        return likelihood.theta_gradient(y, cavity_mean, cavity_var, power=power)
     if names != ["log_noise"]:
         raise ValueError(f"learning the likelihood parameters {names} is not supported with power < 1")
     # Z = (2πσ²)^((1-α)/2) α^(-1/2) N(y; m, v + σ²/α):  ∂ log Z/∂σ² = (1-α)/(2σ²) + (a² - b)/(2α)
@@ -159,7 +159,7 @@ def gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, likelihood_grad, learn_lik
     return np.concatenate(grads)
 
 
-class SparsePredictor:
+class SparsePredictor(BatchedPredictor):
     """The latent predictive of a fitted sparse GP: ``q(f* | y) = ∫ p(f* | u) q(u | y) du``.
 
     Holds only m-sized state (kernel, Z, the Cholesky factor L of K_mm, the posterior factor R
@@ -167,6 +167,8 @@ class SparsePredictor:
     array.  ``E f* = k_m(x*)ᵀ K_mm⁻¹ E[u]``, ``Var f* = k(x*, x*) - |L⁻¹ k_m(x*)|² +
     |R⁻ᵀ L⁻¹ k_m(x*)|²`` (:mod:`fastep.sparse`, "Prediction").
     """
+
+    batch_size = PREDICT_BATCH
 
     def __init__(self, kernel, likelihood, Z, chol_mm, factor, w_mean):
         self.kernel = kernel
@@ -177,17 +179,9 @@ class SparsePredictor:
         self.w_mean = w_mean
         self.weights = solve_triangular(chol_mm, w_mean, lower=True, trans="T")   # K_mm⁻¹ E[u]
 
-    def latent(self, Xs):
-        """Latent predictive mean and variance at the rows of ``Xs`` (validated by the caller)."""
-        n_test = Xs.shape[0]
-        mean = np.empty(n_test)
-        var = np.empty(n_test)
-        for s in range(0, n_test, PREDICT_BATCH):
-            sl = slice(s, min(s + PREDICT_BATCH, n_test))
-            Kms = self.kernel._unchecked_call(self.Z, Xs[sl])                       # (m, batch)
-            mean[sl] = matmul(self.weights, Kms)
-            Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
-            Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
-            var[sl] = (self.kernel._unchecked_diag(Xs[sl]) - np.einsum("ij,ij->j", Pm, Pm)
-                       + np.einsum("ij,ij->j", Pq, Pq))
-        return mean, np.maximum(var, 0.0)
+    def _latent_batch(self, Xs):
+        Kms = self.kernel._unchecked_call(self.Z, Xs)                                # (m, batch)
+        Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
+        Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
+        return (matmul(self.weights, Kms),
+                self.kernel._unchecked_diag(Xs) - np.einsum("ij,ij->j", Pm, Pm) + np.einsum("ij,ij->j", Pq, Pq))

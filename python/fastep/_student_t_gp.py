@@ -24,8 +24,8 @@ from scipy.linalg import cho_factor
 
 from ._double_loop_ep import run_double_loop_ep
 from ._epcore import student_t_ep as _engine
-from ._gp_base import PREDICT_BATCH, SiteProblem
-from ._likelihood_params import likelihood_theta_gradient
+from ._gp_base import SiteProblem
+from ._prediction import BatchedPredictor
 from ._linalg import inner, matmul
 from ._progress import sweep_callback_of
 
@@ -66,7 +66,7 @@ def dense_kernel_matrix(kernel, X, jitter):
         f"{JITTER_LADDER[-1]:g}; increase jitter or add a White kernel term")
 
 
-class StudentTPredictor:
+class StudentTPredictor(BatchedPredictor):
     """Latent predictive of a GP posterior whose sites may have negative precisions.
 
     Parameters
@@ -85,17 +85,10 @@ class StudentTPredictor:
         self.weights = weights
         self.inverse = inverse
 
-    def latent(self, X):
-        """``(mean, var)`` of the latent function at the rows of ``X`` (variance clipped at 0)."""
-        n_test = X.shape[0]
-        mean = np.empty(n_test)
-        var = np.empty(n_test)
-        for a in range(0, n_test, PREDICT_BATCH):
-            z = slice(a, min(a + PREDICT_BATCH, n_test))
-            Ks = self.kernel._unchecked_call(X[z], self.X_basis)
-            mean[z] = matmul(Ks, self.weights)
-            var[z] = self.kernel._unchecked_diag(X[z]) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks)
-        return mean, np.maximum(var, 0.0)
+    def _latent_batch(self, X):
+        Ks = self.kernel._unchecked_call(X, self.X_basis)
+        return (matmul(Ks, self.weights),
+                self.kernel._unchecked_diag(X) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks))
 
 
 class RejectStuckDuringSearch:
@@ -203,7 +196,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             if self.learn_likelihood:
                 cavity_mean, cavity_var = state["cavity"]
                 proper = cavity_var > 0
-                grads.extend(likelihood_theta_gradient(likelihood, self.y[proper], cavity_mean[proper],
+                grads.extend(likelihood.theta_gradient(self.y[proper], cavity_mean[proper],
                                                        cavity_var[proper], power=self.options["power"]))
             grad = np.array(grads, dtype=float)
         if keep:

@@ -14,7 +14,7 @@ for unit slope).
 Evidence gradient (at the fixed point only the explicit dependence on K counts):
 ``∂ log Z/∂θ_j = ½ bᵀ (∂K/∂θ_j) b − ½ tr(R ∂K/∂θ_j)`` with ``R = S^½ B⁻¹ S^½``;
 likelihood parameters: ``Σ_i ∂ log Z_i/∂φ`` at the final cavities
-(:mod:`fastep._likelihood_params`).
+(:meth:`fastep.likelihoods.Likelihood.theta_gradient`).
 
 Jitter policy: ``jitter`` (default 0) is added to the diagonal of K. If the
 kernel matrix is numerically indefinite, B's Cholesky factorisation fails and
@@ -37,7 +37,6 @@ from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEviden
                        check_classifier_likelihood, check_kernel, check_noise_model, check_optimizer,
                        start_kernel)
 from ._defaults import default_noise_variance
-from ._likelihood_params import likelihood_theta_gradient
 from ._multiclass_gp import MultinomialGPProblem
 from ._student_t_gp import StudentTGPProblem
 from .likelihoods import Gaussian, Probit, StudentT
@@ -48,10 +47,10 @@ from .hyperpriors import check_hyperprior
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
-_SCHEDULES = {"sequential": 0, "parallel": 1, "blocked": 2}
-_ORDERS = {"fixed": 0, "random": 1, "entropy": 2}
-_POLICIES = {"clip": 0, "skip": 1}
-_PREDICT_BATCH = 1024
+_SCHEDULES = {"sequential": _engine.SCHEDULE_SEQUENTIAL, "parallel": _engine.SCHEDULE_PARALLEL,
+              "blocked": _engine.SCHEDULE_BLOCKED}
+_ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM, "entropy": _engine.ORDER_ENTROPY}
+_POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 # Sweeps between full refactorisations (the final answer is always refactorised):
 # after every sweep for the plain rank-1 path (the cross-check), every 10 sweeps for the
 # blocked path, where the O(n³) refactorisation costs about twice a sweep
@@ -185,7 +184,7 @@ class _BinaryGPEP(SiteProblem):
                 del R, inv
             if self.learn_likelihood:
                 # the engine's cavities (from B's factor; 1/Σ_ii - τ_i cancels at huge τ_i)
-                grads.extend(likelihood_theta_gradient(likelihood, self.y, cavity_mean, cavity_var))
+                grads.extend(likelihood.theta_gradient(self.y, cavity_mean, cavity_var))
             grad = np.array(grads, dtype=float)
             if keep:  # the factor was overwritten by R: refactorise for prediction
                 np.multiply(K, s[:, None], out=buffer)

@@ -25,6 +25,7 @@ import copy
 import math
 
 import numpy as np
+from scipy.special import expit, logit
 
 from fastep._epcore import sites as _sites
 
@@ -55,6 +56,12 @@ def _as_1d(name, values):
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     return arr
+
+
+#: Default optimiser boxes of the unconstrained learnable parameters.
+_THETA_BOXES = {"bias": (-1e3, 1e3), "log_slope": (-20.0, 20.0), "logit_flip": (-30.0, 30.0),
+                "log_noise": (-30.0, 20.0), "log_width": (-30.0, 20.0), "log_dof": (math.log(0.2), math.log(1e5)),
+                "log_scale": (-15.0, 10.0)}
 
 
 class Likelihood:
@@ -159,6 +166,71 @@ class Likelihood:
                                          _as_1d("cavity_mean", cavity_mean),
                                          _as_1d("cavity_var", cavity_var))
 
+    # -- learnable parameters -----------------------------------------------------------
+    # Type-II maximum likelihood moves them in unconstrained coordinates t (the class
+    # docstrings give each parameter's transform). At an EP fixed point the gradient of
+    # log Z_EP with respect to t is ``sum_i ∂ log Z_i / ∂t`` at fixed cavities (the sites are
+    # stationary: Seeger, "Expectation propagation for exponential families", 2005).
+
+    def theta_names(self):
+        """Names of the learnable parameters, in the order of :attr:`theta`."""
+        raise TypeError(f"learning the parameters of {type(self).__name__} is not supported")
+
+    def _theta_values(self):
+        return []
+
+    def _set_theta(self, params, name, t):
+        raise TypeError(f"learning the parameters of {type(self).__name__} is not supported")
+
+    @property
+    def theta(self):
+        """The learnable parameters in unconstrained coordinates (ndarray)."""
+        return np.array(self._theta_values(), dtype=float)
+
+    @property
+    def theta_bounds(self):
+        """``(k, 2)`` box of :attr:`theta` for the optimiser."""
+        bounds = []
+        for name, value in zip(self.theta_names(), self._theta_values()):
+            low, high = _THETA_BOXES["log_width" if name.startswith("log_width_") else name]
+            if name == "log_noise":
+                # a noise variance starts from the targets' scale: targets of scale 1e±12 need the box
+                # around that start, not the fixed one for ordinary scales
+                low, high = min(low, value - 30.0), max(high, value + 20.0)
+            elif name == "log_dof":
+                low, high = min(low, value), max(high, value)
+            elif name == "log_scale":
+                low, high = value + low, value + high           # around the start, as the noise variance
+            bounds.append((low, high))
+        return np.array(bounds, dtype=float).reshape(-1, 2)
+
+    def with_theta(self, theta):
+        """A new likelihood of the same type with the learnable parameters set from ``theta``."""
+        params = self.get_params()
+        for name, t in zip(self.theta_names(), np.asarray(theta, dtype=float)):
+            self._set_theta(params, name, t)
+        return type(self)(**params)
+
+    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+        """``sum_i ∂ log Z_i / ∂t_j`` for every learnable parameter ``t_j``, at fixed cavities.
+
+        Parameters
+        ----------
+        y : ndarray (n,)
+            Encoded targets.
+        cavity_mean, cavity_var : ndarray (n,)
+            The sites' cavities.
+        power : float in (0, 1]
+            Fractional EP (Student-t): ``(1/η) Σ_i ∂ log Z_i^(η) / ∂t_j`` with ``Z_i^(η)``
+            the normaliser of the powered site.
+        """
+        names = self.theta_names()
+        if not names:
+            return np.zeros(0)
+        log_z, alpha, beta = self.moments(y, cavity_mean, cavity_var)
+        return np.array([float(np.sum(self._theta_terms(name, log_z, alpha, beta, cavity_mean, cavity_var)))
+                         for name in names])
+
     def _check_latent(self, mean, var):
         mean = _as_1d("mean", mean)
         var = _as_1d("var", var)
@@ -240,6 +312,25 @@ class Probit(_Binary):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["probit"],
                                [self._params["slope"], self._params["bias"]])
 
+    def theta_names(self):
+        """``bias`` (t = b) and, for a finite slope, ``log_slope`` (t = log λ)."""
+        return ["bias"] + (["log_slope"] if math.isfinite(self.slope) else [])
+
+    def _theta_values(self):
+        return [self.bias] + ([math.log(self.slope)] if math.isfinite(self.slope) else [])
+
+    def _set_theta(self, params, name, t):
+        if name == "bias":
+            params["bias"] = float(t)
+        else:
+            params["slope"] = math.exp(t)
+
+    def _theta_terms(self, name, log_z, alpha, beta, cavity_mean, cavity_var):
+        if name == "bias":
+            return alpha                                     # Z depends on m + b only
+        lam = self.slope
+        return alpha * (cavity_mean + self.bias) / (1.0 + lam * lam * cavity_var)
+
     def predictive(self, mean, var):
         mean, var = self._check_latent(mean, var)
         if math.isinf(self._params["slope"]):
@@ -286,6 +377,23 @@ class Step(_Binary):
 
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["step"], [self._params["flip_noise"]])
+
+    def theta_names(self):
+        """``logit_flip`` (t = logit 2ε; ε must start above 0)."""
+        return ["logit_flip"]
+
+    def _theta_values(self):
+        eps = self.flip_noise
+        if not eps > 0:
+            raise ValueError("Step.flip_noise must be > 0 to be learnt (its logit parametrisation "
+                             "cannot start at 0); start from e.g. 0.05")
+        return [float(logit(2.0 * eps))]
+
+    def _set_theta(self, params, name, t):
+        params["flip_noise"] = min(0.5 * float(expit(t)), 0.5 - 1e-16)
+
+    def _theta_terms(self, name, log_z, alpha, beta, cavity_mean, cavity_var):
+        return self.flip_noise * (np.exp(-log_z) - 2.0)     # dZ/dε = 1 - 2Φ, Φ = (Z - ε)/(1 - 2ε)
 
     def predictive(self, mean, var):
         mean, var = self._check_latent(mean, var)
@@ -341,6 +449,10 @@ class Logistic(_Binary):
             raise ValueError(f"n_nodes must be in [2, {_sites.MAX_GH_NODES}], got {n_nodes}")
         return {"method": method, "n_nodes": n_nodes}
 
+    def theta_names(self):
+        """None: the logistic likelihood has no learnable parameters."""
+        return []
+
     def _make_spec(self):
         if self._params["method"] == "mackay":
             return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["logistic_mackay"], [])
@@ -389,6 +501,19 @@ class Gaussian(Likelihood):
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"targets must be finite; y[{i}] = {float(arr[i])!r}")
         return arr
+
+    def theta_names(self):
+        """``log_noise`` (t = log σ²)."""
+        return ["log_noise"]
+
+    def _theta_values(self):
+        return [math.log(self.noise_variance)]
+
+    def _set_theta(self, params, name, t):
+        params["noise_variance"] = math.exp(t)
+
+    def _theta_terms(self, name, log_z, alpha, beta, cavity_mean, cavity_var):
+        return 0.5 * self.noise_variance * (alpha * alpha - beta)   # ∂Z/∂σ² = ½ ∂²Z/∂m²
 
     def predictive(self, mean, var):
         """Predictive ``(mean, var + noise_variance)`` of y under a latent ``N(mean, var)``."""
@@ -481,6 +606,57 @@ class OrderedCategorical(Likelihood):
                              f"y[{i}] = {float(arr[i])!r}")
         return arr
 
+    def theta_names(self):
+        """``bias`` (t = b) and ``log_width_i`` (t = log w_i); the slope is not learnt."""
+        return ["bias"] + [f"log_width_{i + 1}" for i in range(self.n_categories - 2)]
+
+    def _theta_values(self):
+        return [self.bias] + [math.log(w) for w in self.widths]
+
+    def _set_theta(self, params, name, t):
+        if name == "bias":
+            params["bias"] = float(t)
+        else:
+            params["widths"] = np.array(params["widths"], dtype=float)
+            params["widths"][int(name[10:]) - 1] = math.exp(t)
+
+    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+        """Bias and log-width gradients of ``sum_i log Z_i`` at fixed cavities.
+
+        A site with label k has ``Z = Φ(c (θ_k - m)) - Φ(c (θ_{k-1} - m))``,
+        ``c = 1/sqrt(λ⁻² + s)``, ``θ_j = b + w_1 + ... + w_j``; with the threshold derivatives
+        ``∂_hi = c N(c (θ_k - m))/Z`` (0 for k = C-1) and ``∂_lo = -c N(c (θ_{k-1} - m))/Z``
+        (0 for k = 0), formed as ``± c exp(log N(u) - log Z)``: ``∂/∂b = ∂_hi + ∂_lo`` and
+        ``∂/∂ log w_i = w_i (∂_hi [i <= k] + ∂_lo [i <= k - 1])``.
+        """
+        log_z, _, _ = self.moments(y, cavity_mean, cavity_var)
+        y = np.asarray(y, dtype=float)
+        k = y.astype(int)
+        n_categories = self.n_categories
+        theta = self.thresholds                                      # θ_0 .. θ_{C-2}
+        inv_slope2 = 0.0 if math.isinf(self.slope) else self.slope ** -2
+        c = 1.0 / np.sqrt(inv_slope2 + np.asarray(cavity_var, dtype=float))
+        mean = np.asarray(cavity_mean, dtype=float)
+        log_norm = 0.5 * math.log(2.0 * math.pi)
+        d_hi = np.zeros_like(mean)
+        d_lo = np.zeros_like(mean)
+        has_hi = k < n_categories - 1
+        u = c[has_hi] * (theta[k[has_hi]] - mean[has_hi])
+        d_hi[has_hi] = c[has_hi] * np.exp(-0.5 * u * u - log_norm - log_z[has_hi])
+        has_lo = k > 0
+        u = c[has_lo] * (theta[k[has_lo] - 1] - mean[has_lo])
+        d_lo[has_lo] = -c[has_lo] * np.exp(-0.5 * u * u - log_norm - log_z[has_lo])
+        widths = self.widths
+        grads = []
+        for name in self.theta_names():
+            if name == "bias":
+                grads.append(float(np.sum(d_hi) + np.sum(d_lo)))
+            else:
+                i = int(name[10:])                                   # w_i enters θ_j for j >= i
+                g = np.sum(d_hi[k >= i]) + np.sum(d_lo[k - 1 >= i])
+                grads.append(float(widths[i - 1] * g))
+        return np.array(grads)
+
     def predictive(self, mean, var):
         """Class probabilities, shape (n, C), under a latent ``N(mean, var)``."""
         mean, var = self._check_latent(mean, var)
@@ -568,6 +744,21 @@ class StudentT(Likelihood):
                                               _as_1d("cavity_var", cavity_var))
 
     encode_targets = Gaussian.encode_targets
+
+    def theta_names(self):
+        """``log_dof`` (t = log ν) and ``log_scale`` (t = log σ)."""
+        return ["log_dof", "log_scale"]
+
+    def _theta_values(self):
+        return [math.log(self.dof), math.log(self.scale)]
+
+    def _set_theta(self, params, name, t):
+        params["dof" if name == "log_dof" else "scale"] = math.exp(t)
+
+    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+        """``(1/η) Σ_i ∂ log Z_i^(η) / ∂(log ν, log σ)`` by quadrature of the tilted density."""
+        _, _, _, d_log_dof, d_log_scale = self.powered_moments(y, cavity_mean, cavity_var, power)
+        return np.array([float(np.sum(d_log_dof)), float(np.sum(d_log_scale))]) / power
 
     def predictive(self, mean, var):
         """Predictive ``(mean, variance)`` of y under a latent ``N(mean, var)`` (variance inf for ν <= 2)."""

@@ -402,12 +402,11 @@ def plot_evidence_landscape(model, params=None, *, span=2.0, resolution=15, ax=N
 
 def _fitted_theta(model, kernel):
     """The full learnt θ (kernel, then likelihood / noise, then inducing inputs) of a GP model."""
-    from ._likelihood_params import likelihood_theta
     problem = model._problems[0]
     hyper = problem.hyperparameters
     parts = [kernel.theta]
     if hyper.learn_likelihood:
-        parts.append(likelihood_theta(problem.likelihood)[1])
+        parts.append(problem.likelihood.theta)
     if hyper.extra is not None:
         parts.append(np.asarray(model.inducing_inputs_, dtype=float).ravel())
     return np.concatenate(parts)

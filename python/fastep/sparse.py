@@ -16,37 +16,9 @@ the training latents is ``Q + diag(K - Q)`` (``approximation='fitc'``) or ``Q``
 ``power`` α < 1 runs power EP (α = 1: EP-FITC / EP-DTC; α → 0 approaches the variational
 bound, slide "EP variants").
 
-Evidence gradient (O(nm²), at the EP fixed point only the explicit dependence counts)
--------------------------------------------------------------------------------------
-With the sites (τ, ν) on the projections g = Q-part of f, ``a = ν - τ ∘ E[g]``,
-``M = (T⁻¹ + Q)⁻¹ = T - T V A⁻¹ Vᵀ T`` (V = Vtᵀ, A = I + V T Vᵀ) and, for FITC,
-``c_i = (1/α) ∂ log Z_i/∂v_i = (a_i² - b_i)/(2α)`` at the final cavity ``N(m_i, v_i)`` of f
-(a, b: the powered site kernel's alpha and beta; ∂Z/∂v = ½ ∂²Z/∂m² for a Gaussian
-convolution; c = 0 for DTC), the derivative of log Z is
-
-    ½ aᵀ ∂Q a - ½ tr(M ∂Q) - Σ_i c_i ∂Q_ii + Σ_i c_i ∂K_ii
-        = 2 ⟨G, ∂K_mn⟩ - ⟨G Uᵀ, ∂K_mm⟩ + ⟨c, ∂ diag K⟩,
-
-``U = K_mm⁻¹ K_mn = L⁻ᵀ V`` and ``G = U W`` with ``W = ½ a aᵀ - ½ M - diag(c)``, i.e.
-
-    G = ½ (U a) aᵀ - U diag(½ τ + c) + ½ (U T Vᵀ) A⁻¹ V T          (m x n).
-
-``∂K_mn`` comes from ``kernel.cross_gradient_iter(Z, X)``, ``∂K_mm`` from
-``kernel.gradient_iter(Z)``, ``∂ diag K`` from ``kernel.diag_gradient(X)``, and the
-inducing-input gradient is ``kernel.input_gradient(Z, X, 2G) - kernel.input_gradient(Z, Z, 2GUᵀ)``
-(diag K does not depend on Z).
-
-Exactness: the shortcut "only the explicit dependence counts" needs the EP fixed point to be a
-stationary point of the evidence, which holds when the site kernel is an exact Gaussian
-convolution ``Z = ∫ t(f) N(f; m, v) df`` (probit, step, Gaussian; Gauss-Hermite logistic to its
-quadrature accuracy; every likelihood at power < 1, whose moments integrate the pointwise
-likelihood).  MacKay's logistic approximation ``σ(κ(v) m)`` is not one, so with
-``Logistic(method='mackay')`` at power 1 the gradient is approximate (a few per cent off
-central differences, as for the dense :class:`fastep.GaussianProcessClassifier`); use
-``method='gauss-hermite'`` for exact gradients.  The n-dimension is processed in blocks of columns, so the
-extra memory is O(m · block).  Likelihood parameters: ``Σ_i (1/α) ∂ log Z_i/∂φ`` at the final
-cavities (:mod:`fastep._likelihood_params` for α = 1; for α < 1 only the Gaussian noise
-variance, in closed form).
+Evidence gradient
+-----------------
+Exact, O(nm²), from the sites at the EP fixed point: :mod:`fastep._sparse_problem`.
 
 Prediction (O(m) for the mean, O(m²) for the variance per test point)
 --------------------------------------------------------------------
@@ -64,21 +36,16 @@ import numpy as np
 from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
-from ._epcore import student_t_ep as _student_t_engine
 from ._epcore.power_ep import power_moments_array
 from ._base import check_is_fitted
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
-                       GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
+                       GPEstimator, GPRegressorMixin, Hyperparameters,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
                        check_optimizer, stack_problems, start_kernel)
 from ._defaults import default_noise_variance, sample_rows
-from ._likelihood_params import likelihood_theta
-from ._linalg import matmul
-from ._progress import CALLBACK_DOC, sweep_callback_of
-from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
-                             gradient_second_sums, project_rows, times_inverse_a)
-from ._double_loop_ep import run_sparse_double_loop_ep
-from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
+from ._progress import CALLBACK_DOC
+from ._inducing import auto_sizes, grow_inducing, kmeans_plus_plus
+from ._sparse_problem import _BinarySparseEP, _StudentTSparseEP
 from .batch import map_in_order
 from .hyperpriors import check_hyperprior
 from .ivm import select_active_set
@@ -93,225 +60,10 @@ _APPROXIMATIONS = ("fitc", "dtc")
 _INDUCING_INITS = ("kmeans++", "random", "ivm")
 
 
-def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
-    """Seeded k-means++ centres (Arthur & Vassilvitskii seeding, then ``n_iter`` Lloyd steps).
-
-    The seeding picks data points with probability proportional to the squared distance to
-    the nearest centre chosen so far (uniformly among the remaining points when every
-    distance is 0, i.e. duplicated data); Lloyd steps move each centre to the mean of its
-    points (empty clusters keep their centre).  O(n m d) per step.
-    """
-    n = X.shape[0]
-    centres = np.empty((n_clusters, X.shape[1]))
-    first = int(rng.integers(n))
-    centres[0] = X[first]
-    d2 = np.sum((X - centres[0]) ** 2, axis=1)
-    chosen = np.zeros(n, dtype=bool)
-    chosen[first] = True
-    for k in range(1, n_clusters):
-        total = d2.sum()
-        if total > 0:
-            idx = int(rng.choice(n, p=d2 / total))
-        else:
-            idx = int(rng.choice(np.flatnonzero(~chosen)))
-        chosen[idx] = True
-        centres[k] = X[idx]
-        np.minimum(d2, np.sum((X - centres[k]) ** 2, axis=1), out=d2)
-    x2 = np.einsum("ij,ij->i", X, X)
-    for _ in range(n_iter):
-        dist = x2[:, None] - 2.0 * matmul(X, centres.T) + np.einsum("ij,ij->i", centres, centres)[None, :]
-        label = np.argmin(dist, axis=1)
-        counts = np.bincount(label, minlength=n_clusters)
-        sums = np.zeros_like(centres)
-        np.add.at(sums, label, X)
-        nonempty = counts > 0
-        new = centres.copy()
-        new[nonempty] = sums[nonempty] / counts[nonempty, None]
-        if np.array_equal(new, centres):
-            break
-        centres = new
-    return centres
-
-
-class _BinarySparseEP(SiteProblem):
-    """One binary (or regression) sparse EP problem: EP runs, evidence, gradient, prediction state."""
-
-    algorithm = "sparse EP"
-
-    def __init__(self, kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing):
-        super().__init__(kernel, likelihood, X, y, options)
-        self.Z = Z
-        self.learn_likelihood = learn_likelihood
-        self.learn_inducing = learn_inducing
-
-    # -- EP --------------------------------------------------------------------------------
-    def _prior(self, kernel, Z):
-        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
-        return project_rows(kernel, self.X, Z, Kmm, self.options)
-
-    def _run_once(self, prior, likelihood, warm):
-        Vt, d = prior
-        opts = self.options
-        n, m = Vt.shape
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
-        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        engine = _engine.SparseEP(
-            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
-            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"], validate=False)
-        info = engine.run(tau, nu, R, w_mean, seed=opts["seed"], g_mean=g_mean, g_var=g_var,
-                          sweep_callback=sweep_callback_of(opts))
-        if not np.isfinite(info.log_z):
-            raise np.linalg.LinAlgError(
-                f"sparse EP could not form a proper cavity at {info.n_failed} site(s) and the log "
-                "marginal likelihood is not finite; increase jitter or check the kernel")
-        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
-
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
-
-        ``params`` = ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs). The
-        gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
-        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the sites and the prediction
-        state are stored.
-        """
-        kernel, likelihood, Z = params
-        if Z is None:
-            Z = self.Z
-        L, Vt, d = self._prior(kernel, Z)
-        state = self.run((Vt, d), likelihood, warm)
-        self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
-        grad = None
-        if gradient:
-            grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,
-                                  self.learn_inducing)
-        info = state["info"]
-        if keep:
-            self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
-            self.predictor = SparsePredictor(kernel, likelihood, Z, L, state["R"], state["w_mean"])
-            self.log_ml, self.info = float(info.log_z), info
-        return float(info.log_z), grad, info
-
-    def _gradient(self, kernel, likelihood, Z, L, Vt, d, state, learn_likelihood, learn_inducing):
-        opts = self.options
-        X, y = self.X, self.y
-        n, m = Vt.shape
-        tau, nu, g_mean, g_var = state["tau"], state["nu"], state["g_mean"], state["g_var"]
-        block = min(n, block_rows(m))
-        blocks = [slice(s, min(s + block, n)) for s in range(0, n, block)]
-        P, Ua, lik_grad, ac = 0.0, 0.0, 0.0, []
-        for sl in blocks:
-            P_b, Ua_b, lik_b, a, c = gradient_first_sums(L, Vt[sl], d[sl], y[sl], tau[sl], nu[sl],
-                                                         g_mean[sl], g_var[sl], likelihood, opts,
-                                                         learn_likelihood)
-            P, Ua, lik_grad = P + P_b, Ua + Ua_b, lik_grad + lik_b
-            ac.append((a, c))
-        PA = times_inverse_a(P, state["R"])
-        g_kernel, Gmm, g_z = 0.0, 0.0, 0.0
-        for sl, (a, c) in zip(blocks, ac):
-            gk_b, Gmm_b, gz_b = gradient_second_sums(kernel, Z, X[sl], L, Vt[sl], tau[sl], a, c, Ua, PA,
-                                                     learn_inducing)
-            g_kernel, Gmm = g_kernel + gk_b, Gmm + Gmm_b
-            g_z = g_z + gz_b if learn_inducing else None
-        return gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, lik_grad, learn_likelihood,
-                                  learn_inducing)
-
-    # -- prediction --------------------------------------------------------------------------
-    def latent(self, Xs):
-        return self.predictor.latent(Xs)
-
-
-class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
-    """Robust sparse regression: fractional EP with Student-t sites that may be negative
-    (:func:`fastep._epcore.student_t_ep.run_sparse`); the evidence gradient is the
-    sparse one (its formulas hold for sites of any sign). A run that stalls or does not
-    converge continues with the sparse double loop
-    (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
-    during the type-II ML search (:class:`RejectStuckDuringSearch`)."""
-
-    algorithm = "sparse fractional EP"
-    search_tol = 1e-2
-
-    def _run_once(self, prior, likelihood, warm):
-        Vt, d = prior
-        opts = self.options
-        n, m = Vt.shape
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
-        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        info = _student_t_engine.run_sparse(
-            Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
-            power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
-        self._reject_if_stuck(info)
-        info, arrays = self._with_double_loop_fallback(
-            info, [tau, nu, R, w_mean, g_mean, g_var],
-            lambda a: run_sparse_double_loop_ep(Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *a,
-                                                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
-                                                sweep_callback=sweep_callback_of(opts)))
-        tau, nu, R, w_mean, g_mean, g_var = arrays
-        if not np.isfinite(info.log_z):
-            raise np.linalg.LinAlgError(
-                f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
-                "increase jitter or check the kernel")
-        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
-
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        with self._search_evaluation(gradient):
-            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
-
-
-#: ``n_inducing='auto'``: the first m, the largest m, and the bytes the n x m projection may take.
-AUTO_FIRST = 64
-AUTO_MAX = 1024
-AUTO_MEMORY = 2 ** 30
-#: ``n_inducing='auto'`` stops growing once doubling m raised the evidence by less than this per point.
-GROWTH_TOL = 1e-2
-
-
-def auto_sizes(n):
-    """The inducing-set sizes ``n_inducing='auto'`` tries on n training points: 64, 128, ...,
-    doubling up to the smallest of n, 1024 and the m whose n x m projection fits in 1 GiB."""
-    cap = max(1, min(n, AUTO_MAX, max(AUTO_FIRST, AUTO_MEMORY // (8 * n))))
-    sizes = [min(AUTO_FIRST, cap)]
-    while sizes[-1] < cap:
-        sizes.append(min(2 * sizes[-1], cap))
-    return sizes
-
-
-def grow_inducing(fitted, fit_at, progress=None):
-    """Double the inducing set while the evidence per training point still gains.
-
-    ``fitted``: a problem fitted at the first size of :func:`auto_sizes`; ``fit_at(m, best)`` fits
-    the problem at m inducing inputs, starting from the best fitted problem so far. Growth stops
-    when a doubling raised the EP log marginal likelihood by less than ``GROWTH_TOL`` nats per
-    training point (the larger model is kept if its evidence is the higher), or at the largest
-    size. Sets ``growth`` on the returned problem: one record per size tried.
-    """
-    n = fitted.n_points
-    history = [{"n_inducing": int(fitted.Z.shape[0]), "log_marginal_likelihood": float(fitted.log_ml),
-                "n_evaluations": int(getattr(fitted, "n_evaluations", 0))}]
-    best = fitted
-    for m in auto_sizes(n)[1:]:
-        if m <= best.Z.shape[0] or (progress is not None and progress.stopped):
-            break
-        candidate = fit_at(m, best)
-        history.append({"n_inducing": int(m), "log_marginal_likelihood": float(candidate.log_ml),
-                        "n_evaluations": int(getattr(candidate, "n_evaluations", 0))})
-        gain = (candidate.log_ml - best.log_ml) / n
-        if candidate.log_ml > best.log_ml:
-            best = candidate
-        if gain < GROWTH_TOL:
-            break
-    best.growth = history
-    return best
-
-
 def _check_likelihood_learnable_with_power(likelihood, power):
     if power == 1.0 or isinstance(likelihood, StudentT):
         return
-    names, _, _ = likelihood_theta(likelihood)
+    names = likelihood.theta_names()
     if names != ["log_noise"]:
         raise ValueError("learn_likelihood with power < 1 is supported for the Gaussian noise variance only "
                          f"({type(likelihood).__name__} has {names}); use power=1 or learn_likelihood=False")

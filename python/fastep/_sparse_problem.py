@@ -1,0 +1,173 @@
+"""One sparse GP EP problem (EP-FITC, EP-DTC, power EP): EP runs, the evidence, its exact
+gradient and the prediction state, for :mod:`fastep.sparse`.
+
+Evidence gradient (O(nm²), at the EP fixed point only the explicit dependence counts)
+-------------------------------------------------------------------------------------
+With the sites (τ, ν) on the projections g = Q-part of f, ``a = ν - τ ∘ E[g]``,
+``M = (T⁻¹ + Q)⁻¹ = T - T V A⁻¹ Vᵀ T`` (V = Vtᵀ, A = I + V T Vᵀ) and, for FITC,
+``c_i = (1/α) ∂ log Z_i/∂v_i = (a_i² - b_i)/(2α)`` at the final cavity ``N(m_i, v_i)`` of f
+(a, b: the powered site kernel's alpha and beta; ∂Z/∂v = ½ ∂²Z/∂m² for a Gaussian
+convolution; c = 0 for DTC), the derivative of log Z is
+
+    ½ aᵀ ∂Q a - ½ tr(M ∂Q) - Σ_i c_i ∂Q_ii + Σ_i c_i ∂K_ii
+        = 2 ⟨G, ∂K_mn⟩ - ⟨G Uᵀ, ∂K_mm⟩ + ⟨c, ∂ diag K⟩,
+
+``U = K_mm⁻¹ K_mn = L⁻ᵀ V`` and ``G = U W`` with ``W = ½ a aᵀ - ½ M - diag(c)``, i.e.
+
+    G = ½ (U a) aᵀ - U diag(½ τ + c) + ½ (U T Vᵀ) A⁻¹ V T          (m x n).
+
+``∂K_mn`` comes from ``kernel.cross_gradient_iter(Z, X)``, ``∂K_mm`` from
+``kernel.gradient_iter(Z)``, ``∂ diag K`` from ``kernel.diag_gradient(X)``, and the
+inducing-input gradient is ``kernel.input_gradient(Z, X, 2G) - kernel.input_gradient(Z, Z, 2GUᵀ)``
+(diag K does not depend on Z).
+
+Exactness: the shortcut "only the explicit dependence counts" needs the EP fixed point to be a
+stationary point of the evidence, which holds when the site kernel is an exact Gaussian
+convolution ``Z = ∫ t(f) N(f; m, v) df`` (probit, step, Gaussian; Gauss-Hermite logistic to its
+quadrature accuracy; every likelihood at power < 1, whose moments integrate the pointwise
+likelihood).  MacKay's logistic approximation ``σ(κ(v) m)`` is not one, so with
+``Logistic(method='mackay')`` at power 1 the gradient is approximate (a few per cent off
+central differences, as for the dense :class:`fastep.GaussianProcessClassifier`); use
+``method='gauss-hermite'`` for exact gradients.  The n-dimension is processed in blocks of columns, so the
+extra memory is O(m · block).  Likelihood parameters: ``Σ_i (1/α) ∂ log Z_i/∂φ`` at the final
+cavities (:meth:`fastep.likelihoods.Likelihood.theta_gradient` for α = 1; for α < 1 only the Gaussian noise
+variance, in closed form).
+"""
+import numpy as np
+
+from ._epcore import sparse_ep as _engine
+from ._epcore import student_t_ep as _student_t_engine
+from ._gp_base import SiteProblem
+from ._progress import sweep_callback_of
+from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
+                             gradient_second_sums, project_rows, times_inverse_a)
+from ._double_loop_ep import run_sparse_double_loop_ep
+from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
+
+class _BinarySparseEP(SiteProblem):
+    """One binary (or regression) sparse EP problem: EP runs, evidence, gradient, prediction state."""
+
+    algorithm = "sparse EP"
+
+    def __init__(self, kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing):
+        super().__init__(kernel, likelihood, X, y, options)
+        self.Z = Z
+        self.learn_likelihood = learn_likelihood
+        self.learn_inducing = learn_inducing
+
+    # -- EP --------------------------------------------------------------------------------
+    def _prior(self, kernel, Z):
+        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
+        return project_rows(kernel, self.X, Z, Kmm, self.options)
+
+    def _run_once(self, prior, likelihood, warm):
+        Vt, d = prior
+        opts = self.options
+        n, m = Vt.shape
+        tau = self.site_precision.copy() if warm else np.zeros(n)
+        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
+        engine = _engine.SparseEP(
+            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
+            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"], validate=False)
+        info = engine.run(tau, nu, R, w_mean, seed=opts["seed"], g_mean=g_mean, g_var=g_var,
+                          sweep_callback=sweep_callback_of(opts))
+        if not np.isfinite(info.log_z):
+            raise np.linalg.LinAlgError(
+                f"sparse EP could not form a proper cavity at {info.n_failed} site(s) and the log "
+                "marginal likelihood is not finite; increase jitter or check the kernel")
+        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
+
+        ``params`` = ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs). The
+        gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
+        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the sites and the prediction
+        state are stored.
+        """
+        kernel, likelihood, Z = params
+        if Z is None:
+            Z = self.Z
+        L, Vt, d = self._prior(kernel, Z)
+        state = self.run((Vt, d), likelihood, warm)
+        self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
+        grad = None
+        if gradient:
+            grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,
+                                  self.learn_inducing)
+        info = state["info"]
+        if keep:
+            self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
+            self.predictor = SparsePredictor(kernel, likelihood, Z, L, state["R"], state["w_mean"])
+            self.log_ml, self.info = float(info.log_z), info
+        return float(info.log_z), grad, info
+
+    def _gradient(self, kernel, likelihood, Z, L, Vt, d, state, learn_likelihood, learn_inducing):
+        opts = self.options
+        X, y = self.X, self.y
+        n, m = Vt.shape
+        tau, nu, g_mean, g_var = state["tau"], state["nu"], state["g_mean"], state["g_var"]
+        block = min(n, block_rows(m))
+        blocks = [slice(s, min(s + block, n)) for s in range(0, n, block)]
+        P, Ua, lik_grad, ac = 0.0, 0.0, 0.0, []
+        for sl in blocks:
+            P_b, Ua_b, lik_b, a, c = gradient_first_sums(L, Vt[sl], d[sl], y[sl], tau[sl], nu[sl],
+                                                         g_mean[sl], g_var[sl], likelihood, opts,
+                                                         learn_likelihood)
+            P, Ua, lik_grad = P + P_b, Ua + Ua_b, lik_grad + lik_b
+            ac.append((a, c))
+        PA = times_inverse_a(P, state["R"])
+        g_kernel, Gmm, g_z = 0.0, 0.0, 0.0
+        for sl, (a, c) in zip(blocks, ac):
+            gk_b, Gmm_b, gz_b = gradient_second_sums(kernel, Z, X[sl], L, Vt[sl], tau[sl], a, c, Ua, PA,
+                                                     learn_inducing)
+            g_kernel, Gmm = g_kernel + gk_b, Gmm + Gmm_b
+            g_z = g_z + gz_b if learn_inducing else None
+        return gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, lik_grad, learn_likelihood,
+                                  learn_inducing)
+
+    # -- prediction --------------------------------------------------------------------------
+    def latent(self, Xs):
+        return self.predictor.latent(Xs)
+
+
+class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
+    """Robust sparse regression: fractional EP with Student-t sites that may be negative
+    (:func:`fastep._epcore.student_t_ep.run_sparse`); the evidence gradient is the
+    sparse one (its formulas hold for sites of any sign). A run that stalls or does not
+    converge continues with the sparse double loop
+    (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
+    during the type-II ML search (:class:`RejectStuckDuringSearch`)."""
+
+    algorithm = "sparse fractional EP"
+    search_tol = 1e-2
+
+    def _run_once(self, prior, likelihood, warm):
+        Vt, d = prior
+        opts = self.options
+        n, m = Vt.shape
+        tau = self.site_precision.copy() if warm else np.zeros(n)
+        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
+        info = _student_t_engine.run_sparse(
+            Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
+            power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+            max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
+        self._reject_if_stuck(info)
+        info, arrays = self._with_double_loop_fallback(
+            info, [tau, nu, R, w_mean, g_mean, g_var],
+            lambda a: run_sparse_double_loop_ep(Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *a,
+                                                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
+                                                sweep_callback=sweep_callback_of(opts)))
+        tau, nu, R, w_mean, g_mean, g_var = arrays
+        if not np.isfinite(info.log_z):
+            raise np.linalg.LinAlgError(
+                f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
+                "increase jitter or check the kernel")
+        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        with self._search_evaluation(gradient):
+            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
