@@ -28,6 +28,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from . import _validation as v
+from ._constraints import Boolean, Choice, Custom, Integer, Interval, Positive, Seed
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._defaults import default_kernel, default_noise_variance
 from ._learning_checks import warn_if_kernel_stuck
@@ -399,6 +400,19 @@ def check_optimizer(optimizer, allowed=("L-BFGS-B",)):
         names = ", ".join(repr(a) for a in allowed)
         raise ValueError(f"optimizer must be {names} or None, got {optimizer!r}")
     return optimizer
+
+
+def ep_option_constraints(schedules, orders, policies):
+    """The options every EP GP estimator checks (:func:`fastep._constraints.validate_params`)."""
+    from .hyperpriors import check_hyperprior
+    return {
+        "schedule": Choice(schedules), "order": Choice(orders), "negative_precision": Choice(policies),
+        "damping": Interval(0.0, 1.0, low_inclusive=False, allow_none=True),
+        "tol": Positive(), "max_sweeps": Integer(1),
+        "jitter": Interval(0.0, np.inf, finite=True),
+        "optimizer": Custom(check_optimizer), "n_restarts_optimizer": Integer(0), "warm_start": Boolean(),
+        "random_state": Seed(), "hyperprior": Custom(check_hyperprior),
+    }
 
 
 def stack_problems(arrays):

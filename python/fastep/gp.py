@@ -34,8 +34,9 @@ from ._epcore import gp_ep as _engine
 from ._base import check_is_fitted
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
                        GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
-                       check_classifier_likelihood, check_kernel, check_noise_model, check_optimizer,
-                       start_kernel)
+                       check_classifier_likelihood, check_kernel, check_noise_model,
+                       ep_option_constraints, start_kernel)
+from ._constraints import Integer, validate_params
 from ._defaults import default_noise_variance
 from ._multiclass_gp import MultinomialGPProblem
 from ._student_t_gp import StudentTGPProblem
@@ -43,7 +44,6 @@ from .likelihoods import Gaussian, Probit, StudentT
 from ._linalg import inner, matmul, symmetrize_from_lower
 from ._progress import CALLBACK_DOC, sweep_callback_of
 from .batch import map_in_order
-from .hyperpriors import check_hyperprior
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
@@ -54,7 +54,7 @@ _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 # Sweeps between full refactorisations (the final answer is always refactorised):
 # after every sweep for the plain rank-1 path (the cross-check), every 10 sweeps for the
 # blocked path, where the O(n³) refactorisation costs about twice a sweep
-# (benchmarks/compare_gpc_peers.py; issue 3 closing note).
+# (measured in benchmarks/compare_gpc_peers.py).
 _DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
 
 
@@ -204,30 +204,22 @@ class _BinaryGPEP(SiteProblem):
 class _GPEPBase(EPEvidenceMixin, GPEstimator):
     """Engine options and the per-problem fit shared by the dense GP estimators."""
 
+    _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
+                                  block_size=Integer(1, allow_none=True), refactor_every=Integer(1, allow_none=True))
+
     def _engine_options(self):
-        v.check_choice(self.schedule, "schedule", _SCHEDULES)
-        v.check_choice(self.order, "order", _ORDERS)
-        v.check_choice(self.negative_precision, "negative_precision", _POLICIES)
-        damping = self.damping
+        p = validate_params(self, self._parameter_constraints)
+        damping = p["damping"]
         if damping is None:
             damping = 0.5 if self.schedule == "parallel" else 1.0
-        damping = v.check_in_range(damping, "damping", 0.0, 1.0, low_inclusive=False)
-        tol = v.check_positive(self.tol, "tol")
-        max_sweeps = v.check_int(self.max_sweeps, "max_sweeps", minimum=1)
-        block_size = 0 if self.block_size is None else v.check_int(self.block_size, "block_size", minimum=1)
-        jitter = v.check_in_range(self.jitter, "jitter", 0.0, np.inf)
-        if self.refactor_every is None:
+        refactor_every = p["refactor_every"]
+        if refactor_every is None:
             refactor_every = _DEFAULT_REFACTOR_EVERY[self.schedule]
-        else:
-            refactor_every = v.check_int(self.refactor_every, "refactor_every", minimum=1)
-        check_optimizer(self.optimizer)
-        v.check_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        v.check_bool(self.warm_start, "warm_start")
-        seed = v.check_seed(self.random_state)
-        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
-                "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
-                "negative_precision": _POLICIES[self.negative_precision], "block_size": block_size,
-                "jitter": jitter, "refactor_every": refactor_every, "hyperprior": check_hyperprior(self.hyperprior),
+        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": p["random_state"],
+                "damping": float(damping), "tol": p["tol"], "max_sweeps": p["max_sweeps"],
+                "negative_precision": _POLICIES[self.negative_precision],
+                "block_size": 0 if p["block_size"] is None else p["block_size"],
+                "jitter": p["jitter"], "refactor_every": refactor_every, "hyperprior": p["hyperprior"],
                 "progress": self._new_progress()}
 
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):

@@ -41,13 +41,13 @@ from ._base import check_is_fitted
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
-                       check_optimizer, stack_problems, start_kernel)
+                       ep_option_constraints, stack_problems, start_kernel)
+from ._constraints import Boolean, Choice, Integer, Interval, validate_params
 from ._defaults import default_noise_variance, sample_rows
 from ._progress import CALLBACK_DOC
 from ._inducing import auto_sizes, grow_inducing, kmeans_plus_plus
 from ._sparse_problem import _BinarySparseEP, _StudentTSparseEP
 from .batch import map_in_order
-from .hyperpriors import check_hyperprior
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
 
@@ -72,35 +72,21 @@ def _check_likelihood_learnable_with_power(likelihood, power):
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
+    _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
+                                  approximation=Choice(_APPROXIMATIONS),
+                                  power=Interval(0.0, 1.0, low_inclusive=False, allow_none=True),
+                                  n_quadrature=Integer(1, 256), learn_inducing=Boolean())
+
     def _engine_options(self):
-        v.check_choice(self.schedule, "schedule", _SCHEDULES)
-        v.check_choice(self.order, "order", _ORDERS)
-        v.check_choice(self.negative_precision, "negative_precision", _POLICIES)
-        v.check_choice(self.approximation, "approximation", _APPROXIMATIONS)
-        power = 1.0 if self.power is None else v.check_in_range(self.power, "power", 0.0, 1.0,
-                                                                 low_inclusive=False)
-        damping = self.damping
+        p = validate_params(self, self._parameter_constraints)
+        damping = p["damping"]
         if damping is None:
             damping = 0.5 if self.schedule == "parallel" else 1.0
-        damping = v.check_in_range(damping, "damping", 0.0, 1.0, low_inclusive=False)
-        tol = v.check_positive(self.tol, "tol")
-        max_sweeps = v.check_int(self.max_sweeps, "max_sweeps", minimum=1)
-        n_quadrature = v.check_int(self.n_quadrature, "n_quadrature", minimum=1)
-        if n_quadrature > 256:
-            raise ValueError(f"n_quadrature must be <= 256, got {n_quadrature}")
-        jitter = v.check_in_range(self.jitter, "jitter", 0.0, np.inf)
-        if not np.isfinite(jitter):
-            raise ValueError(f"jitter must be finite, got {jitter!r}")
-        check_optimizer(self.optimizer)
-        v.check_int(self.n_restarts_optimizer, "n_restarts_optimizer", minimum=0)
-        v.check_bool(self.warm_start, "warm_start")
-        v.check_bool(self.learn_inducing, "learn_inducing")
-        seed = v.check_seed(self.random_state)
-        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": seed,
-                "damping": float(damping), "tol": tol, "max_sweeps": max_sweeps,
-                "negative_precision": _POLICIES[self.negative_precision], "jitter": jitter,
-                "approximation": self.approximation, "power": float(power),
-                "n_quadrature": n_quadrature, "hyperprior": check_hyperprior(self.hyperprior),
+        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": p["random_state"],
+                "damping": float(damping), "tol": p["tol"], "max_sweeps": p["max_sweeps"],
+                "negative_precision": _POLICIES[self.negative_precision], "jitter": p["jitter"],
+                "approximation": self.approximation, "power": 1.0 if p["power"] is None else float(p["power"]),
+                "n_quadrature": p["n_quadrature"], "hyperprior": p["hyperprior"],
                 "progress": self._new_progress()}
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):

@@ -2,7 +2,7 @@
 """Baselines for the benchmarks: bare BLAS work with no EP logic around it."""
 import numpy as np
 
-from fastep._epcore._blas cimport gemv, gemv_t, symv, syr, trsv
+from fastep._epcore._blas cimport gemv, gemv_t, symv, syr, trsv, UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT
 
 
 def bare_rank1_updates(double[:, ::1] matrix, const double[:, ::1] vectors, double alpha):
@@ -15,7 +15,7 @@ def bare_rank1_updates(double[:, ::1] matrix, const double[:, ::1] vectors, doub
         raise ValueError("matrix must be (d, d) with d = vectors.shape[1]")
     with nogil:
         for i in range(n):
-            syr(True, d, alpha, &vectors[i, 0], &matrix[0, 0], d)
+            syr(LOWER, d, alpha, &vectors[i, 0], &matrix[0, 0], d)
 
 
 def bare_symv_rank1_updates(double[:, ::1] matrix, const double[:, ::1] vectors, double alpha,
@@ -29,8 +29,8 @@ def bare_symv_rank1_updates(double[:, ::1] matrix, const double[:, ::1] vectors,
         raise ValueError("matrix must be (d, d) and work (d,) with d = vectors.shape[1]")
     with nogil:
         for i in range(n):
-            symv(True, d, 1.0, &matrix[0, 0], d, &vectors[i, 0], 0.0, &work[0])
-            syr(True, d, alpha, &work[0], &matrix[0, 0], d)
+            symv(LOWER, d, 1.0, &matrix[0, 0], d, &vectors[i, 0], 0.0, &work[0])
+            syr(LOWER, d, alpha, &work[0], &matrix[0, 0], d)
 
 
 def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const int[::1] points,
@@ -71,4 +71,4 @@ def bare_blas_selection(const double[:, ::1] M, const double[:, ::1] L, const in
             if k > 0:
                 gemv_t(k, n, -1.0, &M[0, 0], n, &a[0], 0.0, &s[0])
                 if solves:
-                    trsv(True, False, k, &L[0, 0], ldl, &a[0])
+                    trsv(LOWER, NO_TRANS, k, &L[0, 0], ldl, &a[0])

@@ -20,6 +20,21 @@ from scipy.linalg.cython_lapack cimport (
 )
 
 
+# Named values of the wrappers' flag arguments (``lower``, ``transpose``, ``right``), so that a
+# call reads ``trsm_right(LOWER, TRANS, ...)`` rather than ``trsm_right(True, True, ...)``.
+cdef enum Triangle:
+    UPPER = 0
+    LOWER = 1
+
+cdef enum Transpose:
+    NO_TRANS = 0
+    TRANS = 1
+
+cdef enum Side:
+    LEFT = 0
+    RIGHT = 1
+
+
 cdef inline double ddot(int n, const double* x, int incx, const double* y, int incy) noexcept nogil:
     cdef blas_int n_ = n, ix = incx, iy = incy
     return _ddot(&n_, <double*>x, &ix, <double*>y, &iy)

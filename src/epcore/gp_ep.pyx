@@ -16,13 +16,13 @@ same code.  The posterior is ``q(f) = N(μ, Σ)`` with the invariant
 
 ``S = diag(τ)`` (Σ is Minka's ``A`` of eq 74 with ``C = K`` and ``Λ = S⁻¹``;
 ``μ`` is eq 77).  Only ``τ >= 0`` is supported (so ``B`` is SPD): the
-negative-precision policies are linear_ep's ``NEGATIVE_CLIP`` (default) and
+negative-precision policies are _common's ``NEGATIVE_CLIP`` (default) and
 ``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is rejected.
 
 One site update
 ---------------
 The GP site update is linear EP's natural-form update with ``x_i = e_i``,
-``V = Σ``, ``m = μ``, so it reuses ``linear_ep.site_step`` (one code path for the
+``V = Σ``, ``m = μ``, so it reuses ``_common.site_step`` (one code path for the
 site algebra): from ``Σ_ii`` and ``μ_i`` it forms the cavity
 ``λ_i = Σ_ii / (1 - Σ_ii τ_i)`` (eq 79) and ``h_i = μ_i + λ_i (τ_i μ_i - ν_i)``
 (eq 78), calls the site kernel for ``(log Ẑ_i, α_i, β_i)``, sets the target
@@ -113,7 +113,7 @@ Convergence
 -----------
 After each sweep (after its refactorisation): ``max_change`` is the larger of
 ``max_i |Δτ_i| / max(1, |τ_i|)`` and ``max_i |Δν_i| / max(1, |ν_i|)`` over the
-sites updated in the sweep (linear_ep's SweepStats); the run has converged when
+sites updated in the sweep (_common's SweepStats); the run has converged when
 ``max_change < tol``, ``|Δ log Z| < tol max(1, |log Z|)`` and no site failed in
 that sweep.
 
@@ -148,6 +148,7 @@ import numpy as np
 from libc.math cimport sqrt, log, log1p, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset, memcpy
 from fastep._epcore._blas cimport (
+    UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, trsv, potrf, trtri, symmetrize,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments, SITE_BAD_LABEL, SITE_BAD_PARAMS
@@ -223,7 +224,7 @@ cdef int entropy_pick(const SiteModel* model, const double* y, int n,
 
 
 # --------------------------------------------------------------------------- #
-# column access (sweep bookkeeping: linear_ep.pxd's sweep_stats_reset/record)
+# column access (sweep bookkeeping: _common.pxd's sweep_stats_reset/record)
 # --------------------------------------------------------------------------- #
 
 cdef inline void _gather_column(const double* a, int n, int i, double* col) noexcept nogil:
@@ -290,7 +291,7 @@ cdef void gp_sweep_sequential(const SiteModel* model, const double* y, int n,
                 half_log_det_b[0] += 0.5 * log1p((site_precision[i] - tau_old) * sii)
             _gather_column(post_cov, n, i, col)
             if cov_coef != 0.0:
-                syr(True, n, cov_coef, col, post_cov, n)                         # eq 84
+                syr(LOWER, n, cov_coef, col, post_cov, n)                         # eq 84
             if mean_coef != 0.0:
                 daxpy(n, mean_coef, col, 1, post_mean, 1)
             if entropy and cov_coef != 0.0:
@@ -381,9 +382,9 @@ cdef void gp_sweep_blocked(const SiteModel* model, const double* y, int n,
                 dst[j] = scale * col[j]
         # fold the block in: Σ += R_posᵀ R_pos - R_negᵀ R_neg (lower triangle, BLAS-3)
         if n_pos > 0:
-            syrk(True, n, n_pos, 1.0, rows, n, 1.0, post_cov, n)
+            syrk(LOWER, n, n_pos, 1.0, rows, n, 1.0, post_cov, n)
         if n_neg > 0:
-            syrk(True, n, n_neg, -1.0, rows + <Py_ssize_t>(block_size - n_neg) * n, n,
+            syrk(LOWER, n, n_neg, -1.0, rows + <Py_ssize_t>(block_size - n_neg) * n, n,
                  1.0, post_cov, n)
         t += kk
 
@@ -884,7 +885,7 @@ cdef class DenseEP:
                             driver.log_z = gp_log_z_stable(model, y_ptr, n, k_ptr, tau_ptr, nu_ptr,
                                                            diag_ptr, work_ptr, &vec4[0], cav_mean_ptr,
                                                            cav_var_ptr, &bad_site)
-                        symmetrize(True, n, cov_ptr, n)
+                        symmetrize(LOWER, n, cov_ptr, n)
         driver.raise_pending()                  # Ctrl-C or the callback raised: inputs back, re-raise
         if info == 0 and post_var is not None:
             np.asarray(post_var)[:] = np.asarray(post_diag)
@@ -1001,7 +1002,7 @@ def refactor_posterior(const double[:, ::1] K, const double[::1] site_precision,
         info = gp_refactor(&K[0, 0], n, &site_precision[0], &site_natural_mean[0], &post_cov[0, 0],
                            &post_mean[0], &diag[0], &work[0, 0], &scratch[0], &log_chol, True)
         if info == 0:
-            symmetrize(True, n, &post_cov[0, 0], n)
+            symmetrize(LOWER, n, &post_cov[0, 0], n)
     if info != 0:
         raise _refactor_error(info, "in refactor_posterior")
     return float(log_chol)
@@ -1079,7 +1080,7 @@ def incremental_sweep(const double[::1] y, SiteSpec spec not None,
             gp_sweep_blocked(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
                              &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
                              &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats, NULL)
-        symmetrize(True, n, &post_cov[0, 0], n)
+        symmetrize(LOWER, n, &post_cov[0, 0], n)
     return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
                 n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
                 n_failed=int(stats.n_failed), block_size=int(k_block))

@@ -13,6 +13,7 @@ algebra and costs; every routine here is ``noexcept nogil`` and does no allocati
 from libc.math cimport sqrt, log, log1p, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset, memcpy
 from fastep._epcore._blas cimport (
+    UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsm, trsv, potrf, trtri, symmetrize,
 )
 from fastep._epcore.sites cimport SiteModel, site_moments
@@ -30,7 +31,7 @@ cdef void gp_form_covariance(const double* K, int n, const double* V, double* po
     cdef int i
     for i in range(n):
         dcopy(i + 1, K + <Py_ssize_t>i * n, 1, post_cov + <Py_ssize_t>i * n, 1)
-    syrk(True, n, n, -1.0, V, n, 1.0, post_cov, n)
+    syrk(LOWER, n, n, -1.0, V, n, 1.0, post_cov, n)
 
 
 cdef int gp_refactor(const double* K, int n, const double* site_precision,
@@ -65,7 +66,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
         log_chol_diag_sum[0] = 0.0
         for i in range(nn):
             post_diag[i] = K[i * nn + i]
-        symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+        symv(LOWER, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
         for i in range(nn):
             memset(work + i * nn, 0, nn * sizeof(double))
         if form_cov:
@@ -80,7 +81,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
         for j in range(i):
             row[j] = si * krow[j] * sqrt_prec[j]
         row[i] = 1.0 + si * si * krow[i]
-    info = potrf(True, n, post_cov, n)
+    info = potrf(LOWER, n, post_cov, n)
     if info != 0:
         return info
     acc = 0.0
@@ -97,7 +98,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
             krow = K + i * nn
             for j in range(nn):
                 row[j] = si * krow[j]
-    trsm(True, False, n, n, 1.0, post_cov, n, work, n)
+    trsm(LOWER, NO_TRANS, n, n, 1.0, post_cov, n, work, n)
     # diag Σ = diag K - squared column norms of V
     for i in range(nn):
         post_diag[i] = K[i * nn + i]
@@ -110,7 +111,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
         if post_diag[i] < -_NEGATIVE_VARIANCE_RTOL * K[i * nn + i]:
             return <int>(-(i + 1))
     # μ = K ν - Vᵀ (V ν)   (sqrt_prec reused for V ν)
-    symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+    symv(LOWER, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
     gemv(n, n, 1.0, work, n, site_natural_mean, 0.0, sqrt_prec)
     gemv_t(n, n, -1.0, work, n, sqrt_prec, 1.0, post_mean)
     if form_cov:
@@ -158,7 +159,7 @@ cdef int _inverse_factor_diag(int n, const double* chol, double* work, double* o
     if work != chol:
         for i in range(nn):
             dcopy(<int>(i + 1), chol + i * nn, 1, work + i * nn, 1)
-    info = trtri(True, n, work, n)
+    info = trtri(LOWER, n, work, n)
     if info != 0:
         return info
     memset(out, 0, nn * sizeof(double))
@@ -195,7 +196,7 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
     cdef int info
     _sqrt_precisions(n, site_precision, sqrt_prec)
     _fill_b_lower(K, n, sqrt_prec, post_cov)
-    info = potrf(True, n, post_cov, n)
+    info = potrf(LOWER, n, post_cov, n)
     if info != 0:
         return info
     acc = 0.0
@@ -225,7 +226,7 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
                 for j in range(nn):
                     work[j * n_fallback + q] = sqrt_prec[j] * krow[j]
                 q += 1
-        trsm(True, False, n, <int>n_fallback, 1.0, post_cov, n, work, <int>n_fallback)
+        trsm(LOWER, NO_TRANS, n, <int>n_fallback, 1.0, post_cov, n, work, <int>n_fallback)
         q = 0
         for i in range(nn):
             if post_diag[i] == -1.0:
@@ -238,14 +239,14 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
         if post_diag[i] < -_NEGATIVE_VARIANCE_RTOL * K[i * nn + i]:
             return <int>(-(i + 1))
     # μ = t - K (s ∘ B⁻¹ (s ∘ t)) with t = K ν   (work row 0 as the vector scratch)
-    symv(True, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
+    symv(LOWER, n, 1.0, K, n, site_natural_mean, 0.0, post_mean)
     for i in range(nn):
         work[i] = sqrt_prec[i] * post_mean[i]
-    trsv(True, False, n, post_cov, n, work)
-    trsv(True, True, n, post_cov, n, work)
+    trsv(LOWER, NO_TRANS, n, post_cov, n, work)
+    trsv(LOWER, TRANS, n, post_cov, n, work)
     for i in range(nn):
         work[i] *= sqrt_prec[i]
-    symv(True, n, -1.0, K, n, work, 1.0, post_mean)
+    symv(LOWER, n, -1.0, K, n, work, 1.0, post_mean)
     return 0
 
 
@@ -267,7 +268,7 @@ cdef void gp_covariance_from_factor(const double* K, int n, const double* site_p
         krow = K + i * nn
         for j in range(nn):
             row[j] = si * krow[j]
-    trsm(True, False, n, n, 1.0, post_cov, n, work, n)
+    trsm(LOWER, NO_TRANS, n, n, 1.0, post_cov, n, work, n)
     gp_form_covariance(K, n, work, post_cov)
 
 
@@ -276,7 +277,7 @@ cdef int gp_factor_only(const double* K, int n, const double* site_precision, do
     """L = chol(B) into the lower triangle of ``post_cov`` (``potrf``); potrf's info."""
     _sqrt_precisions(n, site_precision, sqrt_prec)
     _fill_b_lower(K, n, sqrt_prec, post_cov)
-    return potrf(True, n, post_cov, n)
+    return potrf(LOWER, n, post_cov, n)
 
 
 cdef double gp_log_z(const SiteModel* model, const double* y, int n,
@@ -378,7 +379,7 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
     bad_site[0] = -1
     _sqrt_precisions(n, site_precision, vec)
     _fill_b_lower(K, n, vec, work)
-    info = potrf(True, n, work, n)
+    info = potrf(LOWER, n, work, n)
     if info != 0:
         bad_site[0] = -2
         return NAN
@@ -417,16 +418,16 @@ cdef double gp_log_z_stable_factored(const SiteModel* model, const double* y, in
     # t = K ν_Z into mu (w as the masked ν), then w = r - S^½ t, w <- B⁻¹ w
     for i in range(nn):
         w[i] = site_natural_mean[i] if s[i] == 0.0 else 0.0
-    symv(True, n, 1.0, K, n, w, 0.0, mu)
+    symv(LOWER, n, 1.0, K, n, w, 0.0, mu)
     for i in range(nn):
         si = s[i]
         w[i] = site_natural_mean[i] / si - si * mu[i] if si > 0.0 else 0.0
-    trsv(True, False, n, chol, n, w)
-    trsv(True, True, n, chol, n, w)
+    trsv(LOWER, NO_TRANS, n, chol, n, w)
+    trsv(LOWER, TRANS, n, chol, n, w)
     # μ = t + K S^½ w   (b as the vector scratch)
     for i in range(nn):
         b[i] = s[i] * w[i]
-    symv(True, n, 1.0, K, n, b, 1.0, mu)
+    symv(LOWER, n, 1.0, K, n, b, 1.0, mu)
     # b = diag(B⁻¹): squared column norms of L⁻¹
     if inv_diag != NULL:
         memcpy(b, inv_diag, nn * sizeof(double))

@@ -100,6 +100,7 @@ import numpy as np
 
 from libc.math cimport sqrt, log, fabs, isfinite, INFINITY, NAN
 from fastep._epcore._blas cimport (
+    UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     ddot, daxpy, dscal, dcopy, symv, gemv, gemv_t, syr, syrk, trsv, potrf, potri,
     symmetrize, symm_right,
 )
@@ -190,7 +191,7 @@ cdef int site_update(const SiteModel* model, double y, const double* x, int d,
         xVx = _small_dot(d, work, x)
         xm = _small_dot(d, post_mean, x)
     else:
-        symv(True, d, 1.0, post_cov, d, x, 0.0, work)
+        symv(LOWER, d, 1.0, post_cov, d, x, 0.0, work)
         xVx = ddot(d, work, 1, x, 1)
         xm = ddot(d, post_mean, 1, x, 1)
     result = site_step(model, y, xVx, xm, site_precision_i, site_natural_mean_i, opts,
@@ -203,7 +204,7 @@ cdef int site_update(const SiteModel* model, double y, const double* x, int d,
                 post_mean[k] += mean_coef * work[k]
         else:
             if cov_coef != 0.0:
-                syr(True, d, cov_coef, work, post_cov, d)
+                syr(LOWER, d, cov_coef, work, post_cov, d)
             if mean_coef != 0.0:
                 daxpy(d, mean_coef, work, 1, post_mean, 1)
     return result
@@ -249,7 +250,7 @@ cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y
     while b0 < n:
         kk = block_size if n - b0 > block_size else n - b0
         # rows of X_blk V = (V x_i)^T for the whole block (BLAS-3)
-        symm_right(True, kk, d, 1.0, post_cov, d, X + <Py_ssize_t>b0 * d, d, 0.0, cross, d)
+        symm_right(LOWER, kk, d, 1.0, post_cov, d, X + <Py_ssize_t>b0 * d, d, 0.0, cross, d)
         n_pos = 0
         n_neg = 0
         for t in range(kk):
@@ -287,9 +288,9 @@ cdef void sweep_blocked(const SiteModel* model, const double* X, const double* y
                     dcopy(d, u, 1, neg_rows, 1)
                     dscal(d, sqrt(-cov_coef), neg_rows, 1)
         if n_pos > 0:
-            syrk(True, d, n_pos, 1.0, scaled, d, 1.0, post_cov, d)
+            syrk(LOWER, d, n_pos, 1.0, scaled, d, 1.0, post_cov, d)
         if n_neg > 0:
-            syrk(True, d, n_neg, -1.0, scaled + <Py_ssize_t>(block_size - n_neg) * d, d,
+            syrk(LOWER, d, n_neg, -1.0, scaled + <Py_ssize_t>(block_size - n_neg) * d, d,
                  1.0, post_cov, d)
         b0 += kk
 
@@ -316,11 +317,11 @@ cdef int posterior_precision_cholesky(const double* X, int n, int d, const doubl
                 dscal(d, sqrt(fabs(tau)), scratch + <Py_ssize_t>count * d, 1)
                 count += 1
                 if count == scratch_rows:
-                    syrk(True, d, count, alpha, scratch, d, 1.0, chol, d)
+                    syrk(LOWER, d, count, alpha, scratch, d, 1.0, chol, d)
                     count = 0
         if count > 0:
-            syrk(True, d, count, alpha, scratch, d, 1.0, chol, d)
-    return potrf(True, d, chol, d)
+            syrk(LOWER, d, count, alpha, scratch, d, 1.0, chol, d)
+    return potrf(LOWER, d, chol, d)
 
 
 cdef int refresh_lower(const double* X, int n, int d, const double* site_precision,
@@ -338,9 +339,9 @@ cdef int refresh_lower(const double* X, int n, int d, const double* site_precisi
         return info
     dcopy(d, prior_precision_mean, 1, post_mean, 1)
     gemv_t(n, d, 1.0, X, d, site_natural_mean, 1.0, post_mean)      # V0^-1 m0 + X^T nu
-    trsv(True, False, d, post_cov, d, post_mean)
-    trsv(True, True, d, post_cov, d, post_mean)                      # eq 47
-    return potri(True, d, post_cov, d)                               # eq 46
+    trsv(LOWER, NO_TRANS, d, post_cov, d, post_mean)
+    trsv(LOWER, TRANS, d, post_cov, d, post_mean)                      # eq 47
+    return potri(LOWER, d, post_cov, d)                               # eq 46
 
 
 cdef int _prior_factor(const double* prior_cov, const double* prior_mean, int d,
@@ -350,20 +351,20 @@ cdef int _prior_factor(const double* prior_cov, const double* prior_mean, int d,
     cdef int j, info
     cdef double acc = 0.0
     dcopy(d * d, prior_cov, 1, prior_precision, 1)
-    info = potrf(True, d, prior_precision, d)
+    info = potrf(LOWER, d, prior_precision, d)
     if info != 0:
         return info
     for j in range(d):
         acc += log(prior_precision[<Py_ssize_t>j * d + j])
     log_det_prior[0] = 2.0 * acc
     dcopy(d, prior_mean, 1, prior_precision_mean, 1)
-    trsv(True, False, d, prior_precision, d, prior_precision_mean)
+    trsv(LOWER, NO_TRANS, d, prior_precision, d, prior_precision_mean)
     prior_quad[0] = ddot(d, prior_precision_mean, 1, prior_precision_mean, 1)
-    info = potri(True, d, prior_precision, d)
+    info = potri(LOWER, d, prior_precision, d)
     if info != 0:
         return info
-    symmetrize(True, d, prior_precision, d)
-    symv(True, d, 1.0, prior_precision, d, prior_mean, 0.0, prior_precision_mean)
+    symmetrize(LOWER, d, prior_precision, d)
+    symv(LOWER, d, 1.0, prior_precision, d, prior_mean, 0.0, prior_precision_mean)
     return 0
 
 
@@ -471,7 +472,7 @@ def refresh_posterior(const double[:, ::1] X, const double[::1] prior_mean,
                                  &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
                                  &scratch[0, 0], scratch_rows)
             if info == 0:
-                symmetrize(True, d, &post_cov[0, 0], d)
+                symmetrize(LOWER, d, &post_cov[0, 0], d)
     if prior_info != 0:
         raise _prior_error(prior_info)
     if info != 0:
@@ -681,7 +682,7 @@ cdef class LinearEP:
                         if driver.converged or driver.stopped:
                             break
                 if info == 0:
-                    symmetrize(True, d, &post_cov[0, 0], d)
+                    symmetrize(LOWER, d, &post_cov[0, 0], d)
         driver.raise_pending()
         if prior_info != 0:
             raise _prior_error(prior_info)
@@ -789,13 +790,13 @@ def _log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1]
                 log_det_post -= 2.0 * log(chol[j, j])                 # log|V| = -log|V^-1|
             dcopy(d, &prior_precision_mean[0], 1, &rhs[0], 1)
             gemv_t(n, d, 1.0, x_ptr, d, nu_ptr, 1.0, &rhs[0])      # V^-1 m (eq 47)
-            trsv(True, False, d, &chol[0, 0], d, &rhs[0])
+            trsv(LOWER, NO_TRANS, d, &chol[0, 0], d, &rhs[0])
             post_quad = ddot(d, &rhs[0], 1, &rhs[0], 1)            # m^T V^-1 m
             total = 0.5 * (log_det_post - log_det_prior) + 0.5 * (post_quad - prior_quad)
             b0 = 0
             while b0 < n and bad_site < 0:
                 kk = scratch_rows if n - b0 > scratch_rows else n - b0
-                symm_right(True, kk, d, 1.0, &post_cov[0, 0], d, x_ptr + <Py_ssize_t>b0 * d, d,
+                symm_right(LOWER, kk, d, 1.0, &post_cov[0, 0], d, x_ptr + <Py_ssize_t>b0 * d, d,
                            0.0, &scratch[0, 0], d)
                 for t in range(kk):
                     i = b0 + t

@@ -39,7 +39,7 @@ import numpy as np
 
 from libc.math cimport sqrt, log, fabs, isfinite
 from libc.stdlib cimport malloc, free
-from fastep._epcore._blas cimport potrf, potri, symmetrize
+from fastep._epcore._blas cimport potrf, potri, symmetrize, UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT
 from fastep._epcore.sites cimport SiteModel, site_moments, SITE_OK, LIK_PROBIT
 
 cdef double _LOG_2PI = 1.8378770664093454836
@@ -87,16 +87,16 @@ cdef int _inner_posterior(int c, int label, const double* cav_prec, const double
         lin[label] += beta_s[j]
         lin[j] -= beta_s[j]
         lin[u] += beta_s[j]
-    info = potrf(True, dim, cov, dim)
+    info = potrf(LOWER, dim, cov, dim)
     if info != 0:
         return info
     log_det_cov[0] = 0.0
     for i in range(dim):
         log_det_cov[0] -= 2.0 * log(cov[i * dim + i])
-    info = potri(True, dim, cov, dim)
+    info = potri(LOWER, dim, cov, dim)
     if info != 0:
         return info
-    symmetrize(True, dim, cov, dim)
+    symmetrize(LOWER, dim, cov, dim)
     for i in range(dim):
         s = 0.0
         for j in range(dim):
@@ -147,7 +147,7 @@ cdef int nested_site(int c, int label, const double* cav_prec, const double* cav
     # the cavity must be proper: Cholesky of Λ, and log|Λ|, ηᵀΛ⁻¹η for the evidence
     for i in range(c * c):
         chol[i] = cav_prec[i]
-    if potrf(True, c, chol, c) != 0:
+    if potrf(LOWER, c, chol, c) != 0:
         return NESTED_IMPROPER_CAVITY
     for i in range(c):
         log_det_prec_c += 2.0 * log(chol[i * c + i])

@@ -15,7 +15,7 @@ likelihood raised to the power α at the cavity of f, ``N(m_c, v_c + d_i)``, giv
 
     τ* = b / (α (1 - v_c b)),      ν* = (a + b m_c) / (α (1 - v_c b))      (eqs 81-83, / α),
 
-then damping in natural parameters and linear_ep's negative-precision policy
+then damping in natural parameters and the negative-precision policy of _common
 (``NEGATIVE_CLIP``: τ* < 0 becomes 0 with ν* = a/α; ``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is
 rejected: τ >= 0 keeps A >= I, so every downdate below is well posed). Student-t sites, whose
 precisions must be allowed to go negative, have their own parallel schedule with step halving,

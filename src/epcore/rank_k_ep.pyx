@@ -57,6 +57,7 @@ from libc.math cimport log, exp, sqrt, fabs, isfinite, INFINITY
 from libc.stdlib cimport malloc, free
 
 from fastep._epcore._blas cimport (
+    UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     blas_int, dcopy, gemv, gemv_t, trsv, potrf, potri, symmetrize,
     gemm, symm, syr2k, trsm, lu_factor, lu_solve, lu_log_abs_det,
 )
@@ -230,7 +231,7 @@ cdef inline bint _cholesky_lower(int n, const double* a, double* l) noexcept nog
     cdef int i, j
     for i in range(n * n):
         l[i] = a[i]
-    if potrf(True, n, l, n) != 0:
+    if potrf(LOWER, n, l, n) != 0:
         return False
     for i in range(n):
         for j in range(i + 1, n):
@@ -263,21 +264,21 @@ cdef int _moments_mvgaussian(const RankKModel* model, int k, const double* y, co
     cdef double quad = 0.0, half_logdet = 0.0
     for j in range(k * k):
         c[j] = lam[j] + model.noise_cov[j]
-    if potrf(True, k, c, k) != 0:
+    if potrf(LOWER, k, c, k) != 0:
         return RANKK_FAILED
     for j in range(k):
         r[j] = y[j] - h[j]
-    trsv(True, False, k, c, k, r)
+    trsv(LOWER, NO_TRANS, k, c, k, r)
     for j in range(k):
         quad += r[j] * r[j]
         half_logdet += log(c[j * k + j])
     log_z[0] = -0.5 * k * LOG_2PI - half_logdet - 0.5 * quad
-    trsv(True, True, k, c, k, r)
+    trsv(LOWER, TRANS, k, c, k, r)
     for j in range(k):
         a[j] = r[j]
-    if potri(True, k, c, k) != 0:
+    if potri(LOWER, k, c, k) != 0:
         return RANKK_FAILED
-    symmetrize(True, k, c, k)
+    symmetrize(LOWER, k, c, k)
     for j in range(k * k):
         b_mat[j] = c[j]
     return RANKK_OK
@@ -405,14 +406,14 @@ cdef int _moments_product_quadrature(const RankKModel* model, int k, const doubl
                 c += 1.0
             b_mat[j * k + l] = c
             b_mat[l * k + j] = c
-    trsv(True, True, k, chol, k, a)                      # a = L^{-T} E xi
-    trsm(True, True, k, k, 1.0, chol, k, b_mat, k)       # L^{-T} Y
+    trsv(LOWER, TRANS, k, chol, k, a)                      # a = L^{-T} E xi
+    trsm(LOWER, TRANS, k, k, 1.0, chol, k, b_mat, k)       # L^{-T} Y
     for j in range(k):                                   # transpose: Y L^{-1}
         for l in range(j):
             c = b_mat[j * k + l]
             b_mat[j * k + l] = b_mat[l * k + j]
             b_mat[l * k + j] = c
-    trsm(True, True, k, k, 1.0, chol, k, b_mat, k)       # L^{-T} Y L^{-1}
+    trsm(LOWER, TRANS, k, k, 1.0, chol, k, b_mat, k)       # L^{-T} Y L^{-1}
     _sym_avg(k, b_mat)
     return RANKK_OK
 
@@ -521,11 +522,11 @@ cdef int _cavity(int k, int d, const double* x_i, const double* v, const double*
     (I - S P_i) Lambda_i = S  and  (I - S P_i) h_i = X_i^T m - S b_i.
     """
     cdef int j
-    symm(True, True, k, d, 1.0, v, d, x_i, d, 0.0, w.ut, d)          # U^T = X_i^T V
-    gemm(False, True, k, k, d, 1.0, x_i, d, w.ut, d, 0.0, w.s, k)    # S = X_i^T V X_i
+    symm(RIGHT, LOWER, k, d, 1.0, v, d, x_i, d, 0.0, w.ut, d)          # U^T = X_i^T V
+    gemm(NO_TRANS, TRANS, k, k, d, 1.0, x_i, d, w.ut, d, 0.0, w.s, k)    # S = X_i^T V X_i
     _sym_avg(k, w.s)
     gemv(k, d, 1.0, x_i, d, m, 0.0, w.hm)                            # X_i^T m
-    gemm(False, False, k, k, k, -1.0, w.s, k, p_site, k, 0.0, w.lu, k)
+    gemm(NO_TRANS, NO_TRANS, k, k, k, -1.0, w.s, k, p_site, k, 0.0, w.lu, k)
     _add_identity(k, w.lu)
     if lu_factor(k, w.lu, k, w.ipiv) != 0:
         return RANKK_BAD_CAVITY
@@ -555,7 +556,7 @@ cdef int _update_factor(const RankKModel* model, int k, int d, const double* x_i
     if st != RANKK_OK:
         return st
     # New site (eqs 107-108): P_new = (I - B Lambda)^{-1} B;  b_new = a + P_new (Lambda a + h).
-    gemm(False, False, k, k, k, -1.0, w.b_mat, k, w.lam, k, 0.0, w.lu, k)
+    gemm(NO_TRANS, NO_TRANS, k, k, k, -1.0, w.b_mat, k, w.lam, k, 0.0, w.lu, k)
     _add_identity(k, w.lu)
     if lu_factor(k, w.lu, k, w.ipiv) != 0:
         return RANKK_FAILED
@@ -575,7 +576,7 @@ cdef int _update_factor(const RankKModel* model, int k, int d, const double* x_i
     for j in range(k):
         w.db[j] = damping * (w.b_new[j] - b_site[j])
     # Woodbury (eqs 114, 116): (I + dP S) [G | c] = [dP | db - dP X_i^T m].
-    gemm(False, False, k, k, k, 1.0, w.dp, k, w.s, k, 0.0, w.lu, k)
+    gemm(NO_TRANS, NO_TRANS, k, k, k, 1.0, w.dp, k, w.s, k, 0.0, w.lu, k)
     _add_identity(k, w.lu)
     if lu_factor(k, w.lu, k, w.ipiv) != 0:
         return RANKK_NOT_PD
@@ -588,17 +589,17 @@ cdef int _update_factor(const RankKModel* model, int k, int d, const double* x_i
     if not (_all_finite(k * k, w.g) and _all_finite(k, w.c)):
         return RANKK_FAILED
     # V_new PD  <=>  X_i^T V_new X_i = S - S G S is PD (V PD, S PD).
-    gemm(False, False, k, k, k, 1.0, w.g, k, w.s, k, 0.0, w.tmp, k)
+    gemm(NO_TRANS, NO_TRANS, k, k, k, 1.0, w.g, k, w.s, k, 0.0, w.tmp, k)
     for j in range(k * k):
         w.b_mat[j] = w.s[j]
-    gemm(False, False, k, k, k, -1.0, w.s, k, w.tmp, k, 1.0, w.b_mat, k)
+    gemm(NO_TRANS, NO_TRANS, k, k, k, -1.0, w.s, k, w.tmp, k, 1.0, w.b_mat, k)
     _sym_avg(k, w.b_mat)
     if not _cholesky_lower(k, w.b_mat, w.tmp):
         return RANKK_NOT_PD
     # Apply: m += U c;  V -= U G U^T  (BLAS-3, lower triangle only).
     gemv_t(k, d, 1.0, w.ut, d, w.c, 1.0, m)
-    gemm(False, False, k, d, k, 1.0, w.g, k, w.ut, d, 0.0, w.wt, d)
-    syr2k(True, d, k, -0.5, w.ut, d, w.wt, d, 1.0, v, d)
+    gemm(NO_TRANS, NO_TRANS, k, d, k, 1.0, w.g, k, w.ut, d, 0.0, w.wt, d)
+    syr2k(LOWER, d, k, -0.5, w.ut, d, w.wt, d, 1.0, v, d)
     change = max_change[0]
     for j in range(k * k):
         p_site[j] += w.dp[j]
@@ -633,14 +634,14 @@ cdef int _refresh(int n, int k, int d, const double* x, const double* p_sites, c
         if nb > REFRESH_CHUNK:
             nb = REFRESH_CHUNK
         for i in range(nb):
-            gemm(False, False, k, d, k, 1.0, p_sites + (i0 + i) * k * k, k,
+            gemm(NO_TRANS, NO_TRANS, k, d, k, 1.0, p_sites + (i0 + i) * k * k, k,
                  x + (i0 + i) * k * d, d, 0.0, chunk + i * k * d, d)
-        gemm(True, False, d, d, nb * k, 1.0, x + i0 * k * d, d, chunk, d, 1.0, v, d)
+        gemm(TRANS, NO_TRANS, d, d, nb * k, 1.0, x + i0 * k * d, d, chunk, d, 1.0, v, d)
         i0 += nb
     if n > 0:
         gemv_t(n * k, d, 1.0, x, d, b_sites, 1.0, rhs)
     _sym_avg(d, v)
-    info = potrf(True, d, v, d)
+    info = potrf(LOWER, d, v, d)
     if info != 0:
         return info
     for j in range(d):
@@ -648,12 +649,12 @@ cdef int _refresh(int n, int k, int d, const double* x, const double* p_sites, c
     log_det_precision[0] = 2.0 * total
     for j in range(d):
         m[j] = rhs[j]
-    trsv(True, False, d, v, d, m)
-    trsv(True, True, d, v, d, m)
-    info = potri(True, d, v, d)
+    trsv(LOWER, NO_TRANS, d, v, d, m)
+    trsv(LOWER, TRANS, d, v, d, m)
+    info = potri(LOWER, d, v, d)
     if info != 0:
         return info
-    symmetrize(True, d, v, d)
+    symmetrize(LOWER, d, v, d)
     return 0
 
 
@@ -731,7 +732,7 @@ def _check_common(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
 def _potrf_py(double[:, ::1] a):
     cdef int n = a.shape[0], info, i, j
     with nogil:
-        info = potrf(True, n, &a[0, 0], n)
+        info = potrf(LOWER, n, &a[0, 0], n)
     if info == 0:
         for i in range(n):
             for j in range(i + 1, n):
@@ -742,8 +743,8 @@ def _potrf_py(double[:, ::1] a):
 def _potri_py(double[:, ::1] a):
     cdef int n = a.shape[0], info
     with nogil:
-        info = potri(True, n, &a[0, 0], n)
-        symmetrize(True, n, &a[0, 0], n)
+        info = potri(LOWER, n, &a[0, 0], n)
+        symmetrize(LOWER, n, &a[0, 0], n)
     if info != 0:
         raise LinAlgError("prior_cov is singular")
 
@@ -874,7 +875,7 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
                 if st != RANKK_OK:
                     n_skip_sweep += 1
         if bad_i >= 0:
-            symmetrize(True, d_, &v_v[0, 0], d_)
+            symmetrize(LOWER, d_, &v_v[0, 0], d_)
             raise _status_error(bad_status, bad_i)
         n_sweeps += 1
         n_skipped += n_skip_sweep
@@ -899,7 +900,7 @@ def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_
         if stalled or driver.stopped:
             break
     if not refreshed_last:
-        symmetrize(True, d_, &v_v[0, 0], d_)
+        symmetrize(LOWER, d_, &v_v[0, 0], d_)
     return driver.result(has_log_z=False, diagnostics={"n_skipped_last_sweep": int(n_skip_sweep)}).replace(
         max_change=float(max_change), n_skipped=n_skipped, n_failed=0)
 
@@ -959,7 +960,7 @@ def rank_k_log_evidence(X, y, prior_mean, prior_cov, RankKLikelihood likelihood,
                 bad_i = i
                 break
             # log G_i with (I + P Lambda): t = (I + P Lambda)^{-1} b,  u = (I + P Lambda)^{-1} P h.
-            gemm(False, False, k_, k_, k_, 1.0, &p_v[i, 0, 0], k_, w.lam, k_, 0.0, w.lu, k_)
+            gemm(NO_TRANS, NO_TRANS, k_, k_, k_, 1.0, &p_v[i, 0, 0], k_, w.lam, k_, 0.0, w.lu, k_)
             _add_identity(k_, w.lu)
             if lu_factor(k_, w.lu, k_, w.ipiv) != 0:
                 st = RANKK_BAD_CAVITY

@@ -62,7 +62,7 @@ FITC, DTC and power-EP regression evidence at the fixed point.
 Convergence and schedules
 -------------------------
 As :mod:`fastep._epcore.gp_ep`: after each sweep's rebuild the run has converged when the
-largest relative site change (linear_ep's SweepStats) and the relative change of log Z are
+largest relative site change (_common's SweepStats) and the relative change of log Z are
 below ``tol`` and no site failed.  ``SPARSE_SEQUENTIAL`` (orders: fixed, or a seeded random
 permutation per sweep from gp_ep's splitmix64 Fisher-Yates) or ``SPARSE_PARALLEL`` (all sites
 from one posterior, damped, then a rebuild).
@@ -79,6 +79,7 @@ import numpy as np
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
 from libc.string cimport memset
 from fastep._epcore._blas cimport (
+    UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     ddot, daxpy, dscal, dcopy, gemv, gemv_t, syrk, trsv, potrf, trsm_right,
 )
 from fastep._epcore.sites cimport (
@@ -188,7 +189,7 @@ cdef int sparse_sweep_sequential(const SiteModel* model, const PowerRule* rule, 
         i = perm[t] if perm != NULL else t
         v = Vt + <Py_ssize_t>i * m
         dcopy(m, v, 1, w, 1)
-        trsv(False, True, m, R, m, w)            # Rᵀ w = v
+        trsv(UPPER, TRANS, m, R, m, w)            # Rᵀ w = v
         s = ddot(m, w, 1, w, 1)                  # Var[g_i] = vᵀ A⁻¹ v
         h = ddot(m, w, 1, beta, 1)               # E[g_i] = vᵀ A⁻¹ b
         tau_old = site_precision[i]
@@ -262,7 +263,7 @@ cdef void sparse_natural_sums(const double* Vt, int n, int m, const double* site
             src = Vt + (r0 + i) * mm
             for j in range(mm):
                 row[j] = si * src[j]
-        syrk(False, m, <int>cnt, 1.0, scratch, m, 1.0, precision_sum, m)
+        syrk(UPPER, m, <int>cnt, 1.0, scratch, m, 1.0, precision_sum, m)
         r0 += cnt
     r0 = 0
     while any_negative and r0 < n:          # negative sites (Student-t): subtract |τ_i| v_i v_iᵀ
@@ -274,7 +275,7 @@ cdef void sparse_natural_sums(const double* Vt, int n, int m, const double* site
             src = Vt + (r0 + i) * mm
             for j in range(mm):
                 row[j] = si * src[j]
-        syrk(False, m, <int>cnt, -1.0, scratch, m, 1.0, precision_sum, m)
+        syrk(UPPER, m, <int>cnt, -1.0, scratch, m, 1.0, precision_sum, m)
         r0 += cnt
     if n > 0:
         gemv_t(n, m, 1.0, Vt, m, site_natural_mean, 0.0, natural_mean_sum)
@@ -293,7 +294,7 @@ cdef void sparse_marginal_variances(const double* Vt, int n, int m, const double
     while r0 < n:
         cnt = rows if n - r0 > rows else n - r0
         dcopy(<int>(cnt * mm), Vt + r0 * mm, 1, scratch, 1)
-        trsm_right(False, False, <int>cnt, m, 1.0, R, m, scratch, m)   # rows v_iᵀ R⁻¹
+        trsm_right(UPPER, NO_TRANS, <int>cnt, m, 1.0, R, m, scratch, m)   # rows v_iᵀ R⁻¹
         for i in range(cnt):
             row = scratch + i * mm
             acc = 0.0
@@ -320,7 +321,7 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
         R[i * mm + i] = 1.0
     sparse_natural_sums(Vt, n, m, site_precision, site_natural_mean, R, w_mean, scratch,
                         scratch_rows)                               # upper A; w_mean = b = Vtᵀ ν
-    info = potrf(False, m, R, m)                                    # A = Rᵀ R
+    info = potrf(UPPER, m, R, m)                                    # A = Rᵀ R
     if info != 0:
         return info
     acc = 0.0
@@ -329,11 +330,11 @@ cdef int sparse_rebuild(const double* Vt, int n, int m, const double* site_preci
         for j in range(i):
             R[i * mm + j] = 0.0
     half_log_det_a[0] = acc
-    trsv(False, True, m, R, m, w_mean)                              # R⁻ᵀ b
+    trsv(UPPER, TRANS, m, R, m, w_mean)                              # R⁻ᵀ b
     quad_b[0] = ddot(m, w_mean, 1, w_mean, 1)
     if beta != NULL:
         dcopy(m, w_mean, 1, beta, 1)
-    trsv(False, False, m, R, m, w_mean)                             # A⁻¹ b
+    trsv(UPPER, NO_TRANS, m, R, m, w_mean)                             # A⁻¹ b
     if g_mean != NULL:
         gemv(n, m, 1.0, Vt, m, w_mean, 0.0, g_mean)
     if g_var != NULL:
@@ -500,7 +501,7 @@ def _sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const doubl
     for i in range(m):
         Lv[i, i] += jitter
     with nogil:
-        info = potrf(True, m, &Lv[0, 0], m)
+        info = potrf(LOWER, m, &Lv[0, 0], m)
     if info != 0:
         raise np.linalg.LinAlgError(
             f"Cholesky factorisation of K_mm + jitter I failed (leading minor of order {info} is not "
@@ -513,7 +514,7 @@ def _sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const doubl
     cdef double[:, ::1] Vv = Vt
     if n > 0:
         with nogil:
-            trsm_right(True, True, n, m, 1.0, &Lv[0, 0], m, &Vv[0, 0], m)    # X Lᵀ = K_nm
+            trsm_right(LOWER, TRANS, n, m, 1.0, &Lv[0, 0], m, &Vv[0, 0], m)    # X Lᵀ = K_nm
     if approximation == "dtc":
         d = np.zeros(n)
     else:
@@ -971,7 +972,7 @@ def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double
                                               &post_factor[0, 0], &beta[0], NULL, &w[0],
                                               &z[0], &scratch[0, 0], rows, &opts, &stats)
             dcopy(m, &beta[0], 1, &post_w_mean[0], 1)
-            trsv(False, False, m, &post_factor[0, 0], m, &post_w_mean[0])    # μ_w = R⁻¹ beta
+            trsv(UPPER, NO_TRANS, m, &post_factor[0, 0], m, &post_w_mean[0])    # μ_w = R⁻¹ beta
     return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
                 n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
                 n_failed=int(stats.n_failed), n_rebuilds=int(rebuilt))

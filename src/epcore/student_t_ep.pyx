@@ -58,7 +58,7 @@ the progress callback and interrupt handling (through :class:`~fastep._epcore._c
 import numpy as np
 
 from libc.math cimport sqrt, log, log1p, fabs, isfinite
-from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy
+from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT
 from fastep._epcore.sites cimport SiteModel, SiteSpec, student_t_moments, student_t_log_norm, SITE_OK
 from fastep._epcore._common cimport max_relative_site_change, SweepDriver
 from fastep._epcore._common import _check_vector, SweepResult
@@ -96,10 +96,10 @@ cdef int robust_factor(const double* K_chol, int n, const double* site_precision
         for j in range(i + 1):
             a_work[i * n + j] = 1.0 if i == j else 0.0
     if k_pos:
-        syrk(True, n, k_pos, 1.0, x_work, n, 1.0, a_work, n)
+        syrk(LOWER, n, k_pos, 1.0, x_work, n, 1.0, a_work, n)
     if k_neg:
-        syrk(True, n, k_neg, -1.0, &x_work[(n - k_neg) * n], n, 1.0, a_work, n)
-    info = potrf(True, n, a_work, n)
+        syrk(LOWER, n, k_neg, -1.0, &x_work[(n - k_neg) * n], n, 1.0, a_work, n)
+    info = potrf(LOWER, n, a_work, n)
     if info != 0:
         return info
     log_det[0] = 0.0
@@ -109,7 +109,7 @@ cdef int robust_factor(const double* K_chol, int n, const double* site_precision
     for i in range(n):
         for j in range(n):
             x_work[i * n + j] = K_chol[j * n + i] if i <= j else 0.0
-    trsm(True, False, n, n, 1.0, a_work, n, x_work, n)
+    trsm(LOWER, NO_TRANS, n, n, 1.0, a_work, n, x_work, n)
     for j in range(n):
         post_var[j] = 0.0
     for i in range(n):
@@ -179,7 +179,7 @@ cdef str _NOT_PD = ("the kernel matrix is not positive definite (its Cholesky fa
 
 cdef int _lower_cholesky(double* a, int n) noexcept nogil:
     """``potrf`` of the row-major ``a`` in place, then zero its strict upper triangle."""
-    cdef int i, j, info = potrf(True, n, a, n)
+    cdef int i, j, info = potrf(LOWER, n, a, n)
     if info == 0:
         for i in range(n):
             for j in range(i + 1, n):
@@ -266,8 +266,8 @@ def site_posterior(const double[:, ::1] K_chol, const double[::1] site_precision
         info = robust_factor(&K_chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
                              &x_work[0, 0], &tmp[0], &post_mean[0], &post_var[0], &log_det, &quad)
         if info == 0 and post_cov is not None:
-            syrk(True, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
-            symmetrize(True, n, &cov_view[0, 0], n)
+            syrk(LOWER, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
+            symmetrize(LOWER, n, &cov_view[0, 0], n)
     if info != 0:
         return None
     return float(log_det), float(quad)
@@ -542,8 +542,8 @@ def run_dense(const double[:, ::1] K, const double[::1] y, double dof, double sc
     if post_cov is not None:
         with nogil:
             # x_work holds X of the current sites (the accepted trial, or the refactorisation)
-            syrk(True, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
-            symmetrize(True, n, &cov_view[0, 0], n)
+            syrk(LOWER, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
+            symmetrize(LOWER, n, &cov_view[0, 0], n)
     return driver.result(n_halvings=n_halvings, stuck=stuck)
 
 
