@@ -86,8 +86,8 @@ from libc.string cimport memcpy
 from fastep._epcore._blas cimport gemv_t
 from fastep._epcore.sites cimport SiteSpec
 from fastep._epcore._common cimport splitmix64_next
-from fastep._epcore.ivm_refine cimport (KernelRows, refactorize, refine_sweeps, exchange_gains,
-                                        exchange_moves)
+from fastep._epcore.ivm_refine cimport (KernelRows, fetch_column, refactorize, refine_sweeps,
+                                        exchange_gains, exchange_moves)
 
 # g and ν at a cavity (inline probit and Gaussian kernels, shared with ivm_refine.pyx),
 # _log1m, the PSD tolerance
@@ -126,25 +126,6 @@ cdef inline double _criterion(int criterion, double var, double g, double nu) no
     return -0.5 * lg
 
 
-cdef inline int _finish_pick(IVMArrays* s, int criterion, unsigned long long* rng_state,
-                             int n_eligible, int chosen, int* best) noexcept nogil:
-    """Random criterion: replace ``chosen`` by a uniformly drawn eligible point."""
-    cdef int i, r
-    if n_eligible == 0:
-        best[0] = -1
-        return IVM_NO_CANDIDATE
-    if criterion == CRITERION_RANDOM:
-        r = <int>(splitmix64_next(rng_state) % <unsigned long long>n_eligible)
-        for i in range(s.n):
-            if not s.is_active[i] and s.score[i] > -INFINITY:
-                if r == 0:
-                    chosen = i
-                    break
-                r -= 1
-    best[0] = chosen
-    return IVM_OK
-
-
 cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double g,
                                double nu) noexcept nogil:
     """Store g, ν of inactive point i (NaN where its site kernel failed, ``ok`` False);
@@ -157,6 +138,35 @@ cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double
     return ok and var > 0.0 and nu > 0.0 and var * nu < 1.0
 
 
+cdef struct _Pick:
+    double p_max         # entropy / random in the fused pass: the largest p = ν ς (first index attaining it)
+    double best_score    # the largest score (first index attaining it)
+    int chosen
+    int n_eligible
+
+
+cdef inline void _pick_init(_Pick* pk) noexcept nogil:
+    pk.p_max = -INFINITY
+    pk.best_score = -INFINITY
+    pk.chosen = -1
+    pk.n_eligible = 0
+
+
+cdef inline void _rank_by_score(IVMArrays* s, int criterion, int i, double var, bint eligible,
+                                double g, double nu, _Pick* pk) noexcept nogil:
+    """Score inactive point i by ``_criterion`` (-inf if it is not eligible) and keep the best."""
+    cdef double sc
+    if not eligible:
+        s.score[i] = -INFINITY
+        return
+    pk.n_eligible += 1
+    sc = _criterion(criterion, var, g, nu)
+    s.score[i] = sc
+    if sc > pk.best_score:
+        pk.best_score = sc
+        pk.chosen = i
+
+
 cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                    int criterion, unsigned long long* rng_state, int* best) noexcept nogil:
     """Score every inactive point (fills g, nu, score; ineligible points score -inf).
@@ -166,50 +176,32 @@ cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double
     IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point; g and ν are the site
     kernel's at N(μ_n, ς_n + sigma2) (NaN where it fails), as in the fused pass.
     """
-    cdef int i, n = s.n, chosen = -1, n_eligible = 0
-    cdef double gi = 0.0, nui = 0.0, var, sc, best_score = -INFINITY
+    cdef int i
+    cdef double gi = 0.0, nui = 0.0, var
     cdef bint ok
-    for i in range(n):
-        if s.is_active[i]:
-            continue
-        var = s.post_var[i]
-        ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
-        if not _store_moments(s, i, var, ok, gi, nui):
-            s.score[i] = -INFINITY
-            continue
-        n_eligible += 1
-        sc = _criterion(criterion, var, gi, nui)
-        s.score[i] = sc
-        if sc > best_score:
-            best_score = sc
-            chosen = i
-    return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
+    cdef _Pick pk
+    _pick_init(&pk)
+    for i in range(s.n):
+        if not s.is_active[i]:
+            var = s.post_var[i]
+            ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
+            _rank_by_score(s, criterion, i, var, _store_moments(s, i, var, ok, gi, nui), gi, nui, &pk)
+    return _finish_choice(s, criterion, s.score, False, rng_state, &pk, best)
 
 
 cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int criterion,
                   unsigned long long* rng_state, int* best) noexcept nogil:
     """As ``ivm_score``, from site moments g_all, nu_all already computed for every point
     (all site kernels succeeded): the eligibility test, the scores and the choice."""
-    cdef int i, n = s.n, chosen = -1, n_eligible = 0
-    cdef double gi, nui, var, sc, best_score = -INFINITY
-    for i in range(n):
-        if s.is_active[i]:
-            continue
-        var = s.post_var[i]
-        gi = g_all[i]
-        nui = nu_all[i]
-        s.g[i] = gi
-        s.nu[i] = nui
-        if not (var > 0.0 and nui > 0.0 and var * nui < 1.0):
-            s.score[i] = -INFINITY
-            continue
-        n_eligible += 1
-        sc = _criterion(criterion, var, gi, nui)
-        s.score[i] = sc
-        if sc > best_score:
-            best_score = sc
-            chosen = i
-    return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
+    cdef int i
+    cdef bint eligible
+    cdef _Pick pk
+    _pick_init(&pk)
+    for i in range(s.n):
+        if not s.is_active[i]:
+            eligible = _store_moments(s, i, s.post_var[i], True, g_all[i], nu_all[i])
+            _rank_by_score(s, criterion, i, s.post_var[i], eligible, g_all[i], nu_all[i], &pk)
+    return _finish_choice(s, criterion, s.score, False, rng_state, &pk, best)
 
 
 # --------------------------------------------------------------------------- #
@@ -261,20 +253,6 @@ cdef double _H_MARGIN = 1e-12
 cdef double _h_bound[_H_CELLS]       # h(z_k) (1 + _H_MARGIN), z_k = -8 + k/4 (filled below)
 
 
-cdef struct _Pick:
-    double p_max         # entropy / random: the largest p = ν ς (first index attaining it)
-    double best_score    # information gain: the largest score
-    int chosen
-    int n_eligible
-
-
-cdef inline void _pick_init(_Pick* pk) noexcept nogil:
-    pk.p_max = -INFINITY
-    pk.best_score = -INFINITY
-    pk.chosen = -1
-    pk.n_eligible = 0
-
-
 cdef inline double _entropy_score(double p) noexcept nogil:
     """ΔH of an eligible point from p = ν ς (the expression of ``_criterion``)."""
     return -0.5 * _log1m(p)
@@ -282,27 +260,22 @@ cdef inline double _entropy_score(double p) noexcept nogil:
 
 cdef inline void _record(IVMArrays* s, double* prod, int criterion, int i, double var,
                          bint ok, double g, double nu, _Pick* pk) noexcept nogil:
-    """Store g, ν of inactive point i (``_store_moments``) and score it."""
-    cdef double p, sc
-    if not _store_moments(s, i, var, ok, g, nu):
-        if criterion == CRITERION_INFO_GAIN:
-            s.score[i] = -INFINITY
-        else:
-            prod[i] = -INFINITY
+    """Store g, ν of inactive point i (``_store_moments``) and rank it: by its score for the
+    information gain, else by p = ν ς (``prod``, -inf if it is not eligible)."""
+    cdef double p
+    cdef bint eligible = _store_moments(s, i, var, ok, g, nu)
+    if criterion == CRITERION_INFO_GAIN:
+        _rank_by_score(s, criterion, i, var, eligible, g, nu, pk)
+        return
+    if not eligible:
+        prod[i] = -INFINITY
         return
     p = var * nu
     pk.n_eligible += 1
-    if criterion == CRITERION_INFO_GAIN:
-        sc = 0.5 * (g * g * var - p - _log1m(p))
-        s.score[i] = sc
-        if sc > pk.best_score:
-            pk.best_score = sc
-            pk.chosen = i
-    else:
-        prod[i] = p
-        if p > pk.p_max:
-            pk.p_max = p
-            pk.chosen = i
+    prod[i] = p
+    if p > pk.p_max:
+        pk.p_max = p
+        pk.chosen = i
 
 
 cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double* y, IVMArrays* s,
@@ -363,9 +336,15 @@ cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double
                 _record(s, prod, criterion, q, var, ok, gq, nuq, pk)
 
 
-cdef int _finish_choice(IVMArrays* s, int criterion, const double* prod,
+cdef int _finish_choice(IVMArrays* s, int criterion, const double* values, bint by_p,
                         unsigned long long* rng_state, _Pick* pk, int* best) noexcept nogil:
-    """The choice after a pass: the random draw, or the entropy window (see above)."""
+    """The choice after a pass, into ``best``; returns IVM_OK or IVM_NO_CANDIDATE.
+
+    Random criterion: a uniformly drawn eligible point (``values[i] > -inf``; ``values``
+    the scores, or p after the fused pass).  Entropy ranked by p (``by_p``, the fused
+    pass; ``values`` = p): the best exact score in the window (see above).  Otherwise
+    ``pk.chosen``.
+    """
     cdef int n = s.n, i, r
     cdef double thr, sc, best_sc
     if pk.n_eligible == 0:
@@ -374,17 +353,17 @@ cdef int _finish_choice(IVMArrays* s, int criterion, const double* prod,
     if criterion == CRITERION_RANDOM:
         r = <int>(splitmix64_next(rng_state) % <unsigned long long>pk.n_eligible)
         for i in range(n):
-            if not s.is_active[i] and prod[i] > -INFINITY:
+            if not s.is_active[i] and values[i] > -INFINITY:
                 if r == 0:
                     pk.chosen = i
                     break
                 r -= 1
-    elif criterion == CRITERION_ENTROPY:
+    elif criterion == CRITERION_ENTROPY and by_p:
         thr = -INFINITY if pk.p_max < _WINDOW_MIN_P else pk.p_max - pk.p_max * _WINDOW
         best_sc = -INFINITY
         for i in range(n):
-            if not s.is_active[i] and prod[i] >= thr and prod[i] > -INFINITY:
-                sc = _entropy_score(prod[i])
+            if not s.is_active[i] and values[i] >= thr and values[i] > -INFINITY:
+                sc = _entropy_score(values[i])
                 if sc > best_sc:
                     best_sc = sc
                     pk.chosen = i
@@ -403,7 +382,7 @@ cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, doub
     _prepare(model, &lik)
     _pick_init(&pk)
     _moments_blocked(model, &lik, y, s, s.post_var, s.post_mean, NULL, sigma2, criterion, prod, &pk)
-    return _finish_choice(s, criterion, prod, rng_state, &pk, best)
+    return _finish_choice(s, criterion, prod, True, rng_state, &pk, best)
 
 
 cdef inline int _h_cell(double z) noexcept nogil:
@@ -476,7 +455,7 @@ cdef int _score_entropy_probit(const SiteModel* model, const _Lik* lik, const do
                 thr = pk.p_max - pk.p_max * _WINDOW
         skipped += pending[i]
     n_deferred[0] = skipped
-    return _finish_choice(s, CRITERION_ENTROPY, prod, NULL, &pk, best)
+    return _finish_choice(s, CRITERION_ENTROPY, prod, True, NULL, &pk, best)
 
 
 cdef void _init_h_bound() noexcept nogil:
@@ -659,6 +638,7 @@ cdef class IVMState:
     cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
     cdef bint _lazy_moments                    # g, ν, ν ς of the _pending points not computed yet
     cdef readonly int n_deferred               # points whose g, ν the last pass deferred
+    cdef readonly object post_var, post_mean, site_mean, site_precision, is_active, diag_k, y
     cdef KernelRows _rows                      # refinement: cached K[I, :] (slot order)
 
     def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
@@ -710,8 +690,8 @@ cdef class IVMState:
         self.a.n = n
         self.a.d_max = d_max
         self.a.k = 0
-        self.a.M = _ptr2(self._M)
-        self.a.L = _ptr2(self._L)
+        self.a.M = _ptr(self._M.reshape(-1))
+        self.a.L = _ptr(self._L.reshape(-1))
         self.a.post_var = _ptr(self._var)
         self.a.post_mean = _ptr(self._mean)
         self.a.g = _ptr(self._g)
@@ -724,6 +704,13 @@ cdef class IVMState:
         self.a.is_active = _bptr(self._is_active)
         self.y_ptr = _cptr(self._y)
         self.work_ptr = _ptr(self._work)
+        self.post_var = _readonly(self._var)
+        self.post_mean = _readonly(self._mean)
+        self.site_mean = _readonly(self._site_mean)
+        self.site_precision = _readonly(self._site_prec)
+        self.is_active = _readonly(self._is_active.view(np.bool_))
+        self.diag_k = _readonly(self._diag)
+        self.y = _readonly(self._y)
 
     # -- steps ----------------------------------------------------------------------------
     def score(self):
@@ -864,11 +851,7 @@ cdef class IVMState:
         cdef int step, best, start = self.a.k
         for step in range(n_points):
             best = self._score_all()
-            col = np.ascontiguousarray(column_fn(best), dtype=np.float64)
-            if col.ndim != 1 or col.shape[0] != self.a.n:
-                raise ValueError(f"column_fn({best}) must return a vector of length n = {self.a.n}; "
-                                 f"got shape {col.shape}")
-            self._include(best, col, True)
+            self._include(best, fetch_column(column_fn, best, self.a.n, False), True)
         return self._active[start:self.a.k].astype(np.intp)
 
     # -- derived quantities -----------------------------------------------------------------
@@ -1034,14 +1017,6 @@ cdef class IVMState:
         return _readonly(self._L[:self.a.k, :self.a.k])
 
     @property
-    def post_var(self):
-        return _readonly(self._var)
-
-    @property
-    def post_mean(self):
-        return _readonly(self._mean)
-
-    @property
     def g(self):
         """g = ∂ log Z/∂μ of every inactive point at the last scoring pass (NaN where the site
         kernel failed); for an active point, at its inclusion (or last EP update)."""
@@ -1062,29 +1037,8 @@ cdef class IVMState:
         return _readonly(self._score)
 
     @property
-    def site_mean(self):
-        return _readonly(self._site_mean)
-
-    @property
-    def site_precision(self):
-        return _readonly(self._site_prec)
-
-    @property
     def chosen_score(self):
         return _readonly(self._chosen[:self.a.k])
-
-    @property
-    def is_active(self):
-        return _readonly(self._is_active.view(np.bool_))
-
-    @property
-    def diag_k(self):
-        return _readonly(self._diag)
-
-    @property
-    def y(self):
-        return _readonly(self._y)
-
 
 def _no_candidate_message(int k):
     return (f"no inactive point can be included after {k} inclusions: every remaining site "
@@ -1107,26 +1061,18 @@ def _check_targets(SiteSpec spec, const double[::1] y, const double[::1] diag, d
                          f"{status_message(status)}")
 
 
-cdef double* _ptr(arr):
-    cdef double[::1] v = arr
+# The data pointers of C-contiguous 1-D arrays (writable, except for _cptr).
+cdef double* _ptr(double[::1] v):
     return &v[0]
 
 
-cdef const double* _cptr(arr):
-    cdef const double[::1] v = arr
+cdef const double* _cptr(const double[::1] v):
     return &v[0]
 
 
-cdef double* _ptr2(arr):
-    cdef double[:, ::1] v = arr
-    return &v[0, 0]
-
-
-cdef int* _iptr(arr):
-    cdef int[::1] v = arr
+cdef int* _iptr(int[::1] v):
     return &v[0]
 
 
-cdef unsigned char* _bptr(arr):
-    cdef unsigned char[::1] v = arr
+cdef unsigned char* _bptr(unsigned char[::1] v):
     return &v[0]

@@ -20,6 +20,8 @@ cdef class KernelRows:
     cdef double* fetch(self, const IVMArrays* s, column_fn) except NULL
 
 
+cdef object fetch_column(column_fn, int point, int n, bint check_finite)
+
 cdef refactorize(IVMArrays* s, KernelRows rows, column_fn)
 
 cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,

@@ -49,9 +49,12 @@ cdef enum:
 # nogil building blocks
 # --------------------------------------------------------------------------- #
 
-cdef inline void _chol_active(IVMArrays* s, const double* KI) noexcept nogil:
-    """Write I + B_I^½ K_I B_I^½ (lower triangle, zero above) into L; K_I read from KI = K[I, :]."""
-    cdef int k = s.k, dm = s.d_max, r, q
+cdef int _factor_sites(IVMArrays* s, const double* KI, double* t) noexcept nogil:
+    """L = chol(I + B_I^½ K_I B_I^½) and t = L⁻¹ B_I^½ m_I, K_I read from KI = K[I, :].
+
+    Returns 0, or the LAPACK info (> 0) when the matrix is not positive definite.
+    """
+    cdef int k = s.k, dm = s.d_max, r, q, info
     cdef Py_ssize_t nn = s.n
     cdef double sbr
     for r in range(k):
@@ -61,18 +64,25 @@ cdef inline void _chol_active(IVMArrays* s, const double* KI) noexcept nogil:
         s.L[r * dm + r] += 1.0
         for q in range(r + 1, k):
             s.L[r * dm + q] = 0.0
+    info = potrf(True, k, s.L, dm)
+    if info != 0:
+        return info
+    for r in range(k):
+        t[r] = sqrt(s.site_precision[s.active[r]]) * s.site_mean[s.active[r]]
+    _trsv(True, False, k, s.L, dm, t)
+    return 0
 
 
 cdef int _refactor(IVMArrays* s, const double* KI, double* S, double* work) noexcept nogil:
     """Rebuild L, M and the marginals ς, μ of all n points from the sites and K[I, :].
 
     With B̃ = I + B_I^½ K_I B_I^½ = L Lᵀ (Seeger §2.1): ``M = L⁻¹ B_I^½ K[I, :]`` (one trsm),
-    ``ς = diag K - colsum(M²)`` (eq 29), ``μ = Mᵀ L⁻¹ B_I^½ m_I`` (= K[:, I] w, §2.2), and when
-    ``S`` is not NULL also ``S = Σ[I, :] = K[I, :] - M[:, I]ᵀ M`` (one gemm).  ``KI`` holds
-    K[I, :] in slot order.  ``work``: k² + k doubles.  Returns 0; the LAPACK info (> 0)
-    when B̃ is not positive definite; -1 when some ς_i < -1e-8 K_ii after the rebuild.
+    ``ς = diag K - colsum(M²)`` (IVM eq 29), ``μ = Mᵀ L⁻¹ B_I^½ m_I`` (= K[:, I] w, §2.2), and
+    when ``S`` is not NULL also ``S = Σ[I, :] = K[I, :] - M[:, I]ᵀ M`` (one gemm).  ``KI``
+    holds K[I, :] in slot order.  ``work``: k² + k doubles.  Returns 0; the LAPACK info
+    (> 0) when B̃ is not positive definite; -1 when some ς_i < -1e-8 K_ii after the rebuild.
     """
-    cdef int k = s.k, n = s.n, dm = s.d_max, r, q
+    cdef int k = s.k, n = s.n, r, q
     cdef Py_ssize_t i, nn = n
     cdef double sbr
     cdef double* t = work
@@ -85,8 +95,7 @@ cdef int _refactor(IVMArrays* s, const double* KI, double* S, double* work) noex
             s.post_var[i] = s.diag_k[i]
             s.post_mean[i] = 0.0
         return 0
-    _chol_active(s, KI)
-    info = potrf(True, k, s.L, dm)
+    info = _factor_sites(s, KI, t)
     if info != 0:
         return info
     for r in range(k):
@@ -95,9 +104,7 @@ cdef int _refactor(IVMArrays* s, const double* KI, double* S, double* work) noex
         row = s.M + r * nn
         for i in range(nn):
             row[i] = sbr * src[i]
-        t[r] = sbr * s.site_mean[s.active[r]]
-    trsm(True, False, k, n, 1.0, s.L, dm, s.M, n)
-    _trsv(True, False, k, s.L, dm, t)
+    trsm(True, False, k, n, 1.0, s.L, s.d_max, s.M, n)
     for i in range(nn):
         s.post_var[i] = s.diag_k[i]
     for r in range(k):
@@ -124,13 +131,12 @@ cdef int _refactor_active(IVMArrays* s, const double* KI, double* SII, double* m
     ``V = L⁻¹ B_I^½ K_I``, ``Σ_II = K_I - VᵀV``, ``μ_I = Vᵀ L⁻¹ B_I^½ m_I``.
     ``work``: k² + k doubles.  Returns 0 or the LAPACK info.
     """
-    cdef int k = s.k, dm = s.d_max, r, q, info
+    cdef int k = s.k, r, q, info
     cdef Py_ssize_t nn = s.n
     cdef double sbr
     cdef double* V = work
     cdef double* t = work + <Py_ssize_t>k * k
-    _chol_active(s, KI)
-    info = potrf(True, k, s.L, dm)
+    info = _factor_sites(s, KI, t)
     if info != 0:
         return info
     for r in range(k):
@@ -138,9 +144,7 @@ cdef int _refactor_active(IVMArrays* s, const double* KI, double* SII, double* m
         for q in range(k):
             V[r * k + q] = sbr * KI[r * nn + s.active[q]]
             SII[r * k + q] = KI[r * nn + s.active[q]]
-        t[r] = sbr * s.site_mean[s.active[r]]
-    trsm(True, False, k, k, 1.0, s.L, dm, V, k)
-    _trsv(True, False, k, s.L, dm, t)
+    trsm(True, False, k, k, 1.0, s.L, s.d_max, V, k)
     gemm(True, False, k, k, k, -1.0, V, k, V, k, 1.0, SII, k)
     gemv_t(k, k, 1.0, V, k, t, 0.0, mu_I)
     return 0
@@ -428,21 +432,28 @@ cdef class KernelRows:
         for r in range(s.k):
             p = s.active[r]
             if index[r] != p:
-                self.rows[r] = fetch_column(column_fn, p, s.n)
+                self.rows[r] = fetch_column(column_fn, p, s.n, True)
                 index[r] = p
         self.index_ptr = &index[0]
         return &rows[0, 0]
 
 
-cdef object fetch_column(column_fn, int point, int n):
-    """``column_fn(point)`` as a finite, contiguous float64 vector of length n (ValueError otherwise)."""
+cdef object fetch_column(column_fn, int point, int n, bint check_finite):
+    """``column_fn(point)`` as a contiguous float64 vector of length n (ValueError otherwise;
+    with ``check_finite`` also when it is not finite)."""
     col = np.ascontiguousarray(column_fn(point), dtype=np.float64)
     if col.ndim != 1 or col.shape[0] != n:
         raise ValueError(f"column_fn({point}) must return a vector of length n = {n}; "
                          f"got shape {col.shape}")
-    if not np.all(np.isfinite(col)):
+    if check_finite and not np.all(np.isfinite(col)):
         raise ValueError(f"column_fn({point}) returned a column that is not finite")
     return col
+
+
+cdef int _check_column_fn(column_fn) except -1:
+    if not callable(column_fn):
+        raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
+    return 0
 
 
 def _check_count(value, name, int minimum):
@@ -475,30 +486,42 @@ cdef int _check_factor(const IVMArrays* s, int status) except -1:
         "matrix is not positive semi-definite (add a White term or jitter)")
 
 
+cdef int _rebuild(IVMArrays* s, const double* KI, double* S, double* work) except -1:
+    """``_refactor`` with the GIL released; LinAlgError if it fails."""
+    cdef int status
+    with nogil:
+        status = _refactor(s, KI, S, work)
+    return _check_factor(s, status)
+
+
+cdef int _refactor_active_checked(IVMArrays* s, const double* KI, double* SII, double* mu_I,
+                                  double* work) except -1:
+    """``_refactor_active`` with the GIL released; LinAlgError if it fails."""
+    cdef int status
+    with nogil:
+        status = _refactor_active(s, KI, SII, mu_I, work)
+    return _check_factor(s, status)
+
+
 cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
     """The body of ``IVMState.refactorize``: L, M, ς and μ from the sites and K[I, :]."""
-    if not callable(column_fn):
-        raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
+    _check_column_fn(column_fn)
     if s.k == 0:
         return
-    cdef int status
     cdef const double* ki = rows.fetch(s, column_fn)
     cdef double[::1] work = np.empty(s.k * s.k + s.k)
-    with nogil:
-        status = _refactor(s, ki, NULL, &work[0])
-    _check_factor(s, status)
+    _rebuild(s, ki, NULL, &work[0])
 
 
 cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
                         KernelRows rows, column_fn, n_sweeps, tol, refactor_every):
     """The body of ``IVMState.refine``: EP deletion-inclusion sweeps (``_ep_site``) on
     Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full rebuild."""
-    if not callable(column_fn):
-        raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
+    _check_column_fn(column_fn)
     n_sweeps = _check_count(n_sweeps, "n_sweeps", 0)
     tol = _check_tol(tol, "tol")
     refactor_every = _check_count(refactor_every, "refactor_every", 1)
-    cdef int k = s.k, r, st, status = 0, sweep = 0, n_applied = 0, n_rej = 0
+    cdef int k = s.k, r, st, sweep = 0, n_applied = 0, n_rej = 0
     cdef int n_up = 0, n_skip = 0, n_rej_total = 0
     cdef double ch = 0.0, max_change = 0.0, tol_c = tol
     info = {"n_sweeps": 0, "converged": k == 0, "max_change": 0.0, "n_updates": 0,
@@ -513,9 +536,7 @@ cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, d
     cdef double* mui = &mu_I[0]
     cdef double* w = &work[0]
     converged = False
-    with nogil:
-        status = _refactor_active(s, ki, sii, mui, w)
-    _check_factor(s, status)
+    _refactor_active_checked(s, ki, sii, mui, w)
     for sweep in range(1, n_sweeps + 1):
         n_applied = 0
         n_rej = 0
@@ -537,12 +558,8 @@ cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, d
             converged = n_rej == 0
             break
         if sweep % refactor_every == 0 and sweep < n_sweeps:
-            with nogil:
-                status = _refactor_active(s, ki, sii, mui, w)
-            _check_factor(s, status)
-    with nogil:
-        status = _refactor(s, ki, NULL, w)
-    _check_factor(s, status)
+            _refactor_active_checked(s, ki, sii, mui, w)
+    _rebuild(s, ki, NULL, w)
     info.update(n_sweeps=sweep, converged=converged, max_change=max_change, n_updates=n_up,
                 n_skipped=n_skip, n_rejected=n_rej_total)
     return info
@@ -551,9 +568,8 @@ cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, d
 cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
                           KernelRows rows, column_fn):
     """The body of ``IVMState.exchange_gains``: ``_exchange_row`` for every slot after a rebuild."""
-    if not callable(column_fn):
-        raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
-    cdef int k = s.k, r, status, bi = -1
+    _check_column_fn(column_fn)
+    cdef int k = s.k, r, bi = -1
     cdef double bg = 0.0
     partner = np.full(k, -1, dtype=np.intp)
     gains = np.full(k, -np.inf)
@@ -562,9 +578,7 @@ cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y,
     cdef const double* ki = rows.fetch(s, column_fn)
     cdef double[:, ::1] S = np.empty((k, s.n))
     cdef double[::1] work = np.empty(k * k + k)
-    with nogil:
-        status = _refactor(s, ki, &S[0, 0], &work[0])
-    _check_factor(s, status)
+    _rebuild(s, ki, &S[0, 0], &work[0])
     for r in range(k):
         with nogil:
             _exchange_row(model, y, s, sigma2, &S[0, 0], r, &bg, &bi)
@@ -580,8 +594,7 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
     (``_exchange_apply``) until no move gains more than ``tol`` or ``max_moves`` were made;
     Σ[I, :], ς and μ rebuilt every ``refactor_every`` moves and L, M, ς, μ at the end.
     ``chosen``: the per-slot criterion values (``IVMState.chosen_score``)."""
-    if not callable(column_fn):
-        raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
+    _check_column_fn(column_fn)
     if not isinstance(mode, str) or mode not in ("greedy", "random"):
         raise ValueError(f"mode must be 'greedy' or 'random'; got {mode!r}")
     tol = _check_tol(tol, "tol")
@@ -605,9 +618,7 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
     cdef double* w = &work[0]
     cdef const double[::1] col
     converged = False
-    with nogil:
-        status = _refactor(s, ki, S, w)
-    _check_factor(s, status)
+    _rebuild(s, ki, S, w)
     try:
         while True:
             with nogil:
@@ -618,7 +629,7 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
                 break
             if len(moves) >= max_moves:
                 break
-            col = fetch_column(column_fn, best_i, n)
+            col = fetch_column(column_fn, best_i, n, True)
             j = s.active[best_r]
             with nogil:
                 status = _exchange_apply(model, y, s, sigma2, S, ki, ki_idx, chosen, best_r, best_i,
@@ -630,9 +641,7 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
             since += 1
             if since >= refactor_every:
                 since = 0
-                with nogil:
-                    status = _refactor(s, ki, S, w)
-                _check_factor(s, status)
+                _rebuild(s, ki, S, w)
     finally:
         with nogil:
             status = _refactor(s, ki, NULL, w)
