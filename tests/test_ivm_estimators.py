@@ -8,7 +8,7 @@ from scipy.special import ndtr
 
 from fastep import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
-from fastep.ivm import _IVMProblem
+from fastep._ivm_problem import _IVMProblem
 from fastep.kernels import RBF, RBFARD, Bias, Linear, White
 from fastep.likelihoods import Gaussian, OrderedCategorical, Probit
 from fastep.reference import ivm as ref
