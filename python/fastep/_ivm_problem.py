@@ -46,8 +46,8 @@ _FULL_DATA_JITTER = 1e-6
 # Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
 # unconstrained coordinates: a bias moves by at most one latent unit and a width, slope or
 # noise variance by at most a factor e per trial until the box grows (it doubles whenever
-# the optimum lies on its face). Without it L-BFGS-B's first trial was the whole gradient
-# of Σ_n log Z_n, O(N) in size (see maximize_log_likelihood_trust_region).
+# the optimum lies on its face). Without the box, L-BFGS-B's first trial step is the whole
+# gradient of Σ_n log Z_n, O(N) in size (see maximize_log_likelihood_trust_region).
 _NOISE_TRUST_RADIUS = 1.0
 #: The learnt Gaussian noise variance stays above this fraction of the largest prior variance.
 _NOISE_FLOOR = 1e-6

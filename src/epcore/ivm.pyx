@@ -63,8 +63,8 @@ scores and the vector updates, i.e. O(d² n) for d inclusions; memory
 O(d_max n) for M.  Everything heavy runs with the GIL released; the Python
 callback that produces the kernel column is the only Python call per inclusion.
 
-What the rest of fastep uses (and later refinement/exchange code can build on)
-------------------------------------------------------------------------------
+What the rest of fastep uses
+----------------------------
 * approximate log likelihood (eq 32) ``log N(m_I; 0, K_I + B_I⁻¹)``: with
   ``K_I + B_I⁻¹ = B_I^{-½} L Lᵀ B_I^{-½}`` it is
   ``-½ |L⁻¹ B_I^½ m_I|² - Σ log L_ii + ½ Σ log β_i - (k/2) log 2π``
@@ -913,10 +913,10 @@ cdef class IVMState:
         tol : float >= 0, default 1e-9
             Skip threshold: a site whose new parameters change by at most ``tol``, measured as
             ``max(|Δβ|/β, |Δm| β^½)`` (relative precision change; mean change in units of the
-            site's standard deviation), is skipped and left unchanged. This is the notes'
-            warning that eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹`` (we write eq 7 as
+            site's standard deviation), is skipped and left unchanged. The notes warn that
+            eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹``; here eq (7) is evaluated as
             ``Δβ/(1 + Δβ a_pp)``, which needs no division by Δβ, so the skip mainly saves
-            work). The sweeps have converged when every site of a sweep is skipped.
+            work. The sweeps have converged when every site of a sweep is skipped.
         refactor_every : int >= 1, default 1
             Rebuild Σ[I, I] and μ_I from the site parameters (O(k³)) after every
             ``refactor_every`` sweeps. L, M and the marginals ς, μ of all n points are
