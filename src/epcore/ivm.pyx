@@ -699,7 +699,7 @@ cdef class IVMState:
         self.a.score = _ptr(self._score)
         self.a.site_mean = _ptr(self._site_mean)
         self.a.site_precision = _ptr(self._site_prec)
-        self.a.diag_k = _ptr(self._diag)
+        self.a.diag_k = _cptr(self._diag)
         self.a.active = _iptr(self._active)
         self.a.is_active = _bptr(self._is_active)
         self.y_ptr = _cptr(self._y)
