@@ -36,3 +36,25 @@ def test_downstream_cython_can_cimport_the_kernels(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "out.c").stat().st_size > 0
+
+
+def test_downstream_cython_can_cimport_the_ivm_engine(tmp_path):
+    # ivm_refine.pxd cimports ivm.pxd: both must be installed beside each other
+    package_root = fastep.get_include()
+    for name in ("ivm.pxd", "ivm_refine.pxd"):
+        assert os.path.isfile(os.path.join(package_root, "fastep", "_epcore", name)), name
+    src = tmp_path / "downstream_ivm.pyx"
+    src.write_text(textwrap.dedent("""
+        # cython: language_level=3
+        from fastep._epcore.ivm cimport IVMArrays, ivm_include, IVM_OK
+        from fastep._epcore.ivm_refine cimport KernelRows, refactorize
+
+        def active_count(int k):
+            cdef IVMArrays a
+            a.k = k
+            return a.k, IVM_OK
+    """))
+    res = subprocess.run(
+        [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr

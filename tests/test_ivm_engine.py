@@ -235,6 +235,18 @@ def test_bad_input_raises_naming_the_argument_and_leaves_state_unchanged():
         engine.IVMState(y, spec, cols.diag, 3).select(1, lambda j: np.ones(3))
 
 
+def test_read_only_targets_and_diagonal_are_accepted():
+    X, y, lik, _, _, kernel = _problem("probit", 30, 9)
+    cols = kernel.columns(X)
+    y_ro, diag_ro = y.copy(), np.array(cols.diag)
+    y_ro.setflags(write=False)
+    diag_ro.setflags(write=False)
+    st = engine.IVMState(y_ro, lik.site_spec(), diag_ro, 5)
+    ref_st = engine.IVMState(y, lik.site_spec(), np.array(cols.diag), 5)
+    np.testing.assert_array_equal(st.select(5, cols), ref_st.select(5, cols))
+    np.testing.assert_array_equal(st.post_var, ref_st.post_var)
+
+
 def test_a_kernel_that_is_not_psd_raises_linalg_error():
     n = 20
     rng = np.random.default_rng(0)

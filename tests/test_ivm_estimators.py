@@ -8,7 +8,7 @@ from scipy.special import ndtr
 
 from fastep import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
-from fastep.ivm import _IVMProblem
+from fastep._ivm_problem import _IVMProblem
 from fastep.kernels import RBF, RBFARD, Bias, Linear, White
 from fastep.likelihoods import Gaussian, OrderedCategorical, Probit
 from fastep.reference import ivm as ref
@@ -219,7 +219,7 @@ USPS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / 
 
 @pytest.mark.parametrize("white, slope", [(5e-4, 112.0), (2.5e-8, 7400.0)])
 def test_selection_state_at_usps_scale_equals_the_dense_posterior_given_the_sites(white, slope):
-    # The parameters USPS learning reaches (issue 4 §7 diagnosis): a near-step probit and almost no
+    # Parameters of the kind Algorithm 2 reaches on USPS: a near-step probit and almost no
     # White noise, on 256-dimensional inputs. The engine's mu and diag(Sigma) at every training
     # point, and the test latents, must equal the dense formulas from the d sites.
     if not USPS.is_file():

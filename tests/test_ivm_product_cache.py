@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import fastep._ivm_problem as ivm_problem
 import fastep.ivm as fivm
 from fastep import IVMClassifier
 from fastep.kernels import MLP, RBF, RBFARD, Bias, Linear, White
@@ -25,7 +26,7 @@ def test_algorithm2_is_bitwise_unchanged_by_the_cache(kernel, monkeypatch):
     X, y = _data()
     kwargs = dict(active_set_size=30, n_iterations=2, learn_likelihood=True, max_optimizer_iter=15)
     cached = IVMClassifier(kernel, **kwargs).fit(X, y)
-    monkeypatch.setattr(fivm._IVMProblem, "_columns", _uncached)
+    monkeypatch.setattr(ivm_problem._IVMProblem, "_columns", _uncached)
     plain = IVMClassifier(kernel, **kwargs).fit(X, y)
     np.testing.assert_array_equal(cached.active_set_, plain.active_set_)
     np.testing.assert_array_equal(cached.site_mean_, plain.site_mean_)
@@ -37,14 +38,14 @@ def test_algorithm2_is_bitwise_unchanged_by_the_cache(kernel, monkeypatch):
 def test_cache_is_reused_bounded_and_dropped(monkeypatch):
     X, y = _data()
     seen = []
-    select = fivm._IVMProblem.select
+    select = ivm_problem._IVMProblem.select
 
     def spy(problem):
         out = select(problem)
         seen.append((problem.product_cache.hits, problem.product_cache.misses, problem.product_cache.n_stored))
         return out
 
-    monkeypatch.setattr(fivm._IVMProblem, "select", spy)
+    monkeypatch.setattr(ivm_problem._IVMProblem, "select", spy)
     model = IVMClassifier(RBF(1.0, 0.3) + Linear(0.2) + White(0.1), active_set_size=20, n_iterations=2,
                           learn_likelihood=True, max_optimizer_iter=10, kernel_objective="active_set").fit(X, y)
     assert len(seen) == 5                              # 2 x (kernel, noise) + the final selection
@@ -62,7 +63,7 @@ def test_ard_kernel_still_matches_uncached_selection(monkeypatch):
     kernel = RBFARD([0.5, 0.5], ard_groups=[0, 0, 1, 1, 1], inverse_width=0.5) + Linear(0.2) + White(0.1)
     kwargs = dict(active_set_size=25, optimizer=None)
     cached = IVMClassifier(kernel, **kwargs).fit(X, y)
-    monkeypatch.setattr(fivm._IVMProblem, "_columns", _uncached)
+    monkeypatch.setattr(ivm_problem._IVMProblem, "_columns", _uncached)
     plain = IVMClassifier(kernel, **kwargs).fit(X, y)
     np.testing.assert_array_equal(cached.active_set_, plain.active_set_)
     np.testing.assert_allclose(cached.site_mean_, plain.site_mean_, rtol=1e-10, atol=1e-12)
@@ -92,7 +93,7 @@ def test_a_single_selection_keeps_no_products(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a ColumnProductCache was built for a single selection")
 
-    monkeypatch.setattr(fivm, "ColumnProductCache", forbidden)
+    monkeypatch.setattr(ivm_problem, "ColumnProductCache", forbidden)
     model = IVMClassifier(RBF(1.0, 0.3) + White(0.1), active_set_size=20, optimizer=None).fit(X, y)
     active = fivm.select_active_set(X, np.where(y > 0, 1.0, -1.0), RBF(1.0, 0.3) + White(0.1),
                                     fivm.Probit(), 20)

@@ -52,7 +52,7 @@ Each of ``n_iterations`` outer rounds
    ``A = I + B^½ K_I B^½ = L Lᵀ`` (eigenvalues >= 1, so no jitter is needed).
    If the noise parameters are learnt (classifier, ordinal regressor) it then
    selects again and maximises ``Σ_n log Z_n`` (eq 34), ``Z_n = ∫ p(y_n | f_n) q(f_n) df_n``,
-   over the likelihood parameters (:mod:`fastep._likelihood_params`) with the
+   over the likelihood parameters (:meth:`fastep.likelihoods.Likelihood.theta_gradient`) with the
    marginals q held fixed: the posterior marginal ``N(μ_n, ς_n)`` of each inactive
    point and the *cavity* marginal of each active point (its own site removed).
    The paper writes the posterior marginal ``q_d(f_n)`` for every point; for an
@@ -91,348 +91,30 @@ Memory: the selection holds M (d×n floats); a fitted model keeps, per binary pr
 the active inputs, the sites, L and w.
 """
 import copy
-import time
 import warnings
 
 import numpy as np
-from scipy.linalg import lapack
 
 from . import _validation as v
 from ._base import ClassifierMixin, check_is_fitted
 from ._epcore import ivm as _engine
-from ._epcore import sparse_ep as _sparse_engine
-from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, DensePredictor, GPClassifierMixin, GPEstimator,
-                       GPRegressorMixin, Hyperparameters, check_classifier_likelihood, check_kernel,
-                       check_optimizer, stack_problems, start_kernel)
-from ._learning_checks import kernel_structure, warn_if_kernel_stuck
-from ._progress import CALLBACK_DOC, StopRequested
-from ._linalg import cholesky_lower, matmul
+from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, GPClassifierMixin, GPEstimator, GPRegressorMixin,
+                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
+                       start_kernel)
+from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem
+from ._progress import CALLBACK_DOC
 from .batch import map_in_order
-from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
 from .exceptions import ConvergenceWarning
 from .hyperpriors import check_hyperprior
-from .kernels import ColumnProductCache
-from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step
+from .likelihoods import Logistic, OrderedCategorical, Probit, Step
 
 __all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "select_active_set"]
 
-_LOG_2PI = np.log(2.0 * np.pi)
 _KERNEL_OBJECTIVES = ("full_data", "active_set")
 #: d when ``active_set_size=None``, at most n_samples (the size of the paper's experiments on real data).
 _DEFAULT_ACTIVE_SET_SIZE = 200
-#: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
-#: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
-#: damped by 0.5 (the sparse estimators' parallel default), to the sparse estimators' default tolerance.
-_FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_PARALLEL, "order": _sparse_engine.ORDER_FIXED, "damping": 0.5,
-                 "tol": 1e-6, "max_sweeps": 200, "negative_precision": _sparse_engine.NEGATIVE_CLIP,
-                 "approximation": "fitc", "power": 1.0, "n_quadrature": 32}
-#: EP tolerance of the full-data objective during a round's search (the run at its result uses 1e-6).
-_FULL_DATA_SEARCH_TOL = 1e-4
-#: Algorithm 2 (full data) stops early after a round that moved no parameter by more than this in the
-#: search's coordinates (logs of the positive parameters): the next round would reselect the same
-#: active set (the selection depends on the parameters alone) and repeat it.
-_ROUND_TOL = 1e-2
-#: K_mm's jitter in the full-data objective, relative to the mean prior variance of the active points.
-_FULL_DATA_JITTER = 1e-6
-# Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
-# unconstrained coordinates: a bias moves by at most one latent unit and a width, slope or
-# noise variance by at most a factor e per trial until the box grows (it doubles whenever
-# the optimum lies on its face). Without it L-BFGS-B's first trial was the whole gradient
-# of Σ_n log Z_n, O(N) in size (see maximize_log_likelihood_trust_region).
-_NOISE_TRUST_RADIUS = 1.0
-#: The learnt Gaussian noise variance stays above this fraction of the largest prior variance.
-_NOISE_FLOOR = 1e-6
-
-
-def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
-    """eq 32, ``log N(m; 0, K_I + B⁻¹)``, and optionally its gradient over ``dK`` (d, d, p).
-
-    Returns ``(value, grad or None, L, w)`` with ``L`` the Cholesky factor of
-    ``A = I + B^½ K_I B^½`` and ``w = (K_I + B⁻¹)⁻¹ m``. Raises LinAlgError when A is
-    not positive definite (K_I not PSD).
-    """
-    d = site_mean.shape[0]
-    sb = np.sqrt(site_precision)
-    A = sb[:, None] * K_I * sb[None, :]
-    A.flat[:: d + 1] += 1.0
-    L = cholesky_lower(A, what="A = I + B^1/2 K_I B^1/2")
-    value, w = _engine.active_set_evidence(L, site_mean, site_precision)
-    grad = None
-    if dK is not None:
-        # C⁻¹ = B^½ A⁻¹ B^½ from the factor (dpotri: one triangle, about d³/3 flops).
-        inv, info = lapack.dpotri(L.T, lower=0)          # L.T: Fortran view of U = Lᵀ, A = UᵀU
-        if info != 0:
-            raise np.linalg.LinAlgError("inverting A = I + B^1/2 K_I B^1/2 failed")
-        R = np.triu(inv)
-        R += np.triu(inv, 1).T
-        R *= sb[:, None]
-        R *= sb[None, :]
-        # ½ wᵀ dK_j w - ½ tr(C⁻¹ dK_j) for every j at once
-        p = dK.shape[2]
-        quad = matmul(w, matmul(w, dK.reshape(d, d * p)).reshape(d, p))       # wᵀ dK_j w for every j
-        grad = 0.5 * quad - 0.5 * np.einsum("ij,ijp->p", R, dK)
-    return value, grad, L, w
-
-
-class _IVMProblem:
-    """One binary, regression or ordinal IVM problem: selection, objectives, prediction state.
-
-    ``offset`` is subtracted from the targets before they reach the site kernel (the
-    regressor's bias; 0 otherwise). After ``select`` the attributes ``state`` (the
-    engine's :class:`~fastep._epcore.ivm.IVMState`), ``active``, ``site_mean`` and
-    ``site_precision`` (active order) describe the selection; ``finalize`` keeps
-    only what prediction needs and drops the O(d n) state.
-    """
-
-    def __init__(self, X, y, kernel, likelihood, d, criterion, seed, offset=0.0, joint_noise=False,
-                 refine=None):
-        self.X = X
-        self.refine = refine
-        self.refinement = None
-        self.joint_noise = joint_noise
-        self.y = y
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.d = d
-        self.criterion = criterion
-        self.seed = seed
-        self.offset = float(offset)
-        self.state = None
-        self.product_cache = None
-        self.full_data_sites = None
-        self.prior_centre = (kernel, likelihood)
-        self.hyperparameters = None
-        self.log_evidence = None
-
-    def _columns(self):
-        """Kernel column oracle; the parameter-free products ``Xc x̃_j`` of the non-ARD
-        Linear/RBF/MLP terms are kept between the selections of Algorithm 2 (which mostly
-        reselect the same points under new parameters), at most 2d of them (O(d n) memory,
-        like M), dropped by ``finalize``. A problem selected once keeps none
-        (``product_cache`` None), so that its memory stays M alone."""
-        return self.kernel._unchecked_columns(self.X, self.product_cache)
-
-    # -- Algorithm 1 ---------------------------------------------------------------------
-    def select(self):
-        cols = self._columns()
-        bad = np.flatnonzero(~(cols.diag > 0))
-        if bad.size:
-            raise ValueError(f"kernel must have a positive diagonal on X; {self.kernel!r} gives "
-                             f"k(x_{bad[0]}, x_{bad[0]}) = {cols.diag[bad[0]]!r}")
-        self.state = None                       # release the previous M (d x n) before allocating the next
-        state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag, self.d,
-                                 criterion=self.criterion, seed=self.seed)
-        state.select(self.d, cols)
-        self.refinement = self._refine(state, cols)
-        self.state = state
-        self.active = state.active
-        self.site_mean = np.array(state.site_mean)[self.active]
-        self.site_precision = np.array(state.site_precision)[self.active]
-        self.marginals = None
-        return state
-
-    def _refine(self, state, cols):
-        """Refinement on the fixed-size active set after Algorithm 1 (Seeger's notes §2.1, §2.3).
-
-        ``refine_sweeps`` EP deletion-inclusion sweeps (``IVMState.refine``), then exchange
-        moves (``IVMState.exchange``), then, if any exchange was made, the EP sweeps again
-        (the entering points carry ADF sites). Returns the engine's reports, or None.
-        """
-        opts = self.refine
-        if not opts or (not opts["sweeps"] and opts["exchange"] is None):
-            return None
-        info = {}
-        if opts["sweeps"]:
-            info["ep"] = state.refine(cols, opts["sweeps"])
-        if opts["exchange"] is not None:
-            info["exchange"] = state.exchange(cols, opts["exchange"], tol=opts["exchange_tol"],
-                                              max_moves=opts["max_exchanges"], seed=self.seed)
-            if opts["sweeps"] and info["exchange"]["n_moves"]:
-                info["ep_after_exchange"] = state.refine(cols, opts["sweeps"])
-        return info
-
-    def refinement_warnings(self):
-        """Messages for a refinement that stopped before convergence (final selection only)."""
-        out = []
-        info = self.refinement or {}
-        for key in ("ep", "ep_after_exchange"):
-            ep = info.get(key)
-            if ep is not None and not ep["converged"]:
-                out.append(f"EP refinement of the active set did not converge in {ep['n_sweeps']} sweep(s) "
-                           f"(largest site change {ep['max_change']:.3g}, {ep['n_rejected']} improper "
-                           "update(s) rejected); increase refine_sweeps")
-        ex = info.get("exchange")
-        if ex is not None and not ex["converged"]:
-            out.append(f"exchange moves stopped after {ex['n_moves']} move(s) with an exchange still gaining "
-                       f"{ex['best_gain']:.3g} nats; increase max_exchanges")
-        return out
-
-    # -- Algorithm 2 objectives --------------------------------------------------------------
-    def kernel_objective(self, theta):
-        """eq 32 and its gradient at ``theta`` (active set fixed).
-
-        ``theta`` = the kernel's unconstrained parameters; with ``joint_noise`` (the
-        spherical Gaussian model) followed by log σ² and the offset b, on which the
-        sites ``m_I = y_I - b``, ``β = 1/σ²`` depend directly: eq 32 is then the exact
-        GP evidence of the active points, ``log N(y_I - b; 0, K_I + σ² I)``, with
-        ``∂/∂ log σ² = σ² (½ wᵀw - ½ tr C⁻¹)`` and ``∂/∂b = Σ w``. Otherwise the sites
-        are held fixed.
-        """
-        n_kernel = self.kernel.n_theta
-        kernel = self.kernel.clone_with_theta(theta[:n_kernel])
-        X_I = self.X[self.active]
-        d = self.active.shape[0]
-        if n_kernel:
-            K_I, dK = kernel._unchecked_value_and_gradient(X_I)         # shared intermediates (one gram per leaf)
-        else:
-            K_I, dK = kernel._unchecked_call(X_I), np.zeros((d, d, 0))
-        if not self.joint_noise:
-            value, grad, _, _ = _active_log_likelihood(K_I, self.site_mean, self.site_precision, dK)
-            return value, grad
-        noise = float(np.exp(theta[n_kernel]))
-        site_mean = self.y[self.active] - float(theta[n_kernel + 1])
-        dK = np.concatenate([dK, (noise * np.eye(d))[:, :, None]], axis=2)
-        value, grad, _, w = _active_log_likelihood(K_I, site_mean, np.full(d, 1.0 / noise), dK)
-        return value, np.append(grad, np.sum(w))
-
-    def kernel_theta(self):
-        """Starting point and bounds of ``kernel_objective``."""
-        theta, bounds = self.kernel.theta, self.kernel.bounds
-        if self.joint_noise:
-            noise_bounds = likelihood_theta(self.likelihood)[2].copy()
-            # eq 32 tends to zero noise when the data are (nearly) noise-free and every point is
-            # active; below 1e-6 of the prior variance the Gaussian sites of the next selection
-            # are numerically improper (ν ς >= 1), so the noise variance is kept above that
-            prior_scale = float(np.max(self.kernel._unchecked_diag(self.X)))
-            floor = np.log(_NOISE_FLOOR * prior_scale)
-            noise_bounds[0, 0] = max(noise_bounds[0, 0], floor)
-            # the fixed upper bound (e^20) is below the prior variance of targets on a large scale
-            noise_bounds[0, 1] = max(noise_bounds[0, 1], np.log(100.0 * prior_scale))
-            log_noise = min(max(np.log(self.likelihood.noise_variance), noise_bounds[0, 0]), noise_bounds[0, 1])
-            theta = np.append(theta, [log_noise, self.offset])
-            bounds = np.vstack([bounds, noise_bounds, [[-np.inf, np.inf]]])
-        return theta, bounds
-
-    def set_kernel_theta(self, theta):
-        n_kernel = self.kernel.n_theta
-        self.kernel = self.kernel.clone_with_theta(theta[:n_kernel])
-        if self.joint_noise:
-            self.likelihood = Gaussian(noise_variance=float(np.exp(theta[n_kernel])))
-            self.offset = float(theta[n_kernel + 1])
-
-    # -- the full-data objective ------------------------------------------------------------
-    def full_data_problem(self, options, learn_likelihood, X=None, warm=True):
-        """The sparse EP problem on all n training points with the active inputs as inducing inputs.
-
-        Its evidence (EP-FITC, :mod:`fastep.sparse`) is the full-data objective of Algorithm 2;
-        its sites live on the n training points, so those of the previous round (Z = the
-        previous active inputs) are its warm start (``warm``). ``options`` are the sparse
-        engine's; ``X``: the training inputs when the problem no longer holds them.
-        """
-        from .sparse import _BinarySparseEP                 # sparse imports the IVM's selection
-        X = self.X if X is None else X
-        Z = np.ascontiguousarray(X[self.active])
-        diag = self.kernel._unchecked_diag(Z)
-        options = dict(options, jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
-        sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, X, self.y - self.offset, options,
-                                 learn_likelihood, False)
-        if warm and self.full_data_sites is not None:
-            sparse.restore_sites(self.full_data_sites)
-        return sparse
-
-    def learn_full_data(self, options, learn_likelihood, hyperprior):
-        """Maximise the full-data objective (plus the log hyperprior) over the kernel and, with
-        ``learn_likelihood``, the likelihood parameters, Z fixed at the active inputs; returns
-        the sparse problem at the result (its ``log_ml`` the evidence there)."""
-        sparse = self.full_data_problem(options, learn_likelihood)
-        sparse.estimator_name = options["estimator_name"]
-        sparse.latent_scale = options["latent_scale"]
-        # the hyperprior stays centred at the start of Algorithm 2; each round's search starts
-        # where the previous one ended
-        start_kernel, start_likelihood = self.prior_centre
-        self.hyperparameters = Hyperparameters(start_kernel, start_likelihood, learn_likelihood,
-                                               hyperprior=hyperprior)
-        hyper, space = self.hyperparameters, self.hyperparameters.space
-        space.start_at(hyper.pack(self.kernel, self.likelihood))
-        sparse.search_tol = _FULL_DATA_SEARCH_TOL
-        sparse.fit(hyper, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
-                   warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
-        #: the largest move of this round in the search's (log) coordinates
-        end = space.to_search(hyper.pack(sparse.kernel, sparse.likelihood))
-        self.last_step = float(np.max(np.abs(end - space.u_start), initial=0.0))
-        self.kernel, self.likelihood = sparse.kernel, sparse.likelihood
-        self.full_data_sites = sparse.sites()
-        return sparse
-
-    def full_data_evidence(self, options):
-        """The full-data objective at the current kernel, likelihood and active set (one EP run,
-        warm from the last round's sites); sets ``log_evidence``."""
-        sparse = self.full_data_problem(options, False)
-        self.log_evidence = sparse.evaluate((self.kernel, self.likelihood, None), gradient=False, warm=True)[0]
-        self.full_data_sites = sparse.sites()
-        return self.log_evidence
-
-    def full_data_evidence_at(self, X, theta, eval_gradient, options):
-        """The full-data objective (and its gradient) at ``theta`` in the coordinates of
-        ``hyperparameters``, the fitted active set fixed, EP from zero sites; K_mm's jitter is
-        that of the fitted kernel. ``X``: the training inputs (a finalized problem drops them)."""
-        hyper = self.hyperparameters
-        theta = hyper.check(theta)
-        sparse = self.full_data_problem(options, hyper.learn_likelihood, X=X, warm=False)
-        value, grad, _ = sparse.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
-        return (value, grad) if eval_gradient else value
-
-    def log_likelihood(self):
-        K_I = self.kernel._unchecked_call(self.X[self.active])
-        return _active_log_likelihood(K_I, self.site_mean, self.site_precision)[0]
-
-    def noise_objective(self, theta, learn_offset):
-        """eq 34, ``Σ_n log Z_n`` with the current marginals held fixed, and its gradient.
-
-        ``theta`` = the likelihood's unconstrained parameters, then (if ``learn_offset``) the
-        offset. The marginal of an inactive point is its posterior ``N(μ_n, ς_n)``; that of
-        an active point its cavity (its own site removed, ``1/ς\\n = 1/ς_n - β_n``,
-        ``μ\\n = ς\\n (μ_n/ς_n - β_n m_n)``), see ``cavity_marginals``.
-        """
-        n_lik = theta.shape[0] - (1 if learn_offset else 0)
-        lik = likelihood_with_theta(self.likelihood, theta[:n_lik])
-        offset = float(theta[n_lik]) if learn_offset else self.offset
-        if self.marginals is None:
-            self.marginals = self.cavity_marginals()
-        mean, var = self.marginals
-        targets = self.y - offset
-        log_z, alpha, _ = lik.moments(targets, mean, var)
-        grad = list(likelihood_theta_gradient(lik, targets, mean, var))
-        if learn_offset:
-            grad.append(float(np.sum(alpha)))
-        return float(np.sum(log_z)), np.array(grad)
-
-    def cavity_marginals(self):
-        """Posterior marginals of the inactive points, cavity marginals of the active ones (eq 34)."""
-        mean = np.array(self.state.post_mean)
-        var = np.array(self.state.post_var)
-        idx = self.active
-        v, b = var[idx], self.site_precision
-        cav_var = v / (1.0 - v * b)                     # = 1/(1/ς - β), without forming 1/ς
-        mean[idx] = cav_var * (mean[idx] / v - b * self.site_mean)
-        var[idx] = cav_var
-        return mean, var
-
-    # -- prediction -----------------------------------------------------------------------------
-    def finalize(self):
-        """Keep the prediction state (active inputs, L, w, eq 32) and drop the engine state."""
-        X_active = self.X[self.active]
-        K_I = self.kernel._unchecked_call(X_active)
-        self.log_lik, _, chol, weights = _active_log_likelihood(K_I, self.site_mean, self.site_precision)
-        self.predictor = DensePredictor(self.kernel, X_active, weights, chol, np.sqrt(self.site_precision))
-        self.state = None
-        self.product_cache = None
-        self.X = None
-
-    def latent(self, X):
-        return self.predictor.latent(X)
 
 
 def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=0):
@@ -469,10 +151,24 @@ def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=
 
 
 class _IVMBase(GPEstimator):
-    """Options, Algorithm 2 and fitted-state handling shared by the IVM estimators."""
+    """Options, problems and fitted-state handling shared by the IVM estimators."""
 
-    def _options(self, n_samples):
-        kernel = check_kernel(self.kernel)
+    def _store_params(self, params):
+        """Keep the constructor's arguments (``params``: its ``locals()``) unchanged as attributes."""
+        for name in self._param_names():
+            setattr(self, name, params[name])
+
+    def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
+        """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
+        return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options["d"], options["criterion"],
+                           options["seed"], refine=options["refine"], **kwargs)
+
+    def _options(self, X, kernel=None):
+        """The validated options of a fit on the inputs ``X``; ``kernel``: the starting kernel
+        when the estimator has made it (the regressor), else ``self.kernel`` or the data-aware
+        start (:func:`~fastep._gp_base.start_kernel`), validated on X."""
+        n_samples = X.shape[0]
+        given = check_kernel(self.kernel)
         d = self.active_set_size
         if d is None:
             d = min(_DEFAULT_ACTIVE_SET_SIZE, n_samples)
@@ -501,137 +197,14 @@ class _IVMBase(GPEstimator):
                              "kernel_objective='active_set' (the full-data objective is learnt with 'L-BFGS-B')")
         full_data = dict(_FULL_DATA_EP, seed=seed, progress=progress, estimator_name=type(self).__name__,
                          latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None)
+        if kernel is None:
+            kernel = start_kernel(given, X)
+            kernel._validate_X(X, "X")
         return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
                 "n_iterations": n_iterations if self.optimizer is not None else 0,
                 "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer,
                 "kernel_objective": objective, "full_data": full_data,
                 "hyperprior": check_hyperprior(self.hyperprior)}
-
-    def _fit_problem(self, problem, options, learn_noise, learn_offset, label=""):
-        """Algorithm 2 on one problem; returns the finalized problem and its history."""
-        history = []
-        t0 = time.perf_counter()
-        prefix = f"[{label}] " if label else ""
-        kernel_at_start = copy.deepcopy(problem.kernel)
-        last_good = (0, kernel_at_start, problem.likelihood, problem.offset)
-        if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
-            problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
-
-        progress = options["progress"]
-
-        def report(iteration, stage):
-            """Record a stage of Algorithm 2; False if the callback asks to stop."""
-            ll = problem.log_likelihood()
-            entry = {"iteration": iteration, "stage": stage, "log_likelihood": ll,
-                     "n_active": int(problem.active.shape[0]), "elapsed": time.perf_counter() - t0}
-            if stage == "full data":
-                entry["log_evidence"] = problem.log_evidence
-            history.append(entry)
-            return progress.report(f"{prefix}Algorithm 2 {stage}", iteration, ll)
-
-        def search(objective, theta0, bounds, name, trust_radius=None):
-            """Maximise one Algorithm 2 objective; each evaluation is reported (level 2), and a
-            stop request ends the search at its best point so far."""
-            best = {"value": -np.inf, "theta": np.array(theta0, dtype=float), "count": 0}
-
-            def reported(theta):
-                value, grad = objective(theta)
-                best["count"] += 1
-                if value > best["value"]:
-                    best["value"], best["theta"] = value, np.array(theta, copy=True)
-                if not progress.report(f"{prefix}{name}", best["count"], value, level=2):
-                    raise StopRequested
-                return value, grad
-            if progress.stopped:
-                return best["theta"]
-            try:
-                return self._maximize(reported, theta0, bounds, options, trust_radius=trust_radius)[0]
-            except StopRequested:
-                return best["theta"]
-
-        full_data = options["kernel_objective"] == "full_data"
-        for iteration in range(1, options["n_iterations"] + 1):
-            if progress.stopped:
-                break
-            problem.select()
-            if full_data:
-                problem.state = None                # the O(d n) selection state is rebuilt by the next selection
-                sparse = problem.learn_full_data(options["full_data"], learn_noise or problem.joint_noise,
-                                                 options["hyperprior"])
-                problem.log_evidence = sparse.log_ml
-                if not report(iteration, "full data"):
-                    break
-                if not self._ignores_inputs(problem.kernel, problem.X):
-                    last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
-                if problem.last_step < _ROUND_TOL:
-                    break                           # the next selection and search would repeat this round
-                continue
-            theta0, bounds = problem.kernel_theta()
-            if theta0.size:
-                def kernel_obj(theta):
-                    try:
-                        return problem.kernel_objective(theta)
-                    except (np.linalg.LinAlgError, ValueError):
-                        return -np.inf, np.zeros_like(theta)
-                theta = search(kernel_obj, theta0, bounds, "eq 32")
-                problem.set_kernel_theta(theta)
-            if not report(iteration, "kernel"):
-                break
-            if learn_noise:
-                problem.select()
-                _, lik_theta, lik_bounds = likelihood_theta(problem.likelihood)
-                theta0, bounds = lik_theta, lik_bounds
-                if learn_offset:
-                    theta0 = np.append(theta0, problem.offset)
-                    bounds = np.vstack([bounds, [[-np.inf, np.inf]]])
-                if theta0.size:
-                    def noise_obj(theta):
-                        try:
-                            return problem.noise_objective(theta, learn_offset)
-                        except ValueError:
-                            return -np.inf, np.zeros_like(theta)
-                    theta = search(noise_obj, theta0, bounds, "eq 34", trust_radius=_NOISE_TRUST_RADIUS)
-                    n_lik = lik_theta.shape[0]
-                    problem.likelihood = likelihood_with_theta(problem.likelihood, theta[:n_lik])
-                    if learn_offset:
-                        problem.offset = float(theta[n_lik])
-                if not report(iteration, "noise"):
-                    break
-            if not self._ignores_inputs(problem.kernel, problem.X):
-                last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
-        if (options["n_iterations"] > 0 and self._ignores_inputs(problem.kernel, problem.X)
-                and not self._ignores_inputs(kernel_at_start, problem.X)):
-            learnt = problem.kernel
-            rounds, problem.kernel, problem.likelihood, problem.offset = last_good
-            warnings.warn(
-                f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}: Algorithm 2 (eq 32) ended on "
-                f"{learnt!r}, under which the latent function is ≈ constant across the training inputs (the active "
-                f"set's approximate evidence can favour a model that ignores the inputs); kept {problem.kernel!r}, the "
-                f"kernel after round {rounds} of {options['n_iterations']} (0: the start). A larger "
-                "active_set_size, or the dense GaussianProcessClassifier, learns the kernel from more of the data.",
-                ConvergenceWarning, stacklevel=4)
-        problem.select()
-        problem.log_evidence = None
-        if full_data and options["n_iterations"] > 0:
-            problem.full_data_evidence(options["full_data"])
-        elif problem.hyperparameters is None:
-            problem.hyperparameters = Hyperparameters(problem.kernel, problem.likelihood, False)
-        for message in problem.refinement_warnings():
-            warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
-        if options["n_iterations"] > 0:
-            warn_if_kernel_stuck(kernel_at_start, problem.kernel, problem.X,
-                                 latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None,
-                                 what=f"{type(self).__name__}{' ' + prefix.strip() if prefix else ''}", stacklevel=3)
-        problem.finalize()
-        progress.report(f"{prefix}done", problem.active.shape[0], problem.log_lik)
-        return problem, history
-
-    def _ignores_inputs(self, kernel, X):
-        """Whether, for a classifier, the latent function under ``kernel`` is ≈ constant on the
-        likelihood's scale (``'vanishing'`` in :func:`fastep._learning_checks.kernel_structure`).
-        A short length-scale (``'diagonal'`` there) is not counted: near neighbours still interact."""
-        return (isinstance(self, GPClassifierMixin)
-                and kernel_structure(kernel, X, latent_scale=1.0) == "vanishing")
 
     @staticmethod
     def _maximize(objective, theta0, bounds, options, trust_radius=None):
@@ -685,7 +258,9 @@ class _IVMBase(GPEstimator):
             return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
         return float(sum(values))
 
-    def _set_common(self, X, problems, histories):
+    def _set_common(self, X, problems, histories, options):
+        """The fitted attributes shared by the estimators (after the stop warning of ``fit``)."""
+        self._warn_if_stopped(options["progress"], stacklevel=4)
         binary = len(problems) == 1
         self.X_train_ = X
         self._set_problems(X, problems)
@@ -702,7 +277,7 @@ class _IVMBase(GPEstimator):
 _COMMON_DOC = f"""
     active_set_size : int or None, default None
         d, the number of active points (1 <= d <= n_samples); None means min(200, n_samples).
-    criterion : {'entropy', 'info_gain', 'random'}, default 'entropy'
+    criterion : {{'entropy', 'info_gain', 'random'}}, default 'entropy'
         Selection score: entropy reduction (eq 26), information gain
         KL(q_new ‖ q_old), or a seeded random choice.
     optimizer : 'L-BFGS-B', 'SCG' or None, default 'L-BFGS-B'
@@ -734,7 +309,7 @@ _COMMON_DOC = f"""
         update), stopping early once no site changes by more than 1e-9 (relative precision
         change; mean change in site standard deviations); L, M, ς and μ are then rebuilt
         from the site parameters. 0 keeps the ADF sites of Algorithm 1 (eqs 22-23).
-    exchange : {None, 'greedy', 'random'}, default None
+    exchange : {{None, 'greedy', 'random'}}, default None
         Exchange moves on the fixed-size active set after the sweeps (Seeger's notes §2.3):
         swap an active point j for an inactive point i, scored by eqs (8)-(9) and the
         entropy criterion (eq 4), applied by the 2x2 Woodbury update of A and h. 'greedy'
@@ -749,6 +324,18 @@ _COMMON_DOC = f"""
         Stopping there (or after ``refine_sweeps`` sweeps without convergence) at the final
         selection warns with ``ConvergenceWarning``.
 """
+
+def _kernel_doc(variance):
+    """The ``kernel`` parameter's entry, with the default start ``RBF(variance, γ)``."""
+    return f"""kernel : fastep.kernels.Kernel or None, default None
+        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
+        ``RBF({variance}, γ)``, γ = 1 / (median squared distance between the training inputs, over a
+        seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
+        evidence can be learnt; a kernel given here is the start as it is.
+        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+        from the range-scaled inputs, so that raw and standardised columns give the same model."""
+
 
 _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         Training indices of the active points in inclusion order.
@@ -773,7 +360,9 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
     n_features_in_ : int
         Number of features seen in ``fit``."""
 
-_REFERENCES = """Lawrence, N. D., Seeger, M. and Herbrich, R. *The Informative Vector Machine: a
+_REFERENCES = """References
+    ----------
+    Lawrence, N. D., Seeger, M. and Herbrich, R. *The Informative Vector Machine: a
     practical probabilistic alternative to the support vector machine*: Algorithm 1
     (eqs 14-30), Algorithm 2 (eqs 32, 34), the ordered categorical noise model (§2.4).
     Seeger, M. *Notes on Minka's Expectation Propagation for Gaussian process
@@ -793,14 +382,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel or None, default None
-        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
-        ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
-        sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
-        be learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model. If Algorithm 2 ends on a kernel
+    {_kernel_doc("1")} If Algorithm 2 ends on a kernel
         under which the latent function is ≈ constant across the training inputs (the active
         set's eq 32 can prefer such a model), the kernel of its last round that was not is kept,
         with a ``ConvergenceWarning``.
@@ -830,8 +412,6 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     SparseGPClassifier : EP with learnt inducing inputs.
     GaussianProcessClassifier : dense EP on all the data.
 
-    References
-    ----------
     {_REFERENCES}
 
     Examples
@@ -852,46 +432,26 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self.kernel_objective = kernel_objective
-        self.hyperprior = hyperprior
-        self.callback = callback
-        self.n_jobs = n_jobs
-        self.refine_sweeps = refine_sweeps
-        self.exchange = exchange
-        self.exchange_tol = exchange_tol
-        self.max_exchanges = max_exchanges
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.active_set_size = active_set_size
-        self.criterion = criterion
-        self.optimizer = optimizer
-        self.n_iterations = n_iterations
-        self.learn_likelihood = learn_likelihood
-        self.max_optimizer_iter = max_optimizer_iter
-        self.random_state = random_state
-        self.verbose = verbose
+        self._store_params(locals())
 
     def fit(self, X, y):
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
-        options = self._options(X.shape[0])
-        kernel = options["kernel"] = start_kernel(options["kernel"], X)
-        kernel._validate_X(X, "X")
+        options = self._options(X)
+        kernel = options["kernel"]
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
                                                             (Probit, Logistic, Step))
         classes, targets = v.encode_one_vs_rest_labels(y)
 
         def fit_class(c):
-            problem = _IVMProblem(X, targets[c], copy.deepcopy(kernel), lik, options["d"], options["criterion"],
-                                  options["seed"], refine=options["refine"])
+            problem = self._new_problem(X, targets[c], kernel, lik, options)
             label = "" if len(targets) == 1 else f"class {classes[c]!r}"
-            return self._fit_problem(problem, options, learn_likelihood, False, label)
+            return fit_problem(self, problem, options, learn_likelihood, False, label)
 
         fitted = map_in_order(fit_class, range(len(targets)), self.n_jobs)
         problems, histories = [p for p, _ in fitted], [h for _, h in fitted]
         self.classes_ = classes
-        self._warn_if_stopped(options['progress'])
-        self._set_common(X, problems, histories)
+        self._set_common(X, problems, histories, options)
         return self
 
     def decision_function(self, X):
@@ -930,13 +490,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel or None, default None
-        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
-        ``RBF(var(y), γ)``, γ = 1 / (median squared distance between the training inputs, over a
-        seeded sample of at most 1000 rows); a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+    {_kernel_doc("var(y)")}
     noise_variance : float > 0 or None, default None
         Variance σ² of the noise (the starting point when learnt); None starts from var(y) / 10.
     bias : float or None, default None
@@ -961,8 +515,6 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         The fitted output offset.
     {_COMMON_ATTRIBUTES}
 
-    References
-    ----------
     {_REFERENCES}
 
     Examples
@@ -981,39 +533,18 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self.kernel_objective = kernel_objective
-        self.hyperprior = hyperprior
-        self.callback = callback
-        self.refine_sweeps = refine_sweeps
-        self.exchange = exchange
-        self.exchange_tol = exchange_tol
-        self.max_exchanges = max_exchanges
-        self.kernel = kernel
-        self.noise_variance = noise_variance
-        self.bias = bias
-        self.learn_noise = learn_noise
-        self.active_set_size = active_set_size
-        self.criterion = criterion
-        self.optimizer = optimizer
-        self.n_iterations = n_iterations
-        self.max_optimizer_iter = max_optimizer_iter
-        self.random_state = random_state
-        self.verbose = verbose
+        self._store_params(locals())
 
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         lik, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, check_kernel(self.kernel), bias=False)
-        options = self._options(X.shape[0])
-        options["kernel"] = kernel
+        options = self._options(X, kernel)
         bias = float(np.mean(y)) if self.bias is None else v.check_in_range(self.bias, "bias", -np.inf, np.inf,
                                                                              low_inclusive=False,
                                                                              high_inclusive=False)
-        problem = _IVMProblem(X, y, copy.deepcopy(options["kernel"]), lik, options["d"], options["criterion"],
-                              options["seed"], offset=bias, joint_noise=learn_noise,
-                              refine=options["refine"])
-        problem, history = self._fit_problem(problem, options, False, False)
-        self._warn_if_stopped(options['progress'])
-        self._set_common(X, [problem], [history])
+        problem = self._new_problem(X, y, kernel, lik, options, offset=bias, joint_noise=learn_noise)
+        problem, history = fit_problem(self, problem, options, False, False)
+        self._set_common(X, [problem], [history], options)
         self.noise_variance_ = float(problem.likelihood.noise_variance)
         self.bias_ = problem.offset
         return self
@@ -1031,14 +562,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    kernel : fastep.kernels.Kernel or None, default None
-        Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
-        ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a seeded
-        sample of at most 1000 rows), so that inputs of any scale give a kernel whose evidence can
-        be learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+    {_kernel_doc("1")}
     likelihood : OrderedCategorical or None, default None
         Starting likelihood (its ``n_categories`` must equal the number of distinct labels);
         None: slope 1, with the thresholds spread over C categories of unit width centred at 0.
@@ -1058,8 +582,6 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         The fitted likelihood (thresholds).
     {_COMMON_ATTRIBUTES}
 
-    References
-    ----------
     {_REFERENCES}
 
     Examples
@@ -1080,30 +602,12 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self.kernel_objective = kernel_objective
-        self.hyperprior = hyperprior
-        self.callback = callback
-        self.refine_sweeps = refine_sweeps
-        self.exchange = exchange
-        self.exchange_tol = exchange_tol
-        self.max_exchanges = max_exchanges
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.learn_likelihood = learn_likelihood
-        self.active_set_size = active_set_size
-        self.criterion = criterion
-        self.optimizer = optimizer
-        self.n_iterations = n_iterations
-        self.max_optimizer_iter = max_optimizer_iter
-        self.random_state = random_state
-        self.verbose = verbose
+        self._store_params(locals())
 
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
-        options = self._options(X.shape[0])
-        options["kernel"] = start_kernel(options["kernel"], X)
-        options["kernel"]._validate_X(X, "X")
+        options = self._options(X)
         v.check_class_labels(y)
         try:
             classes, inverse = np.unique(y, return_inverse=True)
@@ -1124,12 +628,10 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                                  "distinct labels")
         learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
         targets = inverse.reshape(-1).astype(float)
-        problem = _IVMProblem(X, targets, copy.deepcopy(options["kernel"]), lik, options["d"],
-                              options["criterion"], options["seed"], refine=options["refine"])
-        problem, history = self._fit_problem(problem, options, learn_likelihood, False)
+        problem = self._new_problem(X, targets, options["kernel"], lik, options)
+        problem, history = fit_problem(self, problem, options, learn_likelihood, False)
         self.classes_ = classes
-        self._warn_if_stopped(options['progress'])
-        self._set_common(X, [problem], [history])
+        self._set_common(X, [problem], [history], options)
         return self
 
     def predict_proba(self, X):

@@ -1,8 +1,9 @@
-# Gaussian-tail and probit terms shared by sites.pyx (the site kernels) and ivm.pyx (the
-# fused scoring pass and the exchange scoring, which need g and ν but not log Z).
+# Gaussian-tail and probit terms shared by sites.pyx (the site kernels) and, through
+# _ivm_moments.pxi, ivm.pyx and ivm_refine.pyx (the fused scoring pass and the exchange
+# scoring, which need g and ν but not log Z).
 #
-# Included (textually) by both modules, so that there is one copy of these operations and
-# the inline fast path of ivm.pyx gives bitwise the site kernel's alpha and beta (tested in
+# Included (textually), so that there is one copy of these operations and the inline fast
+# path of the IVM gives bitwise the site kernel's alpha and beta (tested in
 # tests/test_ivm_scoring.py).  Not installed: no shipped .pxd includes it.
 
 from libc.math cimport exp, isfinite

@@ -18,7 +18,8 @@ n = number of training points, d_max = capacity of the active set:
 * ``active`` (d_max): the included indices in inclusion order; ``is_active`` (n): 0/1 flags.
 
 Everything here is ``noexcept nogil`` and allocation free; the arrays are owned by
-``IVMState`` (ivm.pyx).
+``IVMState`` (ivm.pyx).  The refinement of a fixed-size active set (ivm_refine.pxd) works on
+the same arrays.
 """
 from fastep._epcore.sites cimport SiteModel
 

@@ -63,8 +63,8 @@ scores and the vector updates, i.e. O(d² n) for d inclusions; memory
 O(d_max n) for M.  Everything heavy runs with the GIL released; the Python
 callback that produces the kernel column is the only Python call per inclusion.
 
-What the rest of fastep uses (and later refinement/exchange code can build on)
-------------------------------------------------------------------------------
+What the rest of fastep uses
+----------------------------
 * approximate log likelihood (eq 32) ``log N(m_I; 0, K_I + B_I⁻¹)``: with
   ``K_I + B_I⁻¹ = B_I^{-½} L Lᵀ B_I^{-½}`` it is
   ``-½ |L⁻¹ B_I^½ m_I|² - Σ log L_ii + ½ Σ log β_i - (k/2) log 2π``
@@ -74,27 +74,24 @@ What the rest of fastep uses (and later refinement/exchange code can build on)
 
 Refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
 -----------------------------------------------------------------
-* ``IVMState.refine``: EP deletion-inclusion sweeps over the active points
-  (cavity from the marginal, moment matching with the site kernel, eq 7 and the h
-  update on Σ[I, I] and μ_I; sites that change by <= tol are skipped), then L, M,
-  ς and μ are rebuilt from the site parameters (``IVMState.refactorize``).
-* ``IVMState.exchange``: exchange moves (j ∈ I out, i ∉ I in) scored by eqs (8)-(9)
-  and the entropy criterion, applied by the 2x2 Woodbury update of A and h on
-  Σ[I, :], ς and μ; greedy or seeded random search; ``IVMState.entropy_reduction``
-  is the criterion ``½ log|I + B_I^½ K_I B_I^½|``.
-Both keep the active set size; they need K[I, :] (fetched through the same
-``column_fn`` as ``select`` and cached per column_fn) and one k x k or k x n work
-array, so memory stays O(d n). Details in the section "Refinement on a fixed-size
-active set" below.
+``IVMState.refine`` (EP deletion-inclusion sweeps over the active points),
+``IVMState.exchange`` (exchange moves scored by eqs (8)-(9) and the entropy criterion)
+and ``IVMState.refactorize`` run the compiled module ``ivm_refine`` (ivm_refine.pyx
+describes the algorithms); both keep the active set size and memory O(d n).
 """
 import numpy as np
 
-from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, isinf, INFINITY, NAN
-from libc.string cimport memmove, memcpy
-from fastep._epcore._blas cimport dcopy, gemv_t
-from fastep._epcore.sites cimport (SiteModel, SiteSpec, site_moments, SITE_OK, LIK_GAUSSIAN,
-                                   LIK_PROBIT)
+from libc.math cimport INFINITY, NAN
+from libc.string cimport memcpy
+from fastep._epcore._blas cimport gemv_t
+from fastep._epcore.sites cimport SiteSpec
 from fastep._epcore._common cimport splitmix64_next
+from fastep._epcore.ivm_refine cimport (KernelRows, fetch_column, refactorize, refine_sweeps,
+                                        exchange_gains, exchange_moves)
+
+# g and ν at a cavity (inline probit and Gaussian kernels, shared with ivm_refine.pyx),
+# _log1m, the PSD tolerance
+include "_ivm_moments.pxi"
 
 # Module-level integer constants (CRITERION_*, IVM_*) for Python callers.
 for _enum_class in (IVMCriterion, IVMStatus):
@@ -104,20 +101,10 @@ del _enum_class, _member
 
 CRITERIA = {"entropy": int(CRITERION_ENTROPY), "info_gain": int(CRITERION_INFO_GAIN), "random": int(CRITERION_RANDOM)}
 
-# A posterior variance below -this * K_ii after an update means K is not PSD.
-cdef double _NEGATIVE_VARIANCE_RTOL = 1e-8
-
 
 # --------------------------------------------------------------------------- #
 # nogil building blocks
 # --------------------------------------------------------------------------- #
-
-cdef inline bint _site_at(const SiteModel* model, double y, double mean, double var, double sigma2,
-                          double* g, double* nu) noexcept nogil:
-    """g, ν from the site kernel at the cavity N(mean, var + sigma2); False if it fails."""
-    cdef double log_z = 0.0
-    return site_moments(model, y, mean, var + sigma2, &log_z, g, nu) == SITE_OK
-
 
 cdef inline bint _moments(const SiteModel* model, double y, double mean, double var, double sigma2,
                           double* g, double* nu) noexcept nogil:
@@ -130,13 +117,6 @@ cdef inline bint _moments(const SiteModel* model, double y, double mean, double 
     return nu[0] > 0.0 and var * nu[0] < 1.0
 
 
-cdef inline double _log1m(double x) noexcept nogil:
-    """log(1 - x) for x < 1."""
-    if x < 0.5:
-        return log1p(-x)
-    return log(1.0 - x)
-
-
 cdef inline double _criterion(int criterion, double var, double g, double nu) noexcept nogil:
     """Score of an eligible point (entropy reduction eq 26, or the information gain)."""
     cdef double prod = var * nu
@@ -144,25 +124,6 @@ cdef inline double _criterion(int criterion, double var, double g, double nu) no
     if criterion == CRITERION_INFO_GAIN:
         return 0.5 * (g * g * var - prod - lg)
     return -0.5 * lg
-
-
-cdef inline int _finish_pick(IVMArrays* s, int criterion, unsigned long long* rng_state,
-                             int n_eligible, int chosen, int* best) noexcept nogil:
-    """Random criterion: replace ``chosen`` by a uniformly drawn eligible point."""
-    cdef int i, r
-    if n_eligible == 0:
-        best[0] = -1
-        return IVM_NO_CANDIDATE
-    if criterion == CRITERION_RANDOM:
-        r = <int>(splitmix64_next(rng_state) % <unsigned long long>n_eligible)
-        for i in range(s.n):
-            if not s.is_active[i] and s.score[i] > -INFINITY:
-                if r == 0:
-                    chosen = i
-                    break
-                r -= 1
-    best[0] = chosen
-    return IVM_OK
 
 
 cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double g,
@@ -177,6 +138,35 @@ cdef inline bint _store_moments(IVMArrays* s, int i, double var, bint ok, double
     return ok and var > 0.0 and nu > 0.0 and var * nu < 1.0
 
 
+cdef struct _Pick:
+    double p_max         # entropy / random in the fused pass: the largest p = ν ς (first index attaining it)
+    double best_score    # the largest score (first index attaining it)
+    int chosen
+    int n_eligible
+
+
+cdef inline void _pick_init(_Pick* pk) noexcept nogil:
+    pk.p_max = -INFINITY
+    pk.best_score = -INFINITY
+    pk.chosen = -1
+    pk.n_eligible = 0
+
+
+cdef inline void _rank_by_score(IVMArrays* s, int criterion, int i, double var, bint eligible,
+                                double g, double nu, _Pick* pk) noexcept nogil:
+    """Score inactive point i by ``_criterion`` (-inf if it is not eligible) and keep the best."""
+    cdef double sc
+    if not eligible:
+        s.score[i] = -INFINITY
+        return
+    pk.n_eligible += 1
+    sc = _criterion(criterion, var, g, nu)
+    s.score[i] = sc
+    if sc > pk.best_score:
+        pk.best_score = sc
+        pk.chosen = i
+
+
 cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                    int criterion, unsigned long long* rng_state, int* best) noexcept nogil:
     """Score every inactive point (fills g, nu, score; ineligible points score -inf).
@@ -186,50 +176,32 @@ cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double
     IVM_NO_CANDIDATE.  One ``site_moments`` call per inactive point; g and ν are the site
     kernel's at N(μ_n, ς_n + sigma2) (NaN where it fails), as in the fused pass.
     """
-    cdef int i, n = s.n, chosen = -1, n_eligible = 0
-    cdef double gi = 0.0, nui = 0.0, var, sc, best_score = -INFINITY
+    cdef int i
+    cdef double gi = 0.0, nui = 0.0, var
     cdef bint ok
-    for i in range(n):
-        if s.is_active[i]:
-            continue
-        var = s.post_var[i]
-        ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
-        if not _store_moments(s, i, var, ok, gi, nui):
-            s.score[i] = -INFINITY
-            continue
-        n_eligible += 1
-        sc = _criterion(criterion, var, gi, nui)
-        s.score[i] = sc
-        if sc > best_score:
-            best_score = sc
-            chosen = i
-    return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
+    cdef _Pick pk
+    _pick_init(&pk)
+    for i in range(s.n):
+        if not s.is_active[i]:
+            var = s.post_var[i]
+            ok = _site_at(model, y[i], s.post_mean[i], var, sigma2, &gi, &nui)
+            _rank_by_score(s, criterion, i, var, _store_moments(s, i, var, ok, gi, nui), gi, nui, &pk)
+    return _finish_choice(s, criterion, s.score, False, rng_state, &pk, best)
 
 
 cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int criterion,
                   unsigned long long* rng_state, int* best) noexcept nogil:
     """As ``ivm_score``, from site moments g_all, nu_all already computed for every point
     (all site kernels succeeded): the eligibility test, the scores and the choice."""
-    cdef int i, n = s.n, chosen = -1, n_eligible = 0
-    cdef double gi, nui, var, sc, best_score = -INFINITY
-    for i in range(n):
-        if s.is_active[i]:
-            continue
-        var = s.post_var[i]
-        gi = g_all[i]
-        nui = nu_all[i]
-        s.g[i] = gi
-        s.nu[i] = nui
-        if not (var > 0.0 and nui > 0.0 and var * nui < 1.0):
-            s.score[i] = -INFINITY
-            continue
-        n_eligible += 1
-        sc = _criterion(criterion, var, gi, nui)
-        s.score[i] = sc
-        if sc > best_score:
-            best_score = sc
-            chosen = i
-    return _finish_pick(s, criterion, rng_state, n_eligible, chosen, best)
+    cdef int i
+    cdef bint eligible
+    cdef _Pick pk
+    _pick_init(&pk)
+    for i in range(s.n):
+        if not s.is_active[i]:
+            eligible = _store_moments(s, i, s.post_var[i], True, g_all[i], nu_all[i])
+            _rank_by_score(s, criterion, i, s.post_var[i], eligible, g_all[i], nu_all[i], &pk)
+    return _finish_choice(s, criterion, s.score, False, rng_state, &pk, best)
 
 
 # --------------------------------------------------------------------------- #
@@ -269,9 +241,6 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #   ν, p are computed when g, ν or the scores are read (``IVMState._fill_moments``).
 # * Information gain: the score of every eligible point, as ``_criterion``.
 
-# G(x) table, N(z) and the probit g, ν: the very code of the site kernel (sites.pyx includes it too)
-include "_probit_terms.pxi"
-
 cdef enum:
     _SCORE_BLOCK = 64
     _H_CELLS = 64          # cells [-8 + k/4, -8 + (k + 1)/4) of the probit bound on ν
@@ -284,102 +253,29 @@ cdef double _H_MARGIN = 1e-12
 cdef double _h_bound[_H_CELLS]       # h(z_k) (1 + _H_MARGIN), z_k = -8 + k/4 (filled below)
 
 
-cdef struct _Pick:
-    double p_max         # entropy / random: the largest p = ν ς (first index attaining it)
-    double best_score    # information gain: the largest score
-    int chosen
-    int n_eligible
-
-
-cdef struct _Lik:
-    int code             # LIK_PROBIT or LIK_GAUSSIAN: inline kernel; -1: site by site
-    double inv_slope2    # probit: 1/slope² (0 for an infinite slope), as sites._inv_slope2
-    double bias          # probit
-    double noise         # Gaussian noise variance
-
-
-cdef inline void _prepare(const SiteModel* model, _Lik* lik) noexcept nogil:
-    cdef double slope
-    lik.code = -1
-    lik.inv_slope2 = 0.0
-    lik.bias = 0.0
-    lik.noise = 0.0
-    if model.code == LIK_PROBIT and model.n_params == 2:
-        slope = model.params[0]
-        lik.code = LIK_PROBIT
-        lik.inv_slope2 = 0.0 if isinf(slope) else 1.0 / (slope * slope)
-        lik.bias = model.params[1]
-    elif model.code == LIK_GAUSSIAN and model.n_params == 1:
-        lik.code = LIK_GAUSSIAN
-        lik.noise = model.params[0]
-
-
-cdef inline void _pick_init(_Pick* pk) noexcept nogil:
-    pk.p_max = -INFINITY
-    pk.best_score = -INFINITY
-    pk.chosen = -1
-    pk.n_eligible = 0
-
-
 cdef inline double _entropy_score(double p) noexcept nogil:
     """ΔH of an eligible point from p = ν ς (the expression of ``_criterion``)."""
     return -0.5 * _log1m(p)
 
 
-cdef inline bint _gaussian_moments(double noise, double y, double var, double mu, double sigma2,
-                                   double* g, double* nu) noexcept nogil:
-    """Gaussian g = (y - μ)/v, ν = 1/v, v = ς + sigma2 + σ² (``sites._gaussian_pre``); False
-    where the site kernel would fail (ς <= 0 is left to it, as are non-finite values)."""
-    cdef double v
-    if not (var > 0.0 and isfinite(mu)):
-        return False
-    v = (var + sigma2) + noise
-    g[0] = (y - mu) / v
-    nu[0] = 1.0 / v
-    return isfinite(g[0]) and isfinite(nu[0]) and isfinite(0.5 * (y - mu) * g[0])
-
-
-cdef inline bint _point_moments(const SiteModel* model, const _Lik* lik, double y, double var,
-                                double mu, double sigma2, double* g, double* nu) noexcept nogil:
-    """g, ν of one point at N(mu, var + sigma2): the inline kernels where they apply, else
-    ``site_moments``; False if the site kernel fails.  Bitwise the blocked pass's values."""
-    cdef double c, z, x
-    if lik.code == LIK_PROBIT:
-        c = 1.0 / sqrt((var + sigma2) + lik.inv_slope2)
-        z = y * (c * (mu + lik.bias))
-        x = fabs(z)
-        if var > 0.0 and x < _GT_X_MAX:
-            if _probit_g_nu(y, c, z, _gauss_tail_poly(x), _normal_pdf(z) if z > 0.0 else 0.0, g, nu):
-                return True
-    elif lik.code == LIK_GAUSSIAN:
-        if _gaussian_moments(lik.noise, y, var, mu, sigma2, g, nu):
-            return True
-    return _site_at(model, y, mu, var, sigma2, g, nu)
-
-
 cdef inline void _record(IVMArrays* s, double* prod, int criterion, int i, double var,
                          bint ok, double g, double nu, _Pick* pk) noexcept nogil:
-    """Store g, ν of inactive point i (``_store_moments``) and score it."""
-    cdef double p, sc
-    if not _store_moments(s, i, var, ok, g, nu):
-        if criterion == CRITERION_INFO_GAIN:
-            s.score[i] = -INFINITY
-        else:
-            prod[i] = -INFINITY
+    """Store g, ν of inactive point i (``_store_moments``) and rank it: by its score for the
+    information gain, else by p = ν ς (``prod``, -inf if it is not eligible)."""
+    cdef double p
+    cdef bint eligible = _store_moments(s, i, var, ok, g, nu)
+    if criterion == CRITERION_INFO_GAIN:
+        _rank_by_score(s, criterion, i, var, eligible, g, nu, pk)
+        return
+    if not eligible:
+        prod[i] = -INFINITY
         return
     p = var * nu
     pk.n_eligible += 1
-    if criterion == CRITERION_INFO_GAIN:
-        sc = 0.5 * (g * g * var - p - _log1m(p))
-        s.score[i] = sc
-        if sc > pk.best_score:
-            pk.best_score = sc
-            pk.chosen = i
-    else:
-        prod[i] = p
-        if p > pk.p_max:
-            pk.p_max = p
-            pk.chosen = i
+    prod[i] = p
+    if p > pk.p_max:
+        pk.p_max = p
+        pk.chosen = i
 
 
 cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double* y, IVMArrays* s,
@@ -440,9 +336,15 @@ cdef void _moments_blocked(const SiteModel* model, const _Lik* lik, const double
                 _record(s, prod, criterion, q, var, ok, gq, nuq, pk)
 
 
-cdef int _finish_choice(IVMArrays* s, int criterion, const double* prod,
+cdef int _finish_choice(IVMArrays* s, int criterion, const double* values, bint by_p,
                         unsigned long long* rng_state, _Pick* pk, int* best) noexcept nogil:
-    """The choice after a pass: the random draw, or the entropy window (see above)."""
+    """The choice after a pass, into ``best``; returns IVM_OK or IVM_NO_CANDIDATE.
+
+    Random criterion: a uniformly drawn eligible point (``values[i] > -inf``; ``values``
+    the scores, or p after the fused pass).  Entropy ranked by p (``by_p``, the fused
+    pass; ``values`` = p): the best exact score in the window (see above).  Otherwise
+    ``pk.chosen``.
+    """
     cdef int n = s.n, i, r
     cdef double thr, sc, best_sc
     if pk.n_eligible == 0:
@@ -451,17 +353,17 @@ cdef int _finish_choice(IVMArrays* s, int criterion, const double* prod,
     if criterion == CRITERION_RANDOM:
         r = <int>(splitmix64_next(rng_state) % <unsigned long long>pk.n_eligible)
         for i in range(n):
-            if not s.is_active[i] and prod[i] > -INFINITY:
+            if not s.is_active[i] and values[i] > -INFINITY:
                 if r == 0:
                     pk.chosen = i
                     break
                 r -= 1
-    elif criterion == CRITERION_ENTROPY:
+    elif criterion == CRITERION_ENTROPY and by_p:
         thr = -INFINITY if pk.p_max < _WINDOW_MIN_P else pk.p_max - pk.p_max * _WINDOW
         best_sc = -INFINITY
         for i in range(n):
-            if not s.is_active[i] and prod[i] >= thr and prod[i] > -INFINITY:
-                sc = _entropy_score(prod[i])
+            if not s.is_active[i] and values[i] >= thr and values[i] > -INFINITY:
+                sc = _entropy_score(values[i])
                 if sc > best_sc:
                     best_sc = sc
                     pk.chosen = i
@@ -480,7 +382,7 @@ cdef int _score_pass(const SiteModel* model, const double* y, IVMArrays* s, doub
     _prepare(model, &lik)
     _pick_init(&pk)
     _moments_blocked(model, &lik, y, s, s.post_var, s.post_mean, NULL, sigma2, criterion, prod, &pk)
-    return _finish_choice(s, criterion, prod, rng_state, &pk, best)
+    return _finish_choice(s, criterion, prod, True, rng_state, &pk, best)
 
 
 cdef inline int _h_cell(double z) noexcept nogil:
@@ -553,7 +455,7 @@ cdef int _score_entropy_probit(const SiteModel* model, const _Lik* lik, const do
                 thr = pk.p_max - pk.p_max * _WINDOW
         skipped += pending[i]
     n_deferred[0] = skipped
-    return _finish_choice(s, CRITERION_ENTROPY, prod, NULL, &pk, best)
+    return _finish_choice(s, CRITERION_ENTROPY, prod, True, NULL, &pk, best)
 
 
 cdef void _init_h_bound() noexcept nogil:
@@ -653,355 +555,6 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 
 
 # --------------------------------------------------------------------------- #
-# Refinement on a fixed-size active set (Seeger's notes §2.1 and §2.3)
-# --------------------------------------------------------------------------- #
-#
-# Notation: A = Σ (the posterior covariance of f, Seeger's A with C = K), h = μ,
-# v_i⁻¹ = β_i (site precision), m_i (site mean), b = B m (natural site means);
-# the active points sit in "slots" r = 0..k-1 (``active[r]``, inclusion order).
-#
-# * EP deletion-inclusion sweeps only ever read Σ[I, I] and μ_I, so a sweep keeps
-#   just that k x k block (``SII``) and μ_I and applies eq (7) to it: O(k²) per site,
-#   O(k³) per sweep.  The marginals of all n points (ς, μ), L and M are then rebuilt
-#   from the site parameters and K[I, :] (``_refactor``, O(k² n)), which is the
-#   periodic refactorisation the notes ask for; Σ[I, I] can also be rebuilt between
-#   sweeps (``_refactor_active``, O(k³)).
-# * Exchange moves score (j ∈ I, i ∉ I) with eqs (8)-(9), which need A[j, i] for every
-#   pair: they keep ``S`` = Σ[I, :] (k x n) with ς and μ of all points, and apply the
-#   2x2 Woodbury update of A and h (one rank-2 update, O(k n)).
-# Memory: S and the cached kernel rows K[I, :] are k x n each, so O(d n) in all.
-
-from fastep._epcore._blas cimport potrf, trsm, gemm, ger, trsv as _trsv
-from fastep._epcore._common cimport random_permutation
-
-cdef enum:
-    EP_APPLIED = 0
-    EP_SKIPPED = 1      # relative change of the site <= tol: nothing to do (converged site)
-    EP_REJECTED = 2     # improper cavity, failing site kernel or improper new site: site kept
-
-
-cdef inline void _chol_active(IVMArrays* s, const double* KI) noexcept nogil:
-    """Write I + B_I^½ K_I B_I^½ (lower triangle, zero above) into L; K_I read from KI = K[I, :]."""
-    cdef int k = s.k, dm = s.d_max, r, q
-    cdef Py_ssize_t nn = s.n
-    cdef double sbr
-    for r in range(k):
-        sbr = sqrt(s.site_precision[s.active[r]])
-        for q in range(r + 1):
-            s.L[r * dm + q] = sbr * KI[r * nn + s.active[q]] * sqrt(s.site_precision[s.active[q]])
-        s.L[r * dm + r] += 1.0
-        for q in range(r + 1, k):
-            s.L[r * dm + q] = 0.0
-
-
-cdef int _refactor(IVMArrays* s, const double* KI, double* S, double* work) noexcept nogil:
-    """Rebuild L, M and the marginals ς, μ of all n points from the sites and K[I, :].
-
-    With B̃ = I + B_I^½ K_I B_I^½ = L Lᵀ (Seeger §2.1): ``M = L⁻¹ B_I^½ K[I, :]`` (one trsm),
-    ``ς = diag K - colsum(M²)`` (eq 29), ``μ = Mᵀ L⁻¹ B_I^½ m_I`` (= K[:, I] w, §2.2), and when
-    ``S`` is not NULL also ``S = Σ[I, :] = K[I, :] - M[:, I]ᵀ M`` (one gemm).  ``KI`` holds
-    K[I, :] in slot order.  ``work``: k² + k doubles.  Returns 0; the LAPACK info (> 0)
-    when B̃ is not positive definite; -1 when some ς_i < -1e-8 K_ii after the rebuild.
-    """
-    cdef int k = s.k, n = s.n, dm = s.d_max, r, q
-    cdef Py_ssize_t i, nn = n
-    cdef double sbr
-    cdef double* t = work
-    cdef double* G = work + k
-    cdef double* row
-    cdef const double* src
-    cdef int info
-    if k == 0:
-        for i in range(nn):
-            s.post_var[i] = s.diag_k[i]
-            s.post_mean[i] = 0.0
-        return 0
-    _chol_active(s, KI)
-    info = potrf(True, k, s.L, dm)
-    if info != 0:
-        return info
-    for r in range(k):
-        sbr = sqrt(s.site_precision[s.active[r]])
-        src = KI + r * nn
-        row = s.M + r * nn
-        for i in range(nn):
-            row[i] = sbr * src[i]
-        t[r] = sbr * s.site_mean[s.active[r]]
-    trsm(True, False, k, n, 1.0, s.L, dm, s.M, n)
-    _trsv(True, False, k, s.L, dm, t)
-    for i in range(nn):
-        s.post_var[i] = s.diag_k[i]
-    for r in range(k):
-        row = s.M + r * nn
-        for i in range(nn):
-            s.post_var[i] -= row[i] * row[i]
-    gemv_t(k, n, 1.0, s.M, n, t, 0.0, s.post_mean)
-    if S != NULL:
-        for r in range(k):
-            for q in range(k):
-                G[r * k + q] = s.M[r * nn + s.active[q]]
-        memcpy(S, KI, <size_t>k * <size_t>n * sizeof(double))
-        gemm(True, False, k, n, k, -1.0, G, k, s.M, n, 1.0, S, n)
-    for i in range(nn):
-        if s.post_var[i] < -_NEGATIVE_VARIANCE_RTOL * s.diag_k[i]:
-            return -1
-    return 0
-
-
-cdef int _refactor_active(IVMArrays* s, const double* KI, double* SII, double* mu_I,
-                          double* work) noexcept nogil:
-    """Σ[I, I] and μ_I from the sites, O(k³) (also rewrites L for the current sites).
-
-    ``V = L⁻¹ B_I^½ K_I``, ``Σ_II = K_I - VᵀV``, ``μ_I = Vᵀ L⁻¹ B_I^½ m_I``.
-    ``work``: k² + k doubles.  Returns 0 or the LAPACK info.
-    """
-    cdef int k = s.k, dm = s.d_max, r, q, info
-    cdef Py_ssize_t nn = s.n
-    cdef double sbr
-    cdef double* V = work
-    cdef double* t = work + <Py_ssize_t>k * k
-    _chol_active(s, KI)
-    info = potrf(True, k, s.L, dm)
-    if info != 0:
-        return info
-    for r in range(k):
-        sbr = sqrt(s.site_precision[s.active[r]])
-        for q in range(k):
-            V[r * k + q] = sbr * KI[r * nn + s.active[q]]
-            SII[r * k + q] = KI[r * nn + s.active[q]]
-        t[r] = sbr * s.site_mean[s.active[r]]
-    trsm(True, False, k, k, 1.0, s.L, dm, V, k)
-    _trsv(True, False, k, s.L, dm, t)
-    gemm(True, False, k, k, k, -1.0, V, k, V, k, 1.0, SII, k)
-    gemv_t(k, k, 1.0, V, k, t, 0.0, mu_I)
-    return 0
-
-
-cdef inline bint _new_site(const SiteModel* model, double y, double cav_mean, double cav_var,
-                           double sigma2, double* beta, double* mean, double* g, double* nu) noexcept nogil:
-    """ADF/EP site from the cavity N(cav_mean, cav_var) (site kernel at cav_var + sigma2).
-
-    ``β = ν/(1 - ν λ)``, ``m = h + g/ν`` (Seeger eq 5 = IVM eqs 22-23); the spherical
-    Gaussian model keeps ``β = 1/(σ² + sigma2)``, ``m = y``.  False when the cavity is
-    improper, the site kernel fails or the new site would not be proper (ν <= 0, ν λ >= 1).
-    """
-    cdef double log_z = 0.0
-    if not (cav_var > 0.0 and isfinite(cav_var)):
-        return False
-    if site_moments(model, y, cav_mean, cav_var + sigma2, &log_z, g, nu) != SITE_OK:
-        return False
-    if not (nu[0] > 0.0 and nu[0] * cav_var < 1.0):
-        return False
-    if model.code == LIK_GAUSSIAN:
-        beta[0] = 1.0 / (model.params[0] + sigma2)
-        mean[0] = y
-    else:
-        beta[0] = nu[0] / (1.0 - nu[0] * cav_var)
-        mean[0] = cav_mean + g[0] / nu[0]
-    return isfinite(beta[0]) and isfinite(mean[0]) and beta[0] > 0.0
-
-
-cdef int _ep_site(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
-                  double* SII, double* mu_I, int r, double tol, double* w, double* change) noexcept nogil:
-    """One EP deletion-inclusion step for the active point in slot r (Seeger §2.1, steps 1-3).
-
-    1. cavity from the marginal: ``λ = (ς_p⁻¹ - β_p)⁻¹``, ``h\\p = μ_p + λ β_p (μ_p - m_p)``;
-    2. moment match with the site kernel: new ``β_p``, ``m_p`` (eq 5);
-    3. eq (7), ``A_new = A - (Δ + a_pp)⁻¹ a_p a_pᵀ`` with ``Δ⁻¹ = Δβ``, written as
-       ``A -= Δβ/(1 + Δβ a_pp) a_p a_pᵀ`` (no division by Δβ), and the h update
-       ``h += (Δb - Δβ h_p)/(1 + Δβ a_pp) a_p`` (``a_pᵀ b_old = h_p``), on Σ[I, I] and μ_I.
-       ``1 + Δβ a_pp = (1 + λ β_new)/(1 + λ β_old)`` is formed without cancellation.
-
-    The site is skipped (EP_SKIPPED, nothing changes) when ``|Δβ|/β_old <= tol`` and
-    ``|Δm| β_old^½ <= tol`` (the notes' advice for v_new⁻¹ ≈ v_old⁻¹; such a site has
-    converged).  ``change`` receives ``max(|Δβ|/β_old, |Δm| β_old^½)``.  ``w``: k doubles.
-    """
-    cdef int k = s.k, p = s.active[r], q
-    cdef double var = SII[<Py_ssize_t>r * k + r], mu = mu_I[r]
-    cdef double b_old = s.site_precision[p], m_old = s.site_mean[p]
-    cdef double lam, h, b_new = 0.0, m_new = 0.0, g = 0.0, nu = 0.0, ch, denom, c, cm
-    change[0] = 0.0
-    if not (var > 0.0 and b_old > 0.0 and b_old * var < 1.0):
-        return EP_REJECTED
-    lam = var / (1.0 - b_old * var)
-    h = mu + lam * b_old * (mu - m_old)
-    if not _new_site(model, y[p], h, lam, sigma2, &b_new, &m_new, &g, &nu):
-        return EP_REJECTED
-    ch = fabs(b_new - b_old) / b_old
-    c = fabs(m_new - m_old) * sqrt(b_old)
-    if c > ch:
-        ch = c
-    change[0] = ch
-    if ch <= tol:
-        return EP_SKIPPED
-    denom = (1.0 + lam * b_new) / (1.0 + lam * b_old)
-    c = (b_new - b_old) / denom
-    cm = (b_new * (m_new - mu) - b_old * (m_old - mu)) / denom
-    memcpy(w, SII + <Py_ssize_t>r * k, k * sizeof(double))
-    ger(k, k, -c, w, w, SII, k)
-    for q in range(k):
-        mu_I[q] += cm * w[q]
-    s.site_precision[p] = b_new
-    s.site_mean[p] = m_new
-    s.g[p] = g
-    s.nu[p] = nu
-    return EP_APPLIED
-
-
-cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
-                       const double* S, int r, double* best_gain, int* best_i) noexcept nogil:
-    """Best exchange partner i ∉ I for the active point j in slot r; returns the number of eligible i.
-
-    The cavity of i with j's site removed (eqs 8-9):
-    ``λ_i\\j = a_ii + β_j a_ij² / (1 - β_j a_jj)``, ``h_i\\j = h_i + a_ij β_j (h_j - m_j)/(1 - β_j a_jj)``.
-    The entropy criterion: the exchange changes the posterior entropy by
-    ``½ log(1 - ν_i λ_i\\j) - ½ log(1 - β_j a_jj)`` (deleting j multiplies |A| by
-    ``1/(1 - β_j a_jj)``, the ADF inclusion of i by ``1 - ν_i λ_i\\j``, eq 4), so the gain
-    (entropy reduction) is ``-½ log(1 - ν_i λ_i\\j) + ½ log(1 - β_j a_jj)``.
-    ν_i (and g_i, unused) come from ``_point_moments`` at the cavity ``N(h_i\\j, λ_i\\j + sigma2)``:
-    no log Z; probit and Gaussian sites inline, bitwise the site kernel's α and β (as in
-    the fused scoring pass), other likelihoods and out-of-range points through
-    ``site_moments``.  ``best_i`` = -1 when no i is eligible; ties go to the lowest i.
-    """
-    cdef int n = s.n, i, j = s.active[r], count = 0
-    cdef double bj = s.site_precision[j], vj = s.post_var[j], den, base, cv, chh, a, lam, h
-    cdef double g = 0.0, nu = 0.0, gain, best = -INFINITY
-    cdef const double* row = S + <Py_ssize_t>r * n
-    cdef _Lik lik
-    _prepare(model, &lik)
-    best_i[0] = -1
-    best_gain[0] = -INFINITY
-    den = 1.0 - bj * vj
-    if not (den > 0.0):
-        return 0
-    base = -0.5 * _log1m(bj * vj)
-    cv = bj / den
-    chh = bj * (s.post_mean[j] - s.site_mean[j]) / den
-    for i in range(n):
-        if s.is_active[i]:
-            continue
-        a = row[i]
-        lam = s.post_var[i] + cv * a * a                                   # eq 8
-        h = s.post_mean[i] + chh * a                                       # eq 9
-        if not (lam > 0.0):
-            continue
-        if not _point_moments(model, &lik, y[i], lam, h, sigma2, &g, &nu):
-            continue
-        if not (nu > 0.0 and nu * lam < 1.0):
-            continue
-        count += 1
-        gain = -0.5 * _log1m(nu * lam) - base
-        if gain > best:
-            best = gain
-            best_i[0] = i
-    best_gain[0] = best
-    return count
-
-
-cdef int _exchange_apply(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
-                         double* S, double* KI, int* ki_idx, double* chosen, int r, int i,
-                         const double* col, double* work, double* gain) noexcept nogil:
-    """Exchange the active point j in slot r for the inactive point i (Seeger §2.3).
-
-    ``col`` = K[:, i].  The new site of i is the ADF site at the cavity of eqs (8)-(9);
-    j's site is reset to zero.  With ``Δβ = diag(β_i, -β_j)``, ``U = (a_i a_j)`` (columns
-    of A at i and j; ``a_i = K[:, i] - S ᵀ B_I K[I, i]``, since ``Σ[:, I] B_I = K[:, I] W``
-    with ``W = (K_I + B_I⁻¹)⁻¹``), ``A_ij`` the 2x2 block and ``Δb = (β_i m_i, -β_j m_j)``:
-
-        A_new = A - U G Uᵀ,   G = (I₂ + Δβ A_ij)⁻¹ Δβ   (= (Δβ⁻¹ + A_ij)⁻¹, the 2x2 Woodbury)
-        h_new = h + U ν,      ν = Δb - G (h_{ij} + A_ij Δb)
-
-    This is the notes' update with Δ^{-½}(I + Δ^{-½} A_ij Δ^{-½})⁻¹ Δ^{-½} rewritten as G,
-    which stays real although Δ_j⁻¹ = -β_j < 0.  S (= A[I, :]), ς and μ get the rank-2
-    update; then slot r is removed (later slots move up one) and i takes the last slot, so
-    ``active`` stays in order of entry.  ``work``: 3n + 3k doubles.  Returns 0, or 1 when
-    i's new site is not proper or the 2x2 system is singular (nothing changed).
-    """
-    cdef int k = s.k, n = s.n, j = s.active[r], q
-    cdef Py_ssize_t l, nn = n
-    cdef double bj = s.site_precision[j], mj = s.site_mean[j], vj = s.post_var[j]
-    cdef double den = 1.0 - bj * vj, aij, lam, h, bi = 0.0, mi = 0.0, g = 0.0, nu = 0.0
-    cdef double w00, w01, w11, d0, d1, det, G00, G01, G11, db0, db1, rhs0, rhs1, nu0, nu1, p0, p1
-    cdef double u0, u1
-    cdef double* U0 = work
-    cdef double* U1 = work + nn
-    cdef double* rowi = work + 2 * nn
-    cdef double* x = work + 3 * nn
-    cdef double* P = work + 3 * nn + k
-    if not (den > 0.0):
-        return 1
-    aij = S[<Py_ssize_t>r * nn + i]
-    lam = s.post_var[i] + bj * aij * aij / den                              # eq 8
-    h = s.post_mean[i] + aij * bj * (s.post_mean[j] - mj) / den             # eq 9
-    if not _new_site(model, y[i], h, lam, sigma2, &bi, &mi, &g, &nu):
-        return 1
-    w00 = s.post_var[i]
-    w01 = aij
-    w11 = vj
-    d0 = bi
-    d1 = -bj
-    det = (1.0 + d0 * w00) * (1.0 + d1 * w11) - d0 * d1 * w01 * w01
-    if not (det > 0.0 and isfinite(det)):
-        return 1
-    gain[0] = -0.5 * _log1m(nu * lam) + 0.5 * _log1m(bj * vj)
-    G00 = (1.0 + d1 * w11) * d0 / det
-    G01 = -d0 * d1 * w01 / det
-    G11 = (1.0 + d0 * w00) * d1 / det
-    db0 = bi * mi
-    db1 = -bj * mj
-    rhs0 = s.post_mean[i] + w00 * db0 + w01 * db1
-    rhs1 = s.post_mean[j] + w01 * db0 + w11 * db1
-    nu0 = db0 - (G00 * rhs0 + G01 * rhs1)
-    nu1 = db1 - (G01 * rhs0 + G11 * rhs1)
-    # a_i = K[:, i] - Sᵀ B_I K[I, i] (the current column of A at i), a_j = S[r, :]
-    for q in range(k):
-        x[q] = s.site_precision[s.active[q]] * col[s.active[q]]
-    memcpy(U0, col, nn * sizeof(double))
-    gemv_t(k, n, -1.0, S, n, x, 1.0, U0)
-    memcpy(U1, S + <Py_ssize_t>r * nn, nn * sizeof(double))
-    # the new row of S for i: A_new[i, :] = a_iᵀ - (w00, w01) G U
-    p0 = w00 * G00 + w01 * G01
-    p1 = w00 * G01 + w01 * G11
-    for l in range(nn):
-        rowi[l] = (1.0 - p0) * U0[l] - p1 * U1[l]
-    # S -= (S[:, (i, j)] G) U  (rank 2), ς and μ
-    for q in range(k):
-        u0 = S[<Py_ssize_t>q * nn + i]
-        u1 = S[<Py_ssize_t>q * nn + j]
-        P[2 * q] = u0 * G00 + u1 * G01
-        P[2 * q + 1] = u0 * G01 + u1 * G11
-    gemm(False, False, k, n, 2, -1.0, P, 2, U0, n, 1.0, S, n)
-    for l in range(nn):
-        u0 = U0[l]
-        u1 = U1[l]
-        s.post_var[l] -= G00 * u0 * u0 + 2.0 * G01 * u0 * u1 + G11 * u1 * u1
-        s.post_mean[l] += nu0 * u0 + nu1 * u1
-    # slot bookkeeping: drop slot r, append i
-    if r < k - 1:
-        memmove(S + <Py_ssize_t>r * nn, S + <Py_ssize_t>(r + 1) * nn,
-                <size_t>(k - 1 - r) * <size_t>n * sizeof(double))
-        memmove(KI + <Py_ssize_t>r * nn, KI + <Py_ssize_t>(r + 1) * nn,
-                <size_t>(k - 1 - r) * <size_t>n * sizeof(double))
-        memmove(s.active + r, s.active + r + 1, (k - 1 - r) * sizeof(int))
-        memmove(ki_idx + r, ki_idx + r + 1, (k - 1 - r) * sizeof(int))
-        memmove(chosen + r, chosen + r + 1, (k - 1 - r) * sizeof(double))
-    memcpy(S + <Py_ssize_t>(k - 1) * nn, rowi, nn * sizeof(double))
-    memcpy(KI + <Py_ssize_t>(k - 1) * nn, col, nn * sizeof(double))
-    s.active[k - 1] = i
-    ki_idx[k - 1] = i
-    chosen[k - 1] = -0.5 * _log1m(nu * lam)
-    s.is_active[j] = 0
-    s.is_active[i] = 1
-    s.site_precision[j] = 0.0
-    s.site_mean[j] = 0.0
-    s.site_precision[i] = bi
-    s.site_mean[i] = mi
-    s.g[i] = g
-    s.nu[i] = nu
-    return 0
-
-
-# --------------------------------------------------------------------------- #
 # Python-level state
 # --------------------------------------------------------------------------- #
 
@@ -1085,7 +638,8 @@ cdef class IVMState:
     cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
     cdef bint _lazy_moments                    # g, ν, ν ς of the _pending points not computed yet
     cdef readonly int n_deferred               # points whose g, ν the last pass deferred
-    cdef object _KI, _ki_idx, _ki_fn           # refinement: cached K[I, :] (slot order)
+    cdef readonly object post_var, post_mean, site_mean, site_precision, is_active, diag_k, y
+    cdef KernelRows _rows                      # refinement: cached K[I, :] (slot order)
 
     def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
                  int criterion=CRITERION_ENTROPY, unsigned long long seed=0):
@@ -1132,11 +686,12 @@ cdef class IVMState:
         self._snap_mean = np.empty(n)
         self._lazy_scores = False
         self._lazy_moments = False
+        self._rows = KernelRows()
         self.a.n = n
         self.a.d_max = d_max
         self.a.k = 0
-        self.a.M = _ptr2(self._M)
-        self.a.L = _ptr2(self._L)
+        self.a.M = _ptr(self._M.reshape(-1))
+        self.a.L = _ptr(self._L.reshape(-1))
         self.a.post_var = _ptr(self._var)
         self.a.post_mean = _ptr(self._mean)
         self.a.g = _ptr(self._g)
@@ -1144,11 +699,18 @@ cdef class IVMState:
         self.a.score = _ptr(self._score)
         self.a.site_mean = _ptr(self._site_mean)
         self.a.site_precision = _ptr(self._site_prec)
-        self.a.diag_k = _ptr(self._diag)
+        self.a.diag_k = _cptr(self._diag)
         self.a.active = _iptr(self._active)
         self.a.is_active = _bptr(self._is_active)
         self.y_ptr = _cptr(self._y)
         self.work_ptr = _ptr(self._work)
+        self.post_var = _readonly(self._var)
+        self.post_mean = _readonly(self._mean)
+        self.site_mean = _readonly(self._site_mean)
+        self.site_precision = _readonly(self._site_prec)
+        self.is_active = _readonly(self._is_active.view(np.bool_))
+        self.diag_k = _readonly(self._diag)
+        self.y = _readonly(self._y)
 
     # -- steps ----------------------------------------------------------------------------
     def score(self):
@@ -1289,11 +851,7 @@ cdef class IVMState:
         cdef int step, best, start = self.a.k
         for step in range(n_points):
             best = self._score_all()
-            col = np.ascontiguousarray(column_fn(best), dtype=np.float64)
-            if col.ndim != 1 or col.shape[0] != self.a.n:
-                raise ValueError(f"column_fn({best}) must return a vector of length n = {self.a.n}; "
-                                 f"got shape {col.shape}")
-            self._include(best, col, True)
+            self._include(best, fetch_column(column_fn, best, self.a.n, False), True)
         return self._active[start:self.a.k].astype(np.intp)
 
     # -- derived quantities -----------------------------------------------------------------
@@ -1311,7 +869,7 @@ cdef class IVMState:
         idx = self.active
         return active_set_evidence(self.L, self._site_mean[idx], self._site_prec[idx])[0]
 
-    # -- refinement on a fixed-size active set (Seeger's notes §2.1, §2.3) ---------------------
+    # -- refinement on a fixed-size active set (Seeger's notes §2.1, §2.3; ivm_refine.pyx) ----
     def entropy_reduction(self):
         """The entropy criterion of the active set: ``H(prior) - H(q) = ½ log|I + B_I^½ K_I B_I^½|``.
 
@@ -1324,40 +882,6 @@ cdef class IVMState:
             return 0.0
         return float(np.sum(np.log(np.diag(self._L[:k, :k]))))
 
-    cdef _fetch_column(self, column_fn, int point):
-        col = np.ascontiguousarray(column_fn(point), dtype=np.float64)
-        if col.ndim != 1 or col.shape[0] != self.a.n:
-            raise ValueError(f"column_fn({point}) must return a vector of length n = {self.a.n}; "
-                             f"got shape {col.shape}")
-        if not np.all(np.isfinite(col)):
-            raise ValueError(f"column_fn({point}) returned a column that is not finite")
-        return col
-
-    cdef _kernel_rows(self, column_fn):
-        """K[I, :] in slot order (d_max x n buffer), cached per ``column_fn`` object: a row is
-        fetched again only when its slot holds another point than when it was fetched."""
-        cdef int r, n = self.a.n
-        if self._KI is None or self._ki_fn is not column_fn:
-            self._KI = np.empty((self.a.d_max, n))
-            self._ki_idx = np.full(self.a.d_max, -1, dtype=np.intc)
-            self._ki_fn = column_fn
-        for r in range(self.a.k):
-            p = int(self._active[r])
-            if self._ki_idx[r] != p:
-                self._KI[r] = self._fetch_column(column_fn, p)
-                self._ki_idx[r] = p
-        return self._KI
-
-    cdef _raise_refactor(self, int status):
-        if status > 0:
-            raise np.linalg.LinAlgError(
-                f"refactorising the active set failed: I + B^1/2 K_I B^1/2 is not positive definite "
-                f"(LAPACK dpotrf info {status}); is the kernel positive semi-definite?")
-        bad = int(np.argmin(self._var / self._diag))
-        raise np.linalg.LinAlgError(
-            f"posterior variance ς[{bad}] = {self._var[bad]!r} < 0 after refactorising: the kernel "
-            "matrix is not positive semi-definite (add a White term or jitter)")
-
     def refactorize(self, column_fn):
         """Rebuild L, M, ς and μ of all n points from the site parameters and K[I, :].
 
@@ -1366,19 +890,7 @@ cdef class IVMState:
         (fetched through ``column_fn`` unless cached by an earlier refinement call with the
         same ``column_fn``). After Algorithm 1 this changes the state only by rounding.
         """
-        if not callable(column_fn):
-            raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
-        cdef int status
-        if self.a.k == 0:
-            return
-        KI = self._kernel_rows(column_fn)
-        work = np.empty(self.a.k * self.a.k + self.a.k)
-        cdef const double* ki = _cptr2(KI)
-        cdef double* w = _ptr(work)
-        with nogil:
-            status = _refactor(&self.a, ki, NULL, w)
-        if status != 0:
-            self._raise_refactor(status)
+        refactorize(&self.a, self._rows, column_fn)
 
     def refine(self, column_fn, n_sweeps=1, tol=1e-9, refactor_every=1):
         """EP deletion-inclusion sweeps over the active set (Seeger's notes §2.1).
@@ -1401,10 +913,10 @@ cdef class IVMState:
         tol : float >= 0, default 1e-9
             Skip threshold: a site whose new parameters change by at most ``tol``, measured as
             ``max(|Δβ|/β, |Δm| β^½)`` (relative precision change; mean change in units of the
-            site's standard deviation), is skipped and left unchanged. This is the notes'
-            warning that eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹`` (we write eq 7 as
+            site's standard deviation), is skipped and left unchanged. The notes warn that
+            eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹``; here eq (7) is evaluated as
             ``Δβ/(1 + Δβ a_pp)``, which needs no division by Δβ, so the skip mainly saves
-            work). The sweeps have converged when every site of a sweep is skipped.
+            work. The sweeps have converged when every site of a sweep is skipped.
         refactor_every : int >= 1, default 1
             Rebuild Σ[I, I] and μ_I from the site parameters (O(k³)) after every
             ``refactor_every`` sweeps. L, M and the marginals ς, μ of all n points are
@@ -1419,64 +931,8 @@ cdef class IVMState:
         Raises ValueError (naming the argument, state unchanged) for bad arguments,
         LinAlgError when the refactorisation fails (kernel not PSD).
         """
-        if not callable(column_fn):
-            raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
-        n_sweeps = _check_count(n_sweeps, "n_sweeps", 0)
-        tol = _check_tol(tol, "tol")
-        refactor_every = _check_count(refactor_every, "refactor_every", 1)
-        cdef int k = self.a.k, r, st, status = 0, sweep = 0, n_applied = 0, n_rej = 0
-        cdef int n_up = 0, n_skip = 0, n_rej_total = 0
-        cdef double ch = 0.0, max_change = 0.0, tol_c = tol
-        info = {"n_sweeps": 0, "converged": k == 0, "max_change": 0.0, "n_updates": 0,
-                "n_skipped": 0, "n_rejected": 0}
-        if k == 0 or n_sweeps == 0:
-            return info
-        KI = self._kernel_rows(column_fn)
-        SII_arr = np.empty((k, k))
-        mu_arr = np.empty(k)
-        work = np.empty(k * k + k)
-        cdef const double* ki = _cptr2(KI)
-        cdef double* sii = _ptr2(SII_arr)
-        cdef double* mui = _ptr(mu_arr)
-        cdef double* w = _ptr(work)
-        converged = False
-        with nogil:
-            status = _refactor_active(&self.a, ki, sii, mui, w)
-        if status != 0:
-            self._raise_refactor(status)
-        for sweep in range(1, n_sweeps + 1):
-            n_applied = 0
-            n_rej = 0
-            max_change = 0.0
-            with nogil:
-                for r in range(k):
-                    st = _ep_site(&self.spec.model, self.y_ptr, &self.a, self.sigma2, sii, mui, r,
-                                  tol_c, w, &ch)
-                    if st == EP_APPLIED:
-                        n_applied += 1
-                    elif st == EP_SKIPPED:
-                        n_skip += 1
-                    else:
-                        n_rej += 1
-                    if ch > max_change:
-                        max_change = ch
-            n_up += n_applied
-            n_rej_total += n_rej
-            if n_applied == 0:
-                converged = n_rej == 0
-                break
-            if sweep % refactor_every == 0 and sweep < n_sweeps:
-                with nogil:
-                    status = _refactor_active(&self.a, ki, sii, mui, w)
-                if status != 0:
-                    self._raise_refactor(status)
-        with nogil:
-            status = _refactor(&self.a, ki, NULL, w)
-        if status != 0:
-            self._raise_refactor(status)
-        info.update(n_sweeps=sweep, converged=converged, max_change=max_change, n_updates=n_up,
-                    n_skipped=n_skip, n_rejected=n_rej_total)
-        return info
+        return refine_sweeps(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows, column_fn,
+                             n_sweeps, tol, refactor_every)
 
     def exchange_gains(self, column_fn):
         """The best exchange for every active slot: ``(partner, gain)`` arrays of length k.
@@ -1486,30 +942,7 @@ cdef class IVMState:
         the state from the sites first (``refactorize``). For inspection and tests; O(k n)
         site-kernel calls.
         """
-        if not callable(column_fn):
-            raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
-        cdef int k = self.a.k, r, status, bi = -1
-        cdef double bg = 0.0
-        partner = np.full(k, -1, dtype=np.intp)
-        gains = np.full(k, -np.inf)
-        if k == 0:
-            return partner, gains
-        KI = self._kernel_rows(column_fn)
-        S_arr = np.empty((k, self.a.n))
-        work = np.empty(k * k + k)
-        cdef const double* ki = _cptr2(KI)
-        cdef double* S = _ptr2(S_arr)
-        cdef double* w = _ptr(work)
-        with nogil:
-            status = _refactor(&self.a, ki, S, w)
-        if status != 0:
-            self._raise_refactor(status)
-        for r in range(k):
-            with nogil:
-                _exchange_row(&self.spec.model, self.y_ptr, &self.a, self.sigma2, S, r, &bg, &bi)
-            partner[r] = bi
-            gains[r] = bg
-        return partner, gains
+        return exchange_gains(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows, column_fn)
 
     def exchange(self, column_fn, mode="greedy", tol=1e-6, max_moves=None, seed=0, refactor_every=None):
         """Exchange moves on a fixed-size active set (Seeger's notes §2.3).
@@ -1554,89 +987,8 @@ cdef class IVMState:
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments.
         """
-        if not callable(column_fn):
-            raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
-        if not isinstance(mode, str) or mode not in ("greedy", "random"):
-            raise ValueError(f"mode must be 'greedy' or 'random'; got {mode!r}")
-        tol = _check_tol(tol, "tol")
-        cdef int k = self.a.k, n = self.a.n
-        max_moves = k if max_moves is None else _check_count(max_moves, "max_moves", 0)
-        refactor_every = k if refactor_every is None else _check_count(refactor_every, "refactor_every", 1)
-        seed = _check_count(seed, "seed", 0)
-        cdef bint greedy = mode == "greedy"
-        cdef int r, t, status = 0, bi = -1, best_r = -1, best_i = -1, since = 0
-        cdef double bg = 0.0, best = -INFINITY, tol_c = tol, gain = 0.0
-        cdef unsigned long long rng = <unsigned long long>seed
-        moves = []
-        if k == 0 or k == n:
-            return {"moves": moves, "n_moves": 0, "converged": True, "best_gain": -np.inf}
-        KI = self._kernel_rows(column_fn)
-        S_arr = np.empty((k, n))
-        work = np.empty(max(k * k + k, 3 * n + 3 * k))
-        perm_arr = np.empty(k, dtype=np.intc)
-        cdef double* ki = _ptr2(KI)
-        cdef int* ki_idx = _iptr(self._ki_idx)
-        cdef double* S = _ptr2(S_arr)
-        cdef double* w = _ptr(work)
-        cdef int* perm = _iptr(perm_arr)
-        cdef double* chosen = _ptr(self._chosen)
-        cdef const double* cp
-        converged = False
-        with nogil:
-            status = _refactor(&self.a, ki, S, w)
-        if status != 0:
-            self._raise_refactor(status)
-        try:
-            while True:
-                best = -INFINITY
-                best_r = -1
-                best_i = -1
-                with nogil:
-                    if greedy:
-                        for r in range(k):
-                            _exchange_row(&self.spec.model, self.y_ptr, &self.a, self.sigma2, S, r, &bg, &bi)
-                            if bi >= 0 and bg > best:
-                                best = bg
-                                best_r = r
-                                best_i = bi
-                    else:
-                        random_permutation(k, perm, &rng)
-                        for t in range(k):
-                            _exchange_row(&self.spec.model, self.y_ptr, &self.a, self.sigma2, S, perm[t],
-                                          &bg, &bi)
-                            best = bg
-                            if bi >= 0 and bg > tol_c:
-                                best_r = perm[t]
-                                best_i = bi
-                                break
-                if not (best_i >= 0 and best > tol_c):
-                    converged = True
-                    break
-                if len(moves) >= max_moves:
-                    break
-                col = self._fetch_column(column_fn, best_i)
-                cp = _cptr(col)
-                j = int(self._active[best_r])
-                with nogil:
-                    status = _exchange_apply(&self.spec.model, self.y_ptr, &self.a, self.sigma2, S, ki,
-                                             ki_idx, chosen, best_r, best_i, cp, w, &gain)
-                if status != 0:
-                    raise RuntimeError(f"exchange of active point {j} for {best_i} failed: the new site "
-                                       "is not proper (numerical breakdown)")
-                moves.append((j, best_i, gain))
-                since += 1
-                if since >= refactor_every:
-                    since = 0
-                    with nogil:
-                        status = _refactor(&self.a, ki, S, w)
-                    if status != 0:
-                        self._raise_refactor(status)
-        finally:
-            with nogil:
-                status = _refactor(&self.a, ki, NULL, w)
-        if status != 0:
-            self._raise_refactor(status)
-        return {"moves": moves, "n_moves": len(moves), "converged": converged, "best_gain": float(best)}
+        return exchange_moves(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows,
+                              _ptr(self._chosen), column_fn, mode, tol, max_moves, seed, refactor_every)
 
     # -- read-only views ----------------------------------------------------------------------
     @property
@@ -1665,14 +1017,6 @@ cdef class IVMState:
         return _readonly(self._L[:self.a.k, :self.a.k])
 
     @property
-    def post_var(self):
-        return _readonly(self._var)
-
-    @property
-    def post_mean(self):
-        return _readonly(self._mean)
-
-    @property
     def g(self):
         """g = ∂ log Z/∂μ of every inactive point at the last scoring pass (NaN where the site
         kernel failed); for an active point, at its inclusion (or last EP update)."""
@@ -1693,44 +1037,8 @@ cdef class IVMState:
         return _readonly(self._score)
 
     @property
-    def site_mean(self):
-        return _readonly(self._site_mean)
-
-    @property
-    def site_precision(self):
-        return _readonly(self._site_prec)
-
-    @property
     def chosen_score(self):
         return _readonly(self._chosen[:self.a.k])
-
-    @property
-    def is_active(self):
-        return _readonly(self._is_active.view(np.bool_))
-
-    @property
-    def diag_k(self):
-        return _readonly(self._diag)
-
-    @property
-    def y(self):
-        return _readonly(self._y)
-
-
-def _check_count(value, name, int minimum):
-    """An integer >= minimum (not bool), else ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return int(value)
-
-
-def _check_tol(value, name):
-    """A finite real >= 0, else ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not (value >= 0 and np.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
-    return float(value)
-
 
 def _no_candidate_message(int k):
     return (f"no inactive point can be included after {k} inclusions: every remaining site "
@@ -1753,31 +1061,18 @@ def _check_targets(SiteSpec spec, const double[::1] y, const double[::1] diag, d
                          f"{status_message(status)}")
 
 
-cdef double* _ptr(arr):
-    cdef double[::1] v = arr
+# The data pointers of C-contiguous 1-D arrays (writable, except for _cptr).
+cdef double* _ptr(double[::1] v):
     return &v[0]
 
 
-cdef const double* _cptr(arr):
-    cdef const double[::1] v = arr
+cdef const double* _cptr(const double[::1] v):
     return &v[0]
 
 
-cdef const double* _cptr2(arr):
-    cdef const double[:, ::1] v = arr
-    return &v[0, 0]
-
-
-cdef double* _ptr2(arr):
-    cdef double[:, ::1] v = arr
-    return &v[0, 0]
-
-
-cdef int* _iptr(arr):
-    cdef int[::1] v = arr
+cdef int* _iptr(int[::1] v):
     return &v[0]
 
 
-cdef unsigned char* _bptr(arr):
-    cdef unsigned char[::1] v = arr
+cdef unsigned char* _bptr(unsigned char[::1] v):
     return &v[0]

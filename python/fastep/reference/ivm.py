@@ -20,7 +20,7 @@ eqs 15-16 literally:
 The random criterion draws from numpy's generator (not the engine's splitmix64),
 so random selections are not expected to agree with the engine.
 Refinement on a fixed-size active set (the twins of ``IVMState.refine`` and
-``IVMState.exchange``, Seeger's notes §2.1 and §2.3): ``ep_refine``,
+``IVMState.exchange``, :mod:`fastep._epcore.ivm_refine`; Seeger's notes §2.1 and §2.3): ``ep_refine``,
 ``exchange_gains``, ``exchange``, ``posterior_from_sites`` and
 ``entropy_reduction``; they recompute the posterior from the sites after every
 change instead of applying eq (7) or the 2x2 Woodbury update.
