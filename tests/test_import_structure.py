@@ -1,8 +1,10 @@
 """The import structure of the Python package, read from the sources with ``ast`` (every import
 statement, including those inside functions): the kernel modules import one another one way
-only."""
+only, and no module reaches up into a package ``__init__`` that it belongs to."""
 import ast
 from pathlib import Path
+
+import pytest
 
 SOURCE = Path(__file__).resolve().parents[1] / "python"
 PACKAGE = SOURCE / "fastep"
@@ -87,6 +89,9 @@ def _cycles(graph):
 
 def test_the_source_tree_is_found():
     assert "fastep.kernels.base" in MODULES and "fastep.kernels.columns" in MODULES
+    found = {(target, what) for _, target, what in _imports("fastep")}
+    assert ("fastep.kernels", None) in found                       # from . import kernels: a submodule
+    assert ("fastep.persistence", "load") in found                 # from .persistence import load: a name
 
 
 def test_cycle_finder_reports_a_cycle():
@@ -100,3 +105,15 @@ def test_kernel_modules_import_one_way():
     assert graph["fastep.kernels.columns"] == ["fastep.kernels._distances"]
     assert _cycles(graph) == [], "import cycle among the kernel modules"
 
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_imports_from_its_own_package_init(name):
+    """``from . import name`` (or ``import fastep``) where the name is defined in the ``__init__`` of a
+    package this module belongs to runs that ``__init__`` mid-import and ties the module to the
+    public facade; modules import from the module that defines the name."""
+    ancestors = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)}
+    if _is_package(name):
+        ancestors.add(name)
+    upward = [(line, target, what) for line, target, what in _imports(name)
+              if target in ancestors and (what is not None or target == "fastep")]
+    assert upward == [], f"{name} imports from its own package's __init__: {upward}"
