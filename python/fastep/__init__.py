@@ -43,7 +43,7 @@ from .linear import LinearEPClassifier, LinearEPRegressor
 from .sparse import SparseGPClassifier, SparseGPRegressor
 from .multioutput import RankKEP
 from .persistence import load, save
-from ._progress import ProgressRecord
+from .progress import ProgressRecord
 
 __all__ = [
     "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",

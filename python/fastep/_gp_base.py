@@ -31,7 +31,7 @@ from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
 from ._defaults import default_kernel, default_noise_variance
 from ._learning_checks import warn_if_kernel_stuck
-from ._progress import StopRequested, quiet
+from .progress import StopRequested, quiet
 from ._likelihood_params import likelihood_theta, likelihood_with_theta
 from ._linalg import matmul
 from ._learning import Search, search_space_of

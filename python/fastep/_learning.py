@@ -31,7 +31,7 @@ from scipy.special import expit
 
 from ._likelihood_params import likelihood_theta
 from ._linalg import inner
-from ._progress import StopRequested
+from .progress import StopRequested
 from .exceptions import ConvergenceWarning
 
 __all__ = ["SearchSpace", "Search", "GAIN_TOL"]

@@ -31,7 +31,7 @@ from ._epcore import multiclass_ep as _nested
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
-from ._progress import sweep_callback_of
+from .progress import sweep_callback_of
 from ._student_t_gp import dense_kernel_matrix
 
 __all__ = ["MultinomialGPProblem"]

@@ -27,7 +27,7 @@ from ._epcore import robust_ep as _engine
 from ._gp_base import PREDICT_BATCH, SiteProblem
 from ._likelihood_params import likelihood_theta_gradient
 from ._linalg import inner, matmul
-from ._progress import sweep_callback_of
+from .progress import sweep_callback_of
 
 __all__ = ["StudentTGPProblem"]
 

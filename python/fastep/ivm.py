@@ -105,7 +105,7 @@ from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, DensePredictor, GPClassifierM
                        GPRegressorMixin, Hyperparameters, check_classifier_likelihood, check_kernel,
                        check_optimizer, stack_problems, start_kernel)
 from ._learning_checks import kernel_structure, warn_if_kernel_stuck
-from ._progress import CALLBACK_DOC, StopRequested
+from .progress import CALLBACK_DOC, StopRequested
 from ._linalg import cholesky_lower, matmul
 from .batch import map_in_order
 from ._likelihood_params import likelihood_theta, likelihood_theta_gradient, likelihood_with_theta

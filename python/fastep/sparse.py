@@ -72,7 +72,7 @@ from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEviden
 from ._defaults import default_noise_variance, sample_rows
 from ._likelihood_params import likelihood_theta
 from ._linalg import matmul
-from ._progress import CALLBACK_DOC, sweep_callback_of
+from .progress import CALLBACK_DOC, sweep_callback_of
 from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
 from ._double_loop_ep import run_sparse_double_loop_ep
