@@ -29,6 +29,13 @@ def test_columns_equal_the_kernel_matrix(kernel):
         assert c[j] == cols.diag[j]
 
 
+def test_the_kernels_that_share_the_centred_product():
+    """The non-ARD Linear, RBF and MLP columns come from the shared product Xc x̃_j; the ARD
+    variants (subclasses of RBF and MLP) scale their inputs and do not."""
+    sharing = {type(k).__name__ for k in KERNELS if k._centred_columns}
+    assert sharing == {"Linear", "RBF", "MLP"}
+
+
 def test_default_column_path_for_kernels_without_a_fast_path():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(30, 3))

@@ -31,9 +31,8 @@ save, load
 get_include
     Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
 """
-from importlib.metadata import PackageNotFoundError, version as _version
-
 from . import hyperpriors, kernels, likelihoods
+from ._version import __version__
 from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
@@ -44,12 +43,7 @@ from .linear import LinearEPClassifier, LinearEPRegressor
 from .sparse import SparseGPClassifier, SparseGPRegressor
 from .multioutput import RankKEP
 from .persistence import load, save
-from ._progress import ProgressRecord
-
-try:
-    __version__ = _version("fastep")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+from .progress import ProgressRecord
 
 __all__ = [
     "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import _validation as v
 from .exceptions import not_fitted_error
+from .progress import Progress, check_callback, check_verbose
 
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba"]
 
@@ -53,7 +54,6 @@ class BaseEstimator:
 
     def _new_progress(self):
         """The fit's progress reporter from ``verbose`` and ``callback`` (validated here)."""
-        from ._progress import Progress, check_callback, check_verbose
         return Progress(type(self).__name__, check_verbose(getattr(self, "verbose", 0)),
                         check_callback(getattr(self, "callback", None)))
 

@@ -33,7 +33,7 @@ from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitt
 from ._defaults import default_kernel, default_noise_variance
 from ._learning_checks import warn_if_kernel_stuck
 from ._prediction import BatchedPredictor
-from ._progress import StopRequested, quiet
+from .progress import StopRequested, quiet
 from ._linalg import matmul
 from ._learning import Search, search_space_of
 from ._optimize import maximize_log_likelihood

@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _horseshoe_parallel_ep as _eng
 from ._optimize import GRADIENT_WARN_RTOL, _LBFGSB_FTOL, _projected_gradient_size, maximize_log_likelihood
-from ._progress import StopRequested, quiet
 from .exceptions import ConvergenceWarning
+from .progress import StopRequested, quiet
 
 __all__ = ["EvidenceSearch", "maximize_in_trust_boxes", "run_tasks"]
 
@@ -117,9 +117,9 @@ class EvidenceSearch:
         Keyword arguments of :func:`fastep._horseshoe_parallel_ep.run_task_ep` (``tol`` included).
     max_opt_iter : int
         L-BFGS-B iterations over all rounds.
-    progress : fastep._progress.Progress, optional
+    progress : fastep.progress.Progress, optional
         Told of every evaluation (a line at ``verbose >= 1``; the callback's record). A stop
-        request raises :class:`fastep._progress.StopRequested` after the evaluation is stored.
+        request raises :class:`fastep.progress.StopRequested` after the evaluation is stored.
 
     Attributes
     ----------

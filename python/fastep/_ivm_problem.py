@@ -23,7 +23,7 @@ from ._epcore import sparse_ep as _sparse_engine
 from ._gp_base import DensePredictor, GPClassifierMixin, Hyperparameters
 from ._learning_checks import kernel_structure, warn_if_kernel_stuck
 from ._linalg import cholesky_lower, matmul
-from ._progress import StopRequested
+from .progress import StopRequested
 from .exceptions import ConvergenceWarning
 from .kernels import ColumnProductCache
 from .likelihoods import Gaussian

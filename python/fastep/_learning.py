@@ -30,7 +30,7 @@ import numpy as np
 from scipy.special import expit
 
 from ._linalg import inner
-from ._progress import StopRequested
+from .progress import StopRequested
 from .exceptions import ConvergenceWarning
 
 __all__ = ["SearchSpace", "Search", "GAIN_TOL"]

@@ -33,7 +33,7 @@ from ._gp_base import SiteProblem
 from ._prediction import PREDICT_BATCH
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
-from ._progress import sweep_callback_of
+from .progress import sweep_callback_of
 from ._student_t_gp import dense_kernel_matrix
 
 __all__ = ["MultinomialGPProblem"]

@@ -27,7 +27,7 @@ from ._epcore import student_t_ep as _engine
 from ._gp_base import SiteProblem
 from ._prediction import BatchedPredictor
 from ._linalg import inner, matmul
-from ._progress import sweep_callback_of
+from .progress import sweep_callback_of
 
 __all__ = ["StudentTGPProblem"]
 

@@ -12,6 +12,14 @@ import warnings
 
 import numpy as np
 
+from ._version import __version__
+from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+from .horseshoe import HorseshoeRegression
+from .ivm import IVMClassifier, IVMRegressor
+from .linear import LinearEPClassifier, LinearEPRegressor
+from .persistence import load, read_metadata, save
+from .sparse import SparseGPClassifier, SparseGPRegressor
+
 __all__ = ["main", "parse_kernel", "demo"]
 
 
@@ -49,7 +57,6 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     """
     from .datasets import make_ivm_toy_classification
     from .likelihoods import Probit
-    from .linear import LinearEPClassifier
 
     # Draw one pool of at least 1000 points so that smaller runs are subsets of the default problem.
     n_pool = max(1000, n_train + n_test)
@@ -83,7 +90,6 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     log_loss = -np.mean(np.log(np.where(y_test > 0, p, 1.0 - p)))
     print(f"  test log loss       {log_loss:.4f}", file=out)
 
-    from .gp import GaussianProcessClassifier
     from .kernels import RBF
 
     models = {"linear": model}
@@ -113,8 +119,6 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
         print(f"  test log loss       {log_loss:.4f}", file=out)
         models["gp_fixed" if optimizer is None else "gp_learnt"] = gpc
 
-    from .ivm import IVMClassifier
-
     d = min(100, max(1, n_train // 5))
     print("", file=out)
     print(f"Informative Vector Machine (Lawrence, Seeger & Herbrich 2005): {d} of {n_train} points active, "
@@ -141,17 +145,17 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     return models
 
 
-#: ``--model`` names: (estimator class name, task)
+#: ``--model`` names: (estimator class, task)
 MODELS = {
-    "gpc": ("GaussianProcessClassifier", "classification"),
-    "gpr": ("GaussianProcessRegressor", "regression"),
-    "sparse-gpc": ("SparseGPClassifier", "classification"),
-    "sparse-gpr": ("SparseGPRegressor", "regression"),
-    "ivm": ("IVMClassifier", "classification"),
-    "ivm-regression": ("IVMRegressor", "regression"),
-    "linear": ("LinearEPClassifier", "classification"),
-    "linear-regression": ("LinearEPRegressor", "regression"),
-    "horseshoe": ("HorseshoeRegression", "regression"),
+    "gpc": (GaussianProcessClassifier, "classification"),
+    "gpr": (GaussianProcessRegressor, "regression"),
+    "sparse-gpc": (SparseGPClassifier, "classification"),
+    "sparse-gpr": (SparseGPRegressor, "regression"),
+    "ivm": (IVMClassifier, "classification"),
+    "ivm-regression": (IVMRegressor, "regression"),
+    "linear": (LinearEPClassifier, "classification"),
+    "linear-regression": (LinearEPRegressor, "regression"),
+    "horseshoe": (HorseshoeRegression, "regression"),
 }
 _KERNEL_TERMS = ("rbf", "rbf-ard", "linear", "linear-ard", "mlp", "bias", "white")
 
@@ -243,9 +247,7 @@ def parse_kernel(spec, X, y=None, *, regression=False):
 
 
 def _estimator(args, X, y):
-    import fastep
-    class_name, task = MODELS[args.model]
-    cls = getattr(fastep, class_name)
+    cls, task = MODELS[args.model]
     params = {}
     if args.kernel is not None:
         if args.model.startswith(("linear", "horseshoe")):
@@ -273,7 +275,6 @@ def _read(path, **kwargs):
 
 
 def _fit(args, err):
-    import fastep
     from ._tabular import parse_labels
     from .progress import ProgressBar
 
@@ -298,7 +299,7 @@ def _fit(args, err):
     metadata = {"features": table.feature_names, "target": table.target_name, "task": task,
                 "fit_time_seconds": elapsed, "n_samples": int(table.X.shape[0]),
                 "data": os.path.basename(str(args.data)), "model": args.model}
-    fastep.save(model, args.output, metadata=metadata)
+    save(model, args.output, metadata=metadata)
     if not args.quiet:
         print(f"fitted {type(model).__name__} on {table.X.shape[0]} rows x {table.X.shape[1]} features in "
               f"{elapsed:.2f} s; saved to {args.output}", file=err)
@@ -306,13 +307,11 @@ def _fit(args, err):
 
 
 def _load(path):
-    import fastep
-    from .persistence import read_metadata
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such model file")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)       # another fastep version: said by `info`
-        model = fastep.load(path)
+        model = load(path)
     return model, read_metadata(path)
 
 
@@ -380,8 +379,6 @@ def _evaluate(args, out):
 
 
 def _info(args, out):
-    import fastep
-    from .persistence import read_metadata
     if not os.path.exists(args.model):
         raise UsageError(f"{args.model}: no such model file")
     meta = read_metadata(args.model)
@@ -403,7 +400,7 @@ def _info(args, out):
     changed = {k: v for k, v in meta["params"].items() if v is not None}
     lines.append("parameters " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
     lines.append(f"saved by   fastep {meta['fastep_version']} (format {meta['format_version']}); "
-                 f"this is fastep {fastep.__version__}")
+                 f"this is fastep {__version__}")
     print("\n".join(lines), file=out)
     return 0
 

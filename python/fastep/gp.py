@@ -42,7 +42,7 @@ from ._multiclass_gp import MultinomialGPProblem
 from ._student_t_gp import StudentTGPProblem
 from .likelihoods import Gaussian, Probit, StudentT
 from ._linalg import inner, matmul, symmetrize_from_lower
-from ._progress import CALLBACK_DOC, sweep_callback_of
+from .progress import CALLBACK_DOC, sweep_callback_of
 from .batch import map_in_order
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]

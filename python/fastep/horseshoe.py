@@ -43,8 +43,8 @@ from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import BaseEstimator, RegressorMixin, check_is_fitted
 from ._horseshoe_search import EvidenceSearch, run_tasks
-from ._progress import CALLBACK_DOC, StopRequested
 from .exceptions import ConvergenceWarning
+from .progress import CALLBACK_DOC, StopRequested
 
 __all__ = ["HorseshoeRegression", "MultiTaskHorseshoeRegression"]
 

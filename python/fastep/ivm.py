@@ -102,7 +102,7 @@ from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, GPClassifierMixin, GPEstimato
                        check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
                        start_kernel)
 from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem
-from ._progress import CALLBACK_DOC
+from .progress import CALLBACK_DOC
 from .batch import map_in_order
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)

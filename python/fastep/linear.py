@@ -12,9 +12,9 @@ from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
-from ._progress import CALLBACK_DOC
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
+from .progress import CALLBACK_DOC
 
 __all__ = ["LinearEPClassifier", "LinearEPRegressor"]
 

@@ -12,13 +12,13 @@ import warnings
 
 import numpy as np
 
-from fastep._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
-from fastep._epcore.sites import SiteSpec
-from fastep._base import BaseEstimator
-from fastep._linalg import cholesky_lower
-from fastep._progress import CALLBACK_DOC
-from fastep.exceptions import ConvergenceWarning
-from fastep.likelihoods import Likelihood
+from ._base import BaseEstimator
+from ._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
+from ._epcore.sites import SiteSpec
+from ._linalg import cholesky_lower
+from .exceptions import ConvergenceWarning
+from .likelihoods import Likelihood
+from .progress import CALLBACK_DOC
 
 __all__ = ["RankKEP", "ConvergenceWarning"]
 

@@ -36,6 +36,9 @@ import zipfile
 
 import numpy as np
 
+from ._base import BaseEstimator
+from ._version import __version__
+
 __all__ = ["save", "load", "read_metadata", "FORMAT_VERSION"]
 
 #: Version of the file layout; files from another version are refused.
@@ -304,10 +307,8 @@ def save(estimator, path, *, metadata=None):
     >>> bool(np.array_equal(again.predict_proba(X), model.predict_proba(X)))
     True
     """
-    from ._base import BaseEstimator
     if not isinstance(estimator, BaseEstimator) or not _is_fastep_class(type(estimator)):
         raise TypeError(f"estimator must be a fastep estimator, got {type(estimator).__name__}")
-    from . import __version__
     encoder = _Encoder()
     if getattr(estimator, "callback", None) is not None:
         # a function cannot be stored without pickle: the saved model has no callback
@@ -410,11 +411,9 @@ def load(path):
     >>> type(model).__name__, model.predict(X[:2]).shape
     ('LinearEPRegressor', (2,))
     """
-    from . import __version__
     document, arrays = _read(path)
     decoder = _Decoder(arrays, _class_table())
     estimator = decoder.decode(document["state"])
-    from ._base import BaseEstimator
     if not isinstance(estimator, BaseEstimator):
         raise ValueError(f"{path!r} does not hold a fastep estimator")
     if document.get("fastep_version") != __version__:

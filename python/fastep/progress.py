@@ -1,17 +1,210 @@
-"""A ready-made ``callback`` that shows a fit's progress: :class:`ProgressBar`.
+"""Progress of long fits: ``verbose`` messages through :mod:`logging`, the ``callback`` hook and
+the record it receives (:class:`ProgressRecord`), and a ready-made callback (:class:`ProgressBar`).
 
-Any fastep estimator accepts ``callback=ProgressBar()``. On a terminal it keeps one status line
-(stage, iteration, log evidence, elapsed time) up to date; written to a file or pipe it prints a
-plain line per fitting stage and search evaluation instead (not per EP sweep). With the optional
-``tqdm`` package installed (``pip install fastep[progress]``) the terminal line is a tqdm bar.
+Every estimator takes ``verbose`` (0, 1 or 2) and ``callback``. A fit builds one
+:class:`Progress` and its stages report to it:
+
+- ``"EP sweep"``: after each EP sweep (level 2), ``iteration`` the sweep, ``change`` the largest
+  relative site change, ``log_evidence`` the EP log marginal likelihood as tracked for the
+  convergence test (NaN for the weight-space engines, which do not track it per sweep);
+- ``"type-II ML"``: after each evidence evaluation of the hyperparameter search (level 1),
+  ``change`` the gain over the best value before it;
+- ``"Algorithm 2"`` (IVM): after each kernel / noise stage (level 1), and ``"eq 32"`` /
+  ``"eq 34"`` evaluations inside them (level 2);
+- ``"done"``: once at the end of the fit (level 1).
+
+With ``verbose >= level`` the record is written as one line to the logger ``fastep`` at INFO
+level; when logging is not configured (no handler on ``fastep`` or its ancestors) the line
+goes to standard error instead, so that ``verbose=1`` is seen without any set-up. The
+estimator's ``callback`` receives every record (all levels), in the fitting thread (with
+``n_jobs`` several threads may call it). If it returns ``False`` the fit stops cleanly: a
+hyperparameter search ends at the best point evaluated so far (EP then runs to convergence
+there, without further calls), EP sweeps end at the current sites; the fitted model is valid
+and a :class:`~fastep.ConvergenceWarning` says where it stopped. An exception raised by the
+callback propagates out of ``fit`` (a ``KeyboardInterrupt`` too) and leaves the estimator as it
+was before ``fit``.
+
+:class:`ProgressBar` is such a callback: ``callback=ProgressBar()`` keeps one status line
+(stage, iteration, log evidence, elapsed time) up to date on a terminal; written to a file or
+pipe it prints a plain line per fitting stage and search evaluation instead (not per EP sweep).
+With the optional ``tqdm`` package installed (``pip install fastep[progress]``) the terminal
+line is a tqdm bar.
+
+The public names are :class:`ProgressRecord` and :class:`ProgressBar` (``__all__``); the
+reporter the estimators build (:class:`Progress` and the helpers around it) is internal.
 """
+import logging
 import math
 import sys
 import time
+from collections import namedtuple
 
-from ._progress import ProgressRecord
+from . import _validation as v
 
 __all__ = ["ProgressBar", "ProgressRecord"]
+
+logger = logging.getLogger("fastep")
+
+ProgressRecord = namedtuple("ProgressRecord",
+                            ["estimator", "stage", "iteration", "log_evidence", "change", "elapsed"])
+ProgressRecord.__doc__ = """What an estimator's ``callback`` receives during ``fit`` (an immutable named tuple).
+
+Parameters
+----------
+estimator : str
+    The estimator's class name.
+stage : str
+    ``'EP sweep'``, ``'type-II ML'``, ``'Algorithm 2 kernel'`` / ``'Algorithm 2 noise'``,
+    ``'eq 32'`` / ``'eq 34'`` (IVM), or ``'done'``; one-vs-rest IVM stages carry the class.
+iteration : int
+    The sweep, evaluation or round within the stage.
+log_evidence : float
+    The log marginal likelihood (the IVM's eq 32 / eq 34 value) at this step; NaN where the
+    stage has none.
+change : float
+    For EP sweeps the largest relative site change; for search evaluations the gain over the
+    best value before; NaN otherwise.
+elapsed : float
+    Seconds since ``fit`` began.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastep import GaussianProcessClassifier
+>>> X = np.linspace(-2, 2, 40)[:, None]; y = (X[:, 0] > 0).astype(int)
+>>> stages = []
+>>> model = GaussianProcessClassifier(callback=lambda record: stages.append(record.stage)).fit(X, y)
+>>> stages[0], stages[-1]
+('EP sweep', 'done')
+"""
+
+CALLBACK_DOC = """verbose : int, default 0
+        0: silent; 1: a line per fitting stage or hyperparameter-search evaluation; 2: also the
+        finest steps (every EP sweep; the IVM's evaluations of eq 32 / eq 34). Lines go to the
+        ``fastep`` logger at INFO level (to standard error when logging is not configured).
+    callback : callable, optional
+        Called with a :class:`fastep.ProgressRecord` (``estimator``, ``stage``, ``iteration``,
+        ``log_evidence``, ``change``, ``elapsed``) after every EP sweep, search evaluation and
+        fitting stage. Returning ``False`` stops the fit cleanly at the best state so far, with
+        a ``ConvergenceWarning``."""
+
+
+def check_verbose(verbose):
+    """``verbose`` as an int in {0, 1, 2} (bools accepted)."""
+    if isinstance(verbose, bool):
+        return int(verbose)
+    verbose = v.check_int(verbose, "verbose", minimum=0)
+    if verbose > 2:
+        raise ValueError(f"verbose must be 0, 1 or 2, got {verbose}")
+    return verbose
+
+
+def check_callback(callback):
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    return callback
+
+
+class StopRequested(Exception):
+    """Raised inside a search objective when the callback asked the fit to stop."""
+
+
+def _format(record):
+    parts = [f"{record.estimator}: {record.stage} {record.iteration}"]
+    if not math.isnan(record.log_evidence):
+        parts.append(f"log evidence {record.log_evidence:.6g}")
+    if not math.isnan(record.change):
+        parts.append(f"change {record.change:.3g}")
+    parts.append(f"elapsed {record.elapsed:.2f} s")
+    return ", ".join(parts)
+
+
+def _emit(line):
+    if logger.hasHandlers():
+        logger.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """One fit's progress reporter (see the module docstring).
+
+    Parameters
+    ----------
+    estimator : str
+        The estimator's name, in every record.
+    verbose : int
+    callback : callable or None
+    """
+
+    def __init__(self, estimator, verbose=0, callback=None):
+        self.estimator = estimator
+        self.verbose = verbose
+        self.callback = callback
+        self.start = time.perf_counter()
+        self.stopped_at = None                # the record after which the callback returned False
+
+    def __getstate__(self):
+        # A copy sent to another process (a dask worker) or stored reports nothing.
+        return {"estimator": self.estimator, "verbose": 0, "callback": None, "start": self.start,
+                "stopped_at": self.stopped_at}
+
+    @property
+    def stopped(self):
+        return self.stopped_at is not None
+
+    @property
+    def active(self):
+        """Whether anything listens at the EP-sweep level (else engines get no sweep callback)."""
+        return self.verbose >= 2 or self.callback is not None
+
+    def report(self, stage, iteration, log_evidence=math.nan, change=math.nan, *, level=1):
+        """Emit a record; False if the callback asks to stop now (after a stop: True, silently
+        continuing the clean-up, which the callback is no longer told about)."""
+        record = ProgressRecord(self.estimator, stage, int(iteration), float(log_evidence), float(change),
+                                time.perf_counter() - self.start)
+        if self.verbose >= level:
+            _emit(_format(record))
+        if self.callback is None or self.stopped:
+            return True
+        if self.callback(record) is False:
+            if self.stopped_at is None:
+                self.stopped_at = record
+            return False
+        return True
+
+    def message(self, text, *, level=1):
+        """A free-text line at ``level`` (not passed to the callback)."""
+        if self.verbose >= level:
+            _emit(f"{self.estimator}: {text}")
+
+    def sweep_callback(self, stage="EP sweep"):
+        """The engines' ``sweep_callback`` (None when nobody listens: no per-sweep cost)."""
+        if not self.active:
+            return None
+
+        def on_sweep(sweep, max_change, log_z):
+            return self.report(stage, sweep, log_z, max_change, level=2)
+        return on_sweep
+
+    def stop_message(self):
+        record = self.stopped_at
+        return (f"{self.estimator}: the fit was stopped by the callback after {record.stage} {record.iteration} "
+                f"({record.elapsed:.2f} s)")
+
+
+def quiet():
+    """A reporter that reports nothing (internal fits, tests)."""
+    return Progress("", 0, None)
+
+
+def sweep_callback_of(options):
+    """The engine ``sweep_callback`` for an estimator's options dict (None without a reporter)."""
+    progress = options.get("progress")
+    return None if progress is None else progress.sweep_callback()
+
+
+# -- a ready-made callback ----------------------------------------------------------------------
 
 
 def _describe(record):

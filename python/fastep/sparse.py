@@ -44,7 +44,7 @@ from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEviden
                        ep_option_constraints, stack_problems, start_kernel)
 from ._constraints import Boolean, Choice, Integer, Interval, validate_params
 from ._defaults import default_noise_variance, sample_rows
-from ._progress import CALLBACK_DOC
+from .progress import CALLBACK_DOC
 from ._inducing import auto_sizes, grow_inducing, kmeans_plus_plus
 from ._sparse_problem import _BinarySparseEP, _StudentTSparseEP
 from .batch import map_in_order

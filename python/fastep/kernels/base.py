@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from .. import _validation as _v
-from .columns import ColumnProductCache, KernelColumns, _CentredColumns, _shares_centred
+from .columns import ColumnProductCache, KernelColumns, _CentredColumns
 from .transforms import FIXED as _FIXED
 from .transforms import TRANSFORMS
 
@@ -48,6 +48,12 @@ class Kernel:
     >>> bool(np.allclose(K, kernel(X)))
     True
     """
+
+    #: Whether ``_column_centred(shared, j, pc)`` builds this kernel's column of K(X, X) from the
+    #: product ``pc = Xc x̃_j`` of the centred inputs, shared by the terms of a sum or product
+    #: (:class:`~fastep.kernels.columns.KernelColumns` reads it). True for the non-ARD Linear,
+    #: RBF and MLP kernels.
+    _centred_columns = False
 
     # ---- public parameter API -------------------------------------------------------------
     @property
@@ -273,25 +279,28 @@ class Kernel:
     def __add__(self, other):
         if not isinstance(other, Kernel):
             return NotImplemented
-        from .combinators import Sum
-
-        return Sum(_flatten(Sum, [self, other]))
+        return _combine("+", [self, other])
 
     def __mul__(self, other):
         if not isinstance(other, Kernel):
             return NotImplemented
-        from .combinators import Product
-
-        return Product(_flatten(Product, [self, other]))
+        return _combine("*", [self, other])
 
 
 
 
-def _flatten(cls, kernels):
+#: ``{'+': Sum, '*': Product}``: each subclass of ``_Composite`` that declares its ``_symbol``
+#: registers itself here when it is defined (in ``combinators``, which imports this module).
+_COMPOSITES = {}
+
+
+def _combine(symbol, kernels):
+    """``k1 + k2`` / ``k1 * k2``: one Sum or Product, with the terms of operands of that type inlined."""
+    cls = _COMPOSITES[symbol]
     out = []
     for k in kernels:
         out.extend(k.kernels if type(k) is cls else [k])
-    return out
+    return cls(out)
 
 
 
@@ -551,6 +560,7 @@ class _ARDMixin:
     """Per-column scales α_col = scales[ard_groups[col]] and the column sets of each scale."""
 
     _has_scales = True
+    _centred_columns = False     # the shared product is of unscaled inputs
 
     @property
     def n_features(self):
@@ -581,6 +591,11 @@ class _Composite(Kernel):
     """
 
     _symbol = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_symbol" in vars(cls):
+            _COMPOSITES.setdefault(cls._symbol, cls)
 
     def __init__(self, kernels):
         if isinstance(kernels, Kernel) or not isinstance(kernels, (list, tuple)):
@@ -650,7 +665,7 @@ class _Composite(Kernel):
         ``shared``: a caching ``_CentredColumns`` of X (from a ColumnProductCache) to use
         even for a single sharing leaf, and in nested sums and products.
         """
-        sharing = [_shares_centred(k) for k in self.kernels]
+        sharing = [k._centred_columns for k in self.kernels]
         cache = shared
         if shared is None and sum(sharing) >= 2:
             shared = _CentredColumns(X)

@@ -1,5 +1,9 @@
 """Single columns of K(X, X) without forming it: the column oracle the IVM uses, and the
-cache of the parameter-free products it shares between selections."""
+cache of the parameter-free products it shares between selections.
+
+This module names no kernel class: a kernel says through its class attribute
+``_centred_columns`` whether ``_column_centred`` builds its column from the shared product
+(see :class:`_CentredColumns`), and sums and products provide ``_shared_column_state``."""
 import collections
 import numbers
 
@@ -133,16 +137,6 @@ class ColumnProductCache:
         return self._shared
 
 
-def _shares_centred(kernel):
-    """True for the leaves whose column ``_column_centred`` builds from the shared product."""
-    from .dot_product import MLP, Linear
-    from .stationary import RBF
-
-    return type(kernel) in (Linear, RBF, MLP)
-
-
-
-
 class KernelColumns:
     """Columns of K(X, X) one at a time (see :meth:`Kernel.columns`).
 
@@ -179,9 +173,9 @@ class KernelColumns:
         self.X = X
         self.diag = np.array(kernel._diag(X), dtype=float, copy=True).reshape(-1)
         self._leaf_shared = None
-        if shared is not None and _shares_centred(kernel):
+        if shared is not None and kernel._centred_columns:
             self._leaf_shared = shared
-        elif shared is not None and _is_composite(kernel):
+        elif shared is not None and hasattr(kernel, "_shared_column_state"):     # a sum or product
             self._state = kernel._shared_column_state(X, shared)
         else:
             self._state = kernel._column_state(X)
@@ -203,9 +197,3 @@ class KernelColumns:
             col = self.kernel._column(self._state, j)
         col[j] = self.diag[j]
         return col
-
-
-def _is_composite(kernel):
-    from .base import _Composite
-
-    return isinstance(kernel, _Composite)

@@ -30,6 +30,7 @@ class Linear(_Leaf):
     """
 
     _scalar_params = ("variance",)
+    _centred_columns = True
 
     def __init__(self, variance=1.0, transforms=None):
         self._setup({"variance": variance}, transforms)
@@ -217,6 +218,7 @@ class MLP(_Leaf):
     """
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
+    _centred_columns = True
 
     def __init__(self, variance=1.0, weight_variance=1.0, bias_variance=1.0, transforms=None):
         self._setup({"variance": variance, "weight_variance": weight_variance,

@@ -37,6 +37,7 @@ class RBF(_Leaf):
     """
 
     _scalar_params = ("variance", "inverse_width")
+    _centred_columns = True
 
     def __init__(self, variance=1.0, inverse_width=1.0, transforms=None):
         self._setup({"variance": variance, "inverse_width": inverse_width}, transforms)
