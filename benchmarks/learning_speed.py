@@ -43,7 +43,7 @@ class CountingEvaluations:
             result = counter._original(problem, params, **kwargs)
             counter.seconds += time.perf_counter() - start
             counter.evaluations += 1
-            counter.sweeps += result[2]["n_sweeps"]
+            counter.sweeps += result[2].n_sweeps
             return result
 
         _gp._BinaryGPEP.evaluate = evaluate

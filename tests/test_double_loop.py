@@ -201,7 +201,7 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
         info = double_loop.run_double_loop_ep(*args, **kwargs)
         calls.append(info)
         args[5][:] = np.nan                                  # would poison the sites if kept
-        return dict(info, log_z=float("nan"), converged=False, n_failed=3)
+        return info.replace(log_z=float("nan"), converged=False, n_failed=3)
 
     monkeypatch.setattr(student_t_gp, "run_double_loop_ep", improper)
     x, y = _outlier_data(0)

@@ -189,11 +189,11 @@ def test_schedules_reach_the_same_fixed_point(likelihood):
 def test_block_sizes_reported():
     K, y = rbf_problem(20, seed=3)
     spec = fastep.Probit().site_spec()
-    assert run(K, y, spec, schedule=BLK, block_size=5, max_sweeps=1)[4]["block_size"] == 5
-    assert run(K, y, spec, schedule=BLK, block_size=500, max_sweeps=1)[4]["block_size"] == 20
-    assert run(K, y, spec, schedule=BLK, max_sweeps=1)[4]["block_size"] == engine.auto_block_size(20)
-    assert run(K, y, spec, schedule=SEQ, max_sweeps=1)[4]["block_size"] == 1
-    assert run(K, y, spec, schedule=PAR, max_sweeps=1)[4]["block_size"] == 0
+    assert run(K, y, spec, schedule=BLK, block_size=5, max_sweeps=1)[4].block_size == 5
+    assert run(K, y, spec, schedule=BLK, block_size=500, max_sweeps=1)[4].block_size == 20
+    assert run(K, y, spec, schedule=BLK, max_sweeps=1)[4].block_size == engine.auto_block_size(20)
+    assert run(K, y, spec, schedule=SEQ, max_sweeps=1)[4].block_size == 1
+    assert run(K, y, spec, schedule=PAR, max_sweeps=1)[4].block_size == 0
     assert engine.auto_block_size(2000) >= 16
 
 
@@ -278,7 +278,7 @@ def test_refactorisation_matches_incremental_updates(options, start_sweeps):
         S, m = refactored(K, tau, nu)
     np.testing.assert_array_equal(S, S.T)
     out = engine.incremental_sweep(y, spec, tau, nu, S, m, **options)
-    assert out.n_failed == 0 and out.max_change > 0
+    assert out["n_failed"] == 0 and out["max_change"] > 0
     S_ref, m_ref = refactored(K, tau, nu)
     assert np.max(np.abs(S - S_ref)) < 1e-10 * np.max(np.abs(K))
     assert np.max(np.abs(m - m_ref)) < 1e-10 * max(1.0, np.max(np.abs(m_ref)))

@@ -100,7 +100,7 @@ def test_chunk_step_reports_an_improper_cavity_and_leaves_those_sites():
     R, w_mean = np.eye(3), np.zeros(3)
     out = engine._parallel_chunk_step(Vt, d, y, Probit().site_spec(), tau, np.zeros(10), R, w_mean)
     assert np.isnan(out["log_z_sites"]) and out["bad_site"] == 2
-    assert out.n_failed == 2 and out.n_skipped == 2
+    assert out["n_failed"] == 2 and out["n_skipped"] == 2
     np.testing.assert_array_equal(out["site_precision"][[2, 7]], tau[[2, 7]])
     assert np.all(out["site_precision"][[0, 1, 3]] != 0.5)
 
@@ -150,7 +150,7 @@ def test_chunked_schedule_reaches_the_in_core_fixed_point(case):
     assert info1.converged and info2.converged
     assert info1.n_sweeps == info2.n_sweeps
     for key in ("n_skipped", "n_clipped", "n_failed"):
-        assert info1[key] == info2[key]
+        assert getattr(info1, key) == getattr(info2, key)
     np.testing.assert_allclose(lz2, lz1, rtol=1e-10)
     np.testing.assert_allclose(g2, g1, rtol=1e-8, atol=1e-8 * np.max(np.abs(g1)))
     np.testing.assert_allclose(local.site_precision, incore.site_precision, rtol=1e-8, atol=1e-10)

@@ -17,7 +17,7 @@ from scipy.integrate import IntegrationWarning
 
 from fastep import ConvergenceWarning, SparseGPRegressor, StudentT
 from fastep import _double_loop_ep as double_loop
-from fastep._epcore import sparse_ep
+from fastep._epcore import sparse_ep, student_t_ep
 from fastep.kernels import RBF
 from fastep.reference import sparse_ep as ref_sparse
 
@@ -231,7 +231,7 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
         info = double_loop.run_sparse_double_loop_ep(*args, **kwargs)
         calls.append(info)
         args[6][:] = np.nan                                  # would poison the sites if kept
-        return dict(info, log_z=float("nan"), converged=False, n_failed=3)
+        return info.replace(log_z=float("nan"), converged=False, n_failed=3)
 
     monkeypatch.setattr(sparse_module, "run_sparse_double_loop_ep", improper)
     approximation, m, seed, dof, scale = STALLING[0]

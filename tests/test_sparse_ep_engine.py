@@ -44,7 +44,12 @@ def run(Vt, d, y, spec, tau0=None, nu0=None, **options):
     nu = np.zeros(n) if nu0 is None else np.array(nu0, dtype=float)
     R, wm, gm, gv = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
     info = engine.run_sparse_ep(Vt, d, y, spec, tau, nu, R, wm, g_mean=gm, g_var=gv, **options)
-    return dict(tau=tau, nu=nu, R=R, w_mean=wm, g_mean=gm, g_var=gv, **info)
+    return _Run(tau=tau, nu=nu, R=R, w_mean=wm, g_mean=gm, g_var=gv, **info.as_dict())
+
+
+class _Run(dict):
+    """The arrays of a run and the fields of its SweepResult, by key or by attribute."""
+    __getattr__ = dict.__getitem__
 
 
 def probit_pm():

@@ -378,7 +378,7 @@ class DistributedSparseEP(SiteProblem):
                 result = self._run_from(projected, likelihood, warm=True)
             except (np.linalg.LinAlgError, FloatingPointError):
                 result = None
-            if result is not None and result[3]["n_failed"] != 0:
+            if result is not None and result[3].n_failed != 0:
                 result = None
         if result is None:
             result = self._run_from(projected, likelihood, warm=False)
