@@ -324,7 +324,7 @@ _PARAMETERS_DOC = """    n_components : int, default 2
     negative_precision : {'clip', 'allow'}, default 'clip'
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
-        (exact EP, but it diverged on ambiguous problems; see
+        (exact EP, but it can diverge when many features are ambiguous; see
         :func:`fastep._horseshoe_parallel_ep.run_task_ep`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
