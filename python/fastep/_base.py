@@ -26,6 +26,12 @@ class BaseEstimator:
             if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         )
 
+    def _set_init_params(self, arguments):
+        """Store the constructor's arguments (``locals()`` of ``__init__``) as attributes of the same
+        names, unchanged: validation waits for ``fit``, as scikit-learn requires."""
+        for name in self._param_names():
+            setattr(self, name, arguments[name])
+
     def get_params(self, deep=True):
         """Return the constructor parameters as a dict (nested ones as ``name__sub`` when ``deep``)."""
         out = {}

@@ -328,8 +328,9 @@ def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_opt_iter, *, s
     trust box around the round's start; returns the best ``θ`` evaluated.
 
     The box is ±TRUST_LOG in the first ``n_log`` coordinates (the log variances); the others
-    (``P``) are free until an evaluation fails. A single unconstrained run took steps of 5 in
-    log σ² (to σ² = 0.02 from 1.3) where EP needs > 1000 iterations. A failed evaluation (EP
+    (``P``) are free until an evaluation fails. Unconstrained, L-BFGS-B can step by several
+    units of log σ² at once (from σ² = 1.3 to 0.02, say), into regions where EP needs more
+    than 1000 iterations. A failed evaluation (EP
     not accepted: the objective is ``-inf``) makes L-BFGS-B's line search shrink the step to
     almost nothing and then stop on its relative-reduction test, far from a stationary point,
     and it can even return the failed point. So every round continues from the best point

@@ -129,16 +129,22 @@ def check_class_labels(y):
                          "class labels (use a regressor for a continuous target)")
 
 
-def encode_binary_labels(y):
-    """Map two arbitrary class labels to -1/+1 (sorted order: classes_[1] is the positive class).
-
-    Returns ``(classes, y_pm)``. Raises ``ValueError`` for one class or more than two.
-    """
+def _sorted_classes(y):
+    """The sorted distinct class labels of ``y`` and each entry's index among them (1-D)."""
     check_class_labels(y)
     try:
         classes, inverse = np.unique(y, return_inverse=True)
     except TypeError as exc:
         raise TypeError(f"y labels must be mutually comparable: {exc}") from None
+    return classes, inverse.reshape(-1)
+
+
+def encode_binary_labels(y):
+    """Map two arbitrary class labels to -1/+1 (sorted order: classes_[1] is the positive class).
+
+    Returns ``(classes, y_pm)``. Raises ``ValueError`` for one class or more than two.
+    """
+    classes, inverse = _sorted_classes(y)
     if classes.shape[0] < 2:
         raise ValueError(
             f"y must contain two classes for a binary classifier; got only one class: {classes.tolist()}")
@@ -147,7 +153,7 @@ def encode_binary_labels(y):
             f"Only binary classification is supported. y must contain exactly two classes for a binary "
             f"classifier; got {classes.shape[0]}: "
             f"{classes.tolist()[:10]}")
-    return classes, np.where(inverse.reshape(-1) == 1, 1.0, -1.0)
+    return classes, np.where(inverse == 1, 1.0, -1.0)
 
 
 def encode_one_vs_rest_labels(y):
@@ -156,14 +162,9 @@ def encode_one_vs_rest_labels(y):
     Returns ``(classes, targets)`` with ``targets`` a list of float64 vectors; for two
     classes ``classes[1]`` is the positive class. Raises ``ValueError`` for a single class.
     """
-    check_class_labels(y)
-    try:
-        classes, inverse = np.unique(y, return_inverse=True)
-    except TypeError as exc:
-        raise TypeError(f"y labels must be mutually comparable: {exc}") from None
+    classes, inverse = _sorted_classes(y)
     if classes.shape[0] < 2:
         raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
-    inverse = inverse.reshape(-1)
     if classes.shape[0] == 2:
         return classes, [np.where(inverse == 1, 1.0, -1.0)]
     return classes, [np.where(inverse == c, 1.0, -1.0) for c in range(classes.shape[0])]

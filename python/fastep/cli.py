@@ -29,6 +29,28 @@ def _rbf_features(X, centres, inverse_width):
     return np.exp(-0.5 * inverse_width * d2)
 
 
+def _timed_fit(model, X, y):
+    """Fit ``model``; the seconds it took."""
+    start = time.perf_counter()
+    model.fit(X, y)
+    return time.perf_counter() - start
+
+
+def _rbf_text(kernel):
+    """An RBF kernel's two parameters, to four significant digits."""
+    params = kernel.get_params()
+    return f"RBF(variance={params['variance']:.4g}, inverse_width={params['inverse_width']:.4g})"
+
+
+def _print_scores(model, X_train, y_train, X_test, y_test, out):
+    """The demo's accuracy on the training and test points and its test log loss (labels ±1)."""
+    print(f"  training accuracy   {model.score(X_train, y_train):.3f}", file=out)
+    print(f"  test accuracy       {model.score(X_test, y_test):.3f}", file=out)
+    p = model.predict_proba(X_test)[:, 1]
+    log_loss = -np.mean(np.log(np.where(y_test > 0, p, 1.0 - p)))
+    print(f"  test log loss       {log_loss:.4f}", file=out)
+
+
 def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     """Fit fastep's models to the IVM paper's toy problem and print accuracy, evidence and time.
 
@@ -79,16 +101,10 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
     print(f"Bayesian probit regression on {centres.shape[0]} RBF basis features, weight-space EP (Minka §1.1)",
           file=out)
     model = LinearEPClassifier(Probit(), prior_cov=25.0, fit_intercept=True, intercept_prior_var=25.0)
-    t0 = time.perf_counter()
-    model.fit(F_train, y_train)
-    elapsed = time.perf_counter() - t0
+    elapsed = _timed_fit(model, F_train, y_train)
     print(f"  sweeps {model.n_sweeps_} (converged: {model.converged_}), fit time {elapsed * 1e3:.1f} ms", file=out)
     print(f"  log evidence        {model.log_evidence_:.4f}", file=out)
-    print(f"  training accuracy   {model.score(F_train, y_train):.3f}", file=out)
-    print(f"  test accuracy       {model.score(F_test, y_test):.3f}", file=out)
-    p = model.predict_proba(F_test)[:, 1]
-    log_loss = -np.mean(np.log(np.where(y_test > 0, p, 1.0 - p)))
-    print(f"  test log loss       {log_loss:.4f}", file=out)
+    _print_scores(model, F_train, y_train, F_test, y_test, out)
 
     from .kernels import RBF
 
@@ -103,20 +119,12 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
         print("", file=out)
         print(f"GP classifier, dense EP in kernel space (Minka §2), {title}", file=out)
         gpc = GaussianProcessClassifier(kernel, Probit(), optimizer=optimizer, tol=1e-6)
-        t0 = time.perf_counter()
-        gpc.fit(X_train, y_train)
-        elapsed = time.perf_counter() - t0
-        params = gpc.kernel_.get_params()
-        print(f"  kernel              RBF(variance={params['variance']:.4g}, "
-              f"inverse_width={params['inverse_width']:.4g})", file=out)
+        elapsed = _timed_fit(gpc, X_train, y_train)
+        print(f"  kernel              {_rbf_text(gpc.kernel_)}", file=out)
         print(f"  sweeps {gpc.n_sweeps_} (converged: {gpc.converged_}), evidence evaluations "
               f"{gpc.n_evaluations_}, fit time {elapsed * 1e3:.1f} ms", file=out)
         print(f"  log evidence        {gpc.log_marginal_likelihood_value_:.4f}", file=out)
-        print(f"  training accuracy   {gpc.score(X_train, y_train):.3f}", file=out)
-        print(f"  test accuracy       {gpc.score(X_test, y_test):.3f}", file=out)
-        p = gpc.predict_proba(X_test)[:, 1]
-        log_loss = -np.mean(np.log(np.where(y_test > 0, p, 1.0 - p)))
-        print(f"  test log loss       {log_loss:.4f}", file=out)
+        _print_scores(gpc, X_train, y_train, X_test, y_test, out)
         models["gp_fixed" if optimizer is None else "gp_learnt"] = gpc
 
     d = min(100, max(1, n_train // 5))
@@ -127,20 +135,12 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
           file=out)
     ivm = IVMClassifier(RBF(variance=1.0, inverse_width=1.0), Probit(), active_set_size=d, n_iterations=3,
                         max_optimizer_iter=50)
-    t0 = time.perf_counter()
-    ivm.fit(X_train, y_train)
-    elapsed = time.perf_counter() - t0
-    params = ivm.kernel_.get_params()
-    print(f"  kernel              RBF(variance={params['variance']:.4g}, "
-          f"inverse_width={params['inverse_width']:.4g})   (paper, d = 200: 6.54, 8.51)", file=out)
+    elapsed = _timed_fit(ivm, X_train, y_train)
+    print(f"  kernel              {_rbf_text(ivm.kernel_)}   (paper, d = 200: 6.54, 8.51)", file=out)
     print(f"  fit time {elapsed * 1e3:.1f} ms; prediction costs {d} kernel evaluations per point", file=out)
     print(f"  log evidence (all {n_train} points, active set as inducing inputs) "
           f"{ivm.log_marginal_likelihood_value_:.4f}", file=out)
-    print(f"  training accuracy   {ivm.score(X_train, y_train):.3f}", file=out)
-    print(f"  test accuracy       {ivm.score(X_test, y_test):.3f}", file=out)
-    p = ivm.predict_proba(X_test)[:, 1]
-    log_loss = -np.mean(np.log(np.where(y_test > 0, p, 1.0 - p)))
-    print(f"  test log loss       {log_loss:.4f}", file=out)
+    _print_scores(ivm, X_train, y_train, X_test, y_test, out)
     models["ivm"] = ivm
     return models
 

@@ -56,6 +56,18 @@ def _noise_fractions(floor):
     return fractions or [floor]
 
 
+def _fitted(name, *, first_task=False, scalar=False):
+    """A read-only fitted attribute: the per-task array ``self.<name>`` (its first task's entry
+    with ``first_task``, as a float with ``scalar``); ``NotFittedError`` before ``fit``."""
+    def get(self):
+        check_is_fitted(self, "_coef")
+        value = getattr(self, name)
+        if first_task:
+            value = value[0]
+        return float(value) if scalar else value
+    return property(get)
+
+
 class _HorseshoeBase(BaseEstimator):
     """Shared machinery: validation, EP over tasks, type-II ML, fitted attributes."""
 
@@ -312,7 +324,7 @@ _PARAMETERS_DOC = """    n_components : int, default 2
     negative_precision : {'clip', 'allow'}, default 'clip'
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
-        (exact EP, but it diverged on ambiguous problems; see
+        (exact EP, but it can diverge when many features are ambiguous; see
         :func:`fastep._horseshoe_parallel_ep.run_task_ep`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
@@ -329,6 +341,15 @@ _PARAMETERS_DOC = """    n_components : int, default 2
     max_opt_iter : int, default 100
         L-BFGS-B iterations.
     """ + CALLBACK_DOC + "\n"
+
+_REFERENCES_DOC = """    References
+    ----------
+    Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
+    Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
+    updates eqs 2-26, evidence eq 27, gradients eqs 33-50).
+    Carvalho, C. M., Polson, N. G. and Scott, J. G. *The horseshoe estimator for sparse
+    signals*, Biometrika 97 (2010).
+"""
 
 
 class MultiTaskHorseshoeRegression(_HorseshoeBase):
@@ -369,14 +390,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
 
-    References
-    ----------
-    Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
-    Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
-    updates eqs 2-26, evidence eq 27, gradients eqs 33-50).
-    Carvalho, C. M., Polson, N. G. and Scott, J. G. *The horseshoe estimator for sparse
-    signals*, Biometrika 97 (2010).
-
+%REFERENCES%
     Examples
     --------
     >>> import numpy as np
@@ -391,73 +405,30 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     (2, 30)
     >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
     [0, 1, 2]
-    """.replace("%PARAMETERS%", _PARAMETERS_DOC)
+    """.replace("%PARAMETERS%", _PARAMETERS_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
 
     def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
                  damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
                  verbose=0, callback=None):
-        self.callback = callback
-        self.n_components = n_components
-        self.learn_dependencies = learn_dependencies
-        self.learn_hyperparameters = learn_hyperparameters
-        self.sigma2 = sigma2
-        self.rho2 = rho2
-        self.gamma2 = gamma2
-        self.D = D
-        self.P_init = P_init
-        self.P_init_scale = P_init_scale
-        self.random_state = random_state
-        self.fit_intercept = fit_intercept
-        self.sigma2_floor = sigma2_floor
-        self.negative_precision = negative_precision
-        self.damping = damping
-        self.damping_decay = damping_decay
-        self.min_damping = min_damping
-        self.tol = tol
-        self.max_iter = max_iter
-        self.max_opt_iter = max_opt_iter
-        self.verbose = verbose
+        self._set_init_params(locals())
 
     def fit(self, Xs, ys):
         """Fit all tasks: ``Xs`` a list of ``(n_t, d)`` arrays, ``ys`` a list of ``(n_t,)`` arrays; returns self."""
         return self._fit_tasks(Xs, ys)
 
-    @property
-    def coef_(self):
-        check_is_fitted(self, "_coef")
-        return self._coef
-
-    @property
-    def coef_var_(self):
-        check_is_fitted(self, "_coef")
-        return self._coef_var
-
-    @property
-    def inclusion_(self):
-        check_is_fitted(self, "_coef")
-        return self._inclusion
-
-    @property
-    def intercept_(self):
-        check_is_fitted(self, "_coef")
-        return self._intercept
-
-    @property
-    def sigma2_(self):
-        check_is_fitted(self, "_coef")
-        return self._sigma2
+    coef_ = _fitted("_coef")
+    coef_var_ = _fitted("_coef_var")
+    inclusion_ = _fitted("_inclusion")
+    intercept_ = _fitted("_intercept")
+    sigma2_ = _fitted("_sigma2")
+    log_evidence_per_task_ = _fitted("_log_z")
 
     @property
     def log_evidence_(self):
         check_is_fitted(self, "_coef")
         return float(np.sum(self._log_z))
-
-    @property
-    def log_evidence_per_task_(self):
-        check_is_fitted(self, "_coef")
-        return self._log_z
 
     def predict(self, X, task=None, return_std=False):
         """Predictive mean (and standard deviation of ``y``, including the noise, if ``return_std``).
@@ -500,14 +471,7 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     n_iter_ : int
         EP iterations run over the whole fit.
 
-    References
-    ----------
-    Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
-    Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
-    updates eqs 2-26, evidence eq 27, gradients eqs 33-50).
-    Carvalho, C. M., Polson, N. G. and Scott, J. G. *The horseshoe estimator for sparse
-    signals*, Biometrika 97 (2010).
-
+%REFERENCES%
     Examples
     --------
     >>> import numpy as np
@@ -523,34 +487,15 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     >>> bool(model.score(X, y) > 0.9)
     True
     """.replace("%PARAMETERS%", _PARAMETERS_DOC.replace("n_components : int, default 2",
-                                                            "n_components : int, default 0"))
+                                                            "n_components : int, default 0")).replace(
+        "%REFERENCES%", _REFERENCES_DOC)
 
     def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
                  fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
                  damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
                  verbose=0, callback=None):
-        self.callback = callback
-        self.n_components = n_components
-        self.learn_dependencies = learn_dependencies
-        self.learn_hyperparameters = learn_hyperparameters
-        self.sigma2 = sigma2
-        self.rho2 = rho2
-        self.gamma2 = gamma2
-        self.D = D
-        self.P_init = P_init
-        self.P_init_scale = P_init_scale
-        self.random_state = random_state
-        self.fit_intercept = fit_intercept
-        self.sigma2_floor = sigma2_floor
-        self.negative_precision = negative_precision
-        self.damping = damping
-        self.damping_decay = damping_decay
-        self.min_damping = min_damping
-        self.tol = tol
-        self.max_iter = max_iter
-        self.max_opt_iter = max_opt_iter
-        self.verbose = verbose
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Fit on ``X`` (n, d) and ``y`` (n,); returns self."""
@@ -562,35 +507,12 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
         self.sites_ = self.sites_[0]
         return self
 
-    @property
-    def coef_(self):
-        check_is_fitted(self, "_coef")
-        return self._coef[0]
-
-    @property
-    def coef_var_(self):
-        check_is_fitted(self, "_coef")
-        return self._coef_var[0]
-
-    @property
-    def inclusion_(self):
-        check_is_fitted(self, "_coef")
-        return self._inclusion[0]
-
-    @property
-    def intercept_(self):
-        check_is_fitted(self, "_coef")
-        return float(self._intercept[0])
-
-    @property
-    def sigma2_(self):
-        check_is_fitted(self, "_coef")
-        return float(self._sigma2[0])
-
-    @property
-    def log_evidence_(self):
-        check_is_fitted(self, "_coef")
-        return float(self._log_z[0])
+    coef_ = _fitted("_coef", first_task=True)
+    coef_var_ = _fitted("_coef_var", first_task=True)
+    inclusion_ = _fitted("_inclusion", first_task=True)
+    intercept_ = _fitted("_intercept", first_task=True, scalar=True)
+    sigma2_ = _fitted("_sigma2", first_task=True, scalar=True)
+    log_evidence_ = _fitted("_log_z", first_task=True, scalar=True)
 
     def predict(self, X, return_std=False):
         """Predictive mean (and standard deviation of ``y``, including the noise, if ``return_std``)."""

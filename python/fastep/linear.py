@@ -163,6 +163,13 @@ _SHARED_ATTRIBUTES_DOC = """    posterior_mean_, posterior_cov_ : ndarray
     converged_ : bool
 """
 
+_REFERENCES_DOC = """    References
+    ----------
+    Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
+    *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
+    evidence eqs 48-49.
+"""
+
 
 class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     __doc__ = """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
@@ -182,12 +189,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         The two labels; ``classes_[1]`` is the positive class.
 %SHARED_ATTRIBUTES%
 
-    References
-    ----------
-    Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
-    *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
-    evidence eqs 48-49.
-
+%REFERENCES%
     Examples
     --------
     >>> import numpy as np
@@ -201,7 +203,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     >>> bool(clf.score(X, y) > 0.9), clf.posterior_cov_.shape
     (True, (4, 4))
     """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
-        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC)
+        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -211,19 +213,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     def __init__(self, likelihood=None, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
                  fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
-        self.verbose = verbose
-        self.callback = callback
-        self.likelihood = likelihood
-        self.prior_mean = prior_mean
-        self.prior_cov = prior_cov
-        self.update_form = update_form
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.damping = damping
-        self.refresh_every = refresh_every
-        self.negative_precision = negative_precision
-        self.fit_intercept = fit_intercept
-        self.intercept_prior_var = intercept_prior_var
+        self._set_init_params(locals())
 
     def _likelihood(self):
         lik = Probit() if self.likelihood is None else self.likelihood
@@ -297,12 +287,7 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
     Attributes
     ----------
 %SHARED_ATTRIBUTES%
-    References
-    ----------
-    Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
-    *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
-    evidence eqs 48-49.
-
+%REFERENCES%
     Examples
     --------
     >>> import numpy as np
@@ -314,24 +299,12 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
     >>> np.round(reg.posterior_mean_, 1)
     array([ 1.5, -0.5])
     """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
-        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC)
+        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
 
     def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
                  fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
-        self.verbose = verbose
-        self.callback = callback
-        self.noise_variance = noise_variance
-        self.prior_mean = prior_mean
-        self.prior_cov = prior_cov
-        self.update_form = update_form
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.damping = damping
-        self.refresh_every = refresh_every
-        self.negative_precision = negative_precision
-        self.fit_intercept = fit_intercept
-        self.intercept_prior_var = intercept_prior_var
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Fit the posterior over weights; returns ``self``."""

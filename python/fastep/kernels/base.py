@@ -506,12 +506,17 @@ class _Leaf(Kernel):
         return f"{type(self).__name__}({', '.join(parts)})"
 
     # ---- gradients ---------------------------------------------------------------------------
-    def _grads(self, X, slots, state=None):
+    def _chain_rule(self, slots, constrained_grads):
+        """∂/∂θ_s for the requested entries ``slots`` of theta: each ∂/∂x that
+        ``constrained_grads(pairs)`` yields for the (name, element) pairs, scaled in place by dx/dθ."""
         all_slots = self._slots()
         pairs = [all_slots[s] for s in slots]
-        for (name, j), g in zip(pairs, self._grads_constrained(X, pairs, state)):
+        for (name, j), g in zip(pairs, constrained_grads(pairs)):
             g *= self._dxdt(name, j)
             yield g
+
+    def _grads(self, X, slots, state=None):
+        return self._chain_rule(slots, lambda pairs: self._grads_constrained(X, pairs, state))
 
     def _value_and_gradient(self, X, dK_out):
         state = self._grad_state(X)
@@ -532,18 +537,10 @@ class _Leaf(Kernel):
         raise NotImplementedError
 
     def _cross_grads(self, X, Y, slots):
-        all_slots = self._slots()
-        pairs = [all_slots[s] for s in slots]
-        for (name, j), g in zip(pairs, self._cross_grads_constrained(X, Y, pairs)):
-            g *= self._dxdt(name, j)
-            yield g
+        return self._chain_rule(slots, lambda pairs: self._cross_grads_constrained(X, Y, pairs))
 
     def _diag_grads(self, X, slots):
-        all_slots = self._slots()
-        pairs = [all_slots[s] for s in slots]
-        for (name, j), g in zip(pairs, self._diag_grads_constrained(X, pairs)):
-            g *= self._dxdt(name, j)
-            yield g
+        return self._chain_rule(slots, lambda pairs: self._diag_grads_constrained(X, pairs))
 
     def _cross_grads_constrained(self, X, Y, pairs):
         """Yield ∂K(X, Y)/∂x for each (name, element) pair (fresh arrays)."""
@@ -591,6 +588,7 @@ class _Composite(Kernel):
     """
 
     _symbol = None
+    _ufunc = None                # np.add (Sum) or np.multiply (Product): how the terms' values combine
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -658,6 +656,28 @@ class _Composite(Kernel):
         for k in self.kernels:
             yield k, slice(pos, pos + k.n_theta)
             pos += k.n_theta
+
+    def _K(self, X, Y):
+        K = self.kernels[0]._K(X, Y)
+        for k in self.kernels[1:]:
+            self._ufunc(K, k._K(X, Y), out=K)
+        return K
+
+    def _diag(self, X):
+        out = self.kernels[0]._diag(X)
+        for k in self.kernels[1:]:
+            out = self._ufunc(out, k._diag(X))
+        return out
+
+    def _column_state(self, X):
+        return self._shared_column_state(X)
+
+    def _column(self, states, j):
+        cols = self._child_columns(states, j)
+        col = next(cols)
+        for c in cols:
+            self._ufunc(col, c, out=col)
+        return col
 
     def _shared_column_state(self, X, shared=None):
         """Child column states; leaves that can share one centred product (``_CentredColumns``) get None.

@@ -1,4 +1,6 @@
 """Sums and products of kernels (``k1 + k2``, ``k1 * k2``)."""
+import numpy as np
+
 from .base import _Composite
 
 __all__ = ["Sum", "Product"]
@@ -29,28 +31,7 @@ class Sum(_Composite):
     """
 
     _symbol = "+"
-
-    def _K(self, X, Y):
-        K = self.kernels[0]._K(X, Y)
-        for k in self.kernels[1:]:
-            K += k._K(X, Y)
-        return K
-
-    def _diag(self, X):
-        out = self.kernels[0]._diag(X)
-        for k in self.kernels[1:]:
-            out = out + k._diag(X)
-        return out
-
-    def _column_state(self, X):
-        return self._shared_column_state(X)
-
-    def _column(self, states, j):
-        cols = self._child_columns(states, j)
-        col = next(cols)
-        for c in cols:
-            col += c
-        return col
+    _ufunc = np.add
 
     def _grads(self, X, slots, state=None):
         for c, local in self._runs(slots):
@@ -103,28 +84,7 @@ class Product(_Composite):
     """
 
     _symbol = "*"
-
-    def _K(self, X, Y):
-        K = self.kernels[0]._K(X, Y)
-        for k in self.kernels[1:]:
-            K *= k._K(X, Y)
-        return K
-
-    def _diag(self, X):
-        out = self.kernels[0]._diag(X)
-        for k in self.kernels[1:]:
-            out = out * k._diag(X)
-        return out
-
-    def _column_state(self, X):
-        return self._shared_column_state(X)
-
-    def _column(self, states, j):
-        cols = self._child_columns(states, j)
-        col = next(cols)
-        for c in cols:
-            col *= c
-        return col
+    _ufunc = np.multiply
 
     def _others(self, X, c):
         other = None

@@ -10,6 +10,20 @@ __all__ = ["Linear", "LinearARD", "MLP", "MLPARD"]
 _TWO_OVER_PI = 2.0 / np.pi
 
 
+def _arcsine(a, root):
+    """(2/π) asin(a / sqrt(d e)) = (2/π) atan2(a, sqrt(N)): the MLP kernel over v, and ∂K/∂v."""
+    g = np.arctan2(a, root)
+    g *= _TWO_OVER_PI
+    return g
+
+
+def _gradient_factor(v, root, d, e):
+    """Q = (2/π) v / (2 d e sqrt(N)), the factor common to the MLP kernel's ∂K/∂w, ∂K/∂b and ∂K/∂α."""
+    Q = (_TWO_OVER_PI * v) / root
+    Q /= 2.0 * np.multiply.outer(d, e)
+    return Q
+
+
 class Linear(_Leaf):
     """Linear kernel k(x, y) = v xᵀy (IVM §4, k_lin).
 
@@ -318,15 +332,12 @@ class MLP(_Leaf):
         P, n, _, d, _, root, a = self._grad_state(X) if state is None else state
         # K(X, X) is symmetric (n = |x|², d = n w + b + 1 for both arguments): each numerator
         # of the class docstring is M + Mᵀ with M below, which also makes dK exactly symmetric.
-        Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
-        Q /= 2.0 * np.multiply.outer(d, d)         # ... / (2 d d')
+        Q = _gradient_factor(v, root, d, d)
         M = np.empty_like(P)
         tmp = None
         for name, j in pairs:
             if name == "variance":
-                g = np.arctan2(a, root)
-                g *= _TWO_OVER_PI
-                yield g
+                yield _arcsine(a, root)
                 continue
             if name == "weight_variance":           # M_ij = d_j (P_ij + b (P_ij - n_i))
                 np.subtract(P, n[:, None], out=M)
@@ -368,13 +379,10 @@ class MLP(_Leaf):
         P, nx, ny, d, e, root = self._parts(X, Y)
         a = P * w
         a += b
-        Q = (_TWO_OVER_PI * v) / root              # (2/π) v / sqrt(N)
-        Q /= 2.0 * np.multiply.outer(d, e)         # ... / (2 d e)
+        Q = _gradient_factor(v, root, d, e)
         for name, j in pairs:
             if name == "variance":
-                g = np.arctan2(a, root)
-                g *= _TWO_OVER_PI
-                yield g
+                yield _arcsine(a, root)
                 continue
             if name == "weight_variance":           # e (P + b (P - |x|²)) + d (P + b (P - |y|²))
                 g = P - nx[:, None]

@@ -93,22 +93,16 @@ class RBF(_Leaf):
         return state[1] * self._value("variance")
 
     def _grads_constrained(self, X, pairs, state):
-        v, gamma = self._value("variance"), self._value("inverse_width")
         D, E = self._grad_state(X) if state is None else state
-        for name, j in pairs:
-            if name == "variance":
-                yield E.copy()
-            elif name == "inverse_width":
-                g = D * E
-                g *= -0.5 * v
-                yield g
-            else:
-                yield self._ard_grad(X, j, E, v, gamma)
+        return self._distance_grads(X, None, D, E, pairs)
 
     def _cross_grads_constrained(self, X, Y, pairs):
-        v, gamma = self._value("variance"), self._value("inverse_width")
         D = self._sqdist(X, Y)
-        E = np.exp(-0.5 * gamma * D)
+        return self._distance_grads(X, Y, D, np.exp(-0.5 * self._value("inverse_width") * D), pairs)
+
+    def _distance_grads(self, X, Y, D, E, pairs):
+        """∂K(X, Y)/∂x (``Y`` None: of K(X, X)) from the squared distances D and E = exp(-γ D/2)."""
+        v, gamma = self._value("variance"), self._value("inverse_width")
         for name, j in pairs:
             if name == "variance":
                 yield E.copy()
@@ -117,7 +111,7 @@ class RBF(_Leaf):
                 g *= -0.5 * v
                 yield g
             else:
-                yield self._ard_grad_cross(X, Y, j, E, v, gamma)
+                yield self._ard_grad(X, Y, j, E, v, gamma)
 
     def _diag_grads_constrained(self, X, pairs):
         for name, _ in pairs:
@@ -173,17 +167,11 @@ class RBFARD(_ARDMixin, RBF):
         Xc, Yc = _centre(X, Y)
         return _sqdist_centred(Xc * r, None if Yc is None else Yc * r)
 
-    def _ard_grad(self, X, j, E, v, gamma):
-        Xc, _ = _centre(X)
-        g = _sqdist_centred(Xc[:, self._columns_of(j)])
-        g *= E
-        g *= -0.5 * gamma * v
-        return g
-
-    def _ard_grad_cross(self, X, Y, j, E, v, gamma):
+    def _ard_grad(self, X, Y, j, E, v, gamma):
+        """∂K(X, Y)/∂α_j (``Y`` None: of K(X, X)) = -(γ v/2) D_j ∘ E."""
         Xc, Yc = _centre(X, Y)
         cols = self._columns_of(j)
-        g = _sqdist_centred(Xc[:, cols], Yc[:, cols])
+        g = _sqdist_centred(Xc[:, cols], None if Yc is None else Yc[:, cols])
         g *= E
         g *= -0.5 * gamma * v
         return g
@@ -194,7 +182,28 @@ class RBFARD(_ARDMixin, RBF):
 
 
 
-class White(_Leaf):
+class _InputFreeVariance(_Leaf):
+    """White and Bias: the one parameter is the variance v = k(x, x), whatever the inputs."""
+
+    _scalar_params = ("variance",)
+
+    def __init__(self, variance=1.0, transforms=None):
+        self._setup({"variance": variance}, transforms)
+
+    def _diag(self, X):
+        return np.full(X.shape[0], self._value("variance"))
+
+    def _diag_grads_constrained(self, X, pairs):
+        for _ in pairs:
+            yield np.ones(X.shape[0])
+
+    def _input_grad(self, X, Y, W):
+        return np.zeros(X.shape)
+
+
+
+
+class White(_InputFreeVariance):
     """White noise k(x_i, x_j) = v δ_ij (IVM §4, k_white).
 
     ``K(X, X) = v I``; ``K(X*, X) = 0`` for any second argument (new
@@ -222,18 +231,10 @@ class White(_Leaf):
            [0., 0., 0.]])
     """
 
-    _scalar_params = ("variance",)
-
-    def __init__(self, variance=1.0, transforms=None):
-        self._setup({"variance": variance}, transforms)
-
     def _K(self, X, Y):
         if Y is None:
             return np.eye(X.shape[0]) * self._value("variance")
         return np.zeros((X.shape[0], Y.shape[0]))
-
-    def _diag(self, X):
-        return np.full(X.shape[0], self._value("variance"))
 
     def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
@@ -246,17 +247,10 @@ class White(_Leaf):
         for _ in pairs:
             yield np.zeros((X.shape[0], Y.shape[0]))
 
-    def _diag_grads_constrained(self, X, pairs):
-        for _ in pairs:
-            yield np.ones(X.shape[0])
-
-    def _input_grad(self, X, Y, W):
-        return np.zeros(X.shape)
 
 
 
-
-class Bias(_Leaf):
+class Bias(_InputFreeVariance):
     """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset.
 
     Parameters
@@ -276,17 +270,9 @@ class Bias(_Leaf):
            [2., 2.]])
     """
 
-    _scalar_params = ("variance",)
-
-    def __init__(self, variance=1.0, transforms=None):
-        self._setup({"variance": variance}, transforms)
-
     def _K(self, X, Y):
         m = X.shape[0] if Y is None else Y.shape[0]
         return np.full((X.shape[0], m), self._value("variance"))
-
-    def _diag(self, X):
-        return np.full(X.shape[0], self._value("variance"))
 
     def _grads_constrained(self, X, pairs, state):
         for _ in pairs:
@@ -298,10 +284,3 @@ class Bias(_Leaf):
     def _cross_grads_constrained(self, X, Y, pairs):
         for _ in pairs:
             yield np.ones((X.shape[0], Y.shape[0]))
-
-    def _diag_grads_constrained(self, X, pairs):
-        for _ in pairs:
-            yield np.ones(X.shape[0])
-
-    def _input_grad(self, X, Y, W):
-        return np.zeros(X.shape)

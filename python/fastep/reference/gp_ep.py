@@ -37,6 +37,8 @@ Policies as in the compiled engine:
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from ._common import check_option, initial_sites
+
 __all__ = [
     "posterior_from_sites", "run_gp_ep", "entropy_change", "log_marginal_likelihood",
     "log_marginal_likelihood_rw", "log_marginal_likelihood_stable", "log_marginal_likelihood_gradient",
@@ -156,12 +158,9 @@ def run_gp_ep(K, y, moments, site_precision=None, site_natural_mean=None, *, sch
     K = np.asarray(K, dtype=float)
     y = np.asarray(y, dtype=float)
     n = K.shape[0]
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule must be one of {_SCHEDULES}")
-    if negative_precision not in _POLICIES:
-        raise ValueError(f"negative_precision must be one of {_POLICIES}")
-    tau = np.zeros(n) if site_precision is None else np.array(site_precision, dtype=float)
-    nu = np.zeros(n) if site_natural_mean is None else np.array(site_natural_mean, dtype=float)
+    check_option(schedule, "schedule", _SCHEDULES)
+    check_option(negative_precision, "negative_precision", _POLICIES)
+    tau, nu = initial_sites(n, site_precision, site_natural_mean)
     mu, Sigma = posterior_from_sites(K, tau, nu)
     log_z = log_marginal_likelihood(K, y, moments, tau, nu)
     converged = False

@@ -26,6 +26,8 @@ the compiled engine's (see its module docstring):
 """
 import numpy as np
 
+from ._common import check_option, initial_sites
+
 __all__ = ["run_linear_ep", "posterior_from_sites", "log_evidence", "log_evidence_literal"]
 
 _UPDATE_FORMS = ("moment", "natural")
@@ -132,17 +134,14 @@ def run_linear_ep(X, y, prior_mean, prior_cov, moments, site_precision=None,
     ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` as the compiled
     engine reports them.
     """
-    if update_form not in _UPDATE_FORMS:
-        raise ValueError(f"update_form must be one of {_UPDATE_FORMS}")
-    if negative_precision not in _POLICIES:
-        raise ValueError(f"negative_precision must be one of {_POLICIES}")
+    check_option(update_form, "update_form", _UPDATE_FORMS)
+    check_option(negative_precision, "negative_precision", _POLICIES)
     if not 0.0 < damping <= 1.0:
         raise ValueError("damping must be in (0, 1]")
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=float)
     n, d = X.shape
-    tau = np.zeros(n) if site_precision is None else np.array(site_precision, dtype=float)
-    nu = np.zeros(n) if site_natural_mean is None else np.array(site_natural_mean, dtype=float)
+    tau, nu = initial_sites(n, site_precision, site_natural_mean)
     prior_mean = np.asarray(prior_mean, dtype=float)
     prior_cov = np.asarray(prior_cov, dtype=float)
     np.linalg.cholesky(prior_cov)     # raises LinAlgError when not PD

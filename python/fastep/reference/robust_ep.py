@@ -30,6 +30,7 @@ many to repeat by quadrature.
 """
 import numpy as np
 
+from ._common import damped_step, initial_sites
 from .sites import student_t_moments
 
 __all__ = ["posterior", "log_marginal_likelihood", "run_fractional_ep", "double_loop_inner_objective",
@@ -76,9 +77,12 @@ def run_fractional_ep(K, y, dof, scale, power, *, damping=0.5, n_sweeps=10, max_
 
     Returns ``(tau, nu)``.
     """
-    n = K.shape[0]
-    tau = np.zeros(n) if tau is None else np.array(tau, dtype=float)
-    nu = np.zeros(n) if nu is None else np.array(nu, dtype=float)
+    tau, nu = initial_sites(K.shape[0], tau, nu)
+
+    def acceptable(tau_new, nu_new):
+        post = posterior(K, tau_new, nu_new)
+        return post is not None and np.all(1.0 / np.diag(post[0]) - power * tau_new > 0)
+
     for _ in range(n_sweeps):
         cov, mean = posterior(K, tau, nu)
         tau_c, nu_c = _cavities(cov, mean, tau, nu, power)
@@ -88,17 +92,10 @@ def run_fractional_ep(K, y, dof, scale, power, *, damping=0.5, n_sweeps=10, max_
         var_hat = v_c - v_c ** 2 * beta
         tau_target = (1.0 / var_hat - tau_c) / power
         nu_target = (mean_hat / var_hat - nu_c) / power
-        step = damping
-        for _ in range(max_halvings + 1):
-            tau_new = tau + step * (tau_target - tau)
-            nu_new = nu + step * (nu_target - nu)
-            post = posterior(K, tau_new, nu_new)
-            if post is not None and np.all(1.0 / np.diag(post[0]) - power * tau_new > 0):
-                break
-            step *= 0.5
-        else:
+        new = damped_step(tau, nu, tau_target, nu_target, damping, max_halvings, acceptable)
+        if new is None:
             break
-        tau, nu = tau_new, nu_new
+        tau, nu = new
     return tau, nu
 
 

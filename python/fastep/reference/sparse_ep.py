@@ -82,6 +82,8 @@ from scipy import integrate
 from scipy.linalg import cho_solve, cholesky, solve_triangular
 from scipy.special import log_ndtr
 
+from ._common import check_option, damped_step, initial_sites
+
 __all__ = [
     "sparse_prior", "prior_covariance", "posterior_from_sites", "latent_marginals",
     "run_sparse_ep", "log_marginal_likelihood", "log_marginal_likelihood_gradient",
@@ -284,14 +286,11 @@ def run_sparse_ep(V, d, y, pm, site_precision=None, site_natural_mean=None, *, p
     d = np.asarray(d, dtype=float)
     y = np.asarray(y, dtype=float)
     n = V.shape[1]
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule must be one of {_SCHEDULES}")
-    if negative_precision not in _POLICIES:
-        raise ValueError(f"negative_precision must be one of {_POLICIES}")
+    check_option(schedule, "schedule", _SCHEDULES)
+    check_option(negative_precision, "negative_precision", _POLICIES)
     if not 0.0 < power <= 1.0:
         raise ValueError("power must be in (0, 1]")
-    tau = np.zeros(n) if site_precision is None else np.array(site_precision, dtype=float)
-    nu = np.zeros(n) if site_natural_mean is None else np.array(site_natural_mean, dtype=float)
+    tau, nu = initial_sites(n, site_precision, site_natural_mean)
     mu_w, Sigma_w, g_mean, g_var = posterior_from_sites(V, tau, nu)
     log_z = log_marginal_likelihood(V, d, y, pm, tau, nu, power=power)
     converged = False
@@ -451,8 +450,15 @@ def run_robust_sparse_ep(V, d, y, pm, *, power=0.5, damping=0.5, n_sweeps=10, ma
     d = np.asarray(d, dtype=float)
     y = np.asarray(y, dtype=float)
     n = V.shape[1]
-    tau = np.zeros(n) if site_precision is None else np.array(site_precision, dtype=float)
-    nu = np.zeros(n) if site_natural_mean is None else np.array(site_natural_mean, dtype=float)
+    tau, nu = initial_sites(n, site_precision, site_natural_mean)
+
+    def acceptable(tau_new, nu_new):
+        try:
+            _, _, _, var_new = posterior_from_sites(V, tau_new, nu_new)
+        except np.linalg.LinAlgError:
+            return False
+        return np.all(1.0 / var_new - power * tau_new > 0)
+
     for _ in range(n_sweeps):
         _, _, g_mean, g_var = posterior_from_sites(V, tau, nu)
         tau_c = 1.0 / g_var - power * tau
@@ -467,20 +473,10 @@ def run_robust_sparse_ep(V, d, y, pm, *, power=0.5, damping=0.5, n_sweeps=10, ma
         idx = np.flatnonzero(proper)[ok]
         target_tau[idx] = np.asarray(b)[ok] / (power * one_minus[ok])
         target_nu[idx] = (np.asarray(a)[ok] + np.asarray(b)[ok] * m_c[ok]) / (power * one_minus[ok])
-        step = damping
-        for _ in range(max_halvings + 1):
-            tau_new = tau + step * (target_tau - tau)
-            nu_new = nu + step * (target_nu - nu)
-            try:
-                _, _, _, var_new = posterior_from_sites(V, tau_new, nu_new)
-            except np.linalg.LinAlgError:
-                var_new = None
-            if var_new is not None and np.all(1.0 / var_new - power * tau_new > 0):
-                break
-            step *= 0.5
-        else:
+        new = damped_step(tau, nu, target_tau, target_nu, damping, max_halvings, acceptable)
+        if new is None:
             break
-        tau, nu = tau_new, nu_new
+        tau, nu = new
     return tau, nu
 
 
