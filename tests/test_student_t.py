@@ -14,7 +14,7 @@ from scipy.integrate import quad
 from scipy.stats import multivariate_normal, t as student_t_dist
 
 from fastep import GaussianProcessRegressor, StudentT, load, save
-from fastep._epcore import student_t_ep, sites
+from fastep._epcore import student_t_ep, student_t_sites, sites
 from fastep.kernels import RBF, Bias
 from fastep.reference import robust_ep as ref_robust
 from fastep.reference import sites as ref_sites
@@ -33,7 +33,7 @@ def test_site_kernel_matches_adaptive_quadrature(dof, scale, power):
     y = 0.3
     d = np.array([c[0] for c in SITE_CASES])
     s2 = np.array([c[1] for c in SITE_CASES])
-    got = sites.student_t_moments_array(dof, scale, power, np.full(d.size, y), y + d, s2)
+    got = student_t_sites.student_t_moments_array(dof, scale, power, np.full(d.size, y), y + d, s2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")      # QUADPACK's round-off notes on the narrowest peaks
         want = ref_sites.student_t_moments(y, y + d, s2, dof, scale, power)
@@ -48,7 +48,7 @@ def test_site_kernel_matches_adaptive_quadrature(dof, scale, power):
 def test_site_kernel_point_cavity_is_the_log_density_and_its_derivatives():
     dof, scale, y = 3.0, 0.7, 0.2
     f = np.array([-3.0, 0.0, 0.2, 1.0, 40.0])
-    log_z, alpha, beta, _, _ = sites.student_t_moments_array(dof, scale, 1.0, np.full(5, y), f, np.zeros(5))
+    log_z, alpha, beta, _, _ = student_t_sites.student_t_moments_array(dof, scale, 1.0, np.full(5, y), f, np.zeros(5))
     np.testing.assert_allclose(log_z, student_t_dist.logpdf(y, dof, loc=f, scale=scale), rtol=1e-13)
     h = 1e-5
     up = student_t_dist.logpdf(y, dof, loc=f + h, scale=scale)
@@ -65,10 +65,10 @@ def test_site_kernel_derivatives_match_finite_differences_of_log_z():
     mu = y + rng.normal(scale=3.0, size=n)
     s2 = np.exp(rng.uniform(-4, 3, size=n))
     dof, scale, power = 3.5, 0.4, 0.5
-    log_z, alpha, beta, d_dof, d_scale = sites.student_t_moments_array(dof, scale, power, y, mu, s2)
+    log_z, alpha, beta, d_dof, d_scale = student_t_sites.student_t_moments_array(dof, scale, power, y, mu, s2)
 
     def lz(dof=dof, scale=scale, mu=mu):
-        return sites.student_t_moments_array(dof, scale, power, y, mu, s2)[0]
+        return student_t_sites.student_t_moments_array(dof, scale, power, y, mu, s2)[0]
 
     h = 1e-4
     np.testing.assert_allclose(alpha, (lz(mu=mu + h) - lz(mu=mu - h)) / (2 * h), rtol=1e-6, atol=1e-8)
@@ -83,12 +83,12 @@ def test_site_kernel_derivatives_match_finite_differences_of_log_z():
 def test_site_kernel_is_finite_for_extreme_inputs_and_rejects_bad_ones():
     d = np.array([1e6, -1e6, 1e-12, 40.0, 1e3])
     s2 = np.array([1e-12, 1e12, 1e12, 1e-300 * 1e290, 1e-3])
-    out = sites.student_t_moments_array(2.0, 1e-3, 0.5, np.zeros(5), d, s2)
+    out = student_t_sites.student_t_moments_array(2.0, 1e-3, 0.5, np.zeros(5), d, s2)
     assert all(np.all(np.isfinite(o)) for o in out)
     with pytest.raises(ValueError, match="site 1 failed"):
-        sites.student_t_moments_array(2.0, 1.0, 1.0, [0.0, 0.0], [0.0, np.nan], [1.0, 1.0])
+        student_t_sites.student_t_moments_array(2.0, 1.0, 1.0, [0.0, 0.0], [0.0, np.nan], [1.0, 1.0])
     with pytest.raises(ValueError, match="power"):
-        sites.student_t_moments_array(2.0, 1.0, 0.0, [0.0], [0.0], [1.0])
+        student_t_sites.student_t_moments_array(2.0, 1.0, 0.0, [0.0], [0.0], [1.0])
     with pytest.raises(ValueError, match="dof"):
         sites.SiteSpec(sites.LIKELIHOOD_CODES["student_t"], [-1.0, 1.0])
     for bad in ({"dof": 0.0}, {"scale": -1.0}, {"dof": np.inf}, {"scale": np.nan}):

@@ -19,7 +19,7 @@ WIDTH centred at x0_i = (i + 1/2) WIDTH, the coefficients c_ij of
 
 obtained by interpolating G at DEGREE + 1 Chebyshev points of the interval in
 50-digit arithmetic (mpmath) and rounding the monomial coefficients to float64.
-The script checks the float64 evaluation (Horner, as in sites.pyx) against
+The script checks the float64 evaluation (Horner, as in _probit_terms.pxi) against
 mpmath on random and boundary points and refuses to write a table whose
 relative error exceeds MAX_ERROR_EPS float64 epsilons (measured: ~0.9 eps).
 """
@@ -56,7 +56,7 @@ def fit():
 
 
 def evaluate(table, x):
-    """Float64 evaluation exactly as sites.pyx does it."""
+    """Float64 evaluation exactly as _gauss_tail_poly (_probit_terms.pxi) does it."""
     i = np.minimum((x * (1.0 / WIDTH)).astype(int), N_INTERVALS - 1)
     s = x - (i * WIDTH + 0.5 * WIDTH)
     p = table[i, DEGREE]

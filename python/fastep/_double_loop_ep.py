@@ -63,7 +63,7 @@ from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from ._epcore import student_t_ep as _engine
 from ._epcore import sparse_ep as _sparse_engine
 from ._epcore._common import SweepDriver, SweepResult
-from ._epcore.sites import student_t_moments_array
+from ._epcore.student_t_sites import student_t_moments_array
 from ._linalg import inner, matmul
 
 __all__ = ["run_double_loop_ep", "run_sparse_double_loop_ep"]

@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import expit, logit
 
 from fastep._epcore import sites as _sites
+from fastep._epcore import student_t_sites as _student_t_sites
 
 __all__ = [
     "Gaussian",
@@ -681,8 +682,9 @@ class StudentT(Likelihood):
     ``p(y | f) = Γ((ν+1)/2) / (Γ(ν/2) sqrt(νπ) σ) · (1 + (y - f)²/(ν σ²))^(-(ν+1)/2)``: heavy
     tails, so that a few gross outliers do not drag the fit. The likelihood is not log-concave;
     EP on it (fractional EP, :class:`fastep.GaussianProcessRegressor`) allows negative site
-    precisions. Site moments are computed by quadrature (:mod:`fastep._epcore.sites`); as
-    ``dof → ∞`` this is the Gaussian likelihood with ``noise_variance = scale²``.
+    precisions. Site moments are computed by quadrature
+    (:mod:`fastep._epcore.student_t_sites`); as ``dof → ∞`` this is the Gaussian likelihood
+    with ``noise_variance = scale²``.
 
     Parameters
     ----------
@@ -739,9 +741,9 @@ class StudentT(Likelihood):
             ``log Z``, its first and minus second derivatives in the cavity mean, and its
             derivatives in ``log dof`` and ``log scale`` at the fixed cavity.
         """
-        return _sites.student_t_moments_array(self._params["dof"], self._params["scale"], float(power),
-                                              _as_1d("y", y), _as_1d("cavity_mean", cavity_mean),
-                                              _as_1d("cavity_var", cavity_var))
+        return _student_t_sites.student_t_moments_array(
+            self._params["dof"], self._params["scale"], float(power), _as_1d("y", y),
+            _as_1d("cavity_mean", cavity_mean), _as_1d("cavity_var", cavity_var))
 
     encode_targets = Gaussian.encode_targets
 

@@ -1,6 +1,6 @@
-# Gaussian-tail and probit terms shared by sites.pyx (the site kernels) and, through
-# _ivm_moments.pxi, ivm.pyx and ivm_refine.pyx (the fused scoring pass and the exchange
-# scoring, which need g and ν but not log Z).
+# Gaussian-tail and probit terms shared by the site kernels (_site_kernels.pxd, cimported by
+# sites.pyx) and, through _ivm_moments.pxi, ivm.pyx and ivm_refine.pyx (the fused scoring pass
+# and the exchange scoring, which need g and ν but not log Z).
 #
 # Included (textually), so that there is one copy of these operations and the inline fast
 # path of the IVM gives bitwise the site kernel's alpha and beta (tested in
@@ -81,7 +81,7 @@ cdef inline bint _probit_g_nu(double y, double c, double z, double g, double n,
     """Probit g = alpha, ν = beta (no log Z) for |z| < 8 with c = 1/sqrt(slope⁻² + s2) and
     z = y c (mu + bias), given g = G(|z|) and, for z > 0, n = N(z).
 
-    The same operations as the site kernel (``sites._probit_core``: ``_cdf_terms_g`` and
+    The same operations as the site kernel (``_site_kernels._probit_core``: ``_cdf_terms_g`` and
     ``_probit_out``), so bitwise its alpha and beta there.  False if they are not finite
     (the site kernel then fails too).
     """

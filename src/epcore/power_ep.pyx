@@ -55,8 +55,9 @@ import numpy as np
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
 from fastep._epcore.sites cimport (
     SiteModel, SiteSpec, site_moments, LIK_GAUSSIAN, LIK_ORDINAL, LIK_STUDENT_T, GH_MAX_NODES, SITE_OK,
-    SITE_BAD_PARAMS, student_t_moments, student_t_log_norm,
+    SITE_BAD_PARAMS,
 )
+from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
 from fastep._epcore._common cimport (
     SiteUpdateOptions, NEGATIVE_CLIP, NEGATIVE_SKIP, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )

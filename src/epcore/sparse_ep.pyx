@@ -84,7 +84,7 @@ from fastep._epcore._blas cimport (
 )
 from fastep._epcore.sites cimport (
     SiteModel, SiteSpec, site_moments, LIK_GAUSSIAN, LIK_ORDINAL, LIK_STUDENT_T, GH_MAX_NODES, SITE_OK,
-    SITE_BAD_PARAMS, student_t_moments, student_t_log_norm,
+    SITE_BAD_PARAMS,
 )
 from fastep._epcore._common cimport (
     SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,

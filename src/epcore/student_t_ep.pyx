@@ -19,7 +19,7 @@ Fractional EP (the paper's eqs 11-13; Minka's power EP with α = η)
 ------------------------------------------------------------------
 Site ``i`` is updated from the cavity that removes only the fraction η of its site,
 ``τ₋ = 1/Σ_ii - η τ_i``, ``ν₋ = μ_i/Σ_ii - η ν_i``; the tilted distribution is
-``N(f; ν₋/τ₋, 1/τ₋) t(y_i | f)^η`` (moments: ``sites.student_t_moments``) and the new site
+``N(f; ν₋/τ₋, 1/τ₋) t(y_i | f)^η`` (moments: ``student_t_sites.student_t_moments``) and the new site
 satisfies ``q_new ∝ cavity · site_new^η``:
 
     τ*_i = β / (η (1 - β/τ₋)),     ν*_i = (α + β ν₋/τ₋) / (η (1 - β/τ₋)).
@@ -59,7 +59,8 @@ import numpy as np
 
 from libc.math cimport sqrt, log, log1p, fabs, isfinite
 from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT
-from fastep._epcore.sites cimport SiteModel, SiteSpec, student_t_moments, student_t_log_norm, SITE_OK
+from fastep._epcore.sites cimport SiteModel, SiteSpec, SITE_OK
+from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
 from fastep._epcore._common cimport max_relative_site_change, SweepDriver
 from fastep._epcore._common import _check_vector, SweepResult
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments
