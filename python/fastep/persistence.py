@@ -60,7 +60,22 @@ def _class_table():
         for value in list(vars(module).values()):
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 table[f"{name}.{value.__qualname__}"] = value
+    for old_name, new_name in _MOVED_CLASSES.items():
+        if new_name in table:
+            table.setdefault(old_name, table[new_name])
     return table
+
+
+#: Classes that moved to another module since files were first written: a file naming the old
+#: place loads the class from the new one.
+_MOVED_CLASSES = {
+    "fastep._progress.Progress": "fastep.progress.Progress",
+    "fastep._progress.ProgressRecord": "fastep.progress.ProgressRecord",
+    "fastep._progress.StopRequested": "fastep.progress.StopRequested",
+    "fastep.ivm._IVMProblem": "fastep._ivm_problem._IVMProblem",
+    "fastep.sparse._BinarySparseEP": "fastep._sparse_problem._BinarySparseEP",
+    "fastep.sparse._StudentTSparseEP": "fastep._sparse_problem._StudentTSparseEP",
+}
 
 
 def _qualified_name(cls):
