@@ -168,3 +168,28 @@ cdef inline SiteUpdateOptions natural_update_options(double damping, int negativ
     opts.damping = damping
     opts.negative_precision = negative_precision
     return opts
+
+
+cdef inline int damped_site_update(const SiteUpdateOptions* opts, double tau_old, double nu_old,
+                                   double tau_target, double nu_target, int result,
+                                   double* tau_new, double* nu_new) noexcept nogil:
+    """Damped step from the old site to the moment-matched target, in natural parameters.
+
+    ``τ_new = τ_old + δ (τ* - τ_old)``, ``ν_new = ν_old + δ (ν* - ν_old)`` (δ = 1: the target
+    itself). A damped precision below 0 follows ``opts.negative_precision``: NEGATIVE_CLIP sets
+    it to 0 and returns STEP_CLIPPED, NEGATIVE_SKIP returns STEP_SKIPPED (nothing written is to be
+    used), NEGATIVE_ALLOW keeps it. Otherwise returns ``result`` (the status of the target).
+    """
+    if opts.damping == 1.0:
+        tau_new[0] = tau_target
+        nu_new[0] = nu_target
+        return result
+    tau_new[0] = tau_old + opts.damping * (tau_target - tau_old)
+    nu_new[0] = nu_old + opts.damping * (nu_target - nu_old)
+    if tau_new[0] < 0.0:
+        if opts.negative_precision == NEGATIVE_CLIP:
+            tau_new[0] = 0.0
+            return STEP_CLIPPED
+        if opts.negative_precision == NEGATIVE_SKIP:
+            return STEP_SKIPPED
+    return result

@@ -81,18 +81,9 @@ cdef int site_step(const SiteModel* model, double y, double xVx, double xm,
             nu_target = alpha
             beta_eff = 0.0
             result = STEP_CLIPPED
-    if opts.damping == 1.0:
-        tau_new = tau_target
-        nu_new = nu_target
-    else:
-        tau_new = tau_old + opts.damping * (tau_target - tau_old)
-        nu_new = nu_old + opts.damping * (nu_target - nu_old)
-        if tau_new < 0.0:
-            if opts.negative_precision == NEGATIVE_CLIP:
-                tau_new = 0.0
-                result = STEP_CLIPPED
-            elif opts.negative_precision == NEGATIVE_SKIP:
-                return STEP_SKIPPED
+    result = damped_site_update(opts, tau_old, nu_old, tau_target, nu_target, result, &tau_new, &nu_new)
+    if result == STEP_SKIPPED:
+        return STEP_SKIPPED
     d_tau = tau_new - tau_old                                     # eq 42
     d_nu = nu_new - nu_old                                        # eq 43
     c = 1.0 + xVx * d_tau

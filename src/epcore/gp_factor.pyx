@@ -56,10 +56,9 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
     cdef double* row
     cdef const double* krow
     cdef int info
+    _sqrt_precisions(n, site_precision, sqrt_prec)
     for i in range(nn):
-        si = sqrt(site_precision[i]) if site_precision[i] > 0.0 else 0.0
-        sqrt_prec[i] = si
-        if si > 0.0:
+        if sqrt_prec[i] > 0.0:
             any_positive = True
     if not any_positive:
         # B = I, L = I, V = 0: Σ = K, μ = K ν.
@@ -74,13 +73,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
                 dcopy(<int>(i + 1), K + i * nn, 1, post_cov + i * nn, 1)
         return 0
     # B (lower triangle) in post_cov, then its Cholesky factor
-    for i in range(nn):
-        si = sqrt_prec[i]
-        row = post_cov + i * nn
-        krow = K + i * nn
-        for j in range(i):
-            row[j] = si * krow[j] * sqrt_prec[j]
-        row[i] = 1.0 + si * si * krow[i]
+    _fill_b_lower(K, n, sqrt_prec, post_cov)
     info = potrf(LOWER, n, post_cov, n)
     if info != 0:
         return info

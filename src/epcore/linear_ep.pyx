@@ -107,6 +107,7 @@ from fastep._epcore._blas cimport (
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
 from fastep._epcore._common cimport interrupt_requested, SweepDriver
 from fastep._epcore._common import site_update_constants as _site_update_constants
+from fastep._epcore._common import _check_no_aliasing
 
 # Row blocks of the refresh / evidence BLAS-3 passes: at least 256 rows and about 2**17
 # doubles (fewer, larger syrk/symm calls for small d), at most n rows.
@@ -368,6 +369,23 @@ cdef int _prior_factor(const double* prior_cov, const double* prior_mean, int d,
     return 0
 
 
+cdef int _prior_and_refresh(const double* prior_cov, const double* prior_mean, int d,
+                            const double* X, int n, const double* site_precision,
+                            const double* site_natural_mean, double* prior_precision,
+                            double* prior_precision_mean, double* post_cov, double* post_mean,
+                            double* scratch, int scratch_rows, int* prior_info) noexcept nogil:
+    """The prior's factors (``_prior_factor``), then the posterior from the sites
+    (``refresh_lower``, eqs 46-47). Writes potrf's info for V0 to ``prior_info`` (nothing
+    else is done if it is not 0) and returns ``refresh_lower``'s info."""
+    cdef double log_det_prior = 0.0, prior_quad = 0.0
+    prior_info[0] = _prior_factor(prior_cov, prior_mean, d, prior_precision, prior_precision_mean,
+                                  &log_det_prior, &prior_quad)
+    if prior_info[0] != 0:
+        return 0
+    return refresh_lower(X, n, d, site_precision, site_natural_mean, prior_precision,
+                         prior_precision_mean, post_cov, post_mean, scratch, scratch_rows)
+
+
 # --------------------------------------------------------------------------- #
 # Python API
 # --------------------------------------------------------------------------- #
@@ -412,15 +430,7 @@ def _check_inputs(X, prior_mean, prior_cov, site_precision, site_natural_mean, p
         inputs["y"] = y
     outputs = {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
                "post_mean": post_mean, "post_cov": post_cov}
-    out_names = list(outputs)
-    for a_pos, out_name in enumerate(out_names):
-        out_arr = np.asarray(outputs[out_name])
-        for in_name, in_arr in inputs.items():
-            if np.may_share_memory(out_arr, np.asarray(in_arr)):
-                raise ValueError(f"{out_name} must not share memory with {in_name}")
-        for other in out_names[a_pos + 1:]:
-            if np.may_share_memory(out_arr, np.asarray(outputs[other])):
-                raise ValueError(f"{out_name} must not share memory with {other}")
+    _check_no_aliasing(inputs, outputs)
     return n, d
 
 
@@ -454,7 +464,6 @@ def refresh_posterior(const double[:, ::1] X, const double[::1] prior_mean,
         On shape mismatches, non-finite input or output arrays aliasing inputs.
     """
     cdef int n, d, info = 0, prior_info = 0
-    cdef double log_det_prior = 0.0, prior_quad = 0.0
     n, d = _check_inputs(X, prior_mean, prior_cov, site_precision, site_natural_mean,
                          post_mean, post_cov)
     cdef double[:, ::1] prior_precision = np.empty((d, d))
@@ -465,14 +474,11 @@ def refresh_posterior(const double[:, ::1] X, const double[::1] prior_mean,
     cdef const double* tau_ptr = &site_precision[0] if n > 0 else NULL
     cdef const double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
     with nogil:
-        prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
-                                   &prior_precision_mean[0], &log_det_prior, &prior_quad)
-        if prior_info == 0:
-            info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
-                                 &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
-                                 &scratch[0, 0], scratch_rows)
-            if info == 0:
-                symmetrize(LOWER, d, &post_cov[0, 0], d)
+        info = _prior_and_refresh(&prior_cov[0, 0], &prior_mean[0], d, x_ptr, n, tau_ptr, nu_ptr,
+                                  &prior_precision[0, 0], &prior_precision_mean[0], &post_cov[0, 0],
+                                  &post_mean[0], &scratch[0, 0], scratch_rows, &prior_info)
+        if prior_info == 0 and info == 0:
+            symmetrize(LOWER, d, &post_cov[0, 0], d)
     if prior_info != 0:
         raise _prior_error(prior_info)
     if info != 0:
@@ -645,15 +651,12 @@ cdef class LinearEP:
         cdef SweepStats* stats = driver.begin_sweep()
         cdef int prior_info = 0, info = 0, failed_sweep = -1, sweep = 0
         cdef bint refreshed_last = True
-        cdef double log_det_prior = 0.0, prior_quad = 0.0
 
         with nogil:
-            prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
-                                       &prior_precision_mean[0], &log_det_prior, &prior_quad)
+            info = _prior_and_refresh(&prior_cov[0, 0], &prior_mean[0], d, x_ptr, n, tau_ptr, nu_ptr,
+                                      &prior_precision[0, 0], &prior_precision_mean[0], &post_cov[0, 0],
+                                      &post_mean[0], &scratch[0, 0], scratch_rows, &prior_info)
             if prior_info == 0:
-                info = refresh_lower(x_ptr, n, d, tau_ptr, nu_ptr, &prior_precision[0, 0],
-                                     &prior_precision_mean[0], &post_cov[0, 0], &post_mean[0],
-                                     &scratch[0, 0], scratch_rows)
                 if info == 0:
                     for sweep in range(1, max_sweeps + 1):
                         if algorithm == ALGORITHM_BLOCKED:

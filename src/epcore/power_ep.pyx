@@ -19,7 +19,7 @@ then damping in natural parameters and the negative-precision policy of _common
 (``NEGATIVE_CLIP``: τ* < 0 becomes 0 with ν* = a/α; ``NEGATIVE_SKIP``; ``NEGATIVE_ALLOW`` is
 rejected: τ >= 0 keeps A >= I, so every downdate below is well posed). Student-t sites, whose
 precisions must be allowed to go negative, have their own parallel schedule with step halving,
-``run_robust_sparse_ep`` (fractional EP; A is then built with a subtracting ``syrk`` for the
+the sparse engine of :mod:`fastep._epcore.student_t_ep` (fractional EP; A is then built with a subtracting ``syrk`` for the
 negative sites and its Cholesky factorisation is the check that the posterior is proper).  A site with an improper
 cavity, a failing kernel or ``1 - v_c b <= 0`` is left unchanged and counted as failed.
 
@@ -59,7 +59,7 @@ from fastep._epcore.sites cimport (
 )
 from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
 from fastep._epcore._common cimport (
-    SiteUpdateOptions, NEGATIVE_CLIP, NEGATIVE_SKIP, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
+    SiteUpdateOptions, damped_site_update, NEGATIVE_CLIP, NEGATIVE_SKIP, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
 
 cdef double _LOG_2PI = 1.8378770664093454836
@@ -204,17 +204,9 @@ cdef int power_site_step(const SiteModel* model, const PowerRule* rule, double y
         tau_t = 0.0
         nu_t = a / power
         result = STEP_CLIPPED
-    if opts.damping == 1.0:
-        tau_new = tau_t
-        nu_new = nu_t
-    else:
-        tau_new = tau_old + opts.damping * (tau_t - tau_old)
-        nu_new = nu_old + opts.damping * (nu_t - nu_old)
-        if tau_new < 0.0:
-            if opts.negative_precision == NEGATIVE_SKIP:
-                return STEP_SKIPPED
-            tau_new = 0.0
-            result = STEP_CLIPPED
+    result = damped_site_update(opts, tau_old, nu_old, tau_t, nu_t, result, &tau_new, &nu_new)
+    if result == STEP_SKIPPED:
+        return STEP_SKIPPED
     if not 1.0 + (tau_new - tau_old) * g_var > 0.0:
         return STEP_SKIPPED
     site_precision_i[0] = tau_new
