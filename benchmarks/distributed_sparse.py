@@ -202,7 +202,7 @@ def main():
                        if "worker_rss_mb" in res else "")
             print(f"N={n:>8} {mode:18s} projection {res['project']:7.2f} s  iteration {res['iteration']:7.3f} s "
                   f"(runs {', '.join(f'{t:.2f}' for t in res['iterations'])})  fit {res['fit']:7.1f} s in "
-                  f"{res['fit_iterations']} iterations, log Z {res.log_z:.6f}  driver {res['driver_rss_mb']:.0f} MB"
+                  f"{res['fit_iterations']} iterations, log Z {res['log_z']:.6f}  driver {res['driver_rss_mb']:.0f} MB"
                   + workers, flush=True)
         if (n, "dask") in results and (n, "incore-parallel") in results:
             ratio = results[(n, "dask")]["iteration"] / results[(n, "incore-parallel")]["iteration"]

@@ -121,7 +121,7 @@ def main():
                     print(f"seed={seed} eta={power} nu={dof:<4} sigma={scale:<5} parallel: "
                           f"{'stalled' if parallel.stuck else 'not converged'}, log Z {parallel.log_z:.4g} | "
                           f"double loop: converged={info.converged!s:5} log Z {info.log_z:.6g} "
-                          f"outer={info.n_sweeps:4d} newton={info.diagnostics["n_newton"]:5d} at bound={info.diagnostics["n_limited"]} "
+                          f"outer={info.n_sweeps:4d} newton={info.diagnostics['n_newton']:5d} at bound={info.diagnostics['n_limited']} "
                           f"smallest energy step {drop:.1e} time {elapsed:.2f} s", flush=True)
     print()
     label = f"{args.model} (n={args.n}" + (f", m={args.m})" if sparse else ")")

@@ -145,6 +145,6 @@ class GPEPConverge(_Threads):
         self._run(n)
 
     def track_sweeps(self, schedule, n, threads):
-        return self._run(n)["n_sweeps"]
+        return self._run(n).n_sweeps
 
     track_sweeps.unit = "sweeps"

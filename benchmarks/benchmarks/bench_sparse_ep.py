@@ -95,7 +95,7 @@ class SparseEPRun(_OneThread):
         self._run()
 
     def track_sweeps(self, config, n, m):
-        return self._run()["n_sweeps"]
+        return self._run().n_sweeps
 
     track_sweeps.unit = "sweeps"
 
@@ -110,7 +110,8 @@ class SparseGPClassifierEvidence(_OneThread):
     def setup(self, n, m):
         self._limit()
         self.X, self.y, self.Z = _problem(n, m)
-        self.clf = fastep.SparseGPClassifier(RBF(), Probit(), inducing_init=self.Z, optimizer=None)
+        self.clf = fastep.SparseGPClassifier(RBF(), Probit(), inducing_init=self.Z, optimizer=None,
+                                             learn_inducing=True)
         self.clf.fit(self.X, self.y)
         self.theta = np.concatenate([self.clf.kernel_.theta, self.Z.ravel()])
 
