@@ -32,7 +32,6 @@ get_include
     Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
 """
 from . import hyperpriors, kernels, likelihoods
-from ._version import __version__
 from ._include import get_include
 from .exceptions import ConvergenceWarning, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
@@ -54,3 +53,11 @@ __all__ = [
     "SparseGPClassifier", "SparseGPRegressor",
     "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load", "ProgressRecord",
 ]
+
+
+def __getattr__(name):
+    # The version is read from the installed metadata on first access, not at import.
+    if name == "__version__":
+        from ._version import version
+        return version()
+    raise AttributeError(f"module 'fastep' has no attribute {name!r}")

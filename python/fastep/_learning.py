@@ -27,7 +27,7 @@ fractions of a nat along flat directions, each at the price of a full EP run.
 import warnings
 
 import numpy as np
-from scipy.special import expit
+from ._special import expit
 
 from ._linalg import inner
 from .progress import StopRequested

@@ -1,9 +1,9 @@
 """Shared type-II maximum-likelihood plumbing: L-BFGS-B with seeded restarts, L-BFGS-B in growing trust
-regions, scaled conjugate gradients."""
+regions, scaled conjugate gradients. ``scipy.optimize`` is imported on the first search, not with
+fastep."""
 import warnings
 
 import numpy as np
-from scipy.optimize import minimize
 
 from ._linalg import inner
 from .exceptions import ConvergenceWarning
@@ -85,6 +85,7 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         gradient at the returned point exceeds ``GRADIENT_WARN_RTOL * max(|value|, 1)`` in
         some coordinate (the result is not a stationary point of the evidence).
     """
+    from scipy.optimize import minimize
     theta0 = np.asarray(theta0, dtype=float)
     bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
     scipy_bounds = [(None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi)
@@ -318,6 +319,7 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
     ValueError
         If the objective is not finite at ``theta0``.
     """
+    from scipy.optimize import minimize
     bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
     lo_bound, hi_bound = bounds[:, 0], bounds[:, 1]
     center = np.clip(np.asarray(theta0, dtype=float), lo_bound, hi_bound)

@@ -15,7 +15,6 @@ import numbers
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from threadpoolctl import threadpool_limits
 
@@ -143,6 +142,7 @@ def map_in_order(function, items, n_jobs):
     with threadpool_limits(1, user_api="blas"):
         if n_workers == 1:
             return [function(item) for item in items]
+        from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(n_workers, thread_name_prefix="fastep-n-jobs") as pool:
             futures = [pool.submit(function, item) for item in items]
             errors = [f.exception() for f in futures]
@@ -321,6 +321,7 @@ def _fit_in_threads(tasks, n_workers, on_error, progress):
             _report(progress, i, i + 1, n_total, results[i], start)
         return results
 
+    from concurrent.futures import ThreadPoolExecutor, as_completed
     stop = threading.Event()
 
     def run(i):

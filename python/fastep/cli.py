@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from ._version import __version__
+from ._version import version as _fastep_version
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
 from .horseshoe import HorseshoeRegression
 from .ivm import IVMClassifier, IVMRegressor
@@ -400,7 +400,7 @@ def _info(args, out):
     changed = {k: v for k, v in meta["params"].items() if v is not None}
     lines.append("parameters " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
     lines.append(f"saved by   fastep {meta['fastep_version']} (format {meta['format_version']}); "
-                 f"this is fastep {__version__}")
+                 f"this is fastep {_fastep_version()}")
     print("\n".join(lines), file=out)
     return 0
 

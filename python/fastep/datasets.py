@@ -1,6 +1,6 @@
 """Built-in toy problems (no download), seeded and reproducible."""
 import numpy as np
-from scipy.special import ndtr
+from ._special import ndtr
 
 __all__ = ["make_ivm_toy_classification"]
 

@@ -25,7 +25,7 @@ import copy
 import math
 
 import numpy as np
-from scipy.special import expit, logit
+from ._special import expit, logit
 
 from fastep._epcore import sites as _sites
 from fastep._epcore import student_t_sites as _student_t_sites

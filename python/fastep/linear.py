@@ -6,7 +6,7 @@ validates input, encodes labels, and exposes scikit-learn style estimators.
 import warnings
 
 import numpy as np
-from scipy.special import expit
+from ._special import expit
 
 from . import _validation as v
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted

@@ -37,7 +37,7 @@ import zipfile
 import numpy as np
 
 from ._base import BaseEstimator
-from ._version import __version__
+from ._version import version as _fastep_version
 
 __all__ = ["save", "load", "read_metadata", "FORMAT_VERSION"]
 
@@ -342,7 +342,7 @@ def save(estimator, path, *, metadata=None):
             metadata = json.loads(json.dumps(metadata, allow_nan=False))
         except (TypeError, ValueError) as error:
             raise TypeError(f"metadata must hold JSON values only: {error}") from None
-    document = {"format": _FORMAT, "format_version": FORMAT_VERSION, "fastep_version": __version__,
+    document = {"format": _FORMAT, "format_version": FORMAT_VERSION, "fastep_version": _fastep_version(),
                 "estimator": type(estimator).__name__, "params": params, "summary": _summary(estimator),
                 "metadata": metadata or {}, "state": state}
     document["checksum"] = _checksum(document, encoder.arrays)
@@ -431,9 +431,9 @@ def load(path):
     estimator = decoder.decode(document["state"])
     if not isinstance(estimator, BaseEstimator):
         raise ValueError(f"{path!r} does not hold a fastep estimator")
-    if document.get("fastep_version") != __version__:
+    if document.get("fastep_version") != _fastep_version():
         warnings.warn(f"{path!r} was saved by fastep {document.get('fastep_version')}, loaded by fastep "
-                      f"{__version__}; refit if predictions look wrong", UserWarning, stacklevel=2)
+                      f"{_fastep_version()}; refit if predictions look wrong", UserWarning, stacklevel=2)
     return estimator
 
 

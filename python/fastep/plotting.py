@@ -18,7 +18,7 @@ matplotlib is imported only when one of them is called.
 import math
 
 import numpy as np
-from scipy.special import ndtri
+from ._special import ndtri
 
 __all__ = ["plot_decision_surface", "plot_convergence", "plot_horseshoe_coefficients", "plot_calibration",
            "plot_evidence_landscape"]

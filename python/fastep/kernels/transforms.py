@@ -1,7 +1,7 @@
 """Transforms between a kernel hyperparameter's constrained value and the unconstrained
 value an optimiser moves (softplus, log, sigmoid); see :mod:`fastep.kernels`."""
 import numpy as np
-from scipy.special import expit
+from .._special import expit
 
 __all__ = ["Transform", "TRANSFORMS", "FIXED"]
 
