@@ -1,4 +1,5 @@
 """Estimator plumbing shared by every fastep model (scikit-learn conventions, no dependency on it)."""
+import functools
 import inspect
 
 import numpy as np
@@ -7,7 +8,28 @@ from . import _validation as v
 from .exceptions import not_fitted_error
 from .progress import Progress, check_callback, check_verbose
 
-__all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba"]
+__all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba",
+           "records_feature_names"]
+
+
+def records_feature_names(fit):
+    """Decorate an estimator's ``fit(X, ...)`` to record ``feature_names_in_`` as scikit-learn does.
+
+    After a successful fit on a data frame whose column names are all strings,
+    ``feature_names_in_`` holds them (an object array); after a fit on anything else the
+    attribute is absent. A fit that raises leaves the attribute as it was. Prediction methods
+    compare the names of their ``X`` with it (:func:`fastep._validation.check_feature_names`).
+    """
+    @functools.wraps(fit)
+    def fit_recording_names(self, X, *args, **kwargs):
+        names = v.feature_names(X)
+        fitted = fit(self, X, *args, **kwargs)
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
+        return fitted
+    return fit_recording_names
 
 
 class BaseEstimator:

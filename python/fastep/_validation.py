@@ -16,7 +16,8 @@ from .exceptions import data_conversion_warning
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
     "encode_binary_labels", "encode_one_vs_rest_labels", "check_class_labels", "check_choice", "check_positive",
-    "check_in_range", "check_int", "check_prior", "check_bool", "check_seed",
+    "check_in_range", "check_int", "check_prior", "check_bool", "check_seed", "feature_names",
+    "check_feature_names",
 ]
 
 
@@ -111,8 +112,68 @@ def check_X_y(X, y, *, y_numeric=False):
     return X, y_arr
 
 
+def feature_names(X, name="X"):
+    """The column names of a data frame ``X`` when they are all strings, else None.
+
+    As scikit-learn records them: an object array of the names of ``X.columns`` (pandas and
+    any frame with a ``columns`` attribute). Names of mixed types (some strings, some not) are
+    a ``TypeError``; names that are all non-strings (a frame's default integer columns) are
+    not feature names.
+    """
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, np.ndarray):
+        return None
+    names = list(columns)
+    kinds = [isinstance(column, str) for column in names]
+    if not names or not any(kinds):
+        return None
+    if not all(kinds):
+        types = sorted({type(column).__name__ for column in names})
+        raise TypeError(f"{name}'s column names must be all strings (feature names) or none; got "
+                        f"{', '.join(types)}. Convert them with {name}.columns = {name}.columns.astype(str)")
+    return np.asarray(names, dtype=object)
+
+
+def check_feature_names(estimator, X, name="X"):
+    """Compare the column names of a prediction-time ``X`` with ``estimator.feature_names_in_``.
+
+    Names that differ from those seen in ``fit``, or come in another order, are a
+    ``ValueError`` (the columns would be used by position, wrongly). A frame without names
+    for an estimator fitted with them, or the reverse, is a ``UserWarning``.
+    """
+    fitted = getattr(estimator, "feature_names_in_", None)
+    given = feature_names(X, name)
+    who = type(estimator).__name__
+    if fitted is None and given is None:
+        return
+    if fitted is None:
+        warnings.warn(f"{name} has feature names, but {who} was fitted without feature names",
+                      UserWarning, stacklevel=4)
+        return
+    if given is None:
+        warnings.warn(f"{name} does not have valid feature names, but {who} was fitted with feature "
+                      f"names", UserWarning, stacklevel=4)
+        return
+    if len(given) == len(fitted) and all(a == b for a, b in zip(given, fitted)):
+        return
+    unseen = [str(n) for n in given if n not in set(fitted)]
+    missing = [str(n) for n in fitted if n not in set(given)]
+    parts = []
+    if unseen:
+        parts.append(f"feature names unseen at fit time: {', '.join(unseen[:10])}")
+    if missing:
+        parts.append(f"feature names seen at fit time, yet now missing: {', '.join(missing[:10])}")
+    if not parts:
+        parts.append("the feature names must be in the same order as in fit")
+    raise ValueError(f"The feature names of {name} should match those that were passed during fit "
+                     f"({who}.feature_names_in_); " + "; ".join(parts))
+
+
 def check_n_features(X, n_features, name="X", *, estimator=None):
-    """Validate a prediction-time matrix against the number of features seen in ``fit``."""
+    """Validate a prediction-time matrix against the number of features seen in ``fit``
+    (and, with ``estimator``, its column names against ``estimator.feature_names_in_``)."""
+    if estimator is not None:
+        check_feature_names(estimator, X, name)
     X = as_float_matrix(X, name)
     if X.shape[1] != n_features:
         who = "the estimator" if estimator is None else type(estimator).__name__

@@ -31,7 +31,7 @@ from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._epcore import gp_ep as _engine
-from ._base import check_is_fitted
+from ._base import check_is_fitted, records_feature_names
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
                        GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
                        check_classifier_likelihood, check_kernel, check_noise_model,
@@ -401,6 +401,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         self.random_state = random_state
         self.warm_start = warm_start
 
+    @records_feature_names
     def fit(self, X, y):
         """Fit the EP posterior (and the hyperparameters unless ``optimizer=None``).
 
@@ -603,6 +604,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         """``'gaussian'``, a Gaussian object, or a StudentT (or ``'student_t'``), validated."""
         return check_noise_model(self.likelihood, self.noise_variance)
 
+    @records_feature_names
     def fit(self, X, y):
         """Fit the posterior (and the hyperparameters unless ``optimizer=None``).
 

@@ -41,7 +41,7 @@ import numpy as np
 from . import _horseshoe_parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
-from ._base import BaseEstimator, RegressorMixin, check_is_fitted
+from ._base import BaseEstimator, RegressorMixin, check_is_fitted, records_feature_names
 from ._horseshoe_search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
@@ -497,6 +497,7 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
                  verbose=0, callback=None):
         self._set_init_params(locals())
 
+    @records_feature_names
     def fit(self, X, y):
         """Fit on ``X`` (n, d) and ``y`` (n,); returns self."""
         if self.sigma2 is not None and np.ndim(self.sigma2) != 0:

@@ -96,7 +96,7 @@ import warnings
 import numpy as np
 
 from . import _validation as v
-from ._base import ClassifierMixin, check_is_fitted
+from ._base import ClassifierMixin, check_is_fitted, records_feature_names
 from ._epcore import ivm as _engine
 from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, GPClassifierMixin, GPEstimator, GPRegressorMixin,
                        check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
@@ -434,6 +434,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
                  max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
         self._store_params(locals())
 
+    @records_feature_names
     def fit(self, X, y):
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
@@ -535,6 +536,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
         self._store_params(locals())
 
+    @records_feature_names
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         lik, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, check_kernel(self.kernel), bias=False)
@@ -604,6 +606,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
         self._store_params(locals())
 
+    @records_feature_names
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)

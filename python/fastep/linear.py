@@ -9,7 +9,7 @@ import numpy as np
 from ._special import expit
 
 from . import _validation as v
-from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted
+from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, records_feature_names
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
 from .exceptions import ConvergenceWarning
@@ -223,6 +223,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
                 f"or Logistic), got {lik!r}")
         return lik
 
+    @records_feature_names
     def fit(self, X, y):
         """Fit the EP posterior to training data.
 
@@ -306,6 +307,7 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
                  fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
         self._set_init_params(locals())
 
+    @records_feature_names
     def fit(self, X, y):
         """Fit the posterior over weights; returns ``self``."""
         self._check_options()

@@ -37,7 +37,7 @@ from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._epcore.power_ep import power_moments_array
-from ._base import check_is_fitted
+from ._base import check_is_fitted, records_feature_names
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
@@ -548,6 +548,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         self.random_state = random_state
         self.warm_start = warm_start
 
+    @records_feature_names
     def fit(self, X, y, client=None):
         """Fit the sparse EP posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
@@ -697,6 +698,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         self.random_state = random_state
         self.warm_start = warm_start
 
+    @records_feature_names
     def fit(self, X, y, client=None):
         """Fit the posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
