@@ -33,7 +33,7 @@ get_include
 """
 from . import hyperpriors, kernels, likelihoods
 from ._include import get_include
-from .exceptions import ConvergenceWarning, NotFittedError
+from .exceptions import ConvergenceWarning, MemoryLimitError, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
 from .gp import GaussianProcessClassifier, GaussianProcessRegressor
 from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
@@ -45,7 +45,7 @@ from .persistence import load, save
 from .progress import ProgressRecord
 
 __all__ = [
-    "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError",
+    "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError", "MemoryLimitError",
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical", "StudentT",
     "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
     "GaussianProcessClassifier", "GaussianProcessRegressor",

@@ -1,6 +1,6 @@
 """Warnings and errors raised by fastep."""
 
-__all__ = ["ConvergenceWarning", "NotFittedError", "DataConversionWarning"]
+__all__ = ["ConvergenceWarning", "NotFittedError", "DataConversionWarning", "MemoryLimitError"]
 
 
 class ConvergenceWarning(UserWarning):
@@ -49,3 +49,24 @@ def not_fitted_error(message):
 def data_conversion_warning():
     """The :class:`DataConversionWarning` class to warn with (also scikit-learn's when installed)."""
     return _sklearn_compatible(DataConversionWarning)
+
+
+class MemoryLimitError(MemoryError):
+    """A fit would need more memory than is available; raised before any large allocation.
+
+    Attributes
+    ----------
+    estimate : int
+        The fit's estimated peak working memory, in bytes.
+    limit : int
+        The memory available to it, in bytes.
+    source : str
+        Where the limit comes from (physical memory, the process's address-space limit, a
+        control group's limit, or ``FASTEP_MAX_MEMORY``).
+    """
+
+    def __init__(self, message, *, estimate, limit, source):
+        super().__init__(message)
+        self.estimate = int(estimate)
+        self.limit = int(limit)
+        self.source = source

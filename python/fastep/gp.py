@@ -30,6 +30,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
+from ._memory import check_memory, dense_gp_bytes, format_bytes
 from ._epcore import gp_ep as _engine
 from ._base import check_is_fitted, records_feature_names
 from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
@@ -221,6 +222,21 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
                 "block_size": 0 if p["block_size"] is None else p["block_size"],
                 "jitter": p["jitter"], "refactor_every": refactor_every, "hyperprior": p["hyperprior"],
                 "progress": self._new_progress()}
+
+    def _check_memory(self, X, n_problems, n_classes_multinomial):
+        """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
+        from .batch import effective_n_jobs
+        n = X.shape[0]
+        n_jobs = getattr(self, "n_jobs", None)
+        concurrent = 1 if n_jobs is None else effective_n_jobs(n_jobs)
+        estimate = dense_gp_bytes(n, learning=self.optimizer is not None, n_problems=n_problems,
+                                  n_concurrent=concurrent, n_classes_multinomial=n_classes_multinomial)
+        sparse = "SparseGPClassifier" if isinstance(self, GPClassifierMixin) else "SparseGPRegressor"
+        ivm = "IVMClassifier" if isinstance(self, GPClassifierMixin) else "IVMRegressor"
+        check_memory(estimate, f"{type(self).__name__}.fit on n = {n} rows (O(n²) memory: "
+                               f"{format_bytes(8 * n * n)} per n×n array)",
+                     f"For data this large use {sparse}() (O(n m) memory, m inducing inputs) or "
+                     f"{ivm}(active_set_size=d) (O(n d) memory), or fit on a subsample")
 
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
@@ -427,9 +443,10 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
             if self.damping is None:
                 options["damping"] = 0.5
         X, y = v.check_X_y(X, y)
+        classes, targets = v.encode_one_vs_rest_labels(y)
+        self._check_memory(X, len(targets), classes.shape[0] if self.multi_class == "multinomial" else 0)
         kernel = start_kernel(kernel, X)
         kernel._validate_X(X, "X")
-        classes, targets = v.encode_one_vs_rest_labels(y)
         if self.multi_class == "multinomial":
             labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
                 np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
@@ -632,6 +649,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
             options["max_halvings"] = 10
             if self.damping is None:
                 options["damping"] = 0.5
+        self._check_memory(v.as_float_matrix(X, "X"), 1, 0)
         likelihood, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
         if student_t:
             if noise == "student_t":
