@@ -58,3 +58,21 @@ def test_downstream_cython_can_cimport_the_ivm_engine(tmp_path):
         [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
         capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
+    package_root = fastep.get_include()
+    src = tmp_path / "downstream_student_t.pyx"
+    src.write_text(textwrap.dedent("""
+        # cython: language_level=3
+        from fastep._epcore.student_t_ep cimport (DenseStudentTEP, SparseStudentTEP, FractionalStep,
+                                                  fractional_ep_sweeps, robust_factor)
+
+        def options(DenseStudentTEP dense, SparseStudentTEP sparse):
+            return dense.n, dense.power, dense.max_halvings, sparse.m, sparse.damping
+    """))
+    res = subprocess.run(
+        [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "out.c").stat().st_size > 0

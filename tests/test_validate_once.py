@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import fastep
-from fastep._epcore import gp_ep, linear_ep, sparse_ep
+from fastep._epcore import gp_ep, linear_ep, sparse_ep, student_t_ep
 from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, Linear, LinearARD, MLPARD, White
-from fastep.likelihoods import Probit
+from fastep.likelihoods import Probit, StudentT
 
 
 def _kernels(d):
@@ -143,6 +143,63 @@ def test_sparse_ep_unvalidated_state_is_bitwise_the_public_functions(approximati
         sparse_ep.sparse_projection(Kmm, Knm, kdiag, approximation="vfe")
     with pytest.raises(ValueError, match="tol"):
         sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), tol=0.0)
+
+
+def _robust_problem(n, seed):
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(-3, 3, n))
+    y = np.sin(x) + 0.1 * rng.normal(size=n)
+    y[::7] += 4.0
+    return x, y
+
+
+def _same_runs(outs):
+    (info_a, *arrays_a), *rest = outs
+    for info_b, *arrays_b in rest:
+        assert info_a == info_b
+        for a, b in zip(arrays_a, arrays_b, strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_public_functions():
+    # the estimators' path (validate=False) and a second run of the same engine equal the
+    # validated function forms bit for bit; the dense run also with its optional outputs left out
+    x, y = _robust_problem(40, 5)
+    K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 1e-6 * np.eye(40)
+    options = dict(damping=0.7, tol=1e-8, max_sweeps=60, max_halvings=6)
+    engine = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, power=0.5, validate=False, **options)
+    outs = []
+    for run in ("function", "engine", "engine"):
+        tau, nu, mean, var, cm, cv, cov = (np.zeros(40), np.zeros(40), *np.empty((4, 40)), np.empty((40, 40)))
+        if run == "function":
+            info = student_t_ep.run_dense(K, y, 3.0, 0.1, 0.5, tau, nu, mean, var, cm, cv, post_cov=cov, **options)
+        else:
+            info = engine.run(tau, nu, mean, var, cavity_mean=cm, cavity_var=cv, post_cov=cov)
+        outs.append((info, tau, nu, mean, var, cm, cv, cov))
+    tau, nu, mean, var = np.zeros(40), np.zeros(40), np.empty(40), np.empty(40)
+    outs.append((engine.run(tau, nu, mean, var), tau, nu, mean, var, *outs[0][5:]))
+    _same_runs(outs)
+    assert np.any(outs[0][1] < 0) and outs[0][0].converged
+
+    Z = np.linspace(-3, 3, 9)
+    kernel = RBF(1.0, 1.0)
+    _, Vt, d = sparse_ep.sparse_projection(kernel(Z[:, None]), kernel(x[:, None], Z[:, None]), np.ones(40),
+                                           jitter=1e-8)
+    spec = StudentT(dof=4.0, scale=0.1).site_spec()
+    engine = student_t_ep.SparseStudentTEP(Vt, d, y, spec, power=0.5, validate=False, **options)
+    outs = []
+    for run in ("function", "engine", "engine"):
+        tau, nu, R, w, gm, gv = np.zeros(40), np.zeros(40), np.empty((9, 9)), np.empty(9), np.empty(40), np.empty(40)
+        if run == "function":
+            info = student_t_ep.run_sparse(Vt, d, y, spec, tau, nu, R, w, gm, gv, power=0.5, **options)
+        else:
+            info = engine.run(tau, nu, R, w, g_mean=gm, g_var=gv)
+        outs.append((info, tau, nu, R, w, gm, gv))
+    _same_runs(outs)
+    with pytest.raises(ValueError, match="damping"):
+        student_t_ep.SparseStudentTEP(Vt, d, y, spec, damping=0.0)
+    with pytest.raises(ValueError, match="dof"):
+        student_t_ep.DenseStudentTEP(K, y, -1.0, 0.1)
 
 
 def test_linear_ep_unvalidated_state_is_bitwise_the_validated_one():

@@ -1,6 +1,6 @@
 """Double-loop (convergent) fractional EP for GP regression with Student-t sites.
 
-The fallback of :func:`fastep._epcore.student_t_ep.run_dense` when damped parallel
+The fallback of :class:`fastep._epcore.student_t_ep.DenseStudentTEP` when damped parallel
 fractional EP stalls (no step keeps the posterior and the cavities proper) or does not
 converge. It maximises the same fractional EP energy by the double-loop scheme of Heskes &
 Zoeter ("Expectation propagation for approximate inference in dynamic Bayesian networks",
@@ -440,7 +440,7 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     Returns
     -------
     dict
-        As :func:`fastep._epcore.student_t_ep.run_dense` (``n_sweeps`` counts outer
+        As :meth:`fastep._epcore.student_t_ep.DenseStudentTEP.run` (``n_sweeps`` counts outer
         iterations; ``stuck``: an inner minimisation could not start), plus ``n_newton``,
         ``n_limited`` (cavities at their variance bound), ``inner_failures`` (inner loops
         that stopped before their tolerance) and ``energy`` (G after every outer iteration).
@@ -487,7 +487,7 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
                               cavity_variance_limit=100.0, sweep_callback=None):
     """Double-loop fractional EP on the sparse (FITC / DTC) representation (module docstring).
 
-    The fallback of :func:`fastep._epcore.student_t_ep.run_sparse`, with its
+    The fallback of :class:`fastep._epcore.student_t_ep.SparseStudentTEP`, with its
     representation: sites on the projections ``g = Vt w``, ``w ~ N(0, I_m)``, the Student-t
     likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``. Memory O(nm).
 

@@ -135,7 +135,7 @@ class _BinarySparseEP(SiteProblem):
 
 class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     """Robust sparse regression: fractional EP with Student-t sites that may be negative
-    (:func:`fastep._epcore.student_t_ep.run_sparse`); the evidence gradient is the
+    (:class:`fastep._epcore.student_t_ep.SparseStudentTEP`); the evidence gradient is the
     sparse one (its formulas hold for sites of any sign). A run that stalls or does not
     converge continues with the sparse double loop
     (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
@@ -151,10 +151,10 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         tau = self.site_precision.copy() if warm else np.zeros(n)
         nu = self.site_natural_mean.copy() if warm else np.zeros(n)
         R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-        info = _student_t_engine.run_sparse(
-            Vt, d, self.y, likelihood.site_spec(), tau, nu, R, w_mean, g_mean, g_var,
-            power=opts["power"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            max_halvings=opts["max_halvings"], sweep_callback=sweep_callback_of(opts))
+        engine = _student_t_engine.SparseStudentTEP(
+            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
+        info = engine.run(tau, nu, R, w_mean, g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)
         info, arrays = self._with_double_loop_fallback(
             info, [tau, nu, R, w_mean, g_mean, g_var],

@@ -156,11 +156,11 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         post_mean, post_var = np.empty(n), np.empty(n)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
         post_cov = np.empty((n, n))
-        info = _engine.run_dense(
-            K, self.y, likelihood.dof, likelihood.scale, opts["power"], tau, nu, post_mean, post_var,
-            cavity_mean, cavity_var, damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], post_cov=post_cov,
-            sweep_callback=sweep_callback_of(opts))
+        engine = _engine.DenseStudentTEP(
+            K, self.y, likelihood.dof, likelihood.scale, power=opts["power"], damping=opts["damping"],
+            tol=opts["tol"], max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
+        info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+                          post_cov=post_cov, sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)
         info, arrays = self._with_double_loop_fallback(
             info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov],

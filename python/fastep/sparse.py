@@ -604,7 +604,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     With ``likelihood=StudentT(...)`` (or ``'student_t'``) the fit is robust to gross outliers
     (Jylänki, Vanhatalo & Vehtari 2011): damped parallel *fractional* EP (α = ``power``, 0.5 by
     default; the paper's eqs 11-14) on the sparse representation, whose sites may have negative
-    precisions (:func:`fastep._epcore.student_t_ep.run_sparse`; a step that would make
+    precisions (:class:`fastep._epcore.student_t_ep.SparseStudentTEP`; a step that would make
     the posterior or a cavity improper is halved), with ν and σ learnt from the fractional EP
     evidence and its exact gradient. If it stalls or does not converge, the fit continues with
     the convergent double-loop algorithm (the paper's §4.2; Heskes & Zoeter 2002) on the same

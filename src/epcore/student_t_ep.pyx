@@ -44,7 +44,7 @@ relative change of log Z below ``tol`` with no failed site.
 
 Sparse models
 -------------
-``run_sparse`` is the same parallel schedule on the FITC/DTC representation of
+:class:`SparseStudentTEP` is the same parallel schedule on the FITC/DTC representation of
 :mod:`fastep._epcore.sparse_ep` (``A = I + Vtᵀ T Vt = Rᵀ R``, built with a second, subtracting
 ``syrk`` for the negative sites, so its Cholesky factorisation is again the check that the
 posterior is proper); the tilted moments are those of the likelihood at the cavity of
@@ -267,50 +267,64 @@ def site_posterior(const double[:, ::1] K_chol, const double[::1] site_precision
         info = robust_factor(&K_chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
                              &x_work[0, 0], &tmp[0], &post_mean[0], &post_var[0], &log_det, &quad)
         if info == 0 and post_cov is not None:
-            syrk(LOWER, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
-            symmetrize(LOWER, n, &cov_view[0, 0], n)
+            _covariance(&x_work[0, 0], n, &cov_view[0, 0])
     if info != 0:
         return None
     return float(log_det), float(quad)
+
+
+cdef void _covariance(const double* x_work, int n, double* cov) noexcept nogil:
+    """``Σ = XᵀX`` (full, symmetric) from the ``X`` that :func:`robust_factor` left in ``x_work``."""
+    syrk(LOWER, n, n, 1.0, x_work, n, 0.0, cov, n)
+    symmetrize(LOWER, n, cov, n)
+
+
+cdef inline bint _cavities_proper(int n, double power, const double* tau, const double* var,
+                                  bint dense) noexcept nogil:
+    """True if every fractional cavity of sites ``tau`` at the marginal variances ``var`` is
+    proper: ``1/var_i - η τ_i > 0`` (dense), ``var_i > 0`` and ``1 - η τ_i var_i > 0`` (sparse,
+    ``var`` the variances of g)."""
+    cdef int i
+    cdef bint proper
+    for i in range(n):
+        if dense:
+            proper = 1.0 / var[i] - power * tau[i] > 0.0
+        else:
+            proper = var[i] > 0.0 and 1.0 - power * tau[i] * var[i] > 0.0
+        if not proper:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- #
 # the step-halving driver (dense and sparse)
 # --------------------------------------------------------------------------- #
 
-ctypedef bint (*TrialFn)(void* ctx, const double* tau, const double* nu) noexcept nogil
-ctypedef double (*AcceptFn)(void* ctx, int* n_failed) noexcept nogil
-ctypedef void (*CurrentFn)(void* ctx) noexcept nogil
-
-
-cdef struct FractionalStep:
-    int n
-    double damping
-    int max_halvings
-    double* site_precision          # current sites (in/out)
-    double* site_natural_mean
-    double* target_precision        # fractional-EP targets of the current sites
-    double* target_natural_mean
-    double* trial_precision         # the damped trial step
-    double* trial_natural_mean
-    TrialFn trial                   # factorise at the trial sites: True if posterior and cavities are proper
-    AcceptFn accept                 # adopt the trial posterior, recompute targets; returns the new log Z
-    CurrentFn current               # factorise at the current sites (no proper step was found)
-    void* ctx
-
-
-cdef int fractional_ep_sweeps(SweepDriver driver, FractionalStep* s, double log_z, int n_failed,
-                              long* n_halvings, bint* stuck) except -1:
+cdef int fractional_ep_sweeps(SweepDriver driver, FractionalStep* s, long* n_halvings,
+                              bint* stuck) except -1:
     """The parallel fractional-EP iterations of both Student-t engines.
 
-    Each iteration steps ``τ ← τ + δ (τ* - τ)`` (likewise ν) from ``δ = damping`` and halves δ
-    (at most ``max_halvings`` times) while ``trial`` rejects the step; a step that is never
-    accepted marks the run ``stuck`` and leaves the current sites' posterior. ``driver`` keeps
-    the bookkeeping (convergence, callback, interrupts).
+    Factorises at the start sites and computes their targets; then each iteration steps
+    ``τ ← τ + δ (τ* - τ)`` (likewise ν) from ``δ = damping`` and halves δ (at most
+    ``max_halvings`` times) while ``trial`` rejects the step; a step that is never accepted
+    marks the run ``stuck`` and leaves the current sites' posterior. ``driver`` keeps the
+    bookkeeping (convergence, callback, interrupts).
+
+    Returns
+    -------
+    int
+        0, or the failing ``potrf``'s info (> 0) if the start sites give an improper
+        posterior; nothing else has run then.
     """
-    cdef int sweep = 0, halving, i, n = s.n
-    cdef double step, max_change = 0.0, new_log_z
+    cdef int sweep = 0, halving, i, n = s.n, n_failed = 0, info
+    cdef double step, max_change = 0.0, new_log_z, log_z = 0.0
     cdef bint accepted
+    with nogil:
+        info = s.current(s.ctx)
+        if info == 0:
+            log_z = s.targets(s.ctx, &n_failed)
+    if info != 0:
+        return info
     driver.log_z = log_z
     driver.record_change(0, 0.0, n_failed)
     driver.log_z_change = 0.0
@@ -338,7 +352,8 @@ cdef int fractional_ep_sweeps(SweepDriver driver, FractionalStep* s, double log_
                 for i in range(n):
                     s.site_precision[i] = s.trial_precision[i]
                     s.site_natural_mean[i] = s.trial_natural_mean[i]
-                new_log_z = s.accept(s.ctx, &n_failed)
+                s.adopt(s.ctx)
+                new_log_z = s.targets(s.ctx, &n_failed)
         if not accepted:
             driver.n_sweeps = sweep
             break
@@ -353,64 +368,6 @@ cdef int fractional_ep_sweeps(SweepDriver driver, FractionalStep* s, double log_
     return 0
 
 
-# --------------------------------------------------------------------------- #
-# the dense engine
-# --------------------------------------------------------------------------- #
-
-cdef struct _DenseState:
-    const double* chol
-    const double* y
-    int n
-    double dof, scale, power
-    double* a_work
-    double* x_work
-    double* tmp
-    double* post_mean
-    double* post_var
-    double* cavity_mean
-    double* cavity_var
-    double* site_log_z
-    double* site_precision
-    double* site_natural_mean
-    double* target_precision
-    double* target_natural_mean
-    double* trial_mean
-    double* trial_var
-    double log_det, quad
-
-
-cdef bint _dense_trial(void* ctx, const double* tau, const double* nu) noexcept nogil:
-    cdef _DenseState* d = <_DenseState*>ctx
-    cdef int i
-    if robust_factor(d.chol, d.n, tau, nu, d.a_work, d.x_work, d.tmp, d.trial_mean, d.trial_var,
-                     &d.log_det, &d.quad) != 0:
-        return False
-    for i in range(d.n):
-        if not (1.0 / d.trial_var[i] - d.power * tau[i] > 0.0):
-            return False
-    return True
-
-
-cdef double _dense_accept(void* ctx, int* n_failed) noexcept nogil:
-    cdef _DenseState* d = <_DenseState*>ctx
-    cdef double sum_terms = 0.0
-    cdef int i
-    for i in range(d.n):
-        d.post_mean[i] = d.trial_mean[i]
-        d.post_var[i] = d.trial_var[i]
-    n_failed[0] = robust_targets(d.y, d.n, d.dof, d.scale, d.power, d.site_precision, d.site_natural_mean,
-                                 d.post_mean, d.post_var, d.cavity_mean, d.cavity_var, d.site_log_z,
-                                 d.target_precision, d.target_natural_mean, &sum_terms)
-    return -0.5 * d.log_det + 0.5 * d.quad + sum_terms
-
-
-cdef void _dense_current(void* ctx) noexcept nogil:
-    # the posterior of the current sites (the last trial overwrote the work arrays)
-    cdef _DenseState* d = <_DenseState*>ctx
-    robust_factor(d.chol, d.n, d.site_precision, d.site_natural_mean, d.a_work, d.x_work, d.tmp,
-                  d.post_mean, d.post_var, &d.log_det, &d.quad)
-
-
 def _check_fractional_options(double power, double damping, double tol, int max_sweeps, int max_halvings):
     if not (0.0 < power <= 1.0):
         raise ValueError(f"power must be in (0, 1], got {power!r}")
@@ -420,12 +377,87 @@ def _check_fractional_options(double power, double damping, double tol, int max_
         raise ValueError("tol must be > 0, max_sweeps >= 1 and max_halvings >= 0")
 
 
-def run_dense(const double[:, ::1] K, const double[::1] y, double dof, double scale,
-              double power, double[::1] site_precision, double[::1] site_natural_mean,
-              double[::1] post_mean, double[::1] post_var, double[::1] cavity_mean,
-              double[::1] cavity_var, *, double damping=0.5, double tol=1e-4,
-              int max_sweeps=200, int max_halvings=10, post_cov=None, sweep_callback=None):
-    """Fractional EP for GP regression with a Student-t likelihood (module docstring).
+cdef class FractionalEP:
+    """What the dense and the sparse Student-t engine share: the options of the parallel
+    schedule with step halving (module docstring), the :class:`FractionalStep` handed to
+    :func:`fractional_ep_sweeps`, and a run from given sites to a
+    :class:`~fastep._epcore._common.SweepResult`. Not built itself: see
+    :class:`DenseStudentTEP` and :class:`SparseStudentTEP`.
+    """
+
+    cdef _configure(self, int n, double power, double damping, double tol, int max_sweeps,
+                    int max_halvings, bint validate, double site_cost):
+        """Check (``validate``) and keep the options; ``site_cost`` sets the interrupt polling."""
+        if validate:
+            _check_fractional_options(power, damping, tol, max_sweeps, max_halvings)
+        self.n, self.power, self.damping, self.tol = n, power, damping, tol
+        self.max_sweeps, self.max_halvings, self.validate = max_sweeps, max_halvings, validate
+        self.site_cost = site_cost
+        self.step.n, self.step.damping, self.step.max_halvings = n, damping, max_halvings
+
+    cdef _sweeps(self, double[::1] site_precision, double[::1] site_natural_mean,
+                 object sweep_callback, str improper):
+        """Run :func:`fractional_ep_sweeps` from the given sites (the engine's state already
+        points at the run's outputs); the SweepResult. ``improper`` names the matrix whose
+        Cholesky factorisation fails at an improper start."""
+        if self.n == 0:
+            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
+        cdef long n_halvings = 0
+        cdef bint stuck = False
+        cdef SweepDriver driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback, self.site_cost)
+        driver.keep(site_precision, site_natural_mean)
+        self.step.site_precision, self.step.site_natural_mean = &site_precision[0], &site_natural_mean[0]
+        if fractional_ep_sweeps(driver, &self.step, &n_halvings, &stuck) != 0:
+            raise np.linalg.LinAlgError(f"the start sites give an improper posterior ({improper} is not "
+                                        "positive definite); start from zero sites")
+        return driver.result(n_halvings=n_halvings, stuck=stuck)
+
+
+# --------------------------------------------------------------------------- #
+# the dense engine
+# --------------------------------------------------------------------------- #
+
+cdef bint _dense_trial(void* ctx, const double* tau, const double* nu) noexcept nogil:
+    cdef DenseStudentTState* d = <DenseStudentTState*>ctx
+    return (robust_factor(d.chol, d.n, tau, nu, d.a_work, d.x_work, d.tmp, d.trial_mean, d.trial_var,
+                          &d.log_det, &d.quad) == 0
+            and _cavities_proper(d.n, d.power, tau, d.trial_var, True))
+
+
+cdef void _dense_adopt(void* ctx) noexcept nogil:
+    cdef DenseStudentTState* d = <DenseStudentTState*>ctx
+    dcopy(d.n, d.trial_mean, 1, d.post_mean, 1)
+    dcopy(d.n, d.trial_var, 1, d.post_var, 1)
+
+
+cdef double _dense_targets(void* ctx, int* n_failed) noexcept nogil:
+    cdef DenseStudentTState* d = <DenseStudentTState*>ctx
+    cdef double sum_terms = 0.0
+    n_failed[0] = robust_targets(d.y, d.n, d.dof, d.scale, d.power, d.site_precision, d.site_natural_mean,
+                                 d.post_mean, d.post_var, d.cavity_mean, d.cavity_var, d.site_log_z,
+                                 d.target_precision, d.target_natural_mean, &sum_terms)
+    return -0.5 * d.log_det + 0.5 * d.quad + sum_terms
+
+
+cdef int _dense_current(void* ctx) noexcept nogil:
+    # the posterior of the current sites (a trial overwrites the work arrays)
+    cdef DenseStudentTState* d = <DenseStudentTState*>ctx
+    return robust_factor(d.chol, d.n, d.site_precision, d.site_natural_mean, d.a_work, d.x_work, d.tmp,
+                         d.post_mean, d.post_var, &d.log_det, &d.quad)
+
+
+cdef class DenseStudentTEP(FractionalEP):
+    """Fractional EP for GP regression with a Student-t likelihood, bound to one kernel matrix,
+    its targets and the likelihood's ν and σ.
+
+    Jylänki, Vanhatalo & Vehtari, "Robust Gaussian process regression with a Student-t
+    likelihood" (JMLR 2011, §§3-4): the posterior ``Σ = L_K A⁻¹ L_Kᵀ`` of sites of any sign,
+    the fractional updates of eqs 11-13 in the parallel schedule with step halving and the
+    evidence of eq 14 (module docstring). Built once: factorises ``K = L_K L_Kᵀ`` and allocates
+    the work arrays (the factor of A, X, the target and trial sites); :meth:`run` performs the
+    iterations from given sites and returns a :class:`~fastep._epcore._common.SweepResult`.
+    The work arrays are the engine's own, so an engine runs one problem at a time (build one
+    per thread).
 
     Parameters
     ----------
@@ -436,116 +468,170 @@ def run_dense(const double[:, ::1] K, const double[::1] y, double dof, double sc
     dof, scale : float > 0
         Student-t ν and σ.
     power : float in (0, 1]
-        The fraction η.
-    site_precision, site_natural_mean : ndarray (n,)
-        Start sites (zeros: a cold start), updated in place to the final sites.
-    post_mean, post_var, cavity_mean, cavity_var : ndarray (n,)
-        Outputs: the posterior marginals and the final (fractional) cavities.
+        The fraction η (0.5 is the robust choice).
     damping : float in (0, 1]
         Initial step δ of every iteration (halved while the step makes the posterior or a
         cavity improper).
     tol : float > 0
+        Convergence threshold on the largest relative site change and the relative change of
+        log Z (with no failed site).
     max_sweeps : int >= 1
         Parallel iterations.
     max_halvings : int >= 0
-    post_cov : ndarray (n, n) or None
-        If given, receives the full posterior covariance Σ at the end.
-    sweep_callback : callable or None
-        ``callback(sweep, max_change, log_z)`` after every iteration (with the GIL); returning
-        False stops the run at the current sites.
-
-    Returns
-    -------
-    SweepResult
-        ``n_failed`` counts the sites whose update failed in the last iteration,
-        ``n_halvings`` the step reductions over the run, ``stuck`` an iteration that found
-        no proper step.
+        Halvings of δ per iteration before the run is declared stuck.
+    validate : bool, default True
+        Check K, y and the options here and the site and output arrays at every :meth:`run`
+        (ValueError naming the argument). ``False`` is the path for callers that validated
+        them already (the estimators, at every optimiser step): invalid inputs then give
+        undefined results instead of an error.
 
     Raises
     ------
     numpy.linalg.LinAlgError
-        K not positive definite, or the start sites give an improper posterior.
+        K is not positive definite.
     ValueError
-        Bad shapes, non-finite inputs or options.
-    """
-    cdef int n = K.shape[0]
-    if K.shape[1] != n:
-        raise ValueError(f"K must be square, got shape {(K.shape[0], K.shape[1])}")
-    for name, arg in (("y", y), ("site_precision", site_precision),
-                      ("site_natural_mean", site_natural_mean), ("post_mean", post_mean),
-                      ("post_var", post_var), ("cavity_mean", cavity_mean), ("cavity_var", cavity_var)):
-        if arg.shape[0] != n:
-            raise ValueError(f"{name} must have length n = {n}, got {arg.shape[0]}")
-    if not (dof > 0 and np.isfinite(dof) and scale > 0 and np.isfinite(scale)):
-        raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
-    _check_fractional_options(power, damping, tol, max_sweeps, max_halvings)
-    for name, arg in (("y", y), ("site_precision", site_precision), ("site_natural_mean", site_natural_mean)):
-        if not np.all(np.isfinite(np.asarray(arg))):
-            raise ValueError(f"{name} must be finite")
-    cdef double[:, ::1] cov_view
-    if post_cov is not None:
-        _check_post_cov(post_cov, n)
-        cov_view = post_cov
-    if n == 0:
-        return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
+        (``validate``) bad shapes, non-finite inputs or options.
 
-    chol_arr = np.array(K, dtype=np.float64, order="C")
-    a_arr = np.empty((n, n))
-    x_arr = np.empty((n, n))
-    cdef double[:, ::1] chol = chol_arr
-    cdef double[:, ::1] a_work = a_arr
-    cdef double[:, ::1] x_work = x_arr
-    vectors = np.zeros((7, n))
-    cdef double[:, ::1] vec = vectors     # rows: tmp, site log Z, target τ, target ν, trial τ, trial ν, trial mean
-    trial_var_arr = np.empty(n)
-    cdef double[::1] trial_var = trial_var_arr
-    cdef int info, n_failed = 0
-    cdef long n_halvings = 0
-    cdef double sum_terms = 0.0
-    cdef bint stuck = False
-    cdef _DenseState state
-    cdef FractionalStep step
-    cdef SweepDriver driver = SweepDriver(tol, max_sweeps, sweep_callback, <double>n * n)
-    driver.keep(site_precision, site_natural_mean)
-    with nogil:
-        info = _lower_cholesky(&chol[0, 0], n)
-    if info != 0:
-        raise np.linalg.LinAlgError(_NOT_PD)
-    state.chol = &chol[0, 0]
-    state.y = &y[0]
-    state.n = n
-    state.dof, state.scale, state.power = dof, scale, power
-    state.a_work, state.x_work, state.tmp = &a_work[0, 0], &x_work[0, 0], &vec[0, 0]
-    state.post_mean, state.post_var = &post_mean[0], &post_var[0]
-    state.cavity_mean, state.cavity_var, state.site_log_z = &cavity_mean[0], &cavity_var[0], &vec[1, 0]
-    state.site_precision, state.site_natural_mean = &site_precision[0], &site_natural_mean[0]
-    state.target_precision, state.target_natural_mean = &vec[2, 0], &vec[3, 0]
-    state.trial_mean, state.trial_var = &vec[6, 0], &trial_var[0]
-    with nogil:
-        info = robust_factor(&chol[0, 0], n, &site_precision[0], &site_natural_mean[0], &a_work[0, 0],
-                             &x_work[0, 0], &vec[0, 0], &post_mean[0], &post_var[0], &state.log_det,
-                             &state.quad)
-    if info != 0:
-        raise np.linalg.LinAlgError("the start sites give an improper posterior (K⁻¹ + T is not "
-                                    "positive definite); start from zero sites")
-    with nogil:
-        n_failed = robust_targets(&y[0], n, dof, scale, power, &site_precision[0], &site_natural_mean[0],
-                                  &post_mean[0], &post_var[0], &cavity_mean[0], &cavity_var[0],
-                                  &vec[1, 0], &vec[2, 0], &vec[3, 0], &sum_terms)
-    step.n, step.damping, step.max_halvings = n, damping, max_halvings
-    step.site_precision, step.site_natural_mean = &site_precision[0], &site_natural_mean[0]
-    step.target_precision, step.target_natural_mean = &vec[2, 0], &vec[3, 0]
-    step.trial_precision, step.trial_natural_mean = &vec[4, 0], &vec[5, 0]
-    step.trial, step.accept, step.current = _dense_trial, _dense_accept, _dense_current
-    step.ctx = &state
-    fractional_ep_sweeps(driver, &step, -0.5 * state.log_det + 0.5 * state.quad + sum_terms, n_failed,
-                         &n_halvings, &stuck)
-    if post_cov is not None:
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._epcore import student_t_ep
+    >>> x = np.linspace(-3, 3, 30)
+    >>> K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 1e-6 * np.eye(30)
+    >>> y = np.sin(x)
+    >>> y[::7] += 4.0
+    >>> engine = student_t_ep.DenseStudentTEP(K, y, 4.0, 0.1, tol=1e-6)
+    >>> tau, nu, post_mean, post_var = np.zeros(30), np.zeros(30), np.empty(30), np.empty(30)
+    >>> result = engine.run(tau, nu, post_mean, post_var)
+    >>> bool(result.converged), bool(np.any(tau < 0))
+    (True, True)
+    """
+
+    def __init__(self, const double[:, ::1] K not None, const double[::1] y not None, double dof,
+                 double scale, *, double power=0.5, double damping=0.5, double tol=1e-4,
+                 int max_sweeps=200, int max_halvings=10, bint validate=True):
+        cdef int n = K.shape[0], info
+        if validate:
+            if K.shape[1] != n:
+                raise ValueError(f"K must be square, got shape {(K.shape[0], K.shape[1])}")
+            _check_vector("y", y, n)
+            if not (dof > 0 and isfinite(dof) and scale > 0 and isfinite(scale)):
+                raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
+        self._configure(n, power, damping, tol, max_sweeps, max_halvings, validate, <double>n * n)
+        self.y, self.dof, self.scale = y, dof, scale
+        self.K_chol = np.array(K, dtype=np.float64, order="C")
+        if n == 0:
+            return
+        cdef double[:, ::1] chol = self.K_chol
         with nogil:
-            # x_work holds X of the current sites (the accepted trial, or the refactorisation)
-            syrk(LOWER, n, n, 1.0, &x_work[0, 0], n, 0.0, &cov_view[0, 0], n)
-            symmetrize(LOWER, n, &cov_view[0, 0], n)
-    return driver.result(n_halvings=n_halvings, stuck=stuck)
+            info = _lower_cholesky(&chol[0, 0], n)
+        if info != 0:
+            raise np.linalg.LinAlgError(_NOT_PD)
+        # rows of vec: tmp, site log Z, target τ, target ν, trial τ, trial ν, trial mean
+        self.buffers = (np.empty((n, n)), np.empty((n, n)), np.zeros((7, n)), np.empty(n))
+        cdef double[:, ::1] a_work = self.buffers[0]
+        cdef double[:, ::1] x_work = self.buffers[1]
+        cdef double[:, ::1] vec = self.buffers[2]
+        cdef double[::1] trial_var = self.buffers[3]
+        cdef DenseStudentTState* d = &self.state
+        d.chol, d.y, d.n = &chol[0, 0], &y[0], n
+        d.dof, d.scale, d.power = dof, scale, power
+        d.a_work, d.x_work, d.tmp, d.site_log_z = &a_work[0, 0], &x_work[0, 0], &vec[0, 0], &vec[1, 0]
+        d.target_precision, d.target_natural_mean = &vec[2, 0], &vec[3, 0]
+        d.trial_mean, d.trial_var = &vec[6, 0], &trial_var[0]
+        self.step.target_precision, self.step.target_natural_mean = &vec[2, 0], &vec[3, 0]
+        self.step.trial_precision, self.step.trial_natural_mean = &vec[4, 0], &vec[5, 0]
+        self.step.trial, self.step.adopt = _dense_trial, _dense_adopt
+        self.step.targets, self.step.current = _dense_targets, _dense_current
+        self.step.ctx = d
+
+    def _check_run(self, site_precision, site_natural_mean, post_mean, post_var, cavity_mean,
+                   cavity_var, post_cov):
+        cdef int n = self.n
+        _check_vector("site_precision", site_precision, n)
+        _check_vector("site_natural_mean", site_natural_mean, n)
+        for name, out in (("post_mean", post_mean), ("post_var", post_var),
+                          ("cavity_mean", cavity_mean), ("cavity_var", cavity_var)):
+            if out is not None and out.shape[0] != n:
+                raise ValueError(f"{name} must have length n = {n}, got {out.shape[0]}")
+        if post_cov is not None:
+            _check_post_cov(post_cov, n)
+
+    def run(self, double[::1] site_precision not None, double[::1] site_natural_mean not None,
+            double[::1] post_mean not None, double[::1] post_var not None, *,
+            double[::1] cavity_mean=None, double[::1] cavity_var=None, post_cov=None,
+            object sweep_callback=None):
+        """Iterate from the given sites to convergence (or ``max_sweeps``, or a stuck iteration).
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : ndarray (n,), in/out
+            Start sites τ (any sign) and ν (zeros: a cold start), updated in place to the
+            final sites. They must give a proper posterior.
+        post_mean, post_var : ndarray (n,), out
+            The posterior marginals μ and ``diag Σ`` of the final sites.
+        cavity_mean, cavity_var : ndarray (n,), out, optional
+            The final fractional cavities (eqs 11-12; mean 0 and variance -1 where a cavity
+            is improper).
+        post_cov : ndarray (n, n) or None
+            If given (writeable, C-contiguous float64), receives the full posterior
+            covariance Σ at the end.
+        sweep_callback : callable or None
+            ``callback(sweep, max_change, log_z)`` after every iteration (with the GIL);
+            returning False stops the run at the current sites. An exception it raises (or
+            Ctrl-C) is re-raised after the sites are restored to their input values.
+
+        Returns
+        -------
+        SweepResult
+            ``n_failed`` counts the sites whose update failed in the last iteration,
+            ``n_halvings`` the step reductions over the run, ``stuck`` an iteration that
+            found no proper step.
+
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            The start sites give an improper posterior.
+        ValueError
+            (``validate``) bad shapes or non-finite sites.
+        """
+        if self.validate:
+            self._check_run(site_precision, site_natural_mean, post_mean, post_var, cavity_mean,
+                            cavity_var, post_cov)
+        cdef int n = self.n
+        cdef double[:, ::1] cov
+        if cavity_mean is None:
+            cavity_mean = np.empty(n)
+        if cavity_var is None:
+            cavity_var = np.empty(n)
+        cdef DenseStudentTState* d = &self.state
+        d.site_precision, d.site_natural_mean = &site_precision[0], &site_natural_mean[0]
+        d.post_mean, d.post_var = &post_mean[0], &post_var[0]
+        d.cavity_mean, d.cavity_var = &cavity_mean[0], &cavity_var[0]
+        result = self._sweeps(site_precision, site_natural_mean, sweep_callback, "K⁻¹ + T")
+        if post_cov is not None and n > 0:
+            cov = post_cov
+            with nogil:
+                # x_work holds X of the current sites (the accepted trial, or the refactorisation)
+                _covariance(d.x_work, n, &cov[0, 0])
+        return result
+
+
+def run_dense(const double[:, ::1] K, const double[::1] y, double dof, double scale,
+              double power, double[::1] site_precision, double[::1] site_natural_mean,
+              double[::1] post_mean, double[::1] post_var, double[::1] cavity_mean,
+              double[::1] cavity_var, *, double damping=0.5, double tol=1e-4,
+              int max_sweeps=200, int max_halvings=10, post_cov=None, sweep_callback=None):
+    """One validated dense run: ``DenseStudentTEP(K, y, dof, scale, power=power, **options)``
+    then :meth:`DenseStudentTEP.run` on the sites and outputs.
+
+    The arguments are those of :class:`DenseStudentTEP` and :meth:`DenseStudentTEP.run`;
+    returns the :class:`~fastep._epcore._common.SweepResult`.
+    """
+    engine = DenseStudentTEP(K, y, dof, scale, power=power, damping=damping, tol=tol,
+                             max_sweeps=max_sweeps, max_halvings=max_halvings)
+    return engine.run(site_precision, site_natural_mean, post_mean, post_var, cavity_mean=cavity_mean,
+                      cavity_var=cavity_var, post_cov=post_cov, sweep_callback=sweep_callback)
 
 
 # --------------------------------------------------------------------------- #
@@ -593,61 +679,177 @@ cdef int _sparse_targets(const SiteModel* model, const PowerRule* rule, const do
     return n_failed
 
 
-cdef struct _SparseState:
-    const SiteModel* model
-    const PowerRule* rule
-    const double* Vt
-    const double* d
-    const double* y
-    int n, m, rows
-    double power
-    double* scratch
-    double* post_factor
-    double* post_w_mean
-    double* g_mean
-    double* g_var
-    double* trial_factor
-    double* trial_w
-    double* trial_g_mean
-    double* trial_g_var
-    double* site_precision
-    double* site_natural_mean
-    double* target_precision
-    double* target_natural_mean
-    double half_log_det, quad_b
-
-
 cdef bint _sparse_trial(void* ctx, const double* tau, const double* nu) noexcept nogil:
-    cdef _SparseState* s = <_SparseState*>ctx
-    cdef int i
-    if sparse_rebuild(s.Vt, s.n, s.m, tau, nu, s.trial_factor, s.trial_w, s.trial_g_mean, s.trial_g_var,
-                      s.scratch, s.rows, &s.half_log_det, &s.quad_b, NULL) != 0:
-        return False
-    for i in range(s.n):
-        if not (s.trial_g_var[i] > 0.0 and 1.0 - s.power * tau[i] * s.trial_g_var[i] > 0.0):
-            return False
-    return True
+    cdef SparseStudentTState* s = <SparseStudentTState*>ctx
+    return (sparse_rebuild(s.Vt, s.n, s.m, tau, nu, s.trial_factor, s.trial_w, s.trial_g_mean,
+                           s.trial_g_var, s.scratch, s.rows, &s.half_log_det, &s.quad_b, NULL) == 0
+            and _cavities_proper(s.n, s.power, tau, s.trial_g_var, False))
 
 
-cdef double _sparse_accept(void* ctx, int* n_failed) noexcept nogil:
-    cdef _SparseState* s = <_SparseState*>ctx
-    cdef double sum_terms = 0.0
+cdef void _sparse_adopt(void* ctx) noexcept nogil:
+    cdef SparseStudentTState* s = <SparseStudentTState*>ctx
     cdef int i
     for i in range(s.n):
         s.g_mean[i] = s.trial_g_mean[i]
         s.g_var[i] = s.trial_g_var[i]
     dcopy(s.m * s.m, s.trial_factor, 1, s.post_factor, 1)
     dcopy(s.m, s.trial_w, 1, s.post_w_mean, 1)
+
+
+cdef double _sparse_energy(void* ctx, int* n_failed) noexcept nogil:
+    # the targets of the current sites and their log Z (the sparse power-EP energy)
+    cdef SparseStudentTState* s = <SparseStudentTState*>ctx
+    cdef double sum_terms = 0.0
     n_failed[0] = _sparse_targets(s.model, s.rule, s.y, s.d, s.n, s.site_precision, s.site_natural_mean,
                                   s.g_mean, s.g_var, s.target_precision, s.target_natural_mean, &sum_terms)
     return -s.half_log_det + 0.5 * s.quad_b + sum_terms
 
 
-cdef void _sparse_current(void* ctx) noexcept nogil:
+cdef int _sparse_current(void* ctx) noexcept nogil:
     # the factor of the current sites (the trials used their own buffers)
-    cdef _SparseState* s = <_SparseState*>ctx
-    sparse_rebuild(s.Vt, s.n, s.m, s.site_precision, s.site_natural_mean, s.post_factor, s.post_w_mean,
-                   s.g_mean, s.g_var, s.scratch, s.rows, &s.half_log_det, &s.quad_b, NULL)
+    cdef SparseStudentTState* s = <SparseStudentTState*>ctx
+    return sparse_rebuild(s.Vt, s.n, s.m, s.site_precision, s.site_natural_mean, s.post_factor,
+                          s.post_w_mean, s.g_mean, s.g_var, s.scratch, s.rows, &s.half_log_det,
+                          &s.quad_b, NULL)
+
+
+cdef class SparseStudentTEP(FractionalEP):
+    """Sparse fractional EP that allows negative site precisions (robust Student-t
+    regression), bound to one projection, its targets and likelihood.
+
+    The parallel schedule of :class:`DenseStudentTEP` on the FITC/DTC representation of
+    :mod:`fastep._epcore.sparse_ep` (module docstring, "Sparse models"). The evidence is
+    :func:`fastep._epcore.sparse_ep.log_marginal_likelihood`'s power-EP energy, which for
+    negative sites is the fractional EP energy of Jylänki, Vanhatalo & Vehtari, "Robust
+    Gaussian process regression with a Student-t likelihood" (JMLR 2011, eq 14). Built once
+    (the quadrature rule and the work arrays: the trial factor, the target and trial sites);
+    :meth:`run` iterates from given sites. One run at a time per engine, as
+    :class:`DenseStudentTEP`.
+
+    Parameters
+    ----------
+    Vt : ndarray (n, m), C-contiguous
+        Projections ``v_i = L⁻¹ k_m(x_i)`` (:func:`fastep._epcore.sparse_ep.sparse_projection`).
+    d : ndarray (n,) >= 0
+        FITC diagonal ``K_ii - Q_ii`` (zeros: DTC).
+    y : ndarray (n,)
+        Finite targets.
+    spec : SiteSpec
+        The likelihood (``StudentT(...).site_spec()``).
+    power : float in (0, 1]
+        The fraction α (0.5 is the robust choice).
+    n_quadrature : int in [1, 256]
+        Gauss-Hermite nodes of the powered moments.
+    damping, tol, max_sweeps, max_halvings, validate
+        As :class:`DenseStudentTEP` (``validate`` checks Vt, d, y and the options here, the
+        sites and outputs at every :meth:`run`).
+
+    Raises
+    ------
+    ValueError
+        (``validate``) bad shapes, non-finite inputs or options.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import StudentT
+    >>> from fastep._epcore import sparse_ep, student_t_ep
+    >>> x = np.linspace(-3, 3, 30)[:, None]
+    >>> z = np.linspace(-3, 3, 8)[:, None]
+    >>> k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)
+    >>> _, Vt, d = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
+    >>> y = np.sin(x[:, 0])
+    >>> y[::7] += 4.0
+    >>> engine = student_t_ep.SparseStudentTEP(Vt, d, y, StudentT(4.0, 0.1).site_spec(), tol=1e-6)
+    >>> tau, nu = np.zeros(30), np.zeros(30)
+    >>> result = engine.run(tau, nu, np.empty((8, 8)), np.empty(8))
+    >>> bool(result.converged)
+    True
+    """
+
+    def __init__(self, const double[:, ::1] Vt not None, const double[::1] d not None,
+                 const double[::1] y not None, SiteSpec spec not None, *, double power=0.5,
+                 int n_quadrature=DEFAULT_N_QUADRATURE, double damping=0.5, double tol=1e-4,
+                 int max_sweeps=200, int max_halvings=10, bint validate=True):
+        cdef int n = Vt.shape[0], m = Vt.shape[1]
+        if validate:
+            _check_projection(Vt, d)
+            _check_vector("y", y, n)
+            _check_power(power, spec, n_quadrature)
+        self._configure(n, power, damping, tol, max_sweeps, max_halvings, validate, 3.0 * m * m)
+        self.Vt, self.d, self.y, self.spec = Vt, d, y, spec
+        self.m, self.n_quadrature = m, n_quadrature
+        self.quadrature = PowerQuadrature(power, n_quadrature)
+        if n == 0:
+            return
+        cdef int rows = scratch_rows(n, m)
+        # rows of vec: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
+        self.buffers = (np.empty((rows, m)), np.empty((m, m)), np.empty(m), np.empty((6, n)))
+        cdef double[:, ::1] scratch = self.buffers[0]
+        cdef double[:, ::1] trial_factor = self.buffers[1]
+        cdef double[::1] trial_w = self.buffers[2]
+        cdef double[:, ::1] vec = self.buffers[3]
+        cdef SparseStudentTState* s = &self.state
+        s.model, s.rule = &spec.model, &self.quadrature.rule
+        s.Vt, s.d, s.y = &Vt[0, 0], &d[0], &y[0]
+        s.n, s.m, s.rows, s.power, s.scratch = n, m, rows, power, &scratch[0, 0]
+        s.trial_factor, s.trial_w = &trial_factor[0, 0], &trial_w[0]
+        s.trial_g_mean, s.trial_g_var = &vec[4, 0], &vec[5, 0]
+        s.target_precision, s.target_natural_mean = &vec[0, 0], &vec[1, 0]
+        self.step.target_precision, self.step.target_natural_mean = &vec[0, 0], &vec[1, 0]
+        self.step.trial_precision, self.step.trial_natural_mean = &vec[2, 0], &vec[3, 0]
+        self.step.trial, self.step.adopt = _sparse_trial, _sparse_adopt
+        self.step.targets, self.step.current = _sparse_energy, _sparse_current
+        self.step.ctx = s
+
+    def _check_run(self, site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var):
+        _check_vector("site_precision", site_precision, self.n)
+        _check_vector("site_natural_mean", site_natural_mean, self.n)
+        _check_marginal_outputs(g_mean, g_var, self.n)
+        _check_factor_outputs(post_factor, post_w_mean, self.m)
+
+    def run(self, double[::1] site_precision not None, double[::1] site_natural_mean not None,
+            double[:, ::1] post_factor not None, double[::1] post_w_mean not None, *,
+            double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
+        """Iterate from the given sites to convergence (or ``max_sweeps``, or a stuck iteration).
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : ndarray (n,), in/out
+            Sites on the projections, of any sign, giving a proper start (zeros: a cold
+            start); updated in place.
+        post_factor : ndarray (m, m), out
+            Upper-triangular R with ``Rᵀ R = A = I + Vtᵀ diag(τ) Vt`` of the final sites.
+        post_w_mean : ndarray (m,), out
+            μ_w = A⁻¹ Vtᵀ ν.
+        g_mean, g_var : ndarray (n,), out, optional
+            E[g] and Var[g] of the final posterior.
+        sweep_callback : callable or None
+            As :meth:`DenseStudentTEP.run`.
+
+        Returns
+        -------
+        SweepResult
+            As :meth:`DenseStudentTEP.run`.
+
+        Raises
+        ------
+        ValueError
+            (``validate``) bad shapes, non-finite sites.
+        numpy.linalg.LinAlgError
+            ``A`` is not positive definite at the start sites (an improper start posterior).
+        """
+        if self.validate:
+            self._check_run(site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var)
+        if self.n == 0:
+            np.asarray(post_factor)[:] = np.eye(self.m)
+            np.asarray(post_w_mean)[:] = 0.0
+        cdef double[::1] gm = np.empty(self.n) if g_mean is None else g_mean
+        cdef double[::1] gv = np.empty(self.n) if g_var is None else g_var
+        cdef SparseStudentTState* s = &self.state
+        s.post_factor, s.post_w_mean, s.g_mean, s.g_var = &post_factor[0, 0], &post_w_mean[0], &gm[0], &gv[0]
+        s.site_precision, s.site_natural_mean = &site_precision[0], &site_natural_mean[0]
+        return self._sweeps(site_precision, site_natural_mean, sweep_callback, "A = I + Vt^T T Vt")
 
 
 def run_sparse(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
@@ -656,97 +858,13 @@ def run_sparse(const double[:, ::1] Vt, const double[::1] d, const double[::1] y
                double[::1] post_w_mean, double[::1] g_mean, double[::1] g_var, *,
                double power=0.5, double damping=0.5, double tol=1e-4, int max_sweeps=200,
                int max_halvings=10, object sweep_callback=None):
-    """Sparse fractional EP that allows negative site precisions (robust Student-t regression).
+    """One validated sparse run, the function form of :class:`SparseStudentTEP`.
 
-    The parallel schedule of :func:`run_dense` on the sparse representation of
-    :mod:`fastep._epcore.sparse_ep` (module docstring, "Sparse models"). The evidence is
-    :func:`fastep._epcore.sparse_ep.log_marginal_likelihood`'s power-EP energy, which for
-    negative sites is the fractional EP energy of Jylänki, Vanhatalo & Vehtari (2011, eq 14).
-
-    Parameters
-    ----------
-    Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean
-        As :class:`fastep._epcore.sparse_ep.SparseEP`; the sites may have any sign but must give
-        a proper start.
-    g_mean, g_var : ndarray (n,)
-        Outputs: E[g] and Var[g] of the final posterior.
-    power : float in (0, 1]
-        The fraction α (0.5 is the robust choice).
-    damping : float in (0, 1]
-        First step of every iteration.
-    tol : float > 0
-    max_sweeps : int >= 1
-    max_halvings : int >= 0
-    sweep_callback : callable or None
-        ``callback(sweep, max_change, log_z)`` after every iteration; False stops the run.
-
-    Returns
-    -------
-    SweepResult
-        As :func:`run_dense`.
-
-    Raises
-    ------
-    numpy.linalg.LinAlgError
-        The start sites give an improper posterior.
-    ValueError
-        Bad shapes or options.
+    Builds ``SparseStudentTEP(Vt, d, y, spec, power=power, **options)`` and returns the
+    SweepResult of its :meth:`~SparseStudentTEP.run` on the sites and outputs (the arguments
+    are those of the class and the method).
     """
-    cdef int n = Vt.shape[0], m = Vt.shape[1]
-    _check_projection(Vt, d)
-    _check_vector("y", y, n)
-    _check_vector("site_precision", site_precision, n)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_marginal_outputs(g_mean, g_var, n)
-    _check_factor_outputs(post_factor, post_w_mean, m)
-    _check_power(power, spec, DEFAULT_N_QUADRATURE)
-    _check_fractional_options(power, damping, tol, max_sweeps, max_halvings)
-    if n == 0:
-        np.asarray(post_factor)[:] = np.eye(m)
-        np.asarray(post_w_mean)[:] = 0.0
-        return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
-    cdef PowerQuadrature quadrature = PowerQuadrature(power, DEFAULT_N_QUADRATURE)
-    cdef int rows = scratch_rows(n, m)
-    cdef double[:, ::1] scratch = np.empty((rows, m))
-    cdef double[:, ::1] trial_factor = np.empty((m, m))
-    cdef double[::1] trial_w = np.empty(m)
-    vectors = np.empty((6, n))
-    cdef double[:, ::1] vec = vectors     # rows: target τ, target ν, trial τ, trial ν, trial E[g], trial Var[g]
-    cdef int info, n_failed = 0
-    cdef long n_halvings = 0
-    cdef double sum_terms = 0.0
-    cdef bint stuck = False
-    cdef _SparseState state
-    cdef FractionalStep step
-    cdef SweepDriver driver = SweepDriver(tol, max_sweeps, sweep_callback, 3.0 * m * m)
-    driver.keep(site_precision, site_natural_mean)
-    state.model, state.rule = &spec.model, &quadrature.rule
-    state.Vt, state.d, state.y = &Vt[0, 0], &d[0], &y[0]
-    state.n, state.m, state.rows, state.power = n, m, rows, power
-    state.scratch = &scratch[0, 0]
-    state.post_factor, state.post_w_mean = &post_factor[0, 0], &post_w_mean[0]
-    state.g_mean, state.g_var = &g_mean[0], &g_var[0]
-    state.trial_factor, state.trial_w = &trial_factor[0, 0], &trial_w[0]
-    state.trial_g_mean, state.trial_g_var = &vec[4, 0], &vec[5, 0]
-    state.site_precision, state.site_natural_mean = &site_precision[0], &site_natural_mean[0]
-    state.target_precision, state.target_natural_mean = &vec[0, 0], &vec[1, 0]
-    with nogil:
-        info = sparse_rebuild(&Vt[0, 0], n, m, &site_precision[0], &site_natural_mean[0],
-                              &post_factor[0, 0], &post_w_mean[0], &g_mean[0], &g_var[0],
-                              &scratch[0, 0], rows, &state.half_log_det, &state.quad_b, NULL)
-    if info != 0:
-        raise np.linalg.LinAlgError("the start sites give an improper posterior (A = I + Vt^T T Vt is "
-                                    "not positive definite); start from zero sites")
-    with nogil:
-        n_failed = _sparse_targets(&spec.model, &quadrature.rule, &y[0], &d[0], n, &site_precision[0],
-                                   &site_natural_mean[0], &g_mean[0], &g_var[0], &vec[0, 0], &vec[1, 0],
-                                   &sum_terms)
-    step.n, step.damping, step.max_halvings = n, damping, max_halvings
-    step.site_precision, step.site_natural_mean = &site_precision[0], &site_natural_mean[0]
-    step.target_precision, step.target_natural_mean = &vec[0, 0], &vec[1, 0]
-    step.trial_precision, step.trial_natural_mean = &vec[2, 0], &vec[3, 0]
-    step.trial, step.accept, step.current = _sparse_trial, _sparse_accept, _sparse_current
-    step.ctx = &state
-    fractional_ep_sweeps(driver, &step, -state.half_log_det + 0.5 * state.quad_b + sum_terms, n_failed,
-                         &n_halvings, &stuck)
-    return driver.result(n_halvings=n_halvings, stuck=stuck)
+    engine = SparseStudentTEP(Vt, d, y, spec, power=power, damping=damping, tol=tol,
+                              max_sweeps=max_sweeps, max_halvings=max_halvings)
+    return engine.run(site_precision, site_natural_mean, post_factor, post_w_mean, g_mean=g_mean,
+                      g_var=g_var, sweep_callback=sweep_callback)
