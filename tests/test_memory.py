@@ -1,7 +1,6 @@
 """Memory known before it is spent: the dense GP's estimate against measured peak RSS, and
 MemoryLimitError before any large allocation (address-space limit, FASTEP_MAX_MEMORY)."""
 import json
-import os
 import subprocess
 import sys
 
