@@ -157,12 +157,18 @@ def test_evidence_gradient_matches_finite_differences():
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
 
 
-def test_evidence_matches_the_dense_energy_of_the_same_sites():
+def _evaluated_problem(tol, max_sweeps):
+    """A 3-class problem after one nested EP run from zero sites: ``(X, y, kernel, problem, log_z, info)``."""
     X, y = _toy(n=30, c=3, seed=4)
     kernel = RBF(1.5, 0.8)
-    opts = {"jitter": 0.0, "damping": 0.5, "tol": 1e-10, "max_sweeps": 1000, "progress": None}
+    opts = {"jitter": 0.0, "damping": 0.5, "tol": tol, "max_sweeps": max_sweeps, "progress": None}
     problem = MultinomialGPProblem(kernel, X, y.astype(np.int32), 3, opts)
     log_z, _, info = problem.evaluate((kernel, None, None), gradient=False, warm=False)
+    return X, y, kernel, problem, log_z, info
+
+
+def test_evidence_matches_the_dense_energy_of_the_same_sites():
+    X, y, kernel, problem, log_z, info = _evaluated_problem(1e-10, 1000)
     K = kernel(X)
     site_prec, site_lin = ref.outer_sites(y, problem.inner_precision, problem.inner_natural_mean)
     cov, mean, log_det = ref.dense_posterior(K, site_prec, site_lin)
@@ -181,11 +187,7 @@ def test_evidence_matches_the_dense_energy_of_the_same_sites():
 
 
 def test_state_class_runs_the_problem_bitwise_and_checks_its_inputs():
-    X, y = _toy(n=30, c=3, seed=4)
-    kernel = RBF(1.5, 0.8)
-    opts = {"jitter": 0.0, "damping": 0.5, "tol": 1e-8, "max_sweeps": 200, "progress": None}
-    problem = MultinomialGPProblem(kernel, X, y.astype(np.int32), 3, opts)
-    log_z, _, info = problem.evaluate((kernel, None, None), gradient=False, warm=False)
+    X, y, kernel, problem, log_z, info = _evaluated_problem(1e-8, 200)
     K = np.ascontiguousarray(kernel(X))
     engine = MultinomialEP(K, y.astype(np.int32), 3, damping=0.5, tol=1e-8, max_sweeps=200)
     result = engine.run()

@@ -220,7 +220,8 @@ class RankKEP(BaseEstimator):
                 raise ValueError(f"Y (flattened row-major): {exc}") from None
 
         state = RankKState(X, Y, m0, V0, likelihood, damping=float(self.damping), tol=float(self.tol),
-                           max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
+                           max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+                           validate=False)                          # checked above
         info = state.run(sweep_callback=progress.sweep_callback())
         log_evidence = state.log_evidence()
         progress.report("done", info.n_sweeps, log_evidence, info.max_change)
