@@ -10,7 +10,7 @@ from scipy.stats import norm
 
 from fastep import GaussianProcessClassifier, load, save
 from fastep._epcore import multiclass_ep
-from fastep._multiclass_gp import MultinomialGPProblem, MultinomialPosterior, _outer_sites
+from fastep._multiclass_gp import MultinomialEP, MultinomialGPProblem, MultinomialPosterior, _outer_sites
 from fastep.kernels import RBF, Bias
 from fastep.reference import multiclass_ep as ref
 
@@ -157,12 +157,18 @@ def test_evidence_gradient_matches_finite_differences():
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
 
 
-def test_evidence_matches_the_dense_energy_of_the_same_sites():
+def _evaluated_problem(tol, max_sweeps):
+    """A 3-class problem after one nested EP run from zero sites: ``(X, y, kernel, problem, log_z, info)``."""
     X, y = _toy(n=30, c=3, seed=4)
     kernel = RBF(1.5, 0.8)
-    opts = {"jitter": 0.0, "damping": 0.5, "tol": 1e-10, "max_sweeps": 1000, "progress": None}
+    opts = {"jitter": 0.0, "damping": 0.5, "tol": tol, "max_sweeps": max_sweeps, "progress": None}
     problem = MultinomialGPProblem(kernel, X, y.astype(np.int32), 3, opts)
     log_z, _, info = problem.evaluate((kernel, None, None), gradient=False, warm=False)
+    return X, y, kernel, problem, log_z, info
+
+
+def test_evidence_matches_the_dense_energy_of_the_same_sites():
+    X, y, kernel, problem, log_z, info = _evaluated_problem(1e-10, 1000)
     K = kernel(X)
     site_prec, site_lin = ref.outer_sites(y, problem.inner_precision, problem.inner_natural_mean)
     cov, mean, log_det = ref.dense_posterior(K, site_prec, site_lin)
@@ -178,6 +184,27 @@ def test_evidence_matches_the_dense_energy_of_the_same_sites():
         psi = lambda P, q: -0.5 * np.linalg.slogdet(P)[1] + 0.5 * q @ np.linalg.solve(P, q)
         total += lz + psi(cav_prec, cav_lin) - psi(marg_prec, marg_lin)
     assert log_z == pytest.approx(total, rel=1e-9)
+
+
+def test_state_class_runs_the_problem_bitwise_and_checks_its_inputs():
+    X, y, kernel, problem, log_z, info = _evaluated_problem(1e-8, 200)
+    K = np.ascontiguousarray(kernel(X))
+    engine = MultinomialEP(K, y.astype(np.int32), 3, damping=0.5, tol=1e-8, max_sweeps=200)
+    result = engine.run()
+    assert result.log_z == log_z and result.n_sweeps == info.n_sweeps and result.converged
+    np.testing.assert_array_equal(engine.inner_precision, problem.inner_precision)
+    np.testing.assert_array_equal(engine.pi.T, problem.site_precision)
+    labels = y.astype(np.int32)
+    with pytest.raises(TypeError, match="labels"):
+        MultinomialEP(K, y.astype(np.int64), 3)
+    with pytest.raises(ValueError, match="labels"):
+        MultinomialEP(K, labels, 2)
+    with pytest.raises(ValueError, match="K must be symmetric"):
+        MultinomialEP(K + np.triu(np.ones_like(K), 1), labels, 3)
+    with pytest.raises(TypeError, match="inner_precision"):
+        MultinomialEP(K, labels, 3, inner_precision=np.zeros((30, 2)))
+    with pytest.raises(ValueError, match="damping"):
+        MultinomialEP(K, labels, 3, damping=0.0)
 
 
 def test_multinomial_rejects_other_likelihoods_and_bad_choices():

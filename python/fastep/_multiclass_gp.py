@@ -29,6 +29,7 @@ from scipy.linalg import lapack, solve_triangular
 
 from ._epcore import multiclass_ep as _nested
 from ._epcore._common import SweepDriver
+from ._epcore.gp_ep import _check_kernel_matrix
 from ._gp_base import SiteProblem
 from ._prediction import PREDICT_BATCH
 from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
@@ -36,7 +37,7 @@ from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_
 from .progress import sweep_callback_of
 from ._student_t_gp import dense_kernel_matrix
 
-__all__ = ["MultinomialGPProblem"]
+__all__ = ["MultinomialEP", "MultinomialGPProblem"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -200,6 +201,149 @@ class MultinomialPredictor:
         return p / p.sum(axis=1, keepdims=True)
 
 
+class MultinomialEP:
+    """Nested EP for the multinomial probit GP on one kernel matrix (module docstring): damped
+    parallel outer EP (the paper's §4) around the inner-EP site kernel
+    :func:`~fastep._epcore.multiclass_ep.nested_site_updates` (§3).
+
+    Built once from validated inputs; :meth:`run` iterates from the current inner sites,
+    updating them in place, and returns a :class:`~fastep._epcore._common.SweepResult`. After a
+    run ``pi``, ``nu`` (each (n, c)) are the outer sites of the returned inner sites and
+    ``posterior`` their :class:`MultinomialPosterior`.
+
+    The outer iteration is Python around compiled pieces (the site kernel, scipy's BLAS and
+    LAPACK): its posterior algebra sums with numpy's reductions (pairwise ``sum``, ``einsum``),
+    whose order of additions a compiled loop does not reproduce bit for bit.
+
+    Parameters
+    ----------
+    K : ndarray (n, n), float64, C-contiguous
+        Kernel matrix shared by the c latent functions (symmetric PSD, jitter included).
+    labels : int32 ndarray (n,)
+        Class of every input, 0..c-1.
+    n_classes : int >= 2
+        c.
+    inner_precision, inner_natural_mean : ndarray (n, c), float64, C-contiguous, optional
+        The inner sites ``α̃``, ``β̃`` (column ``labels[i]`` unused, 0), updated in place by
+        :meth:`run`; zeros (a cold start) when omitted.
+    damping : float in (0, 1]
+        Fraction of every inner site change applied per outer iteration.
+    tol : float >= 0
+        Convergence threshold on the relative site change and the change of log Z
+        (:class:`~fastep._epcore._common.SweepDriver`).
+    max_sweeps : int >= 0
+        Outer iterations at most (0 only evaluates the posterior and log Z of the sites).
+    validate : bool, default True
+        Check the inputs here (ValueError or TypeError naming the argument). ``False`` is the
+        one path for callers that checked them already (the estimator, at every optimiser step).
+    """
+
+    def __init__(self, K, labels, n_classes, inner_precision=None, inner_natural_mean=None, *,
+                 damping=1.0, tol=1e-8, max_sweeps=100, validate=True):
+        if validate:
+            _check_nested_ep(K, labels, n_classes, inner_precision, inner_natural_mean, damping, tol,
+                             max_sweeps)
+        n = K.shape[0]
+        if inner_precision is None:
+            inner_precision = np.zeros((n, n_classes))
+        if inner_natural_mean is None:
+            inner_natural_mean = np.zeros((n, n_classes))
+        self.K, self.labels, self.n_classes = K, labels, n_classes
+        self.inner_precision, self.inner_natural_mean = inner_precision, inner_natural_mean
+        self.damping, self.tol, self.max_sweeps = damping, tol, max_sweeps
+        self.pi = self.nu = self.posterior = None
+
+    def _evidence(self, post, pi, nu):
+        """``(log Z, number of failed sites, (cavity precisions, cavity linear terms))`` of the outer
+        sites ``(π, ν̃)`` of the current inner sites, with their posterior ``post``."""
+        cav_prec, cav_lin, marg_prec, _ = post.cavities(pi, nu)
+        log_z_sites, status = _nested.nested_site_updates(self.labels, cav_prec, cav_lin,
+                                                          self.inner_precision.copy(),
+                                                          self.inner_natural_mean.copy(), n_inner_sweeps=0)
+        terms = log_z_sites + _log_normaliser_difference(cav_prec, cav_lin, marg_prec, post.mean)
+        ok = np.isfinite(terms)
+        return (-0.5 * post.log_det + 0.5 * post.quad + float(np.sum(terms[ok])),
+                int(np.sum(~ok)), (cav_prec, cav_lin))
+
+    def run(self, *, sweep_callback=None):
+        """Outer EP iterations from the current inner sites, to convergence or ``max_sweeps``.
+
+        Every iteration updates all sites from one posterior by one damped inner sweep each,
+        then rebuilds the posterior (eqs 16-20) and the evidence of the new sites.
+
+        Parameters
+        ----------
+        sweep_callback : callable, optional
+            ``sweep_callback(sweep, max_change, log_z)`` after every iteration; returning
+            ``False`` stops the iterations (``stopped`` is True).
+
+        Returns
+        -------
+        SweepResult
+            ``log_z`` the outer EP evidence of the returned sites, ``n_failed`` the sites whose
+            inner EP or evidence term failed.
+
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            A posterior factorisation fails, or the final log Z is not finite.
+        """
+        K, labels, alpha, beta = self.K, self.labels, self.inner_precision, self.inner_natural_mean
+        pi, nu = _outer_sites(labels, alpha, beta)
+        post = MultinomialPosterior(K, pi, nu)
+        log_z, n_failed, cavity = self._evidence(post, pi, nu)
+        driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback)
+        driver.set_log_z(log_z)
+        sweep = 0
+        while sweep < driver.max_sweeps:
+            sweep += 1
+            old_alpha, old_beta = alpha.copy(), beta.copy()
+            _, status = _nested.nested_site_updates(labels, cavity[0], cavity[1], alpha, beta,
+                                                    n_inner_sweeps=1, damping=self.damping)
+            scale_a = np.maximum(1.0, np.abs(old_alpha))
+            scale_b = np.maximum(1.0, np.abs(old_beta))
+            max_change = float(max(np.max(np.abs(alpha - old_alpha) / scale_a),
+                                   np.max(np.abs(beta - old_beta) / scale_b)))
+            pi, nu = _outer_sites(labels, alpha, beta)
+            post = MultinomialPosterior(K, pi, nu)
+            new_log_z, n_failed, cavity = self._evidence(post, pi, nu)
+            n_failed += int(np.sum(status != 0))
+            if driver.end_sweep(sweep, max_change, new_log_z, n_failed):
+                break
+        self.pi, self.nu, self.posterior = pi, nu, post
+        if not np.isfinite(driver.log_z):
+            raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
+                                        "or add a White kernel term")
+        return driver.result()
+
+
+def _check_nested_ep(K, labels, n_classes, inner_precision, inner_natural_mean, damping, tol, max_sweeps):
+    """The checks of :class:`MultinomialEP` (ValueError or TypeError naming the argument)."""
+    if not (isinstance(K, np.ndarray) and K.dtype == np.float64 and K.ndim == 2 and K.flags.c_contiguous):
+        raise TypeError("K must be a C-contiguous float64 ndarray of shape (n, n)")
+    n = _check_kernel_matrix(K)
+    if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
+        raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+    if not (isinstance(labels, np.ndarray) and labels.dtype == np.int32 and labels.shape == (n,)):
+        raise TypeError(f"labels must be an int32 ndarray of shape ({n},)")
+    if np.any((labels < 0) | (labels >= n_classes)):
+        raise ValueError(f"labels must be in 0..{n_classes - 1}")
+    for name, arr in (("inner_precision", inner_precision), ("inner_natural_mean", inner_natural_mean)):
+        if arr is None:
+            continue
+        if not (isinstance(arr, np.ndarray) and arr.dtype == np.float64 and arr.flags.c_contiguous
+                and arr.flags.writeable and arr.shape == (n, n_classes)):
+            raise TypeError(f"{name} must be a writeable C-contiguous float64 ndarray of shape {(n, n_classes)}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite")
+    if not 0.0 < damping <= 1.0:
+        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
+    if not tol >= 0.0:
+        raise ValueError(f"tol must be >= 0, got {tol!r}")
+    if isinstance(max_sweeps, bool) or not isinstance(max_sweeps, (int, np.integer)) or max_sweeps < 0:
+        raise ValueError(f"max_sweeps must be an integer >= 0, got {max_sweeps!r}")
+
+
 class MultinomialGPProblem(SiteProblem):
     """One multinomial-probit GP EP problem: nested EP runs, evidence, gradient, prediction state.
 
@@ -227,47 +371,16 @@ class MultinomialGPProblem(SiteProblem):
         self.site_natural_mean = np.zeros((n_classes, n))
         self.learn_likelihood = False
 
-    def _evidence(self, post, pi, nu, inner_precision, inner_natural_mean):
-        cav_prec, cav_lin, marg_prec, _ = post.cavities(pi, nu)
-        log_z_sites, status = _nested.nested_site_updates(self.y, cav_prec, cav_lin, inner_precision.copy(),
-                                                          inner_natural_mean.copy(), n_inner_sweeps=0)
-        terms = log_z_sites + _log_normaliser_difference(cav_prec, cav_lin, marg_prec, post.mean)
-        ok = np.isfinite(terms)
-        return (-0.5 * post.log_det + 0.5 * post.quad + float(np.sum(terms[ok])),
-                int(np.sum(~ok)), (cav_prec, cav_lin))
-
     def _run_once(self, prior, likelihood, warm):
-        K = prior
         opts = self.options
         n, c = self.X.shape[0], self.n_classes
-        alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
-        beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
-        pi, nu = _outer_sites(self.y, alpha, beta)
-        post = MultinomialPosterior(K, pi, nu)
-        log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
-        driver = SweepDriver(opts["tol"], opts["max_sweeps"], sweep_callback_of(opts))
-        driver.set_log_z(log_z)
-        sweep = 0
-        while sweep < driver.max_sweeps:
-            sweep += 1
-            old_alpha, old_beta = alpha.copy(), beta.copy()
-            _, status = _nested.nested_site_updates(self.y, cavity[0], cavity[1], alpha, beta,
-                                                    n_inner_sweeps=1, damping=opts["damping"])
-            scale_a = np.maximum(1.0, np.abs(old_alpha))
-            scale_b = np.maximum(1.0, np.abs(old_beta))
-            max_change = float(max(np.max(np.abs(alpha - old_alpha) / scale_a),
-                                   np.max(np.abs(beta - old_beta) / scale_b)))
-            pi, nu = _outer_sites(self.y, alpha, beta)
-            post = MultinomialPosterior(K, pi, nu)
-            new_log_z, n_failed, cavity = self._evidence(post, pi, nu, alpha, beta)
-            n_failed += int(np.sum(status != 0))
-            if driver.end_sweep(sweep, max_change, new_log_z, n_failed):
-                break
-        if not np.isfinite(driver.log_z):
-            raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
-                                        "or add a White kernel term")
-        info = driver.result()
-        return {"alpha": alpha, "beta": beta, "pi": pi, "nu": nu, "post": post, "info": info}
+        engine = MultinomialEP(prior, self.y, c, self.inner_precision.copy() if warm else np.zeros((n, c)),
+                               self.inner_natural_mean.copy() if warm else np.zeros((n, c)),
+                               damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+                               validate=False)
+        info = engine.run(sweep_callback=sweep_callback_of(opts))
+        return {"alpha": engine.inner_precision, "beta": engine.inner_natural_mean, "pi": engine.pi,
+                "nu": engine.nu, "post": engine.posterior, "info": info}
 
     def evaluate(self, params, *, gradient, warm, keep=False):
         """Nested EP at ``params`` = ``(kernel, None, None)``; ``(log_z, grad or None, info)``."""

@@ -6,14 +6,14 @@
 
 where each factor sees a k-dimensional projection ``z_i = X[i] @ w`` (``X`` of
 shape (n, k, d)).  The work is done by the compiled engine
-``fastep._epcore.rank_k_ep``.
+``fastep._epcore.rank_k_ep`` (its state class ``RankKState``).
 """
 import warnings
 
 import numpy as np
 
 from ._base import BaseEstimator
-from ._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
+from ._epcore.rank_k_ep import RankKLikelihood, RankKState
 from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
 from .exceptions import ConvergenceWarning
@@ -219,22 +219,18 @@ class RankKEP(BaseEstimator):
             except ValueError as exc:
                 raise ValueError(f"Y (flattened row-major): {exc}") from None
 
-        site_precision = np.zeros((n, k, k))
-        site_natural_mean = np.zeros((n, k))
-        post_mean = np.empty(d)
-        post_cov = np.empty((d, d))
-        info = run_rank_k_ep(X, Y, m0, V0, likelihood, site_precision, site_natural_mean, post_mean,
-                             post_cov, damping=float(self.damping), tol=float(self.tol),
-                             max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-                             sweep_callback=progress.sweep_callback())
-        log_evidence = rank_k_log_evidence(X, Y, m0, V0, likelihood, site_precision, site_natural_mean)
+        state = RankKState(X, Y, m0, V0, likelihood, damping=float(self.damping), tol=float(self.tol),
+                           max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+                           validate=False)                          # checked above
+        info = state.run(sweep_callback=progress.sweep_callback())
+        log_evidence = state.log_evidence()
         progress.report("done", info.n_sweeps, log_evidence, info.max_change)
         self._warn_if_stopped(progress)
 
-        self.posterior_mean_ = post_mean
-        self.posterior_cov_ = post_cov
-        self.site_precision_ = site_precision
-        self.site_natural_mean_ = site_natural_mean
+        self.posterior_mean_ = state.post_mean
+        self.posterior_cov_ = state.post_cov
+        self.site_precision_ = state.site_precision
+        self.site_natural_mean_ = state.site_natural_mean
         self.log_evidence_ = log_evidence
         self.n_sweeps_ = info.n_sweeps
         self.converged_ = info.converged

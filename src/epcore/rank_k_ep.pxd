@@ -1,40 +1,42 @@
 # cython: language_level=3
-"""Weight-space Gaussian EP with rank-k factors (Minka §3, eqs 95-116): cdef interface."""
-from fastep._epcore.sites cimport SiteModel, SiteSpec
+"""Weight-space Gaussian EP with rank-k factors (Minka §3, eqs 95-116): cdef interface.
 
-cdef enum RankKKind:
-    RANKK_MVGAUSSIAN = 0     # t(z) = N(y | z, R), R a k x k noise covariance (exact moments)
-    RANKK_PRODUCT = 1        # t(z) = prod_j f(y_j, z_j) for a 1-D site kernel
+The likelihoods and their moments live in rank_k_sites.pxd and are re-exported here."""
+from fastep._epcore.rank_k_sites cimport (
+    RankKKind, RANKK_MVGAUSSIAN, RANKK_PRODUCT,
+    RankKStatus, RANKK_OK, RANKK_BAD_CAVITY, RANKK_BAD_LABEL, RANKK_FAILED, RANKK_NOT_PD, RANKK_NO_QUADRATURE,
+    RankKModel, rank_k_moments, RankKLikelihood, sym_average, all_finite, cholesky_lower,
+)
 
-cdef enum RankKStatus:
-    RANKK_OK = 0
-    RANKK_BAD_CAVITY = 1     # cavity improper: I - S P singular or Lambda not positive definite
-    RANKK_BAD_LABEL = 2      # the 1-D site kernel rejected a label
-    RANKK_FAILED = 3         # moments not finite / zero tilted mass / singular k x k system
-    RANKK_NOT_PD = 4         # the new site would make the posterior covariance V non-PD
-    RANKK_NO_QUADRATURE = 5  # correlated cavity but the 1-D likelihood has no log f for quadrature
 
-cdef struct RankKModel:
-    int kind                     # RankKKind
-    int k                        # output dimension for RANKK_MVGAUSSIAN, -1 (any) for RANKK_PRODUCT
-    const double* noise_cov      # RANKK_MVGAUSSIAN: k x k row-major R (PD)
-    const SiteModel* site        # RANKK_PRODUCT: the 1-D likelihood
-    bint quadrature_ok           # RANKK_PRODUCT: log f(y, z) = site log Z at zero cavity variance
-    int n_nodes                  # Gauss-Hermite nodes per dimension
-    const double* gh_points      # nodes xi_q for E_{xi ~ N(0,1)} (= sqrt(2) t_q)
-    const double* gh_log_weights # log(w_q / sqrt(pi)); sum_q exp(.) = 1
+cdef struct RankKProblem:
+    int n                        # factors
+    int k                        # outputs per factor
+    int d                        # weights
+    const double* x              # (n, k, d) row-major, x[i] = X_i^T
+    const double* y              # (n, k)
+    const double* v0_inv         # (d, d) prior precision V0^{-1}
+    const double* v0_inv_m0      # (d,) V0^{-1} m0
 
-cdef int rank_k_moments(const RankKModel* model, int k, const double* y,
-                        const double* cavity_mean, const double* cavity_cov, const double* cavity_chol,
-                        double* log_z, double* a, double* b_mat, double* work, int* iwork) noexcept nogil
-
-cdef class RankKLikelihood:
-    cdef readonly int kind
+cdef class RankKState:
+    cdef readonly object X
+    cdef readonly object y
+    cdef readonly object prior_mean
+    cdef readonly object prior_cov
+    cdef readonly RankKLikelihood likelihood
+    cdef readonly object site_precision      # (n, k, k), updated in place by run()
+    cdef readonly object site_natural_mean   # (n, k), updated in place by run()
+    cdef readonly object post_mean           # (d,), written by run()
+    cdef readonly object post_cov            # (d, d), written by run()
+    cdef readonly int n
     cdef readonly int k
-    cdef readonly object noise_cov        # float64 (k, k) or None
-    cdef readonly SiteSpec site           # or None
-    cdef readonly int n_nodes
-    cdef readonly object gh_points
-    cdef readonly object gh_log_weights
-    cdef RankKModel model
-    cdef _fill_model(self)
+    cdef readonly int d
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int refresh_every
+    cdef readonly bint validate
+    cdef readonly object prior_precision     # V0^{-1}
+    cdef object prior_precision_mean         # V0^{-1} m0
+    cdef double log_det_prior_cov            # log |V0|
+    cdef RankKProblem problem                # pointers into X, y and the two above
