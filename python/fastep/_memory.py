@@ -61,24 +61,15 @@ def _read(path):
         return None
 
 
-def _meminfo(field):
-    text = _read("/proc/meminfo")
-    if text is None:
-        return None
-    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    return int(match.group(1)) * 1024 if match else None
-
-
-def _status(field):
-    text = _read("/proc/self/status")
-    if text is None:
-        return None
-    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+def _proc_kilobytes(path, field):
+    """``field: <n> kB`` of a /proc file, in bytes (None where there is no such file or field)."""
+    text = _read(path)
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M) if text is not None else None
     return int(match.group(1)) * 1024 if match else None
 
 
 def _system_available():
-    available = _meminfo("MemAvailable")
+    available = _proc_kilobytes("/proc/meminfo", "MemAvailable")
     if available is not None:
         return available
     try:
@@ -95,7 +86,7 @@ def _address_space_left():
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY or soft < 0:
         return None
-    used = _status("VmSize") or 0
+    used = _proc_kilobytes("/proc/self/status", "VmSize") or 0
     return max(soft - used, 0)
 
 
