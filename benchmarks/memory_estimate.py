@@ -25,6 +25,9 @@ make = {
     "fixed": (lambda: fastep.GaussianProcessClassifier(optimizer=None), yb, dict(learning=False)),
     "learnt": (lambda: fastep.GaussianProcessClassifier(), yb, dict(learning=True)),
     "regressor": (lambda: fastep.GaussianProcessRegressor(), f, dict(learning=True)),
+    "3-class multinomial fixed": (lambda: fastep.GaussianProcessClassifier(multi_class="multinomial",
+                                                                           optimizer=None), y3,
+                                  dict(learning=False, n_classes_multinomial=3)),
     "3-class ovr fixed": (lambda: fastep.GaussianProcessClassifier(optimizer=None), y3,
                           dict(learning=False, n_problems=3)),
 }

@@ -161,8 +161,9 @@ BASE_BYTES_LEARNING = 24 * 1024 ** 2
 #: ∂K/∂θ_j, its temporaries and the factor kept for the best point so far (measured).
 DENSE_ARRAYS_FIXED = 3.0
 DENSE_ARRAYS_LEARNING = 7.0
-#: The multinomial model's n×n arrays per class (its per-class kernels, factors and work).
-MULTINOMIAL_ARRAYS_PER_CLASS = 4.0
+#: The multinomial model's n×n arrays per class (its per-class factors, posterior blocks and
+#: work, measured with fixed hyperparameters); learning adds the dense model's increment.
+MULTINOMIAL_ARRAYS_PER_CLASS = 6.2
 
 
 def dense_gp_bytes(n, *, learning, n_problems=1, n_concurrent=1, n_classes_multinomial=0):
@@ -174,7 +175,9 @@ def dense_gp_bytes(n, *, learning, n_problems=1, n_concurrent=1, n_classes_multi
     """
     square = 8.0 * float(n) * float(n)
     if n_classes_multinomial:
-        arrays = MULTINOMIAL_ARRAYS_PER_CLASS * n_classes_multinomial + (3.0 if learning else 0.0)
+        arrays = MULTINOMIAL_ARRAYS_PER_CLASS * n_classes_multinomial
+        if learning:
+            arrays += DENSE_ARRAYS_LEARNING - DENSE_ARRAYS_FIXED
         return int((BASE_BYTES_LEARNING if learning else BASE_BYTES) + arrays * square)
     working = DENSE_ARRAYS_LEARNING if learning else DENSE_ARRAYS_FIXED
     concurrent = max(1, min(n_concurrent, n_problems))
