@@ -352,6 +352,31 @@ LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float
     n_evaluations_ : int or ndarray (n_classes,)
         Evidence evaluations of the search (0 with ``optimizer=None``)."""
 
+#: The final EP runs' attributes (:meth:`GPEstimator._set_ep_summary`), as the docstrings give them.
+EP_RUN_ATTRIBUTES = """n_sweeps_ : int or ndarray (n_classes,)
+        EP sweeps of the final run.
+    converged_ : bool
+        Whether every final EP run met ``tol``."""
+
+#: The close of the GP estimators' ``kernel`` entry: the data-aware start on inputs in mixed units.
+MIXED_UNITS_DOC = """When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+    the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+    from the range-scaled inputs, so that raw and standardised columns give the same model."""
+
+#: The attributes of the one-vs-rest GP classifiers' kernel and likelihood, as their docstrings give them.
+CLASSIFIER_ATTRIBUTES = """classes_ : ndarray (n_classes,)
+        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
+    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
+        The fitted kernel and likelihood."""
+
+#: The fitted noise model of the GP regressors with Gaussian or Student-t noise.
+REGRESSOR_ATTRIBUTES = """kernel_ : Kernel
+        The fitted kernel.
+    likelihood_ : Gaussian or StudentT
+        The fitted noise model.
+    noise_variance_ : float
+        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2)."""
+
 
 def check_kernel(kernel):
     """The estimator's ``kernel`` parameter: None (a data-aware start, :func:`start_kernel`)

@@ -31,11 +31,11 @@ from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._epcore import gp_ep as _engine
-from ._base import check_is_fitted
-from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
-                       GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
-                       check_classifier_likelihood, check_kernel, check_noise_model,
-                       ep_option_constraints, start_kernel)
+from ._base import check_is_fitted, fill_doc
+from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
+                       REGRESSOR_ATTRIBUTES, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
+                       GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood, check_kernel,
+                       check_noise_model, ep_option_constraints, start_kernel)
 from ._constraints import Integer, validate_params
 from ._defaults import default_noise_variance
 from ._multiclass_gp import MultinomialGPProblem
@@ -234,7 +234,7 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
 
 
-_EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
+_EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
         Sequential EP with BLAS-3 blocked updates, the plain rank-1 sequential path, or
         parallel (damped) EP. All reach the same fixed point.
     order : {'fixed', 'random', 'entropy'}, default 'fixed'
@@ -266,7 +266,7 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
     n_restarts_optimizer : int >= 0, default 0
         Extra optimiser starts at ``theta0 + N(0, I)`` (in the search's log coordinates),
         seeded by ``random_state``.
-    """ + HYPERPRIOR_DOC + """
+    %HYPERPRIOR%
     jitter : float >= 0, default 0.0
         Added to the diagonal of the kernel matrix. A kernel matrix that is numerically
         indefinite makes ``fit`` raise ``numpy.linalg.LinAlgError`` asking for more.
@@ -275,22 +275,19 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm
         start that fails is retried from zero sites).
-    """ + CALLBACK_DOC
+    %CALLBACK%""", HYPERPRIOR=HYPERPRIOR_DOC, CALLBACK=CALLBACK_DOC)
 
-_EP_ATTRIBUTES = """log_marginal_likelihood_value_ : float
+_EP_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted hyperparameters (summed over the
         one-vs-rest problems).
-    """ + LEARNING_ATTRIBUTES + """
+    %LEARNING%
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites ``τ̃_i`` and ``ν̃_i = τ̃_i μ̃_i`` at the fixed point.
-    n_sweeps_ : int or ndarray (n_classes,)
-        EP sweeps of the final run.
-    converged_ : bool
-        Whether every final EP run met ``tol``.
+    %EP_RUN%
     X_train_ : ndarray (n_samples, n_features)
         The training inputs (the predictive needs them).
     n_features_in_ : int
-        Number of features seen in ``fit``."""
+        Number of features seen in ``fit``.""", LEARNING=LEARNING_ATTRIBUTES, EP_RUN=EP_RUN_ATTRIBUTES)
 
 _REFERENCES = """Minka, T. P. *EP: a quick reference*, §2, eqs 77-88 (EP in kernel space), and
     *Expectation Propagation for approximate Bayesian inference* (UAI 2001).
@@ -299,7 +296,7 @@ _REFERENCES = """Minka, T. P. *EP: a quick reference*, §2, eqs 77-88 (EP in ker
 
 
 class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
-    __doc__ = f"""Gaussian-process classifier fitted by dense expectation propagation.
+    __doc__ = fill_doc("""Gaussian-process classifier fitted by dense expectation propagation.
 
     Model: a latent function ``f ~ GP(0, k)`` and ``p(y_i | f_i) = t(y_i f_i)`` for a binary
     likelihood ``t`` (probit by default). EP in kernel space gives a Gaussian posterior over
@@ -309,7 +306,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     More than two classes are handled one-vs-rest (one binary GP per class, probabilities
     normalised to sum to one) or, with ``multi_class="multinomial"``, by one joint model: c
     latent functions with a shared kernel and the multinomial probit likelihood
-    ``p(y = k | f) = ∫ N(u) Π_{{j≠k}} Φ(u + f_k - f_j) du``, fitted by nested EP (Riihimäki,
+    ``p(y = k | f) = ∫ N(u) Π_{j≠k} Φ(u + f_k - f_j) du``, fitted by nested EP (Riihimäki,
     Jylänki & Vehtari 2013) with its evidence and exact gradient. O(n³) time and O(n²) memory
     per EP run (O(c n³) and O(c n²) for the multinomial model).
 
@@ -320,15 +317,13 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a
         seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
         evidence can be learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model (:mod:`fastep.likelihoods`).
-    {_EP_PARAMS}
+    %EP_PARAMS%
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (probit bias and finite slope, step flip noise).
-    multi_class : {{'one_vs_rest', 'multinomial'}}, default 'one_vs_rest'
+    multi_class : {'one_vs_rest', 'multinomial'}, default 'one_vs_rest'
         'one_vs_rest': one binary GP per class (two classes: one binary GP). 'multinomial': the
         multinomial probit model by nested EP (any number of classes >= 2; the likelihood must be
         the default probit, ``learn_likelihood`` False). It runs damped parallel EP (``damping``
@@ -336,7 +331,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
         model with the same kernel. ``decision_function`` then returns the latent means (n, c)
         (two classes: the predictive log-odds of ``classes_[1]``, as the binary classifiers).
-    {N_JOBS_DOC}
+    %N_JOBS%
 
     Attributes
     ----------
@@ -346,7 +341,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         The fitted kernel (one per class one-vs-rest).
     likelihood_ : Likelihood or list of Likelihood
         The fitted likelihood (one per class one-vs-rest).
-    {_EP_ATTRIBUTES}
+    %EP_ATTRIBUTES%
 
     See Also
     --------
@@ -355,7 +350,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
 
     References
     ----------
-    {_REFERENCES}
+    %REFERENCES%
 
     Examples
     --------
@@ -372,7 +367,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     >>> proba = clf.predict_proba([[2.0, 2.0]])
     >>> proba.shape, bool(proba[0, 1] > 0.9)
     ((1, 2), True)
-    """
+    """, EP_PARAMS=_EP_PARAMS, N_JOBS=N_JOBS_DOC, EP_ATTRIBUTES=_EP_ATTRIBUTES, REFERENCES=_REFERENCES,
+        MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
@@ -486,7 +482,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
 
 
 class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
-    __doc__ = f"""Gaussian-process regression through EP: Gaussian noise (exact), or Student-t noise (robust).
+    __doc__ = fill_doc("""Gaussian-process regression through EP: Gaussian noise (exact), or Student-t noise (robust).
 
     With ``p(y_i | f_i) = N(y_i; f_i, noise_variance)`` (the default) EP's fixed point (reached in
     one sweep) is the exact posterior, and its log marginal likelihood is
@@ -510,9 +506,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between the training
         inputs, over a seeded sample of at most 1000 rows); a kernel given here is the start as it
         is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     noise_variance : float > 0 or None, default None
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
@@ -525,7 +519,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     learn_noise : bool, default True
         Learn the noise model with the kernel hyperparameters (when ``optimizer`` is set): σ², or
         the Student-t's ν and σ.
-    {_EP_PARAMS}
+    %EP_PARAMS%
         With a Student-t likelihood EP always runs the damped parallel schedule: ``schedule``,
         ``order``, ``block_size``, ``refactor_every`` and ``negative_precision`` do not apply,
         ``damping`` (None: 0.5) is the first step of every iteration, the double-loop fallback
@@ -534,13 +528,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
 
     Attributes
     ----------
-    kernel_ : Kernel
-        The fitted kernel.
-    likelihood_ : Gaussian or StudentT
-        The fitted noise model.
-    noise_variance_ : float
-        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2).
-    {_EP_ATTRIBUTES}
+    %REGRESSOR_ATTRIBUTES%
+    %EP_ATTRIBUTES%
 
     References
     ----------
@@ -570,7 +559,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     >>> robust = GaussianProcessRegressor(likelihood="student_t").fit(X, y_bad)
     >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
     True
-    """
+    """, EP_PARAMS=_EP_PARAMS, EP_ATTRIBUTES=_EP_ATTRIBUTES, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES,
+        MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, power=None, learn_noise=True,
                  schedule="blocked", order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from ._base import BaseEstimator
+from ._base import BaseEstimator, fill_doc
 from ._epcore.rank_k_ep import RankKLikelihood, rank_k_log_evidence, run_rank_k_ep
 from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
@@ -53,7 +53,7 @@ def _check_spd(mat, name):
 
 
 class RankKEP(BaseEstimator):
-    """Gaussian EP over weights with rank-k (k-output) likelihood factors.
+    __doc__ = fill_doc("""Gaussian EP over weights with rank-k (k-output) likelihood factors.
 
     Parameters
     ----------
@@ -78,7 +78,7 @@ class RankKEP(BaseEstimator):
     max_sweeps : int, default 200
     refresh_every : int, default 1
         Sweeps between rebuilds of V, m from the sites (0: never).
-    %CALLBACK_DOC%
+    %CALLBACK%
 
     Attributes
     ----------
@@ -113,7 +113,7 @@ class RankKEP(BaseEstimator):
     array([ 1. , -2. ,  0.5])
     >>> model.converged_
     True
-    """
+    """, CALLBACK=CALLBACK_DOC)
 
     def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
                  prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1, verbose=0, callback=None):
@@ -248,6 +248,3 @@ class RankKEP(BaseEstimator):
             warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
                           ConvergenceWarning, stacklevel=2)
         return self
-
-
-RankKEP.__doc__ = RankKEP.__doc__.replace("%CALLBACK_DOC%", CALLBACK_DOC)
