@@ -477,6 +477,17 @@ class GPEstimator(BaseEstimator):
         if progress is not None:
             self._warn_if_stopped(progress, stacklevel=4)
 
+    def _search_options(self, problem, hyperparameters, seed):
+        """Name ``problem`` (a :class:`SiteProblem`) after the estimator for its warnings, give it
+        ``hyperparameters``, and return the keyword arguments of its :meth:`SiteProblem.fit` from
+        the estimator's parameters (``optimizer``, ``n_restarts_optimizer``, ``warm_start``,
+        ``max_sweeps``, ``tol``) and ``seed``."""
+        problem.estimator_name = type(self).__name__
+        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
+        problem.hyperparameters = hyperparameters
+        return {"optimizer": self.optimizer, "n_restarts": self.n_restarts_optimizer, "seed": seed,
+                "warm_start": self.warm_start, "max_sweeps": self.max_sweeps, "tol": self.tol}
+
     def _check_X(self, X):
         """Prediction-time X, validated against the training features (raises if not fitted)."""
         check_is_fitted(self, "_problems")

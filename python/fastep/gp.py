@@ -225,13 +225,9 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
         problem = _BinaryGPEP(kernel, likelihood, X, y, options, learn_likelihood)
-        problem.estimator_name = type(self).__name__
-        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
-        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  hyperprior=options["hyperprior"])
-        return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
-                           n_restarts=self.n_restarts_optimizer, seed=options["seed"],
-                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                               hyperprior=options["hyperprior"]), options["seed"])
+        return problem.fit(problem.hyperparameters, **search)
 
 
 _EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
@@ -375,27 +371,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
                  random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", hyperprior="auto",
                  verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.multi_class = multi_class
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.n_jobs = n_jobs
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.block_size = block_size
-        self.refactor_every = refactor_every
-        self.negative_precision = negative_precision
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.learn_likelihood = learn_likelihood
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Fit the EP posterior (and the hyperparameters unless ``optimizer=None``).
@@ -429,11 +405,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
             labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
                 np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
             problem = MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)
-            problem.estimator_name = type(self).__name__
-            problem.latent_scale = 1.0
-            problem.hyperparameters = Hyperparameters(kernel, None, False, hyperprior=options["hyperprior"])
-            problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
-                        seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+            search = self._search_options(problem, Hyperparameters(kernel, None, False,
+                                                                   hyperprior=options["hyperprior"]), options["seed"])
+            problem.fit(problem.hyperparameters, **search)
             self.classes_ = classes
             self.X_train_ = X
             self._set_problems(X, [problem])
@@ -567,27 +541,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
                  n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, hyperprior="auto", verbose=0,
                  callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.noise_variance = noise_variance
-        self.likelihood = likelihood
-        self.power = power
-        self.learn_noise = learn_noise
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.block_size = block_size
-        self.refactor_every = refactor_every
-        self.negative_precision = negative_precision
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     def _noise_model(self):
         """``'gaussian'``, a Gaussian object, or a StudentT (or ``'student_t'``), validated."""
@@ -625,11 +579,9 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
             if noise == "student_t":
                 noise = StudentT(dof=4.0, scale=float(np.sqrt(default_noise_variance(y))))
             problem = StudentTGPProblem(kernel, noise, X, y, options, learn_noise)
-            problem.estimator_name = type(self).__name__
-            problem.hyperparameters = Hyperparameters(kernel, noise, learn_noise, hyperprior=options["hyperprior"])
-            problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
-                        seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps,
-                        tol=self.tol)
+            search = self._search_options(problem, Hyperparameters(kernel, noise, learn_noise,
+                                                                   hyperprior=options["hyperprior"]), options["seed"])
+            problem.fit(problem.hyperparameters, **search)
         else:
             if isinstance(noise, Gaussian):
                 likelihood = noise

@@ -153,11 +153,6 @@ def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=
 class _IVMBase(GPEstimator):
     """Options, problems and fitted-state handling shared by the IVM estimators."""
 
-    def _store_params(self, params):
-        """Keep the constructor's arguments (``params``: its ``locals()``) unchanged as attributes."""
-        for name in self._param_names():
-            setattr(self, name, params[name])
-
     def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
         """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
         return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options["d"], options["criterion"],
@@ -430,7 +425,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
@@ -531,7 +526,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
@@ -600,7 +595,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     def fit(self, X, y):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""

@@ -117,17 +117,7 @@ class RankKEP(BaseEstimator):
 
     def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
                  prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1, verbose=0, callback=None):
-        self.verbose = verbose
-        self.callback = callback
-        self.likelihood = likelihood
-        self.noise_cov = noise_cov
-        self.n_nodes = n_nodes
-        self.prior_mean = prior_mean
-        self.prior_cov = prior_cov
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.refresh_every = refresh_every
+        self._set_init_params(locals())
 
     def _build_likelihood(self, k):
         lik = self.likelihood

@@ -189,18 +189,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood, start=None):
         """Learn one problem's hyperparameters from ``kernel``/``likelihood`` (the hyperprior's centre);
         with ``start`` (a fitted problem) the search starts at its kernel and likelihood instead."""
-        problem.estimator_name = type(self).__name__
-        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
         if Z is None:
             Z = problem.Z
-        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  extra=Z if self.learn_inducing else None,
-                                                  hyperprior=options["hyperprior"])
+        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                               extra=Z if self.learn_inducing else None,
+                                                               hyperprior=options["hyperprior"]), options["seed"])
         if start is not None:
             problem.hyperparameters.space.start_at(problem.hyperparameters.pack(start.kernel, start.likelihood, Z))
-        return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
-                           n_restarts=self.n_restarts_optimizer, seed=options["seed"],
-                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+        return problem.fit(problem.hyperparameters, **search)
 
     def _check_fit_options(self, options, kernel, likelihood, learn_likelihood):
         """Checks of the likelihood against ``power`` shared by every fit, before any work."""
@@ -513,30 +509,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
                  random_state=None, warm_start=True, n_jobs=None, hyperprior="auto", verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.n_jobs = n_jobs
-        self.n_inducing = n_inducing
-        self.approximation = approximation
-        self.power = power
-        self.inducing_init = inducing_init
-        self.learn_inducing = learn_inducing
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.negative_precision = negative_precision
-        self.n_quadrature = n_quadrature
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.learn_likelihood = learn_likelihood
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     def fit(self, X, y, client=None):
         """Fit the sparse EP posterior (and the hyperparameters and Z unless ``optimizer=None``).
@@ -661,30 +634,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
                  jitter=1e-6, random_state=None, warm_start=True, hyperprior="auto", verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.noise_variance = noise_variance
-        self.likelihood = likelihood
-        self.learn_noise = learn_noise
-        self.n_inducing = n_inducing
-        self.approximation = approximation
-        self.power = power
-        self.inducing_init = inducing_init
-        self.learn_inducing = learn_inducing
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.negative_precision = negative_precision
-        self.n_quadrature = n_quadrature
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     def fit(self, X, y, client=None):
         """Fit the posterior (and the hyperparameters and Z unless ``optimizer=None``).
