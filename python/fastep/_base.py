@@ -9,7 +9,7 @@ from .exceptions import not_fitted_error
 from .progress import Progress, check_callback, check_verbose
 
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba",
-           "fill_doc"]
+           "fill_doc", "EXAMPLES_DOC", "KERNEL_EXAMPLES_DOC"]
 
 #: ``%NAME%`` alone on its line (indentation, name) or inside a line (name).
 _PLACEHOLDER = re.compile(r"^([ ]*)%([A-Z][A-Z0-9_]*)%[ ]*$|%([A-Z][A-Z0-9_]*)%", flags=re.M)
@@ -96,6 +96,20 @@ def fill_doc(template, **sections):
     if unused:
         raise ValueError(f"docstring sections not used: {sorted(unused)}")
     return doc
+
+
+#: The opening of an estimator's Examples section; the ESTIMATOR section is the estimator's name.
+EXAMPLES_DOC = """Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import %ESTIMATOR%
+    >>> rng = np.random.default_rng(0)"""
+
+#: The opening of a kernel's Examples section: numpy and three inputs of two features.
+KERNEL_EXAMPLES_DOC = """Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])"""
 
 
 class BaseEstimator:

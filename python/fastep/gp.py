@@ -31,7 +31,7 @@ from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
 from ._epcore import gp_ep as _engine
-from ._base import check_is_fitted, fill_doc
+from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc
 from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
                        REGRESSOR_ATTRIBUTES, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
                        GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood, check_kernel,
@@ -348,11 +348,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     ----------
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import GaussianProcessClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(80, 2))
     >>> y = np.where(X[:, 0] + X[:, 1] > 0, "yes", "no")
     >>> clf = GaussianProcessClassifier().fit(X, y)
@@ -363,8 +359,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     >>> proba = clf.predict_proba([[2.0, 2.0]])
     >>> proba.shape, bool(proba[0, 1] > 0.9)
     ((1, 2), True)
-    """, EP_PARAMS=_EP_PARAMS, N_JOBS=N_JOBS_DOC, EP_ATTRIBUTES=_EP_ATTRIBUTES, REFERENCES=_REFERENCES,
-        MIXED_UNITS=MIXED_UNITS_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessClassifier", EP_PARAMS=_EP_PARAMS, N_JOBS=N_JOBS_DOC,
+        EP_ATTRIBUTES=_EP_ATTRIBUTES, REFERENCES=_REFERENCES, MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
@@ -514,11 +510,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     Heskes, T. and Zoeter, O. *Expectation propagation for approximate inference in dynamic
     Bayesian networks*, UAI 2002, §4 (the double-loop algorithm).
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import GaussianProcessRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(60, 1))
     >>> y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
     >>> reg = GaussianProcessRegressor().fit(X, y)
@@ -533,8 +525,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     >>> robust = GaussianProcessRegressor(likelihood="student_t").fit(X, y_bad)
     >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
     True
-    """, EP_PARAMS=_EP_PARAMS, EP_ATTRIBUTES=_EP_ATTRIBUTES, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES,
-        MIXED_UNITS=MIXED_UNITS_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessRegressor", EP_PARAMS=_EP_PARAMS,
+        EP_ATTRIBUTES=_EP_ATTRIBUTES, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, power=None, learn_noise=True,
                  schedule="blocked", order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,

@@ -41,7 +41,7 @@ import numpy as np
 from . import _horseshoe_parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
-from ._base import BaseEstimator, RegressorMixin, check_is_fitted, fill_doc
+from ._base import EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, fill_doc
 from ._horseshoe_search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
@@ -394,11 +394,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import MultiTaskHorseshoeRegression
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> w = np.zeros(30)
     >>> w[:3] = (2.0, -1.5, 1.0)
     >>> Xs = [rng.normal(size=(40, 30)) for _ in range(2)]
@@ -408,7 +404,8 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     (2, 30)
     >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
     [0, 1, 2]
-    """, PARAMETERS=_PARAMETERS_DOC, REFERENCES=_REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="MultiTaskHorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
@@ -478,11 +475,7 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import HorseshoeRegression
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(50, 40))
     >>> w = np.zeros(40)
     >>> w[[3, 17]] = (2.0, -1.5)
@@ -492,7 +485,8 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     [3, 17]
     >>> bool(model.score(X, y) > 0.9)
     True
-    """, PARAMETERS=_PARAMETERS_DOC, REFERENCES=_REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="HorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,

@@ -96,7 +96,7 @@ import warnings
 import numpy as np
 
 from . import _validation as v
-from ._base import ClassifierMixin, check_is_fitted, fill_doc
+from ._base import EXAMPLES_DOC, ClassifierMixin, check_is_fitted, fill_doc
 from ._epcore import ivm as _engine
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, check_classifier_likelihood, check_kernel, check_optimizer,
@@ -406,11 +406,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(300, 2))
     >>> y = np.where(X[:, 0] - X[:, 1] > 0, "a", "b")
     >>> clf = IVMClassifier(active_set_size=30, n_iterations=2).fit(X, y)
@@ -418,8 +414,8 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     (30,)
     >>> clf.predict([[2.0, -2.0], [-2.0, 2.0]]).tolist()
     ['a', 'b']
-    """, KERNEL=_KERNEL_DOC, START_VARIANCE="1", N_JOBS=N_JOBS_DOC, CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES,
-        **_SHARED_SECTIONS)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMClassifier", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
+        N_JOBS=N_JOBS_DOC, CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
@@ -510,17 +506,14 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(400, 1))
     >>> y = 2.0 + np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
     >>> reg = IVMRegressor(active_set_size=40).fit(X, y)
     >>> bool(abs(reg.predict([[0.5]])[0] - (2.0 + np.sin(0.5))) < 0.2)
     True
-    """, KERNEL=_KERNEL_DOC, START_VARIANCE="var(y)", **_SHARED_SECTIONS)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="var(y)",
+        **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
@@ -577,11 +570,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMOrdinalRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(300, 1))
     >>> y = np.digitize(X[:, 0] + 0.2 * rng.normal(size=300), [-1.0, 1.0])   # 0, 1, 2
     >>> model = IVMOrdinalRegressor(active_set_size=30, n_iterations=2).fit(X, y)
@@ -589,7 +578,8 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
     [0, 1, 2]
     >>> model.predict_proba([[0.0]]).shape
     (1, 3)
-    """, KERNEL=_KERNEL_DOC, START_VARIANCE="1", **_SHARED_SECTIONS)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMOrdinalRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
+        **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,

@@ -9,7 +9,7 @@ import numpy as np
 from scipy.special import expit
 
 from . import _validation as v
-from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, fill_doc
+from ._base import EXAMPLES_DOC, BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, fill_doc
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
 from .exceptions import ConvergenceWarning
@@ -192,11 +192,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import LinearEPClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(200, 3))
     >>> y = np.where(X @ np.array([2.0, -1.0, 0.0]) + 0.3 * rng.normal(size=200) > 0, "pos", "neg")
     >>> clf = LinearEPClassifier(fit_intercept=True).fit(X, y)
@@ -204,8 +200,8 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     ['neg', 'pos']
     >>> bool(clf.score(X, y) > 0.9), clf.posterior_cov_.shape
     (True, (4, 4))
-    """, SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC, SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC,
-        REFERENCES=_REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="LinearEPClassifier", SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC,
+        SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC, REFERENCES=_REFERENCES_DOC)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -293,18 +289,14 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
 
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import LinearEPRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(100, 2))
     >>> y = X @ np.array([1.5, -0.5]) + 0.1 * rng.normal(size=100)
     >>> reg = LinearEPRegressor(noise_variance=0.01, prior_cov=10.0).fit(X, y)
     >>> np.round(reg.posterior_mean_, 1)
     array([ 1.5, -0.5])
-    """, SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC, SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC,
-        REFERENCES=_REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="LinearEPRegressor", SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC,
+        SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC, REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",

@@ -37,7 +37,7 @@ from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._epcore.power_ep import power_moments_array
-from ._base import check_is_fitted, fill_doc
+from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC,
                        N_JOBS_DOC, REGRESSOR_ATTRIBUTES, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters,
@@ -358,6 +358,14 @@ _COMMON_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
     n_features_in_ : int
         Number of features seen in ``fit``.""", LEARNING=LEARNING_ATTRIBUTES, EP_RUN=EP_RUN_ATTRIBUTES)
 
+#: The end of the sparse estimators' ``fit`` docstrings: the cluster of a dask ``X``, and what ``fit`` returns.
+_CLIENT_DOC = """client : dask.distributed.Client, optional
+        The cluster for a dask ``X`` (default: the current client).
+
+    Returns
+    -------
+    self"""
+
 _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approximation* (NIPS 2007).
     Snelson, E. and Ghahramani, Z. *Sparse Gaussian processes using pseudo-inputs* (NIPS 2005).
     Bui, T. D., Yan, J. and Turner, R. E. *A unifying framework for Gaussian process
@@ -488,11 +496,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     ----------
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import SparseGPClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(200, 2))
     >>> y = (X[:, 0] ** 2 + X[:, 1] ** 2 < 1.5).astype(int)
     >>> clf = SparseGPClassifier(n_inducing=10, learn_inducing=False, random_state=0).fit(X, y)
@@ -500,9 +504,10 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     (10, 2)
     >>> clf.predict([[0.0, 0.0], [3.0, 3.0]]).tolist()
     [1, 0]
-    """, MIXED_UNITS=MIXED_UNITS_DOC, INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP,
-        COMMON_PARAMS=_COMMON_PARAMS, N_JOBS=N_JOBS_DOC, CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES,
-        COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES, REFERENCES=_REFERENCES)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="SparseGPClassifier", MIXED_UNITS=MIXED_UNITS_DOC,
+        INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP, COMMON_PARAMS=_COMMON_PARAMS, N_JOBS=N_JOBS_DOC,
+        CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES,
+        REFERENCES=_REFERENCES)
 
     def __init__(self, kernel=None, likelihood=None, *, n_inducing="auto", approximation="fitc", power=1.0,
                  inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
@@ -526,12 +531,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
             stay on the cluster.
         y : array-like (n_samples,), or dask.array.Array
             Class labels (any sortable values; two or more classes).
-        client : dask.distributed.Client, optional
-            The cluster for a dask ``X`` (default: the current client).
-
-        Returns
-        -------
-        self
+        %CLIENT%
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
@@ -553,6 +553,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
+
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)
 
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
@@ -606,11 +608,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     ----------
     %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import SparseGPRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(300, 1))
     >>> y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=300)
     >>> reg = SparseGPRegressor(n_inducing=8, learn_inducing=False, random_state=0).fit(X, y)
@@ -625,9 +623,9 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     >>> robust = SparseGPRegressor(likelihood="student_t", n_inducing=8, random_state=0).fit(X, y_bad)
     >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
     True
-    """, MIXED_UNITS=MIXED_UNITS_DOC, INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP,
-        COMMON_PARAMS=_COMMON_PARAMS, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES,
-        COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES, REFERENCES=_REFERENCES)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="SparseGPRegressor", MIXED_UNITS=MIXED_UNITS_DOC,
+        INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP, COMMON_PARAMS=_COMMON_PARAMS,
+        REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES, REFERENCES=_REFERENCES)
 
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing="auto",
                  approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
@@ -646,12 +644,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             in :meth:`SparseGPClassifier.fit` (``schedule='parallel'``).
         y : array-like (n_samples,), or dask.array.Array
             Real targets.
-        client : dask.distributed.Client, optional
-            The cluster for a dask ``X`` (default: the current client).
-
-        Returns
-        -------
-        self
+        %CLIENT%
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
@@ -693,3 +686,5 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
         return self
+
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)
