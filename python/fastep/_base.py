@@ -225,18 +225,26 @@ def _score_targets(y, sample_weight, n_predicted, *, numeric):
     return y, w
 
 
-class ClassifierMixin:
+class _TaskTagsMixin:
+    """scikit-learn's tags of a classifier or a regressor: ``estimator_type`` from
+    ``_estimator_type``, and the tags of the task (``_task_tags``: the field of sklearn's
+    ``Tags`` and the name of its class in ``sklearn.utils``)."""
+
+    def __sklearn_tags__(self):
+        import sklearn.utils
+
+        field, tags_class = self._task_tags
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = self._estimator_type
+        setattr(tags, field, getattr(sklearn.utils, tags_class)())
+        return tags
+
+
+class ClassifierMixin(_TaskTagsMixin):
     """``score``: the (weighted) mean accuracy of ``predict``, as scikit-learn's classifiers."""
 
     _estimator_type = "classifier"
-
-    def __sklearn_tags__(self):
-        from sklearn.utils import ClassifierTags
-
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "classifier"
-        tags.classifier_tags = ClassifierTags()
-        return tags
+    _task_tags = ("classifier_tags", "ClassifierTags")
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of ``predict(X)`` against ``y`` (weighted by ``sample_weight`` if given).
@@ -258,18 +266,11 @@ class ClassifierMixin:
         return float(np.average(predicted == y, weights=w))
 
 
-class RegressorMixin:
+class RegressorMixin(_TaskTagsMixin):
     """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
 
     _estimator_type = "regressor"
-
-    def __sklearn_tags__(self):
-        from sklearn.utils import RegressorTags
-
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "regressor"
-        tags.regressor_tags = RegressorTags()
-        return tags
+    _task_tags = ("regressor_tags", "RegressorTags")
 
     def score(self, X, y, sample_weight=None):
         """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.

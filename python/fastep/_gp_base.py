@@ -200,6 +200,14 @@ class SiteProblem:
                 return state
         return self._run_once(prior, likelihood, warm=False)
 
+    def _start_sites(self, warm):
+        """The sites one EP run starts from and updates: copies of the stored sites (``warm``),
+        else zero sites."""
+        if warm:
+            return self.site_precision.copy(), self.site_natural_mean.copy()
+        n = self.site_precision.shape[0]
+        return np.zeros(n), np.zeros(n)
+
     def _has_sites(self):
         """Whether there are sites to start warm from (any nonzero precision)."""
         return bool(np.any(self.site_precision))
@@ -279,14 +287,15 @@ class SiteProblem:
     def log_ml_at(self, hyper, theta, eval_gradient):
         """EP log marginal likelihood (and gradient) at ``theta``, from a cold start.
 
-        The fitted sites and prediction state are left as they were.
+        The fitted sites (all that :meth:`sites` returns) and prediction state are left as they
+        were.
         """
         theta = hyper.check(theta)
-        saved = self.site_precision, self.site_natural_mean
+        saved = self.sites()
         try:
             value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
         finally:
-            self.site_precision, self.site_natural_mean = saved
+            self.restore_sites(saved)
         return (value, grad) if eval_gradient else value
 
 

@@ -100,8 +100,7 @@ class _BinaryGPEP(SiteProblem):
         K, buffer = prior
         opts = self.options
         n = K.shape[0]
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        tau, nu = self._start_sites(warm)
         post_mean = np.empty(n)
         post_var = np.empty(n)
         cavity_mean = np.empty(n)
