@@ -293,7 +293,8 @@ _POWER_EP = """Power-EP α (slide "EP variants"): 1 is plain EP; α -> 0 approac
     finite slope, logistic, Gaussian); non-Gaussian sites then use Gauss-Hermite quadrature
     with ``n_quadrature`` nodes."""
 
-_COMMON_PARAMS = fill_doc("""inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
+_COMMON_PARAMS = fill_doc(
+    """inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
         Seeded k-means++ (seeding plus 10 Lloyd steps, :func:`kmeans_plus_plus`), a seeded
         random subset of the training inputs, the active set of an IVM selection, or explicit
         inducing inputs (then ``n_inducing`` is ignored). ``'ivm'`` takes the m training
@@ -454,7 +455,8 @@ class _ChunkedRegressorMixin(_ChunkedPredictMixin):
 
 
 class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
-    __doc__ = fill_doc("""Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
+    __doc__ = fill_doc(
+        """Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
 
     The API of :class:`fastep.GaussianProcessClassifier` (one-vs-rest for more than two
     classes) at O(nm²) time and O(nm) memory per EP run and per evidence gradient, for m

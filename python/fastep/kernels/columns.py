@@ -67,7 +67,8 @@ class _CentredColumns:
 
 
 class ColumnProductCache:
-    __doc__ = fill_doc("""Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
+    __doc__ = fill_doc(
+        """Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
 
     The columns of the non-ARD ``Linear``, ``RBF`` and ``MLP`` kernels are built from one
     product of the centred inputs with the chosen row, ``Xc x̃_j`` (an O(n p) memory-bound
