@@ -101,7 +101,7 @@ from ._epcore import ivm as _engine
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, check_classifier_likelihood, check_kernel, check_optimizer,
                        stack_problems, start_kernel)
-from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem
+from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
@@ -268,6 +268,15 @@ class _IVMBase(GPEstimator):
         self.history_ = histories[0] if binary else histories
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
+    def __setstate__(self, state):
+        """Restore a saved or copied estimator (a refinement report saved as plain dicts, as older
+        versions wrote it, becomes typed results)."""
+        self.__dict__.update(state)
+        report = state.get("refinement_")
+        if report is not None:
+            self.refinement_ = ([typed_refinement(r) for r in report] if isinstance(report, list)
+                                else typed_refinement(report))
+
 
 _COMMON_DOC = """active_set_size : int or None, default None
         d, the number of active points (1 <= d <= n_samples); None means min(200, n_samples).
@@ -343,8 +352,10 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         and eq 34), log_likelihood (eq 32), n_active, elapsed (seconds), and for the full-data
         objective log_evidence (its evidence at the end of that round).
     refinement_ : dict or None (a list one-vs-rest)
-        Reports of the refinement after the final selection (keys 'ep', 'exchange',
-        'ep_after_exchange' as run); None without refinement.
+        Reports of the refinement after the final selection, by stage as run: 'ep' and
+        'ep_after_exchange' (the EP sweeps, :class:`~fastep._epcore.ivm_refine.RefineResult`),
+        'exchange' (:class:`~fastep._epcore.ivm_refine.ExchangeResult`); None without
+        refinement.
     X_train_ : ndarray (n_samples, n_features)
         The training inputs.
     n_features_in_ : int
