@@ -74,9 +74,9 @@ def main():
         st.refactorize(cols)
         t_refactor = time.perf_counter() - t
         print(f"refine, 1 sweep incl. fetching K[I, :] ({args.d} columns): {t_first:.2f} s")
-        print(f"refine, {info2['n_sweeps']} more sweeps to convergence ({info2['converged']}, "
-              f"{info2['n_updates']} site updates): {t_sweeps:.2f} s = "
-              f"{t_sweeps / max(info2['n_sweeps'], 1):.3f} s per sweep (with one O(d^2 n) refactorisation)")
+        print(f"refine, {info2.n_sweeps} more sweeps to convergence ({info2.converged}, "
+              f"{info2.n_updates} site updates): {t_sweeps:.2f} s = "
+              f"{t_sweeps / max(info2.n_sweeps, 1):.3f} s per sweep (with one O(d^2 n) refactorisation)")
         print(f"refactorize (kernel rows cached): {t_refactor:.3f} s; entropy criterion {st.entropy_reduction():.4f}")
 
         if args.gains_repeats > 0:
@@ -97,9 +97,9 @@ def main():
             t = time.perf_counter()
             ex = st.exchange(cols, mode, tol=1e-6, max_moves=args.moves, seed=1)
             dt = time.perf_counter() - t
-            gains = ", ".join(f"{g:.4f}" for _, _, g in ex["moves"])
-            print(f"exchange {mode}: {ex['n_moves']} moves in {dt:.2f} s "
-                  f"({dt / max(ex['n_moves'], 1):.3f} s per move incl. one extra scoring pass and the "
+            gains = ", ".join(f"{g:.4f}" for _, _, g in ex.moves)
+            print(f"exchange {mode}: {ex.n_moves} moves in {dt:.2f} s "
+                  f"({dt / max(ex.n_moves, 1):.3f} s per move incl. one extra scoring pass and the "
                   f"O(d^2 n) setup); gains {gains}; criterion {st.entropy_reduction():.4f}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(f"peak resident memory {peak:.0f} MB (M, K[I, :] and Σ[I, :] are {args.d * n * 8 / 2**20:.0f} MB each)")

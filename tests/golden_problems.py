@@ -180,6 +180,12 @@ def problems():
     return out
 
 
+def _is_report(value):
+    """Whether ``value`` is a compiled report with named fields (the IVM refinement's results)."""
+    from fastep._epcore.ivm_refine import ExchangeResult, RefineResult
+    return isinstance(value, (RefineResult, ExchangeResult))
+
+
 def _flatten(prefix, value, out, depth=0):
     if any(v in prefix.lower() for v in _VOLATILE):
         return
@@ -190,6 +196,8 @@ def _flatten(prefix, value, out, depth=0):
     elif isinstance(value, np.ndarray):
         if value.dtype.kind in 'biuf':
             out[prefix] = value.copy()
+    elif _is_report(value) and depth < 4:                 # recorded as the dict of its fields
+        _flatten(prefix, value.as_dict(), out, depth)
     elif isinstance(value, dict) and depth < 4:
         for key in sorted(value, key=str):
             _flatten(f'{prefix}.{key}', value[key], out, depth + 1)

@@ -2,7 +2,7 @@
 
 Heskes & Zoeter (2002) as used by Jylänki, Vanhatalo & Vehtari (2011, §4.2). Checks: its inner
 solution is the minimum of the inner objective written out plainly
-(fastep.reference.robust_ep.double_loop_inner_objective: explicit inverses, quadrature), its
+(fastep.reference.student_t_ep.double_loop_inner_objective: explicit inverses, quadrature), its
 result is a fractional EP fixed point by the reference's test, its energy never decreases, a
 fixed point of parallel EP is one of the double loop, the Gaussian limit is exact GP regression,
 and the estimator falls back to it where parallel fractional EP stalls.
@@ -18,7 +18,7 @@ from fastep import ConvergenceWarning, GaussianProcessRegressor, StudentT
 from fastep import _double_loop_ep as double_loop
 from fastep._epcore import student_t_ep
 from fastep.kernels import RBF
-from fastep.reference import robust_ep as ref_robust
+from fastep.reference import student_t_ep as ref_student_t
 
 
 def _outlier_data(seed, n=60):
@@ -65,8 +65,8 @@ def test_converges_to_a_fixed_point_where_parallel_ep_stalls(seed, dof, scale):
     assert info.converged and info.n_failed == 0 and info.diagnostics["n_limited"] == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IntegrationWarning)
-        residual = ref_robust.fixed_point_residual(K, y, tau, nu, dof, scale, 0.5)
-        energy = ref_robust.log_marginal_likelihood(K, y, tau, nu, dof, scale, 0.5)
+        residual = ref_student_t.fixed_point_residual(K, y, tau, nu, dof, scale, 0.5)
+        energy = ref_student_t.log_marginal_likelihood(K, y, tau, nu, dof, scale, 0.5)
     assert residual < 1e-4
     assert info.log_z == pytest.approx(energy, rel=1e-9)
     assert info.log_z == pytest.approx(info.diagnostics["energy"][-1], rel=1e-6)
@@ -74,7 +74,7 @@ def test_converges_to_a_fixed_point_where_parallel_ep_stalls(seed, dof, scale):
     steps = np.diff(info.diagnostics["energy"])
     assert np.all(steps > -1e-8 * abs(info.log_z)), steps.min()
     # the returned state is the posterior of the returned sites
-    ref_cov, ref_mean = ref_robust.posterior(K, tau, nu)
+    ref_cov, ref_mean = ref_student_t.posterior(K, tau, nu)
     np.testing.assert_allclose(cov, ref_cov, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(out[0], ref_mean, rtol=1e-6, atol=1e-8)
     assert np.all(out[3] > 0)                              # proper fractional cavities
@@ -87,7 +87,7 @@ def test_inner_solution_is_the_minimum_of_the_reference_objective():
     dof, scale, power = 4.0, 0.01, 0.5
     tau, nu, parallel = _parallel(K, y, dof, scale)
     assert parallel.stuck
-    cov, mean = ref_robust.posterior(K, tau, nu)
+    cov, mean = ref_student_t.posterior(K, tau, nu)
     theta_tau, theta_nu = 1 / np.diag(cov), mean / np.diag(cov)
     start_tau, start_nu = tau.copy(), nu.copy()
     info = double_loop.run_double_loop_ep(K, y, dof, scale, power, tau, nu, *_outputs(y.size), tol=1e-12,
@@ -96,15 +96,15 @@ def test_inner_solution_is_the_minimum_of_the_reference_objective():
     cavities = np.concatenate([theta_tau - power * tau, theta_nu - power * nu])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IntegrationWarning)
-        value, grad = ref_robust.double_loop_inner_objective(K, y, theta_tau, theta_nu, cavities, dof, scale,
+        value, grad = ref_student_t.double_loop_inner_objective(K, y, theta_tau, theta_nu, cavities, dof, scale,
                                                              power)
         start = np.concatenate([theta_tau - power * start_tau, theta_nu - power * start_nu])
-        start_value, start_grad = ref_robust.double_loop_inner_objective(K, y, theta_tau, theta_nu, start, dof,
+        start_value, start_grad = ref_student_t.double_loop_inner_objective(K, y, theta_tau, theta_nu, start, dof,
                                                                          scale, power)
         rng = np.random.default_rng(0)
         nearby = []
         for _ in range(4):
-            trial = ref_robust.double_loop_inner_objective(
+            trial = ref_student_t.double_loop_inner_objective(
                 K, y, theta_tau, theta_nu, cavities * (1 + 1e-4 * rng.standard_normal(cavities.size)), dof,
                 scale, power)
             nearby.append(trial[0])
@@ -182,7 +182,7 @@ def test_estimator_falls_back_to_the_double_loop(seed, dof, scale):
     K = _rbf(x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IntegrationWarning)
-        residual = ref_robust.fixed_point_residual(K, y, est.site_precision_, est.site_natural_mean_, dof, scale,
+        residual = ref_student_t.fixed_point_residual(K, y, est.site_precision_, est.site_natural_mean_, dof, scale,
                                                    0.5)
     assert residual < 1e-3
     # the fit follows the clean signal through the outliers

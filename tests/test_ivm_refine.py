@@ -6,6 +6,8 @@ the compiled ``IVMState.refine`` / ``IVMState.exchange`` against the plain-numpy
 change), dense GP EP and exact GP regression at d = n, the entropy criterion, the
 refactorisation, and bad input.
 """
+import copy
+import pickle
 import warnings
 
 import numpy as np
@@ -15,6 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from fastep import ConvergenceWarning, IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
+from fastep._epcore.ivm_refine import ExchangeResult, RefineResult
 from fastep.kernels import RBF, Linear
 from fastep.likelihoods import Gaussian
 from fastep.reference import gp_ep as ref_gp
@@ -81,9 +84,9 @@ def test_refine_matches_the_twin(kind, seed):
     info = state.refine(cols, n_sweeps=3)
     twin = ref.ep_refine(K, y, moments, before["active"], before["site_mean"], before["site_precision"], 3,
                          sigma2=sigma2, spherical_noise=spherical)
-    assert (info["n_sweeps"], info["n_updates"], info["converged"], info["n_rejected"]) == \
+    assert (info.n_sweeps, info.n_updates, info.converged, info.n_rejected) == \
         (twin["n_sweeps"], twin["n_updates"], twin["converged"], twin["n_rejected"])
-    assert info["max_change"] == pytest.approx(twin["max_change"], rel=1e-6, abs=1e-12)
+    assert info.max_change == pytest.approx(twin["max_change"], rel=1e-6, abs=1e-12)
     np.testing.assert_array_equal(state.active, before["active"])           # the set and its order stay
     np.testing.assert_allclose(state.site_mean, twin["site_mean"], rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(state.site_precision, twin["site_precision"], rtol=1e-9, atol=1e-10)
@@ -92,10 +95,10 @@ def test_refine_matches_the_twin(kind, seed):
     _assert_consistent_with_sites(state, K)
     if kind == "gaussian":
         # spherical sites are exact: nothing to refine
-        assert info["n_updates"] == 0 and info["converged"]
+        assert info.n_updates == 0 and info.converged
         np.testing.assert_array_equal(state.site_mean, before["site_mean"])
     else:
-        assert info["n_updates"] > 0
+        assert info.n_updates > 0
         assert np.max(np.abs(state.site_precision - before["site_precision"])) > 1e-6
 
 
@@ -103,8 +106,8 @@ def test_refine_matches_the_twin(kind, seed):
 def test_refine_converges_to_an_ep_fixed_point_that_a_second_run_leaves_unchanged(kind):
     state, cols, K, y, moments, _ = _selected(kind, 120, 30, 2, 0.02)
     info = state.refine(cols, n_sweeps=100)
-    assert info["converged"] and info["n_rejected"] == 0 and info["n_sweeps"] < 100
-    assert info["max_change"] <= 1e-9
+    assert info.converged and info.n_rejected == 0 and info.n_sweeps < 100
+    assert info.max_change <= 1e-9
     # EP fixed point: each site equals the moment match at its own cavity (dense check)
     idx = state.active
     mu, Sigma = ref.posterior_from_sites(K, idx, state.site_mean, state.site_precision)
@@ -116,7 +119,7 @@ def test_refine_converges_to_an_ep_fixed_point_that_a_second_run_leaves_unchange
     np.testing.assert_allclose(h + g / nu, m, rtol=1e-7, atol=1e-8 / np.sqrt(b.min()))
     snap = _snapshot(state)
     again = state.refine(cols, n_sweeps=10)
-    assert again["converged"] and again["n_sweeps"] == 1 and again["n_updates"] == 0
+    assert again.converged and again.n_sweeps == 1 and again.n_updates == 0
     _assert_state_close(state, snap, atol=1e-10)
 
 
@@ -129,7 +132,7 @@ def test_refine_with_every_point_active_and_gaussian_noise_is_exact_gp_regressio
     state = engine.IVMState(y, Gaussian(noise_variance=noise).site_spec(), cols.diag, n)
     state.select(n, cols)
     info = state.refine(cols, n_sweeps=5)
-    assert info["converged"] and info["n_updates"] == 0
+    assert info.converged and info.n_updates == 0
     K = kernel(X)
     c = cholesky(K + noise * np.eye(n), lower=True)
     alpha = cho_solve((c, True), y)
@@ -148,7 +151,7 @@ def test_refine_with_every_point_active_equals_dense_gp_ep(kind):
     state = engine.IVMState(y, lik.site_spec(), cols.diag, n)
     state.select(n, cols)
     info = state.refine(cols, n_sweeps=200, tol=1e-12)
-    assert info["converged"]
+    assert info.converged
     dense = ref_gp.run_gp_ep(kernel(X), y, moments, tol=1e-13, max_sweeps=500)
     assert dense["converged"]
     np.testing.assert_allclose(state.site_precision, dense["site_precision"], rtol=1e-9, atol=1e-10)
@@ -171,13 +174,13 @@ def test_refactorisation_changes_results_by_rounding_only(kind):
     b, cols_b, _, _, _, _ = _selected(kind, 150, 40, 3, 0.01)
     ia = a.refine(cols_a, n_sweeps=6, refactor_every=1)
     ib = b.refine(cols_b, n_sweeps=6, refactor_every=100)
-    assert ia["n_updates"] == ib["n_updates"] > 0
+    assert ia.n_updates == ib.n_updates > 0
     _assert_state_close(a, _snapshot(b), atol=1e-10)
     # exchanges with Σ[I, :] rebuilt after every move vs only at the end
     ea = a.exchange(cols_a, tol=1e-8, max_moves=6, refactor_every=1)
     eb = b.exchange(cols_b, tol=1e-8, max_moves=6, refactor_every=1000)
-    assert [m[:2] for m in ea["moves"]] == [m[:2] for m in eb["moves"]] and ea["n_moves"] > 0
-    np.testing.assert_allclose([m[2] for m in ea["moves"]], [m[2] for m in eb["moves"]], rtol=1e-9, atol=1e-12)
+    assert [m[:2] for m in ea.moves] == [m[:2] for m in eb.moves] and ea.n_moves > 0
+    np.testing.assert_allclose([m[2] for m in ea.moves], [m[2] for m in eb.moves], rtol=1e-9, atol=1e-12)
     _assert_state_close(a, _snapshot(b), atol=1e-10)
     snap = _snapshot(a)
     a.refactorize(cols_a)
@@ -213,11 +216,11 @@ def test_greedy_exchange_matches_the_twin(kind, seed):
     info = state.exchange(cols, "greedy", tol=1e-6, max_moves=8)
     twin = ref.exchange(K, y, moments, before["active"], before["site_mean"], before["site_precision"],
                         tol=1e-6, max_moves=8, sigma2=sigma2, spherical_noise=spherical)
-    assert info["n_moves"] > 0
-    assert [m[:2] for m in info["moves"]] == [m[:2] for m in twin["moves"]]
-    np.testing.assert_allclose([m[2] for m in info["moves"]], [m[2] for m in twin["moves"]],
+    assert info.n_moves > 0
+    assert [m[:2] for m in info.moves] == [m[:2] for m in twin["moves"]]
+    np.testing.assert_allclose([m[2] for m in info.moves], [m[2] for m in twin["moves"]],
                                rtol=1e-9, atol=1e-12)
-    assert info["converged"] == twin["converged"]
+    assert info.converged == twin["converged"]
     np.testing.assert_array_equal(state.active, twin["active"])
     np.testing.assert_allclose(state.site_mean, twin["site_mean"], rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(state.site_precision, twin["site_precision"], rtol=1e-9, atol=1e-10)
@@ -225,7 +228,7 @@ def test_greedy_exchange_matches_the_twin(kind, seed):
     np.testing.assert_allclose(state.post_var, np.diag(twin["post_cov"]), rtol=1e-9, atol=1e-10)
     _assert_consistent_with_sites(state, K)
     # the leavers are out, the entrants in, in order of entry at the end
-    assert state.active[-1] == info["moves"][-1][1]
+    assert state.active[-1] == info.moves[-1][1]
     assert len(set(state.active.tolist())) == 30
 
 
@@ -240,12 +243,12 @@ def test_exchange_moves_never_make_the_criterion_worse(mode, kind):
         active_before = state.active
         info = state.exchange(cols, mode, tol=tol, max_moves=1, seed=step)
         after = ref.entropy_reduction(K, state.active, state.site_precision)
-        if info["n_moves"] == 0:
-            assert info["converged"]
+        if info.n_moves == 0:
+            assert info.converged
             np.testing.assert_array_equal(state.active, active_before)
             break
         n_moves += 1
-        (j, i, gain), = info["moves"]
+        (j, i, gain), = info.moves
         assert j in active_before and i not in active_before
         assert gain > tol
         assert after > before                                  # checked densely, move by move
@@ -265,14 +268,30 @@ def test_random_exchange_is_seeded_and_stops_where_greedy_would():
     for label, mode, seed in [("a", "random", 3), ("b", "random", 3), ("c", "random", 4), ("g", "greedy", 0)]:
         state, cols, K, y, moments, _ = _selected("probit", 120, 25, 8)
         info = state.exchange(cols, mode, tol=1e-6, max_moves=100, seed=seed)
-        assert info["converged"]
+        assert info.converged
         partner, gains = state.exchange_gains(cols)
         assert np.max(gains) <= 1e-6
-        runs[label] = (info["moves"], state.entropy_reduction())
+        runs[label] = (info.moves, state.entropy_reduction())
     assert runs["a"] == runs["b"]
     for label in "abcg":
         assert runs[label][1] > runs["g"][1] - 1.0             # all local optima of the same criterion
     assert [m[:2] for m in runs["a"][0]] != [m[:2] for m in runs["g"][0]]
+
+
+def test_refinement_reports_are_read_only_typed_results():
+    state, cols, _, _, _, _ = _selected("probit", 150, 40, 3, 0.01)
+    sweeps = state.refine(cols, n_sweeps=6)
+    moves = state.exchange(cols, tol=1e-8, max_moves=6)
+    assert isinstance(sweeps, RefineResult) and isinstance(moves, ExchangeResult)
+    assert set(sweeps.as_dict()) == {"n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected"}
+    assert set(moves.as_dict()) == {"moves", "n_moves", "converged", "best_gain"}
+    assert moves.n_moves == len(moves.moves) > 0
+    assert all(type(j) is int and type(i) is int and type(gain) is float for j, i, gain in moves.moves)
+    for result, field in ((sweeps, "n_sweeps"), (moves, "moves")):
+        with pytest.raises(AttributeError):
+            setattr(result, field, 0)
+        assert pickle.loads(pickle.dumps(result)) == result and copy.deepcopy(result) == result
+    assert repr(sweeps).startswith("RefineResult(n_sweeps=") and sweeps != moves
 
 
 def test_exchange_and_refine_on_degenerate_active_sets():
@@ -281,10 +300,10 @@ def test_exchange_and_refine_on_degenerate_active_sets():
     full = engine.IVMState(y, lik.site_spec(), cols.diag, 15)
     full.select(15, cols)
     info = full.exchange(cols)
-    assert info == {"moves": [], "n_moves": 0, "converged": True, "best_gain": -np.inf}
+    assert (info.moves, info.n_moves, info.converged, info.best_gain) == ((), 0, True, -np.inf)
     empty = engine.IVMState(y, lik.site_spec(), cols.diag, 5)
-    assert empty.refine(cols, n_sweeps=3)["n_sweeps"] == 0
-    assert empty.exchange(cols)["n_moves"] == 0
+    assert empty.refine(cols, n_sweeps=3).n_sweeps == 0
+    assert empty.exchange(cols).n_moves == 0
     assert empty.entropy_reduction() == 0.0
     # after refinement the state can still grow by Algorithm 1
     st = engine.IVMState(y, lik.site_spec(), cols.diag, 8)
@@ -350,7 +369,7 @@ def test_estimators_refine_their_active_sets():
     assert plain.refinement_ is None
     ep = IVMClassifier(refine_sweeps=50, **common).fit(X, y)
     np.testing.assert_array_equal(ep.active_set_, plain.active_set_)
-    assert ep.refinement_["ep"]["converged"]
+    assert ep.refinement_["ep"].converged
     cols = kernel.columns(X)
     st = engine.IVMState(y, lik.site_spec(), cols.diag, 25)                 # y is already ±1
     st.select(25, cols)
@@ -358,9 +377,9 @@ def test_estimators_refine_their_active_sets():
     np.testing.assert_allclose(ep.site_precision_, st.site_precision[ep.active_set_], rtol=1e-12)
     np.testing.assert_allclose(ep.site_mean_, st.site_mean[ep.active_set_], rtol=1e-12, atol=1e-12)
     ex = IVMClassifier(exchange="greedy", max_exchanges=200, **common).fit(X, y)
-    assert ex.refinement_["exchange"]["converged"] and ex.refinement_["exchange"]["n_moves"] > 0
+    assert ex.refinement_["exchange"].converged and ex.refinement_["exchange"].n_moves > 0
     K = kernel(X)
-    gain = sum(m[2] for m in ex.refinement_["exchange"]["moves"])
+    gain = sum(m[2] for m in ex.refinement_["exchange"].moves)
     assert (ref.entropy_reduction(K, ex.active_set_, _full(ex.site_precision_, ex.active_set_, 150))
             == pytest.approx(ref.entropy_reduction(K, plain.active_set_,
                                                    _full(plain.site_precision_, plain.active_set_, 150)) + gain,
@@ -368,16 +387,16 @@ def test_estimators_refine_their_active_sets():
     assert 0.0 <= ex.predict_proba(X[:5]).min() and ex.predict_proba(X[:5]).max() <= 1.0
     both = IVMClassifier(exchange="random", refine_sweeps=50, random_state=3, **common).fit(X, y)
     assert set(both.refinement_) == {"ep", "exchange", "ep_after_exchange"}
-    assert both.refinement_["ep_after_exchange"]["converged"]
+    assert both.refinement_["ep_after_exchange"].converged
     # regression (spherical sites: exchanges only) and ordinal regression with learning
     Xr, yr, _, _, _, kr = _problem("gaussian", 120, 13)
     reg = IVMRegressor(kernel=kr, noise_variance=0.05, active_set_size=20, n_iterations=1, max_optimizer_iter=5,
                        exchange="greedy", refine_sweeps=2).fit(Xr, yr)
-    assert reg.refinement_["ep"]["n_updates"] == 0 and reg.score(Xr, yr) > 0.5
+    assert reg.refinement_["ep"].n_updates == 0 and reg.score(Xr, yr) > 0.5
     Xo, yo, lo, _, _, ko = _problem("ordinal", 120, 14)
     ordi = IVMOrdinalRegressor(kernel=ko, likelihood=lo, active_set_size=20, n_iterations=1, max_optimizer_iter=5,
                                refine_sweeps=30, exchange="random", random_state=1).fit(Xo, yo)
-    assert ordi.refinement_["ep"]["converged"] and ordi.score(Xo, yo) > 0.5
+    assert ordi.refinement_["ep"].converged and ordi.score(Xo, yo) > 0.5
 
 
 def _full(values, idx, n):

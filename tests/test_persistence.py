@@ -128,6 +128,34 @@ def test_pickle_round_trip_predicts_bitwise_identically(fitted, name):
         _assert_bitwise_equal(expected[method], got[method])
 
 
+def test_ivm_refinement_reports_load_from_files_that_hold_them_as_dicts():
+    """The refinement reports are typed results; files written before that hold plain dicts,
+    which load as typed results, and the model predicts bitwise as before."""
+    X, y, _, _ = _data()
+    model = fastep.IVMClassifier(RBF(1.0, 0.5), optimizer=None, active_set_size=15, refine_sweeps=20,
+                                 exchange="greedy").fit(X, y)
+    typed = model.refinement_
+    assert typed["ep"].n_sweeps > 0 and typed["exchange"].n_moves == len(typed["exchange"].moves)
+    loaded = fastep.load(io.BytesIO(_saved_bytes(model)))
+    assert loaded.refinement_ == typed and loaded._problems[0].refinement == typed
+    # the layout of the older files: each stage a dict of the same fields (moves a list)
+    problem = model._problems[0]
+    as_dicts = {stage: dict(result.as_dict(), **({"moves": list(result.moves)} if stage == "exchange" else {}))
+                for stage, result in typed.items()}
+    model.refinement_, problem.refinement = as_dicts, dict(as_dicts)
+    try:
+        old_file = _saved_bytes(model)
+    finally:
+        model.refinement_ = problem.refinement = typed
+    assert b"ivm_refine" not in old_file
+    old = fastep.load(io.BytesIO(old_file))
+    assert old.refinement_ == typed and old._problems[0].refinement == typed
+    assert type(old.refinement_["exchange"]).__name__ == "ExchangeResult"
+    expected, got = _outputs(model, X, y), _outputs(old, X, y)
+    for method in expected:
+        _assert_bitwise_equal(expected[method], got[method])
+
+
 def test_unfitted_estimator_round_trips_its_parameters():
     model = fastep.GaussianProcessClassifier(RBF(2.0, 0.5) + Bias(0.1), fastep.Probit(slope=3.0), tol=1e-5)
     buffer = io.BytesIO(_saved_bytes(model))

@@ -1,7 +1,7 @@
 """Sparse robust regression: fractional EP with Student-t sites on the sparse representation.
 
 The engine (``student_t_ep.run_sparse``) against the dense robust engine (whose own twin
-is :mod:`fastep.reference.robust_ep`) where the two models coincide, the signed natural sums,
+is :mod:`fastep.reference.student_t_ep`) where the two models coincide, the signed natural sums,
 the Gaussian limit, the evidence gradient, outliers, and the estimator's argument checks.
 """
 import numpy as np

@@ -1,7 +1,7 @@
 """Robust GP regression with a Student-t likelihood: the site kernel, fractional EP, the estimator.
 
 Jylänki, Vanhatalo & Vehtari (2011). Compiled kernels against their reference twins
-(fastep.reference.sites.student_t_moments: adaptive quadrature; fastep.reference.robust_ep:
+(fastep.reference.sites.student_t_moments: adaptive quadrature; fastep.reference.student_t_ep:
 explicit inverses), analytic limits (ν → ∞ is the Gaussian GP), one-site EP against 1-D
 quadrature, evidence gradients against finite differences, and robustness to outliers.
 """
@@ -16,7 +16,7 @@ from scipy.stats import multivariate_normal, t as student_t_dist
 from fastep import GaussianProcessRegressor, StudentT, load, save
 from fastep._epcore import student_t_ep, student_t_sites, sites
 from fastep.kernels import RBF, Bias
-from fastep.reference import robust_ep as ref_robust
+from fastep.reference import student_t_ep as ref_student_t
 from fastep.reference import sites as ref_sites
 
 # (residual d = mu - y, cavity variance) on the scales of the cavity and of the likelihood:
@@ -141,11 +141,11 @@ def test_engine_matches_reference_sweep_by_sweep(power):
         assert info.n_sweeps == n_sweeps
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", IntegrationWarning)   # QUADPACK's round-off notes
-            ref_tau, ref_nu = ref_robust.run_fractional_ep(K, y, 3.0, 0.2, power, damping=0.7, n_sweeps=n_sweeps)
-            want = ref_robust.log_marginal_likelihood(K, y, tau, nu, 3.0, 0.2, power)
+            ref_tau, ref_nu = ref_student_t.run_fractional_ep(K, y, 3.0, 0.2, power, damping=0.7, n_sweeps=n_sweeps)
+            want = ref_student_t.log_marginal_likelihood(K, y, tau, nu, 3.0, 0.2, power)
         np.testing.assert_allclose(tau, ref_tau, rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(nu, ref_nu, rtol=1e-7, atol=1e-9)
-        ref_cov, ref_mean = ref_robust.posterior(K, tau, nu)
+        ref_cov, ref_mean = ref_student_t.posterior(K, tau, nu)
         np.testing.assert_allclose(cov, ref_cov, rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(out["post_mean"], ref_mean, rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(out["post_var"], np.diag(ref_cov), rtol=1e-8, atol=1e-12)

@@ -1,6 +1,7 @@
 """Estimator plumbing shared by every fastep model (scikit-learn conventions, no dependency on it)."""
 import functools
 import inspect
+import re
 
 import numpy as np
 
@@ -9,7 +10,7 @@ from .exceptions import not_fitted_error
 from .progress import Progress, check_callback, check_verbose
 
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba",
-           "records_feature_names"]
+           "records_feature_names", "fill_doc", "EXAMPLES_DOC", "KERNEL_EXAMPLES_DOC"]
 
 
 def records_feature_names(fit):
@@ -30,6 +31,107 @@ def records_feature_names(fit):
             self.feature_names_in_ = names
         return fitted
     return fit_recording_names
+
+
+#: ``%NAME%`` alone on its line (indentation, name) or inside a line (name).
+_PLACEHOLDER = re.compile(r"^([ ]*)%([A-Z][A-Z0-9_]*)%[ ]*$|%([A-Z][A-Z0-9_]*)%", flags=re.M)
+_BODY_INDENT = "    "
+
+
+def fill_doc(template, **sections):
+    """A docstring from ``template`` with its ``%NAME%`` placeholders replaced by shared sections.
+
+    The one way fastep templates docstrings: text that several docstrings share (a parameter
+    entry, a block of attributes, the references) is written once and named, and each
+    docstring marks where it goes.
+
+    Parameters
+    ----------
+    template : str
+        The docstring. A placeholder alone on its line stands for a block of lines; one inside
+        a line stands for a single line of text.
+    **sections : str
+        The text of each placeholder, written as it stands in a class docstring: the first line
+        starts at the quotes, the others carry their indentation there (four spaces for the
+        docstring's body). A block keeps that layout relative to its placeholder's indentation.
+        Sections may hold placeholders of their own, filled from the same ``sections``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        A placeholder has no section, a section of several lines is placed inside a line, a
+        line of a section is indented less than the docstring's body, or a section is not used.
+
+    Examples
+    --------
+    >>> from fastep._base import fill_doc
+    >>> print(fill_doc('''Fit to tolerance %TOL%.
+    ...
+    ...     Parameters
+    ...     ----------
+    ...     %PARAMETERS%
+    ...     ''', TOL="1e-6", PARAMETERS='''tol : float
+    ...         Stopping threshold.'''))
+    Fit to tolerance 1e-6.
+    <BLANKLINE>
+        Parameters
+        ----------
+        tol : float
+            Stopping threshold.
+    <BLANKLINE>
+    """
+    unused = set(sections)
+
+    def lines(name):
+        if name not in sections:
+            raise ValueError(f"docstring placeholder %{name}% has no section")
+        unused.discard(name)
+        first, *rest = sections[name].strip("\n").rstrip().splitlines()
+        out = [first.lstrip()]
+        for line in rest:
+            if line.strip() and not line.startswith(_BODY_INDENT):
+                raise ValueError(f"docstring section {name}: {line!r} is indented less than the docstring's body")
+            out.append(line[len(_BODY_INDENT):])
+        return out
+
+    def fill(match):
+        indent, block_name, inline_name = match.groups()
+        if block_name:
+            return "\n".join(indent + line if line.strip() else "" for line in lines(block_name))
+        found = lines(inline_name)
+        if len(found) > 1:
+            raise ValueError(f"docstring section {inline_name} has several lines: its placeholder must "
+                             "stand alone on its line")
+        return found[0]
+
+    doc = template
+    for _ in range(len(sections) + 1):                  # each round fills one level of nesting
+        if not _PLACEHOLDER.search(doc):
+            break
+        doc = _PLACEHOLDER.sub(fill, doc)
+    if _PLACEHOLDER.search(doc):
+        raise ValueError("docstring sections hold each other's placeholders in a cycle")
+    if unused:
+        raise ValueError(f"docstring sections not used: {sorted(unused)}")
+    return doc
+
+
+#: The opening of an estimator's Examples section; the ESTIMATOR section is the estimator's name.
+EXAMPLES_DOC = """Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep import %ESTIMATOR%
+    >>> rng = np.random.default_rng(0)"""
+
+#: The opening of a kernel's Examples section: numpy and three inputs of two features.
+KERNEL_EXAMPLES_DOC = """Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])"""
 
 
 class BaseEstimator:
@@ -145,18 +247,26 @@ def _score_targets(y, sample_weight, n_predicted, *, numeric):
     return y, w
 
 
-class ClassifierMixin:
+class _TaskTagsMixin:
+    """scikit-learn's tags of a classifier or a regressor: ``estimator_type`` from
+    ``_estimator_type``, and the tags of the task (``_task_tags``: the field of sklearn's
+    ``Tags`` and the name of its class in ``sklearn.utils``)."""
+
+    def __sklearn_tags__(self):
+        import sklearn.utils
+
+        field, tags_class = self._task_tags
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = self._estimator_type
+        setattr(tags, field, getattr(sklearn.utils, tags_class)())
+        return tags
+
+
+class ClassifierMixin(_TaskTagsMixin):
     """``score``: the (weighted) mean accuracy of ``predict``, as scikit-learn's classifiers."""
 
     _estimator_type = "classifier"
-
-    def __sklearn_tags__(self):
-        from sklearn.utils import ClassifierTags
-
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "classifier"
-        tags.classifier_tags = ClassifierTags()
-        return tags
+    _task_tags = ("classifier_tags", "ClassifierTags")
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of ``predict(X)`` against ``y`` (weighted by ``sample_weight`` if given).
@@ -178,18 +288,11 @@ class ClassifierMixin:
         return float(np.average(predicted == y, weights=w))
 
 
-class RegressorMixin:
+class RegressorMixin(_TaskTagsMixin):
     """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
 
     _estimator_type = "regressor"
-
-    def __sklearn_tags__(self):
-        from sklearn.utils import RegressorTags
-
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "regressor"
-        tags.regressor_tags = RegressorTags()
-        return tags
+    _task_tags = ("regressor_tags", "RegressorTags")
 
     def score(self, X, y, sample_weight=None):
         """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.

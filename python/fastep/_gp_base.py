@@ -200,6 +200,14 @@ class SiteProblem:
                 return state
         return self._run_once(prior, likelihood, warm=False)
 
+    def _start_sites(self, warm):
+        """The sites one EP run starts from and updates: copies of the stored sites (``warm``),
+        else zero sites."""
+        if warm:
+            return self.site_precision.copy(), self.site_natural_mean.copy()
+        n = self.site_precision.shape[0]
+        return np.zeros(n), np.zeros(n)
+
     def _has_sites(self):
         """Whether there are sites to start warm from (any nonzero precision)."""
         return bool(np.any(self.site_precision))
@@ -279,14 +287,15 @@ class SiteProblem:
     def log_ml_at(self, hyper, theta, eval_gradient):
         """EP log marginal likelihood (and gradient) at ``theta``, from a cold start.
 
-        The fitted sites and prediction state are left as they were.
+        The fitted sites (all that :meth:`sites` returns) and prediction state are left as they
+        were.
         """
         theta = hyper.check(theta)
-        saved = self.site_precision, self.site_natural_mean
+        saved = self.sites()
         try:
             value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
         finally:
-            self.site_precision, self.site_natural_mean = saved
+            self.restore_sites(saved)
         return (value, grad) if eval_gradient else value
 
 
@@ -351,6 +360,31 @@ LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float
         ``hyperprior=None`` or ``optimizer=None``; summed over one-vs-rest problems).
     n_evaluations_ : int or ndarray (n_classes,)
         Evidence evaluations of the search (0 with ``optimizer=None``)."""
+
+#: The final EP runs' attributes (:meth:`GPEstimator._set_ep_summary`), as the docstrings give them.
+EP_RUN_ATTRIBUTES = """n_sweeps_ : int or ndarray (n_classes,)
+        EP sweeps of the final run.
+    converged_ : bool
+        Whether every final EP run met ``tol``."""
+
+#: The close of the GP estimators' ``kernel`` entry: the data-aware start on inputs in mixed units.
+MIXED_UNITS_DOC = """When the ranges of the input columns differ by more than a factor of 100 (mixed units),
+    the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
+    from the range-scaled inputs, so that raw and standardised columns give the same model."""
+
+#: The attributes of the one-vs-rest GP classifiers' kernel and likelihood, as their docstrings give them.
+CLASSIFIER_ATTRIBUTES = """classes_ : ndarray (n_classes,)
+        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
+    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
+        The fitted kernel and likelihood."""
+
+#: The fitted noise model of the GP regressors with Gaussian or Student-t noise.
+REGRESSOR_ATTRIBUTES = """kernel_ : Kernel
+        The fitted kernel.
+    likelihood_ : Gaussian or StudentT
+        The fitted noise model.
+    noise_variance_ : float
+        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2)."""
 
 
 def check_kernel(kernel):
@@ -451,6 +485,17 @@ class GPEstimator(BaseEstimator):
             progress = p.options.pop("progress", None) or progress
         if progress is not None:
             self._warn_if_stopped(progress, stacklevel=4)
+
+    def _search_options(self, problem, hyperparameters, seed):
+        """Name ``problem`` (a :class:`SiteProblem`) after the estimator for its warnings, give it
+        ``hyperparameters``, and return the keyword arguments of its :meth:`SiteProblem.fit` from
+        the estimator's parameters (``optimizer``, ``n_restarts_optimizer``, ``warm_start``,
+        ``max_sweeps``, ``tol``) and ``seed``."""
+        problem.estimator_name = type(self).__name__
+        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
+        problem.hyperparameters = hyperparameters
+        return {"optimizer": self.optimizer, "n_restarts": self.n_restarts_optimizer, "seed": seed,
+                "warm_start": self.warm_start, "max_sweeps": self.max_sweeps, "tol": self.tol}
 
     def _check_X(self, X):
         """Prediction-time X, validated against the training features (raises if not fitted)."""

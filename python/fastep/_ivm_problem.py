@@ -20,6 +20,7 @@ from scipy.linalg import lapack
 
 from ._epcore import ivm as _engine
 from ._epcore import sparse_ep as _sparse_engine
+from ._epcore.ivm_refine import ExchangeResult, RefineResult
 from ._gp_base import DensePredictor, GPClassifierMixin, Hyperparameters
 from ._learning_checks import kernel_structure, warn_if_kernel_stuck
 from ._linalg import cholesky_lower, matmul
@@ -80,6 +81,23 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
         quad = matmul(w, matmul(w, dK.reshape(d, d * p)).reshape(d, p))       # wᵀ dK_j w for every j
         grad = 0.5 * quad - 0.5 * np.einsum("ij,ijp->p", R, dK)
     return value, grad, L, w
+
+
+def typed_refinement(report):
+    """A refinement report (:meth:`_IVMProblem._refine`) whose stages hold the engine's typed
+    results: a stage saved as a plain dict (model files written before the results were typed)
+    becomes a :class:`~fastep._epcore.ivm_refine.RefineResult` or
+    :class:`~fastep._epcore.ivm_refine.ExchangeResult`; None stays None."""
+    if report is None:
+        return None
+    typed = {}
+    for stage, result in report.items():
+        if isinstance(result, dict) and stage == "exchange":
+            result = ExchangeResult(result["moves"], result["converged"], result["best_gain"])
+        elif isinstance(result, dict):
+            result = RefineResult(**result)
+        typed[stage] = result
+    return typed
 
 
 class _IVMProblem:
@@ -144,7 +162,8 @@ class _IVMProblem:
 
         ``refine_sweeps`` EP deletion-inclusion sweeps (``IVMState.refine``), then exchange
         moves (``IVMState.exchange``), then, if any exchange was made, the EP sweeps again
-        (the entering points carry ADF sites). Returns the engine's reports, or None.
+        (the entering points carry ADF sites). Returns the engine's reports by stage ('ep',
+        'exchange', 'ep_after_exchange' as run), or None.
         """
         opts = self.refine
         if not opts or (not opts["sweeps"] and opts["exchange"] is None):
@@ -155,7 +174,7 @@ class _IVMProblem:
         if opts["exchange"] is not None:
             info["exchange"] = state.exchange(cols, opts["exchange"], tol=opts["exchange_tol"],
                                               max_moves=opts["max_exchanges"], seed=self.seed)
-            if opts["sweeps"] and info["exchange"]["n_moves"]:
+            if opts["sweeps"] and info["exchange"].n_moves:
                 info["ep_after_exchange"] = state.refine(cols, opts["sweeps"])
         return info
 
@@ -165,15 +184,21 @@ class _IVMProblem:
         info = self.refinement or {}
         for key in ("ep", "ep_after_exchange"):
             ep = info.get(key)
-            if ep is not None and not ep["converged"]:
-                out.append(f"EP refinement of the active set did not converge in {ep['n_sweeps']} sweep(s) "
-                           f"(largest site change {ep['max_change']:.3g}, {ep['n_rejected']} improper "
+            if ep is not None and not ep.converged:
+                out.append(f"EP refinement of the active set did not converge in {ep.n_sweeps} sweep(s) "
+                           f"(largest site change {ep.max_change:.3g}, {ep.n_rejected} improper "
                            "update(s) rejected); increase refine_sweeps")
         ex = info.get("exchange")
-        if ex is not None and not ex["converged"]:
-            out.append(f"exchange moves stopped after {ex['n_moves']} move(s) with an exchange still gaining "
-                       f"{ex['best_gain']:.3g} nats; increase max_exchanges")
+        if ex is not None and not ex.converged:
+            out.append(f"exchange moves stopped after {ex.n_moves} move(s) with an exchange still gaining "
+                       f"{ex.best_gain:.3g} nats; increase max_exchanges")
         return out
+
+    def __setstate__(self, state):
+        """Restore a saved or copied problem (a refinement report saved as plain dicts, as older
+        versions wrote it, becomes typed results)."""
+        self.__dict__.update(state)
+        self.refinement = typed_refinement(state.get("refinement"))
 
     # -- Algorithm 2 objectives --------------------------------------------------------------
     def kernel_objective(self, theta):

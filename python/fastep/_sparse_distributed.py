@@ -415,17 +415,6 @@ class DistributedSparseEP(SiteProblem):
     def restore_sites(self, sites):
         self.chunks, self.has_sites = sites
 
-    def log_ml_at(self, hyper, theta, eval_gradient):
-        """EP log marginal likelihood (and gradient) at ``theta`` from zero sites; the fitted
-        sites and prediction state are left as they were."""
-        theta = hyper.check(theta)
-        saved = self.chunks, self.has_sites
-        try:
-            value, grad, _ = self.evaluate(hyper.unpack(theta), gradient=eval_gradient, warm=False)
-        finally:
-            self.chunks, self.has_sites = saved
-        return (value, grad) if eval_gradient else value
-
     def latent(self, Xs):
         return self.predictor.latent(Xs)
 

@@ -44,6 +44,10 @@ from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, g
 from ._double_loop_ep import run_sparse_double_loop_ep
 from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 
+#: The arrays one sparse EP run updates, in the order of :meth:`_BinarySparseEP._run_arrays`.
+_RUN_ARRAYS = ("tau", "nu", "R", "w_mean", "g_mean", "g_var")
+
+
 class _BinarySparseEP(SiteProblem):
     """One binary (or regression) sparse EP problem: EP runs, evidence, gradient, prediction state."""
 
@@ -56,6 +60,21 @@ class _BinarySparseEP(SiteProblem):
         self.learn_inducing = learn_inducing
 
     # -- EP --------------------------------------------------------------------------------
+    def _run_arrays(self, Vt, warm):
+        """What one EP run on the projections ``Vt`` (n x m) updates (:data:`_RUN_ARRAYS`): the
+        sites it starts from (:meth:`SiteProblem._start_sites`), and R, μ_w, E[g] and Var[g]."""
+        n, m = Vt.shape
+        tau, nu = self._start_sites(warm)
+        return [tau, nu, np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)]
+
+    @staticmethod
+    def _finished(arrays, info, failure):
+        """The state of a finished run (``arrays`` as :meth:`_run_arrays` orders them, and ``info``);
+        ``LinAlgError(failure)`` when its log marginal likelihood is not finite."""
+        if not np.isfinite(info.log_z):
+            raise np.linalg.LinAlgError(failure)
+        return dict(zip(_RUN_ARRAYS, arrays), info=info)
+
     def _prior(self, kernel, Z):
         Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
         return project_rows(kernel, self.X, Z, Kmm, self.options)
@@ -63,21 +82,16 @@ class _BinarySparseEP(SiteProblem):
     def _run_once(self, prior, likelihood, warm):
         Vt, d = prior
         opts = self.options
-        n, m = Vt.shape
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
-        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
+        arrays = self._run_arrays(Vt, warm)
+        tau, nu, R, w_mean, g_mean, g_var = arrays
         engine = _engine.SparseEP(
             Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
             schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"], validate=False)
         info = engine.run(tau, nu, R, w_mean, seed=opts["seed"], g_mean=g_mean, g_var=g_var,
                           sweep_callback=sweep_callback_of(opts))
-        if not np.isfinite(info.log_z):
-            raise np.linalg.LinAlgError(
-                f"sparse EP could not form a proper cavity at {info.n_failed} site(s) and the log "
-                "marginal likelihood is not finite; increase jitter or check the kernel")
-        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
+        return self._finished(arrays, info, f"sparse EP could not form a proper cavity at {info.n_failed} site(s) "
+                              "and the log marginal likelihood is not finite; increase jitter or check the kernel")
 
     def evaluate(self, params, *, gradient, warm, keep=False):
         """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
@@ -147,26 +161,19 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     def _run_once(self, prior, likelihood, warm):
         Vt, d = prior
         opts = self.options
-        n, m = Vt.shape
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
-        R, w_mean, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
+        arrays = self._run_arrays(Vt, warm)
         engine = _student_t_engine.SparseStudentTEP(
             Vt, d, self.y, likelihood.site_spec(), power=opts["power"], damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
-        info = engine.run(tau, nu, R, w_mean, g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback_of(opts))
+        info = engine.run(*arrays[:4], g_mean=arrays[4], g_var=arrays[5], sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)
         info, arrays = self._with_double_loop_fallback(
-            info, [tau, nu, R, w_mean, g_mean, g_var],
+            info, arrays,
             lambda a: run_sparse_double_loop_ep(Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *a,
                                                 tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
                                                 sweep_callback=sweep_callback_of(opts)))
-        tau, nu, R, w_mean, g_mean, g_var = arrays
-        if not np.isfinite(info.log_z):
-            raise np.linalg.LinAlgError(
-                f"sparse fractional EP's log marginal likelihood is not finite at {likelihood!r}; "
-                "increase jitter or check the kernel")
-        return dict(tau=tau, nu=nu, R=R, w_mean=w_mean, g_mean=g_mean, g_var=g_var, info=info)
+        return self._finished(arrays, info, f"sparse fractional EP's log marginal likelihood is not finite at "
+                              f"{likelihood!r}; increase jitter or check the kernel")
 
     def evaluate(self, params, *, gradient, warm, keep=False):
         with self._search_evaluation(gradient):

@@ -151,8 +151,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         K = prior
         opts = self.options
         n = K.shape[0]
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        tau, nu = self._start_sites(warm)
         post_mean, post_var = np.empty(n), np.empty(n)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
         post_cov = np.empty((n, n))

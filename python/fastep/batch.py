@@ -11,6 +11,7 @@ threads run them side by side without copying the data. Given a
 input array is sent to the cluster once (``Client.scatter``), however many fits use it.
 """
 import copy
+import dataclasses
 import numbers
 import os
 import threading
@@ -21,6 +22,7 @@ from threadpoolctl import threadpool_limits
 __all__ = ["fit_many", "map_in_order", "BatchProgress", "effective_n_jobs"]
 
 
+@dataclasses.dataclass(repr=False, slots=True)
 class BatchProgress:
     """What :func:`fit_many` reports after each finished fit.
 
@@ -55,15 +57,12 @@ class BatchProgress:
     BatchProgress(index=3, n_done=1, n_total=10, failed=False, elapsed=0.50 s, converged=None)
     """
 
-    __slots__ = ("index", "n_done", "n_total", "failed", "elapsed", "converged")
-
-    def __init__(self, index, n_done, n_total, failed, elapsed, converged=None):
-        self.index = index
-        self.n_done = n_done
-        self.n_total = n_total
-        self.failed = failed
-        self.elapsed = elapsed
-        self.converged = converged
+    index: int
+    n_done: int
+    n_total: int
+    failed: bool
+    elapsed: float
+    converged: bool | None = None
 
     def __repr__(self):
         return (f"BatchProgress(index={self.index}, n_done={self.n_done}, n_total={self.n_total}, "

@@ -32,11 +32,11 @@ from scipy.linalg import lapack, solve_triangular
 from . import _validation as v
 from ._memory import check_memory, dense_gp_bytes, format_bytes
 from ._epcore import gp_ep as _engine
-from ._base import check_is_fitted, records_feature_names
-from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, DensePredictor,
-                       GPClassifierMixin, GPEstimator, GPRegressorMixin, Hyperparameters, SiteProblem,
-                       check_classifier_likelihood, check_kernel, check_noise_model,
-                       ep_option_constraints, start_kernel)
+from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
+from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
+                       REGRESSOR_ATTRIBUTES, EPEvidenceMixin, DensePredictor, GPClassifierMixin, GPEstimator,
+                       GPRegressorMixin, Hyperparameters, SiteProblem, check_classifier_likelihood, check_kernel,
+                       check_noise_model, ep_option_constraints, start_kernel)
 from ._constraints import Integer, validate_params
 from ._defaults import default_noise_variance
 from ._multiclass_gp import MultinomialGPProblem
@@ -101,8 +101,7 @@ class _BinaryGPEP(SiteProblem):
         K, buffer = prior
         opts = self.options
         n = K.shape[0]
-        tau = self.site_precision.copy() if warm else np.zeros(n)
-        nu = self.site_natural_mean.copy() if warm else np.zeros(n)
+        tau, nu = self._start_sites(warm)
         post_mean = np.empty(n)
         post_var = np.empty(n)
         cavity_mean = np.empty(n)
@@ -241,16 +240,12 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
         problem = _BinaryGPEP(kernel, likelihood, X, y, options, learn_likelihood)
-        problem.estimator_name = type(self).__name__
-        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
-        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  hyperprior=options["hyperprior"])
-        return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
-                           n_restarts=self.n_restarts_optimizer, seed=options["seed"],
-                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                               hyperprior=options["hyperprior"]), options["seed"])
+        return problem.fit(problem.hyperparameters, **search)
 
 
-_EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
+_EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
         Sequential EP with BLAS-3 blocked updates, the plain rank-1 sequential path, or
         parallel (damped) EP. All reach the same fixed point.
     order : {'fixed', 'random', 'entropy'}, default 'fixed'
@@ -282,7 +277,7 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
     n_restarts_optimizer : int >= 0, default 0
         Extra optimiser starts at ``theta0 + N(0, I)`` (in the search's log coordinates),
         seeded by ``random_state``.
-    """ + HYPERPRIOR_DOC + """
+    %HYPERPRIOR%
     jitter : float >= 0, default 0.0
         Added to the diagonal of the kernel matrix. A kernel matrix that is numerically
         indefinite makes ``fit`` raise ``numpy.linalg.LinAlgError`` asking for more.
@@ -291,22 +286,19 @@ _EP_PARAMS = """schedule : {'blocked', 'sequential', 'parallel'}, default 'block
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm
         start that fails is retried from zero sites).
-    """ + CALLBACK_DOC
+    %CALLBACK%""", HYPERPRIOR=HYPERPRIOR_DOC, CALLBACK=CALLBACK_DOC)
 
-_EP_ATTRIBUTES = """log_marginal_likelihood_value_ : float
+_EP_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted hyperparameters (summed over the
         one-vs-rest problems).
-    """ + LEARNING_ATTRIBUTES + """
+    %LEARNING%
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites ``τ̃_i`` and ``ν̃_i = τ̃_i μ̃_i`` at the fixed point.
-    n_sweeps_ : int or ndarray (n_classes,)
-        EP sweeps of the final run.
-    converged_ : bool
-        Whether every final EP run met ``tol``.
+    %EP_RUN%
     X_train_ : ndarray (n_samples, n_features)
         The training inputs (the predictive needs them).
     n_features_in_ : int
-        Number of features seen in ``fit``."""
+        Number of features seen in ``fit``.""", LEARNING=LEARNING_ATTRIBUTES, EP_RUN=EP_RUN_ATTRIBUTES)
 
 _REFERENCES = """Minka, T. P. *EP: a quick reference*, §2, eqs 77-88 (EP in kernel space), and
     *Expectation Propagation for approximate Bayesian inference* (UAI 2001).
@@ -315,7 +307,7 @@ _REFERENCES = """Minka, T. P. *EP: a quick reference*, §2, eqs 77-88 (EP in ker
 
 
 class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
-    __doc__ = f"""Gaussian-process classifier fitted by dense expectation propagation.
+    __doc__ = fill_doc("""Gaussian-process classifier fitted by dense expectation propagation.
 
     Model: a latent function ``f ~ GP(0, k)`` and ``p(y_i | f_i) = t(y_i f_i)`` for a binary
     likelihood ``t`` (probit by default). EP in kernel space gives a Gaussian posterior over
@@ -325,7 +317,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     More than two classes are handled one-vs-rest (one binary GP per class, probabilities
     normalised to sum to one) or, with ``multi_class="multinomial"``, by one joint model: c
     latent functions with a shared kernel and the multinomial probit likelihood
-    ``p(y = k | f) = ∫ N(u) Π_{{j≠k}} Φ(u + f_k - f_j) du``, fitted by nested EP (Riihimäki,
+    ``p(y = k | f) = ∫ N(u) Π_{j≠k} Φ(u + f_k - f_j) du``, fitted by nested EP (Riihimäki,
     Jylänki & Vehtari 2013) with its evidence and exact gradient. O(n³) time and O(n²) memory
     per EP run (O(c n³) and O(c n²) for the multinomial model).
 
@@ -336,15 +328,13 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         ``RBF(1, γ)``, γ = 1 / (median squared distance between the training inputs, over a
         seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
         evidence can be learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model (:mod:`fastep.likelihoods`).
-    {_EP_PARAMS}
+    %EP_PARAMS%
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (probit bias and finite slope, step flip noise).
-    multi_class : {{'one_vs_rest', 'multinomial'}}, default 'one_vs_rest'
+    multi_class : {'one_vs_rest', 'multinomial'}, default 'one_vs_rest'
         'one_vs_rest': one binary GP per class (two classes: one binary GP). 'multinomial': the
         multinomial probit model by nested EP (any number of classes >= 2; the likelihood must be
         the default probit, ``learn_likelihood`` False). It runs damped parallel EP (``damping``
@@ -352,7 +342,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
         model with the same kernel. ``decision_function`` then returns the latent means (n, c)
         (two classes: the predictive log-odds of ``classes_[1]``, as the binary classifiers).
-    {N_JOBS_DOC}
+    %N_JOBS%
 
     Attributes
     ----------
@@ -362,7 +352,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         The fitted kernel (one per class one-vs-rest).
     likelihood_ : Likelihood or list of Likelihood
         The fitted likelihood (one per class one-vs-rest).
-    {_EP_ATTRIBUTES}
+    %EP_ATTRIBUTES%
 
     See Also
     --------
@@ -371,13 +361,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
 
     References
     ----------
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import GaussianProcessClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(80, 2))
     >>> y = np.where(X[:, 0] + X[:, 1] > 0, "yes", "no")
     >>> clf = GaussianProcessClassifier().fit(X, y)
@@ -388,34 +374,15 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     >>> proba = clf.predict_proba([[2.0, 2.0]])
     >>> proba.shape, bool(proba[0, 1] > 0.9)
     ((1, 2), True)
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessClassifier", EP_PARAMS=_EP_PARAMS, N_JOBS=N_JOBS_DOC,
+        EP_ATTRIBUTES=_EP_ATTRIBUTES, REFERENCES=_REFERENCES, MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
                  tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
                  negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
                  random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", hyperprior="auto",
                  verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.multi_class = multi_class
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.n_jobs = n_jobs
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.block_size = block_size
-        self.refactor_every = refactor_every
-        self.negative_precision = negative_precision
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.learn_likelihood = learn_likelihood
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y):
@@ -451,11 +418,9 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
             labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
                 np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
             problem = MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)
-            problem.estimator_name = type(self).__name__
-            problem.latent_scale = 1.0
-            problem.hyperparameters = Hyperparameters(kernel, None, False, hyperprior=options["hyperprior"])
-            problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
-                        seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+            search = self._search_options(problem, Hyperparameters(kernel, None, False,
+                                                                   hyperprior=options["hyperprior"]), options["seed"])
+            problem.fit(problem.hyperparameters, **search)
             self.classes_ = classes
             self.X_train_ = X
             self._set_problems(X, [problem])
@@ -504,7 +469,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
 
 
 class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
-    __doc__ = f"""Gaussian-process regression through EP: Gaussian noise (exact), or Student-t noise (robust).
+    __doc__ = fill_doc("""Gaussian-process regression through EP: Gaussian noise (exact), or Student-t noise (robust).
 
     With ``p(y_i | f_i) = N(y_i; f_i, noise_variance)`` (the default) EP's fixed point (reached in
     one sweep) is the exact posterior, and its log marginal likelihood is
@@ -528,9 +493,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between the training
         inputs, over a seeded sample of at most 1000 rows); a kernel given here is the start as it
         is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     noise_variance : float > 0 or None, default None
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
@@ -543,7 +506,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     learn_noise : bool, default True
         Learn the noise model with the kernel hyperparameters (when ``optimizer`` is set): σ², or
         the Student-t's ν and σ.
-    {_EP_PARAMS}
+    %EP_PARAMS%
         With a Student-t likelihood EP always runs the damped parallel schedule: ``schedule``,
         ``order``, ``block_size``, ``refactor_every`` and ``negative_precision`` do not apply,
         ``damping`` (None: 0.5) is the first step of every iteration, the double-loop fallback
@@ -552,13 +515,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
 
     Attributes
     ----------
-    kernel_ : Kernel
-        The fitted kernel.
-    likelihood_ : Gaussian or StudentT
-        The fitted noise model.
-    noise_variance_ : float
-        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2).
-    {_EP_ATTRIBUTES}
+    %REGRESSOR_ATTRIBUTES%
+    %EP_ATTRIBUTES%
 
     References
     ----------
@@ -569,11 +527,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     Heskes, T. and Zoeter, O. *Expectation propagation for approximate inference in dynamic
     Bayesian networks*, UAI 2002, §4 (the double-loop algorithm).
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import GaussianProcessRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(60, 1))
     >>> y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
     >>> reg = GaussianProcessRegressor().fit(X, y)
@@ -588,34 +542,15 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     >>> robust = GaussianProcessRegressor(likelihood="student_t").fit(X, y_bad)
     >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
     True
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessRegressor", EP_PARAMS=_EP_PARAMS,
+        EP_ATTRIBUTES=_EP_ATTRIBUTES, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, MIXED_UNITS=MIXED_UNITS_DOC)
 
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, power=None, learn_noise=True,
                  schedule="blocked", order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
                  refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
                  n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, hyperprior="auto", verbose=0,
                  callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.noise_variance = noise_variance
-        self.likelihood = likelihood
-        self.power = power
-        self.learn_noise = learn_noise
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.block_size = block_size
-        self.refactor_every = refactor_every
-        self.negative_precision = negative_precision
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     def _noise_model(self):
         """``'gaussian'``, a Gaussian object, or a StudentT (or ``'student_t'``), validated."""
@@ -655,11 +590,9 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
             if noise == "student_t":
                 noise = StudentT(dof=4.0, scale=float(np.sqrt(default_noise_variance(y))))
             problem = StudentTGPProblem(kernel, noise, X, y, options, learn_noise)
-            problem.estimator_name = type(self).__name__
-            problem.hyperparameters = Hyperparameters(kernel, noise, learn_noise, hyperprior=options["hyperprior"])
-            problem.fit(problem.hyperparameters, optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
-                        seed=options["seed"], warm_start=self.warm_start, max_sweeps=self.max_sweeps,
-                        tol=self.tol)
+            search = self._search_options(problem, Hyperparameters(kernel, noise, learn_noise,
+                                                                   hyperprior=options["hyperprior"]), options["seed"])
+            problem.fit(problem.hyperparameters, **search)
         else:
             if isinstance(noise, Gaussian):
                 likelihood = noise

@@ -41,7 +41,7 @@ import numpy as np
 from . import _horseshoe_parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
-from ._base import BaseEstimator, RegressorMixin, check_is_fitted, records_feature_names
+from ._base import EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
 from ._horseshoe_search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
@@ -280,9 +280,7 @@ class _HorseshoeBase(BaseEstimator):
         return mean, np.sqrt(var + self._sigma2[t])
 
 
-_PARAMETERS_DOC = """    n_components : int, default 2
-        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
-    learn_dependencies : bool, default True
+_PARAMETERS_DOC = fill_doc("""learn_dependencies : bool, default True
         False fixes ``P = 0`` (then ``C = I`` whatever ``D``): independent horseshoes.
     learn_hyperparameters : bool, default True
         Learn ``σ_t²``, ``ρ²`` (and ``P`` when learning dependencies) by type-II maximum
@@ -340,9 +338,9 @@ _PARAMETERS_DOC = """    n_components : int, default 2
         EP iterations per task and hyperparameter setting.
     max_opt_iter : int, default 100
         L-BFGS-B iterations.
-    """ + CALLBACK_DOC + "\n"
+    %CALLBACK%""", CALLBACK=CALLBACK_DOC)
 
-_REFERENCES_DOC = """    References
+_REFERENCES_DOC = """References
     ----------
     Hernández-Lobato, D. and Hernández-Lobato, J. M. *Learning Feature Selection
     Dependencies in Multi-task Learning*, NIPS 2013, and its supplementary material (EP
@@ -353,7 +351,7 @@ _REFERENCES_DOC = """    References
 
 
 class MultiTaskHorseshoeRegression(_HorseshoeBase):
-    __doc__ = """Multi-task sparse linear regression with horseshoe priors and learnt selection dependencies.
+    __doc__ = fill_doc("""Multi-task sparse linear regression with horseshoe priors and learnt selection dependencies.
 
     Every task ``t`` has its own coefficients ``w_t`` (its own relevant features and
     values), noise ``σ_t²`` and auxiliary ``u_t, v_t``; all tasks share the correlation
@@ -364,7 +362,11 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
 
     Parameters
     ----------
-%PARAMETERS%    Attributes
+    n_components : int, default 2
+        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
+    %PARAMETERS%
+
+    Attributes
     ----------
     coef_, coef_var_ : ndarray (n_tasks, d)
         Posterior means and variances of the coefficients.
@@ -390,12 +392,9 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
 
-%REFERENCES%
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import MultiTaskHorseshoeRegression
-    >>> rng = np.random.default_rng(0)
+    %REFERENCES%
+
+    %EXAMPLES%
     >>> w = np.zeros(30)
     >>> w[:3] = (2.0, -1.5, 1.0)
     >>> Xs = [rng.normal(size=(40, 30)) for _ in range(2)]
@@ -405,7 +404,8 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     (2, 30)
     >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
     [0, 1, 2]
-    """.replace("%PARAMETERS%", _PARAMETERS_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="MultiTaskHorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
@@ -450,7 +450,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
 
 
 class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
-    __doc__ = """Sparse linear regression with a horseshoe prior on every coefficient, fitted by EP.
+    __doc__ = fill_doc("""Sparse linear regression with a horseshoe prior on every coefficient, fitted by EP.
 
     The single-task case of :class:`MultiTaskHorseshoeRegression` (same model, inference and
     hyperparameter learning). By default ``n_components=0``: independent horseshoes,
@@ -459,7 +459,9 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
 
     Parameters
     ----------
-%PARAMETERS%
+    n_components : int, default 0
+        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
+    %PARAMETERS%
 
     Attributes
     ----------
@@ -471,12 +473,9 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     n_iter_ : int
         EP iterations run over the whole fit.
 
-%REFERENCES%
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import HorseshoeRegression
-    >>> rng = np.random.default_rng(0)
+    %REFERENCES%
+
+    %EXAMPLES%
     >>> X = rng.normal(size=(50, 40))
     >>> w = np.zeros(40)
     >>> w[[3, 17]] = (2.0, -1.5)
@@ -486,9 +485,8 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     [3, 17]
     >>> bool(model.score(X, y) > 0.9)
     True
-    """.replace("%PARAMETERS%", _PARAMETERS_DOC.replace("n_components : int, default 2",
-                                                            "n_components : int, default 0")).replace(
-        "%REFERENCES%", _REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="HorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
                  rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,

@@ -96,12 +96,12 @@ import warnings
 import numpy as np
 
 from . import _validation as v
-from ._base import ClassifierMixin, check_is_fitted, records_feature_names
+from ._base import EXAMPLES_DOC, ClassifierMixin, check_is_fitted, fill_doc, records_feature_names
 from ._epcore import ivm as _engine
-from ._gp_base import (HYPERPRIOR_DOC, N_JOBS_DOC, GPClassifierMixin, GPEstimator, GPRegressorMixin,
-                       check_classifier_likelihood, check_kernel, check_optimizer, stack_problems,
-                       start_kernel)
-from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem
+from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
+                       GPEstimator, GPRegressorMixin, check_classifier_likelihood, check_kernel, check_optimizer,
+                       stack_problems, start_kernel)
+from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
@@ -152,11 +152,6 @@ def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=
 
 class _IVMBase(GPEstimator):
     """Options, problems and fitted-state handling shared by the IVM estimators."""
-
-    def _store_params(self, params):
-        """Keep the constructor's arguments (``params``: its ``locals()``) unchanged as attributes."""
-        for name in self._param_names():
-            setattr(self, name, params[name])
 
     def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
         """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
@@ -273,11 +268,19 @@ class _IVMBase(GPEstimator):
         self.history_ = histories[0] if binary else histories
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
+    def __setstate__(self, state):
+        """Restore a saved or copied estimator (a refinement report saved as plain dicts, as older
+        versions wrote it, becomes typed results)."""
+        self.__dict__.update(state)
+        report = state.get("refinement_")
+        if report is not None:
+            self.refinement_ = ([typed_refinement(r) for r in report] if isinstance(report, list)
+                                else typed_refinement(report))
 
-_COMMON_DOC = f"""
-    active_set_size : int or None, default None
+
+_COMMON_DOC = """active_set_size : int or None, default None
         d, the number of active points (1 <= d <= n_samples); None means min(200, n_samples).
-    criterion : {{'entropy', 'info_gain', 'random'}}, default 'entropy'
+    criterion : {'entropy', 'info_gain', 'random'}, default 'entropy'
         Selection score: entropy reduction (eq 26), information gain
         KL(q_new ‖ q_old), or a seeded random choice.
     optimizer : 'L-BFGS-B', 'SCG' or None, default 'L-BFGS-B'
@@ -287,7 +290,7 @@ _COMMON_DOC = f"""
     n_iterations : int >= 0, default 4
         Outer rounds of Algorithm 2 (with the full-data objective at most that many: it stops
         after a round that moved no parameter by more than 0.01 on the search's log scale).
-    kernel_objective : {{'full_data', 'active_set'}}, default 'full_data'
+    kernel_objective : {'full_data', 'active_set'}, default 'full_data'
         What Algorithm 2 maximises after each selection. ``'full_data'``: the EP evidence of
         the sparse GP on all training points with the active inputs as inducing inputs
         (EP-FITC, O(n d²) per EP sweep), plus the log hyperprior, over the kernel parameters
@@ -295,21 +298,21 @@ _COMMON_DOC = f"""
         paper's eq 32, the approximate likelihood of the d active points alone, then eq 34
         for the likelihood parameters (the paper's protocol; also the only objective
         ``optimizer='SCG'`` maximises).
-    {HYPERPRIOR_DOC}
+    %HYPERPRIOR%
         Used by ``kernel_objective='full_data'``.
     max_optimizer_iter : int, default 100
         L-BFGS-B (or SCG) iterations per optimisation of eq 32 or eq 34
         (``kernel_objective='active_set'``).
     random_state : int or None
         Seed of the random criterion and of the random exchange search.
-    {CALLBACK_DOC}
+    %CALLBACK%
     refine_sweeps : int >= 0, default 0
         EP deletion-inclusion sweeps over the active set after every selection (Seeger's
         notes §2.1: cavity from the marginal, moment matching (eq 5), eq (7) and the h
         update), stopping early once no site changes by more than 1e-9 (relative precision
         change; mean change in site standard deviations); L, M, ς and μ are then rebuilt
         from the site parameters. 0 keeps the ADF sites of Algorithm 1 (eqs 22-23).
-    exchange : {{None, 'greedy', 'random'}}, default None
+    exchange : {None, 'greedy', 'random'}, default None
         Exchange moves on the fixed-size active set after the sweeps (Seeger's notes §2.3):
         swap an active point j for an inactive point i, scored by eqs (8)-(9) and the
         entropy criterion (eq 4), applied by the 2x2 Woodbury update of A and h. 'greedy'
@@ -322,19 +325,15 @@ _COMMON_DOC = f"""
     max_exchanges : int >= 0 or None, default None
         Maximum number of exchange moves per selection; None means the active set size.
         Stopping there (or after ``refine_sweeps`` sweeps without convergence) at the final
-        selection warns with ``ConvergenceWarning``.
-"""
+        selection warns with ``ConvergenceWarning``."""
 
-def _kernel_doc(variance):
-    """The ``kernel`` parameter's entry, with the default start ``RBF(variance, γ)``."""
-    return f"""kernel : fastep.kernels.Kernel or None, default None
+#: The ``kernel`` parameter's entry; the START_VARIANCE section is the variance v of the default start RBF(v, γ).
+_KERNEL_DOC = """kernel : fastep.kernels.Kernel or None, default None
         Prior covariance; its parameters are the starting point of Algorithm 2. None starts from
-        ``RBF({variance}, γ)``, γ = 1 / (median squared distance between the training inputs, over a
+        ``RBF(%START_VARIANCE%, γ)``, γ = 1 / (median squared distance between the training inputs, over a
         seeded sample of at most 1000 rows), so that inputs of any scale give a kernel whose
         evidence can be learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model."""
+        %MIXED_UNITS%"""
 
 
 _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
@@ -353,8 +352,10 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         and eq 34), log_likelihood (eq 32), n_active, elapsed (seconds), and for the full-data
         objective log_evidence (its evidence at the end of that round).
     refinement_ : dict or None (a list one-vs-rest)
-        Reports of the refinement after the final selection (keys 'ep', 'exchange',
-        'ep_after_exchange' as run); None without refinement.
+        Reports of the refinement after the final selection, by stage as run: 'ep' and
+        'ep_after_exchange' (the EP sweeps, :class:`~fastep._epcore.ivm_refine.RefineResult`),
+        'exchange' (:class:`~fastep._epcore.ivm_refine.ExchangeResult`); None without
+        refinement.
     X_train_ : ndarray (n_samples, n_features)
         The training inputs.
     n_features_in_ : int
@@ -368,9 +369,14 @@ _REFERENCES = """References
     Seeger, M. *Notes on Minka's Expectation Propagation for Gaussian process
     classification*: refinement and exchange moves (§2.1-2.3), prediction (§2.2)."""
 
+#: The sections every IVM estimator's docstring takes.
+_SHARED_SECTIONS = {"COMMON": _COMMON_DOC, "HYPERPRIOR": HYPERPRIOR_DOC, "CALLBACK": CALLBACK_DOC,
+                    "MIXED_UNITS": MIXED_UNITS_DOC, "COMMON_ATTRIBUTES": _COMMON_ATTRIBUTES,
+                    "REFERENCES": _REFERENCES}
+
 
 class IVMClassifier(GPClassifierMixin, _IVMBase):
-    __doc__ = f"""Informative Vector Machine classifier: a sparse GP classifier by greedy active-set selection.
+    __doc__ = fill_doc("""Informative Vector Machine classifier: a sparse GP classifier by greedy active-set selection.
 
     d training points are included greedily, each the one whose inclusion most reduces the
     entropy of the ADF posterior (Algorithm 1, O(d² n) time, O(d n) memory, the n×n kernel
@@ -382,10 +388,10 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    {_kernel_doc("1")} If Algorithm 2 ends on a kernel
-        under which the latent function is ≈ constant across the training inputs (the active
-        set's eq 32 can prefer such a model), the kernel of its last round that was not is kept,
-        with a ``ConvergenceWarning``.
+    %KERNEL%
+        If Algorithm 2 ends on a kernel under which the latent function is ≈ constant across the
+        training inputs (the active set's eq 32 can prefer such a model), the kernel of its last
+        round that was not is kept, with a ``ConvergenceWarning``.
     likelihood : Probit, Logistic or Step, default Probit()
         The binary site model.
     learn_likelihood : bool, default False
@@ -396,29 +402,22 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         then increases with λ); the trust regions of Algorithm 2 (module notes) let it grow
         only until the gradient, which decays like λ⁻², falls below the optimiser's
         tolerance. The decision ``μ* + b > 0`` hardly depends on it.
-    {N_JOBS_DOC}
-    {_COMMON_DOC.strip()}
+    %N_JOBS%
+    %COMMON%
 
     Attributes
     ----------
-    classes_ : ndarray (n_classes,)
-        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
-    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
-        The fitted kernel and likelihood.
-    {_COMMON_ATTRIBUTES}
+    %CLASSIFIER_ATTRIBUTES%
+    %COMMON_ATTRIBUTES%
 
     See Also
     --------
     SparseGPClassifier : EP with learnt inducing inputs.
     GaussianProcessClassifier : dense EP on all the data.
 
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(300, 2))
     >>> y = np.where(X[:, 0] - X[:, 1] > 0, "a", "b")
     >>> clf = IVMClassifier(active_set_size=30, n_iterations=2).fit(X, y)
@@ -426,13 +425,14 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     (30,)
     >>> clf.predict([[2.0, -2.0], [-2.0, 2.0]]).tolist()
     ['a', 'b']
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMClassifier", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
+        N_JOBS=N_JOBS_DOC, CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
                  optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y):
@@ -483,7 +483,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
 
 
 class IVMRegressor(GPRegressorMixin, _IVMBase):
-    __doc__ = f"""Informative Vector Machine regression: Gaussian noise as the spherical site model.
+    __doc__ = fill_doc("""Informative Vector Machine regression: Gaussian noise as the spherical site model.
 
     ``y = f(x) + bias + ε`` with ``ε ~ N(0, noise_variance)``; every active point carries the
     site ``m = y - bias``, ``β = 1/noise_variance`` (§2.2), so the selection is exact GP
@@ -491,7 +491,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
     Parameters
     ----------
-    {_kernel_doc("var(y)")}
+    %KERNEL%
     noise_variance : float > 0 or None, default None
         Variance σ² of the noise (the starting point when learnt); None starts from var(y) / 10.
     bias : float or None, default None
@@ -502,7 +502,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         ``log N(y_I - bias; 0, K_I + σ² I)``. (eq 34 is not used for this model: with the
         marginals held fixed it prefers σ² → 0 whenever the posterior variance at the
         inactive points exceeds their residuals.)
-    {_COMMON_DOC.strip()}
+    %COMMON%
 
     Attributes
     ----------
@@ -514,27 +514,24 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         The fitted noise variance σ².
     bias_ : float
         The fitted output offset.
-    {_COMMON_ATTRIBUTES}
+    %COMMON_ATTRIBUTES%
 
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(400, 1))
     >>> y = 2.0 + np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
     >>> reg = IVMRegressor(active_set_size=40).fit(X, y)
     >>> bool(abs(reg.predict([[0.5]])[0] - (2.0 + np.sin(0.5))) < 0.2)
     True
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="var(y)",
+        **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y):
@@ -556,7 +553,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
 
 
 class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
-    __doc__ = f"""Informative Vector Machine for ordered categories (§2.4, eqs 24-25).
+    __doc__ = fill_doc("""Informative Vector Machine for ordered categories (§2.4, eqs 24-25).
 
     The sorted distinct labels are the categories 0..C-1; the likelihood is
     ``OrderedCategorical(C)`` with thresholds ``b, b + w_1, b + w_1 + w_2, ...``: a label is
@@ -564,7 +561,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
 
     Parameters
     ----------
-    {_kernel_doc("1")}
+    %KERNEL%
     likelihood : OrderedCategorical or None, default None
         Starting likelihood (its ``n_categories`` must equal the number of distinct labels);
         None: slope 1, with the thresholds spread over C categories of unit width centred at 0.
@@ -572,7 +569,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         Optimise the bias and widths by eq 34 (the slope stays fixed), in the coordinates
         ``(b, log w_1, ..., log w_(C-2))``. With the marginals held fixed eq 34 is concave in
         ``(b, w)`` and, because every category has a training point, has a finite maximiser.
-    {_COMMON_DOC.strip()}
+    %COMMON%
 
     Attributes
     ----------
@@ -582,15 +579,11 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         The fitted kernel.
     likelihood_ : OrderedCategorical
         The fitted likelihood (thresholds).
-    {_COMMON_ATTRIBUTES}
+    %COMMON_ATTRIBUTES%
 
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import IVMOrdinalRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(300, 1))
     >>> y = np.digitize(X[:, 0] + 0.2 * rng.normal(size=300), [-1.0, 1.0])   # 0, 1, 2
     >>> model = IVMOrdinalRegressor(active_set_size=30, n_iterations=2).fit(X, y)
@@ -598,13 +591,14 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
     [0, 1, 2]
     >>> model.predict_proba([[0.0]]).shape
     (1, 3)
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMOrdinalRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
+        **_SHARED_SECTIONS)
 
     def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
                  criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
                  random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
                  max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
-        self._store_params(locals())
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y):

@@ -9,7 +9,7 @@ import numpy as np
 from ._special import expit
 
 from . import _validation as v
-from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, records_feature_names
+from ._base import EXAMPLES_DOC, BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
 from .exceptions import ConvergenceWarning
@@ -133,7 +133,7 @@ class _LinearEPBase(BaseEstimator):
         return mean, np.maximum(var, 0.0)
 
 
-_SHARED_PARAMETERS_DOC = """    prior_mean : None, float or array of shape (n_features,), default None (zero)
+_SHARED_PARAMETERS_DOC = fill_doc("""prior_mean : None, float or array of shape (n_features,), default None (zero)
     prior_cov : float, array of shape (n_features,) or (n_features, n_features), default 1.0
         Isotropic variance, diagonal variances, or a positive-definite matrix.
     update_form : {'natural', 'moment'}, default 'natural'
@@ -153,9 +153,9 @@ _SHARED_PARAMETERS_DOC = """    prior_mean : None, float or array of shape (n_fe
     fit_intercept : bool, default False
         Append a constant feature whose weight has prior N(0, intercept_prior_var).
     intercept_prior_var : float, default 1.0
-    """ + CALLBACK_DOC + "\n"
+    %CALLBACK%""", CALLBACK=CALLBACK_DOC)
 
-_SHARED_ATTRIBUTES_DOC = """    posterior_mean_, posterior_cov_ : ndarray
+_SHARED_ATTRIBUTES_DOC = """posterior_mean_, posterior_cov_ : ndarray
     site_precision_, site_natural_mean_ : ndarray of shape (n_samples,)
         Site parameters v_i^-1 and v_i^-1 m_i (eq 20 onward).
     log_evidence_ : float
@@ -163,7 +163,7 @@ _SHARED_ATTRIBUTES_DOC = """    posterior_mean_, posterior_cov_ : ndarray
     converged_ : bool
 """
 
-_REFERENCES_DOC = """    References
+_REFERENCES_DOC = """References
     ----------
     Minka, T. P. *Expectation Propagation for approximate Bayesian inference* (UAI 2001) and
     *EP: a quick reference*, §1.1: site updates eqs 23-45, posterior invariant eqs 46-47,
@@ -172,7 +172,7 @@ _REFERENCES_DOC = """    References
 
 
 class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
-    __doc__ = """Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
+    __doc__ = fill_doc("""Bayesian linear binary classifier fitted by Gaussian EP with rank-1 sites.
 
     Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
     for a binary likelihood ``t`` (probit, step with flip noise, or logistic).
@@ -182,19 +182,17 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     Parameters
     ----------
     likelihood : fastep.likelihoods.Probit, Step or Logistic, default Probit()
-%SHARED_PARAMETERS%
+    %SHARED_PARAMETERS%
+
     Attributes
     ----------
     classes_ : ndarray of shape (2,)
         The two labels; ``classes_[1]`` is the positive class.
-%SHARED_ATTRIBUTES%
+    %SHARED_ATTRIBUTES%
 
-%REFERENCES%
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import LinearEPClassifier
-    >>> rng = np.random.default_rng(0)
+    %REFERENCES%
+
+    %EXAMPLES%
     >>> X = rng.normal(size=(200, 3))
     >>> y = np.where(X @ np.array([2.0, -1.0, 0.0]) + 0.3 * rng.normal(size=200) > 0, "pos", "neg")
     >>> clf = LinearEPClassifier(fit_intercept=True).fit(X, y)
@@ -202,8 +200,8 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     ['neg', 'pos']
     >>> bool(clf.score(X, y) > 0.9), clf.posterior_cov_.shape
     (True, (4, 4))
-    """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
-        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="LinearEPClassifier", SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC,
+        SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC, REFERENCES=_REFERENCES_DOC)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -273,7 +271,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
 
 
 class LinearEPRegressor(RegressorMixin, _LinearEPBase):
-    __doc__ = """Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
+    __doc__ = fill_doc("""Bayesian linear regression ``y = x^T w + N(0, noise_variance)`` through the same EP engine.
 
     With a Gaussian likelihood EP is exact: one sweep gives the conjugate
     posterior and the evidence ``log N(y; X m0, X V0 X^T + σ² I)``; this
@@ -284,23 +282,22 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
     ----------
     noise_variance : float > 0, default 1.0
         σ², the variance of the Gaussian noise.
-%SHARED_PARAMETERS%
+    %SHARED_PARAMETERS%
+
     Attributes
     ----------
-%SHARED_ATTRIBUTES%
-%REFERENCES%
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import LinearEPRegressor
-    >>> rng = np.random.default_rng(0)
+    %SHARED_ATTRIBUTES%
+
+    %REFERENCES%
+
+    %EXAMPLES%
     >>> X = rng.normal(size=(100, 2))
     >>> y = X @ np.array([1.5, -0.5]) + 0.1 * rng.normal(size=100)
     >>> reg = LinearEPRegressor(noise_variance=0.01, prior_cov=10.0).fit(X, y)
     >>> np.round(reg.posterior_mean_, 1)
     array([ 1.5, -0.5])
-    """.replace("%SHARED_PARAMETERS%", _SHARED_PARAMETERS_DOC).replace(
-        "%SHARED_ATTRIBUTES%", _SHARED_ATTRIBUTES_DOC).replace("%REFERENCES%", _REFERENCES_DOC)
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="LinearEPRegressor", SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC,
+        SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC, REFERENCES=_REFERENCES_DOC)
 
     def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
                  tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",

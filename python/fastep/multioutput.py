@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from ._base import BaseEstimator
+from ._base import BaseEstimator, fill_doc
 from ._epcore.rank_k_ep import RankKLikelihood, RankKState
 from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
@@ -53,7 +53,7 @@ def _check_spd(mat, name):
 
 
 class RankKEP(BaseEstimator):
-    """Gaussian EP over weights with rank-k (k-output) likelihood factors.
+    __doc__ = fill_doc("""Gaussian EP over weights with rank-k (k-output) likelihood factors.
 
     Parameters
     ----------
@@ -78,7 +78,7 @@ class RankKEP(BaseEstimator):
     max_sweeps : int, default 200
     refresh_every : int, default 1
         Sweeps between rebuilds of V, m from the sites (0: never).
-    %CALLBACK_DOC%
+    %CALLBACK%
 
     Attributes
     ----------
@@ -113,21 +113,11 @@ class RankKEP(BaseEstimator):
     array([ 1. , -2. ,  0.5])
     >>> model.converged_
     True
-    """
+    """, CALLBACK=CALLBACK_DOC)
 
     def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
                  prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1, verbose=0, callback=None):
-        self.verbose = verbose
-        self.callback = callback
-        self.likelihood = likelihood
-        self.noise_cov = noise_cov
-        self.n_nodes = n_nodes
-        self.prior_mean = prior_mean
-        self.prior_cov = prior_cov
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.refresh_every = refresh_every
+        self._set_init_params(locals())
 
     def _build_likelihood(self, k):
         lik = self.likelihood
@@ -244,6 +234,3 @@ class RankKEP(BaseEstimator):
             warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
                           ConvergenceWarning, stacklevel=2)
         return self
-
-
-RankKEP.__doc__ = RankKEP.__doc__.replace("%CALLBACK_DOC%", CALLBACK_DOC)

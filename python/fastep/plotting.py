@@ -20,8 +20,19 @@ import math
 import numpy as np
 from ._special import ndtri
 
+from ._base import fill_doc
+
 __all__ = ["plot_decision_surface", "plot_convergence", "plot_horseshoe_coefficients", "plot_calibration",
            "plot_evidence_landscape"]
+
+#: What every drawing function returns, and the start of its examples (no display needed).
+_SECTIONS = {"RETURNS": """Returns
+    -------
+    matplotlib.axes.Axes""", "EXAMPLES": """Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import numpy as np"""}
 
 
 def _pyplot():
@@ -62,15 +73,9 @@ def plot_decision_surface(model, X, y=None, *, ax=None, resolution=120, levels=(
     margin : float, default 0.05
         Fraction of the data range added on every side.
 
-    Returns
-    -------
-    matplotlib.axes.Axes
+    %RETURNS%
 
-    Examples
-    --------
-    >>> import matplotlib
-    >>> matplotlib.use("Agg")
-    >>> import numpy as np
+    %EXAMPLES%
     >>> from fastep import IVMClassifier
     >>> from fastep.datasets import make_ivm_toy_classification
     >>> from fastep.plotting import plot_decision_surface
@@ -133,16 +138,10 @@ def plot_convergence(records, *, ax=None):
         ``'EP sweep'`` records are drawn, each EP run (a new sweep 1) as its own line.
     ax : matplotlib.axes.Axes, optional
 
-    Returns
-    -------
-    matplotlib.axes.Axes
+    %RETURNS%
         The site-change axes; the log evidence is on its twin (``ax.right_ax``).
 
-    Examples
-    --------
-    >>> import matplotlib
-    >>> matplotlib.use("Agg")
-    >>> import numpy as np
+    %EXAMPLES%
     >>> from fastep import GaussianProcessClassifier
     >>> from fastep.kernels import RBF
     >>> from fastep.plotting import plot_convergence
@@ -198,16 +197,10 @@ def plot_horseshoe_coefficients(model, *, task=0, level=0.95, ax=None, top=None)
     top : int, optional
         Draw only the ``top`` coefficients of largest inclusion probability (in feature order).
 
-    Returns
-    -------
-    matplotlib.axes.Axes
+    %RETURNS%
         The coefficient axes; the inclusion probabilities are on ``ax.right_ax``.
 
-    Examples
-    --------
-    >>> import matplotlib
-    >>> matplotlib.use("Agg")
-    >>> import numpy as np
+    %EXAMPLES%
     >>> from fastep import HorseshoeRegression
     >>> from fastep.plotting import plot_horseshoe_coefficients
     >>> rng = np.random.default_rng(0)
@@ -265,15 +258,9 @@ def plot_calibration(y_true, proba, *, positive=None, n_bins=10, ax=None):
     n_bins : int, default 10
     ax : matplotlib.axes.Axes, optional
 
-    Returns
-    -------
-    matplotlib.axes.Axes
+    %RETURNS%
 
-    Examples
-    --------
-    >>> import matplotlib
-    >>> matplotlib.use("Agg")
-    >>> import numpy as np
+    %EXAMPLES%
     >>> from fastep.plotting import plot_calibration
     >>> rng = np.random.default_rng(0)
     >>> p = rng.uniform(size=2000); y = (rng.uniform(size=2000) < p).astype(int)
@@ -337,15 +324,9 @@ def plot_evidence_landscape(model, params=None, *, span=2.0, resolution=15, ax=N
         Grid points per axis (``resolution²`` EP runs).
     ax : matplotlib.axes.Axes, optional
 
-    Returns
-    -------
-    matplotlib.axes.Axes
+    %RETURNS%
 
-    Examples
-    --------
-    >>> import matplotlib
-    >>> matplotlib.use("Agg")
-    >>> import numpy as np
+    %EXAMPLES%
     >>> from fastep import GaussianProcessClassifier
     >>> from fastep.plotting import plot_evidence_landscape
     >>> X = np.linspace(-2, 2, 30)[:, None]; y = (X[:, 0] > 0.3).astype(int)
@@ -421,3 +402,9 @@ def _param_value(kernel, theta, index, value):
     base, _, entry = name.partition("[")
     found = params[base]
     return float(np.asarray(found)[int(entry[:-1])]) if entry else float(found)
+
+
+for _draw in (plot_decision_surface, plot_convergence, plot_horseshoe_coefficients, plot_calibration,
+              plot_evidence_landscape):
+    _draw.__doc__ = fill_doc(_draw.__doc__, **_SECTIONS)
+del _draw

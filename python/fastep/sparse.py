@@ -37,8 +37,9 @@ from . import _sparse_distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._epcore.power_ep import power_moments_array
-from ._base import check_is_fitted, records_feature_names
-from ._gp_base import (HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, N_JOBS_DOC, EPEvidenceMixin, GPClassifierMixin,
+from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
+from ._gp_base import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC,
+                       N_JOBS_DOC, REGRESSOR_ATTRIBUTES, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
                        ep_option_constraints, stack_problems, start_kernel)
@@ -188,18 +189,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood, start=None):
         """Learn one problem's hyperparameters from ``kernel``/``likelihood`` (the hyperprior's centre);
         with ``start`` (a fitted problem) the search starts at its kernel and likelihood instead."""
-        problem.estimator_name = type(self).__name__
-        problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
         if Z is None:
             Z = problem.Z
-        problem.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                  extra=Z if self.learn_inducing else None,
-                                                  hyperprior=options["hyperprior"])
+        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
+                                                               extra=Z if self.learn_inducing else None,
+                                                               hyperprior=options["hyperprior"]), options["seed"])
         if start is not None:
             problem.hyperparameters.space.start_at(problem.hyperparameters.pack(start.kernel, start.likelihood, Z))
-        return problem.fit(problem.hyperparameters, optimizer=self.optimizer,
-                           n_restarts=self.n_restarts_optimizer, seed=options["seed"],
-                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
+        return problem.fit(problem.hyperparameters, **search)
 
     def _check_fit_options(self, options, kernel, likelihood, learn_likelihood):
         """Checks of the likelihood against ``power`` shared by every fit, before any work."""
@@ -273,8 +270,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         self._set_ep_summary(problems)
 
 
-_COMMON_PARAMS = """
-    n_inducing : int or 'auto', default 'auto'
+_INDUCING_PARAMS = """n_inducing : int or 'auto', default 'auto'
         Number m of inducing inputs when ``inducing_init`` is a string; a value above
         n_samples is clipped to n_samples (every training input is then a candidate, and
         ``'random'`` and ``'ivm'`` take each training input once). ``'auto'`` chooses m from
@@ -290,13 +286,15 @@ _COMMON_PARAMS = """
         is an array.
     approximation : {'fitc', 'dtc'}, default 'fitc'
         Prior of the training latents: ``Q + diag(K - Q)`` (EP-FITC, the "generalized FITC"
-        of Naish-Guzman & Holden) or ``Q`` (EP-DTC); slides "Sparse EP", "EP-FITC", "EP-DTC".
-    power : float in (0, 1], default 1.0
-        Power-EP α (slide "EP variants"): 1 is plain EP; α -> 0 approaches the variational
-        (Titsias) bound. For α < 1 the likelihood needs a pointwise log density (probit with a
-        finite slope, logistic, Gaussian); non-Gaussian sites then use Gauss-Hermite quadrature
-        with ``n_quadrature`` nodes.
-    inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
+        of Naish-Guzman & Holden) or ``Q`` (EP-DTC); slides "Sparse EP", "EP-FITC", "EP-DTC"."""
+
+_POWER_EP = """Power-EP α (slide "EP variants"): 1 is plain EP; α -> 0 approaches the variational
+    (Titsias) bound. For α < 1 the likelihood needs a pointwise log density (probit with a
+    finite slope, logistic, Gaussian); non-Gaussian sites then use Gauss-Hermite quadrature
+    with ``n_quadrature`` nodes."""
+
+_COMMON_PARAMS = fill_doc(
+    """inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
         Seeded k-means++ (seeding plus 10 Lloyd steps, :func:`kmeans_plus_plus`), a seeded
         random subset of the training inputs, the active set of an IVM selection, or explicit
         inducing inputs (then ``n_inducing`` is ignored). ``'ivm'`` takes the m training
@@ -333,7 +331,7 @@ _COMMON_PARAMS = """
     n_restarts_optimizer : int >= 0, default 0
         Extra optimiser starts at ``theta0 + N(0, I)`` (in the search's log coordinates),
         seeded by ``random_state``.
-    """ + HYPERPRIOR_DOC + """
+    %HYPERPRIOR%
     jitter : float >= 0, default 1e-6
         Added to the diagonal of K_mm (absolute).
     random_state : int or None, default None
@@ -342,9 +340,9 @@ _COMMON_PARAMS = """
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm start
         that fails is retried from zero sites).
-    """ + CALLBACK_DOC + "\n"
+    %CALLBACK%""", HYPERPRIOR=HYPERPRIOR_DOC, CALLBACK=CALLBACK_DOC)
 
-_COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
+_COMMON_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
         EP log marginal likelihood at the fitted parameters (summed over one-vs-rest problems).
     inducing_inputs_ : ndarray (m, n_features) or (n_classes, m, n_features)
         The inducing inputs Z (one-vs-rest: a list of arrays when ``n_inducing='auto'`` chose
@@ -354,15 +352,20 @@ _COMMON_ATTRIBUTES = """log_marginal_likelihood_value_ : float
     growth_history_ : list of dict or None (a list of them per class one-vs-rest)
         ``n_inducing='auto'``: one record per size tried (n_inducing, log_marginal_likelihood,
         n_evaluations); None otherwise.
-    """ + LEARNING_ATTRIBUTES + """
+    %LEARNING%
     site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
         The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
-    n_sweeps_ : int or ndarray (n_classes,)
-        EP sweeps of the final run.
-    converged_ : bool
-        Whether every final EP run met ``tol``.
+    %EP_RUN%
     n_features_in_ : int
-        Number of features seen in ``fit``."""
+        Number of features seen in ``fit``.""", LEARNING=LEARNING_ATTRIBUTES, EP_RUN=EP_RUN_ATTRIBUTES)
+
+#: The end of the sparse estimators' ``fit`` docstrings: the cluster of a dask ``X``, and what ``fit`` returns.
+_CLIENT_DOC = """client : dask.distributed.Client, optional
+        The cluster for a dask ``X`` (default: the current client).
+
+    Returns
+    -------
+    self"""
 
 _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approximation* (NIPS 2007).
     Snelson, E. and Ghahramani, Z. *Sparse Gaussian processes using pseudo-inputs* (NIPS 2005).
@@ -370,14 +373,6 @@ _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approxima
     pseudo-point approximations using power expectation propagation* (JMLR 2017).
     The tutorial slides *Expectation Propagation for Gaussian processes*: "Sparse EP",
     "EP-FITC", "EP-DTC", "EP variants"."""
-
-
-_REGRESSOR_PARAMS = _COMMON_PARAMS.replace(
-    """    power : float in (0, 1], default 1.0
-        Power-EP α""",
-    """    power : float in (0, 1] or None, default None
-        None: 1.0, or 0.5 with a Student-t likelihood (fractional EP's robust choice). Power-EP α""")
-assert _REGRESSOR_PARAMS != _COMMON_PARAMS
 
 
 class _ChunkedPredictMixin:
@@ -460,7 +455,8 @@ class _ChunkedRegressorMixin(_ChunkedPredictMixin):
 
 
 class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
-    __doc__ = f"""Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
+    __doc__ = fill_doc(
+        """Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
 
     The API of :class:`fastep.GaussianProcessClassifier` (one-vs-rest for more than two
     classes) at O(nm²) time and O(nm) memory per EP run and per evidence gradient, for m
@@ -477,23 +473,21 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         γ = 1 / (median squared distance between the training inputs, over a seeded sample of
         at most 1000 rows), so that inputs of any scale give a kernel whose evidence can be
         learnt; a kernel given here is the start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     likelihood : Probit, Step or Logistic, default Probit()
         The binary site model.
-    {_COMMON_PARAMS.strip()}
+    %INDUCING_PARAMS%
+    power : float in (0, 1], default 1.0
+        %POWER_EP%
+    %COMMON_PARAMS%
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (power = 1 only).
-    {N_JOBS_DOC}
+    %N_JOBS%
 
     Attributes
     ----------
-    classes_ : ndarray (n_classes,)
-        Sorted class labels; ``classes_[1]`` is the positive class of a binary problem.
-    kernel_, likelihood_ : Kernel, Likelihood (lists, one per class, one-vs-rest)
-        The fitted kernel and likelihood.
-    {_COMMON_ATTRIBUTES}
+    %CLASSIFIER_ATTRIBUTES%
+    %COMMON_ATTRIBUTES%
 
     See Also
     --------
@@ -502,13 +496,9 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
 
     References
     ----------
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import SparseGPClassifier
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.normal(size=(200, 2))
     >>> y = (X[:, 0] ** 2 + X[:, 1] ** 2 < 1.5).astype(int)
     >>> clf = SparseGPClassifier(n_inducing=10, learn_inducing=False, random_state=0).fit(X, y)
@@ -516,37 +506,17 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     (10, 2)
     >>> clf.predict([[0.0, 0.0], [3.0, 3.0]]).tolist()
     [1, 0]
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="SparseGPClassifier", MIXED_UNITS=MIXED_UNITS_DOC,
+        INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP, COMMON_PARAMS=_COMMON_PARAMS, N_JOBS=N_JOBS_DOC,
+        CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES,
+        REFERENCES=_REFERENCES)
 
     def __init__(self, kernel=None, likelihood=None, *, n_inducing="auto", approximation="fitc", power=1.0,
                  inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
                  damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
                  optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
                  random_state=None, warm_start=True, n_jobs=None, hyperprior="auto", verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.n_jobs = n_jobs
-        self.n_inducing = n_inducing
-        self.approximation = approximation
-        self.power = power
-        self.inducing_init = inducing_init
-        self.learn_inducing = learn_inducing
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.negative_precision = negative_precision
-        self.n_quadrature = n_quadrature
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.learn_likelihood = learn_likelihood
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y, client=None):
@@ -564,12 +534,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
             stay on the cluster.
         y : array-like (n_samples,), or dask.array.Array
             Class labels (any sortable values; two or more classes).
-        client : dask.distributed.Client, optional
-            The cluster for a dask ``X`` (default: the current client).
-
-        Returns
-        -------
-        self
+        %CLIENT%
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
@@ -592,9 +557,11 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         self._set_fitted(X, problems)
         return self
 
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)
+
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
-    __doc__ = f"""Sparse GP regression (FITC, DTC or power EP) with Gaussian or Student-t noise.
+    __doc__ = fill_doc("""Sparse GP regression (FITC, DTC or power EP) with Gaussian or Student-t noise.
 
     With Gaussian noise, at the fixed point (one sweep) the evidence is the closed-form FITC
     ``log N(y; 0, Q + diag(K - Q) + σ²I)``, DTC ``log N(y; 0, Q + σ²I)`` or, for power α,
@@ -617,9 +584,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         starts from ``RBF(var(y), γ) + Bias(mean(y)²)``, γ = 1 / (median squared distance between
         the training inputs, over a seeded sample of at most 1000 rows); a kernel given here is the
         start as it is.
-        When the ranges of the input columns differ by more than a factor of 100 (mixed units),
-        the RBF of that start becomes ``RBFARD`` with fixed scales 1/range² per column and γ
-        from the range-scaled inputs, so that raw and standardised columns give the same model.
+        %MIXED_UNITS%
     noise_variance : float > 0 or None, default None
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
@@ -631,27 +596,22 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         outer iterations.
     learn_noise : bool, default True
         Learn the noise model (σ², or the Student-t's ν and σ) with the kernel hyperparameters and Z.
-    {_REGRESSOR_PARAMS.strip()}
+    %INDUCING_PARAMS%
+    power : float in (0, 1] or None, default None
+        None: 1.0, or 0.5 with a Student-t likelihood (fractional EP's robust choice).
+        %POWER_EP%
+    %COMMON_PARAMS%
 
     Attributes
     ----------
-    kernel_ : Kernel
-        The fitted kernel.
-    likelihood_ : Gaussian or StudentT
-        The fitted noise model.
-    noise_variance_ : float
-        The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2).
-    {_COMMON_ATTRIBUTES}
+    %REGRESSOR_ATTRIBUTES%
+    %COMMON_ATTRIBUTES%
 
     References
     ----------
-    {_REFERENCES}
+    %REFERENCES%
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from fastep import SparseGPRegressor
-    >>> rng = np.random.default_rng(0)
+    %EXAMPLES%
     >>> X = rng.uniform(-3, 3, size=(300, 1))
     >>> y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=300)
     >>> reg = SparseGPRegressor(n_inducing=8, learn_inducing=False, random_state=0).fit(X, y)
@@ -666,37 +626,16 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
     >>> robust = SparseGPRegressor(likelihood="student_t", n_inducing=8, random_state=0).fit(X, y_bad)
     >>> bool(abs(robust.predict([[0.5]])[0] - np.sin(0.5)) < 0.2)
     True
-    """
+    """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="SparseGPRegressor", MIXED_UNITS=MIXED_UNITS_DOC,
+        INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP, COMMON_PARAMS=_COMMON_PARAMS,
+        REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES, REFERENCES=_REFERENCES)
 
     def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing="auto",
                  approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
                  schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
                  negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
                  jitter=1e-6, random_state=None, warm_start=True, hyperprior="auto", verbose=0, callback=None):
-        self.hyperprior = hyperprior
-        self.verbose = verbose
-        self.callback = callback
-        self.kernel = kernel
-        self.noise_variance = noise_variance
-        self.likelihood = likelihood
-        self.learn_noise = learn_noise
-        self.n_inducing = n_inducing
-        self.approximation = approximation
-        self.power = power
-        self.inducing_init = inducing_init
-        self.learn_inducing = learn_inducing
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.negative_precision = negative_precision
-        self.n_quadrature = n_quadrature
-        self.optimizer = optimizer
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.jitter = jitter
-        self.random_state = random_state
-        self.warm_start = warm_start
+        self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X, y, client=None):
@@ -709,12 +648,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             in :meth:`SparseGPClassifier.fit` (``schedule='parallel'``).
         y : array-like (n_samples,), or dask.array.Array
             Real targets.
-        client : dask.distributed.Client, optional
-            The cluster for a dask ``X`` (default: the current client).
-
-        Returns
-        -------
-        self
+        %CLIENT%
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
@@ -756,3 +690,5 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
         return self
+
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)

@@ -924,9 +924,10 @@ cdef class IVMState:
 
         Returns
         -------
-        dict with ``n_sweeps`` (run), ``converged``, ``max_change`` (largest site change in
-        the last sweep), ``n_updates``, ``n_skipped``, ``n_rejected`` (sites whose cavity,
-        site kernel or new site was improper: left unchanged; summed over the sweeps).
+        fastep._epcore.ivm_refine.RefineResult
+            ``n_sweeps`` (run), ``converged``, ``max_change`` (largest site change in the last
+            sweep), ``n_updates``, ``n_skipped``, ``n_rejected`` (sites whose cavity, site
+            kernel or new site was improper: left unchanged; summed over the sweeps).
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments,
         LinAlgError when the refactorisation fails (kernel not PSD).
@@ -981,9 +982,10 @@ cdef class IVMState:
 
         Returns
         -------
-        dict with ``moves`` (list of ``(j_out, i_in, gain)``), ``n_moves``, ``converged`` and
-        ``best_gain`` (the best remaining gain found by the last search; -inf if no pair is
-        eligible; in random mode that of the last slot visited).
+        fastep._epcore.ivm_refine.ExchangeResult
+            ``moves`` (the ``(j_out, i_in, gain)`` of every move), ``n_moves``, ``converged``
+            and ``best_gain`` (the best remaining gain found by the last search; -inf if no
+            pair is eligible; in random mode that of the last slot visited).
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments.
         """

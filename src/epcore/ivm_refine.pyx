@@ -407,6 +407,93 @@ cdef void _exchange_search(const SiteModel* model, const double* y, IVMArrays* s
 
 
 # --------------------------------------------------------------------------- #
+# What the refinement reports
+# --------------------------------------------------------------------------- #
+
+cdef class _Report:
+    """Read-only fields, listed in ``_FIELDS`` in the order of the constructor's arguments;
+    ``as_dict``, equality, pickling and ``repr`` follow from them."""
+
+    _FIELDS = ()
+
+    def as_dict(self):
+        """The fields as a plain dict (for logging and JSON)."""
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._FIELDS)
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, name) for name in self._FIELDS))
+
+    def __repr__(self):
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+
+cdef class RefineResult(_Report):
+    """What ``IVMState.refine`` reports: EP deletion-inclusion sweeps over the active set.
+
+    Attributes
+    ----------
+    n_sweeps : int
+        Sweeps run.
+    converged : bool
+        The last sweep skipped every site and rejected none (True for an empty active set).
+    max_change : float
+        Largest site change ``max(|Δβ|/β, |Δm| β^½)`` in the last sweep.
+    n_updates, n_skipped, n_rejected : int
+        Site updates applied, skipped (a change of at most ``tol``) and rejected (improper
+        cavity, site kernel or new site: the site is left unchanged), summed over the sweeps.
+    """
+
+    _FIELDS = ("n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected")
+
+    def __init__(self, int n_sweeps=0, bint converged=False, double max_change=0.0, long n_updates=0,
+                 long n_skipped=0, long n_rejected=0):
+        self.n_sweeps = n_sweeps
+        self.converged = converged
+        self.max_change = max_change
+        self.n_updates = n_updates
+        self.n_skipped = n_skipped
+        self.n_rejected = n_rejected
+
+
+cdef class ExchangeResult(_Report):
+    """What ``IVMState.exchange`` reports: the exchange moves made on the active set.
+
+    Attributes
+    ----------
+    moves : tuple of (int, int, float)
+        ``(j_out, i_in, gain)`` of every move, in order (the gain in nats).
+    converged : bool
+        The last search found no move gaining more than ``tol``.
+    best_gain : float
+        The best remaining gain found by the last search (-inf if no pair is eligible; in
+        random mode that of the last slot visited).
+    n_moves : int
+        ``len(moves)``.
+    """
+
+    _FIELDS = ("moves", "converged", "best_gain")
+
+    def __init__(self, moves=(), bint converged=False, double best_gain=-INFINITY):
+        self.moves = tuple((int(j), int(i), float(gain)) for j, i, gain in moves)
+        self.converged = converged
+        self.best_gain = best_gain
+
+    @property
+    def n_moves(self):
+        return len(self.moves)
+
+    def as_dict(self):
+        """The fields and ``n_moves`` as a plain dict (for logging and JSON)."""
+        return dict(_Report.as_dict(self), n_moves=self.n_moves)
+
+
+# --------------------------------------------------------------------------- #
 # Python-level drivers (called by the methods of IVMState)
 # --------------------------------------------------------------------------- #
 
@@ -513,8 +600,8 @@ cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
     _rebuild(s, ki, NULL, &work[0])
 
 
-cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                        KernelRows rows, column_fn, n_sweeps, tol, refactor_every):
+cdef RefineResult refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
+                                KernelRows rows, column_fn, n_sweeps, tol, refactor_every):
     """The body of ``IVMState.refine``: EP deletion-inclusion sweeps (``_ep_site``) on
     Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full rebuild."""
     _check_column_fn(column_fn)
@@ -524,10 +611,8 @@ cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, d
     cdef int k = s.k, r, st, sweep = 0, n_applied = 0, n_rej = 0
     cdef int n_up = 0, n_skip = 0, n_rej_total = 0
     cdef double ch = 0.0, max_change = 0.0, tol_c = tol
-    info = {"n_sweeps": 0, "converged": k == 0, "max_change": 0.0, "n_updates": 0,
-            "n_skipped": 0, "n_rejected": 0}
     if k == 0 or n_sweeps == 0:
-        return info
+        return RefineResult(converged=k == 0)
     cdef const double* ki = rows.fetch(s, column_fn)
     cdef double[:, ::1] SII = np.empty((k, k))
     cdef double[::1] mu_I = np.empty(k)
@@ -560,9 +645,7 @@ cdef dict refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, d
         if sweep % refactor_every == 0 and sweep < n_sweeps:
             _refactor_active_checked(s, ki, sii, mui, w)
     _rebuild(s, ki, NULL, w)
-    info.update(n_sweeps=sweep, converged=converged, max_change=max_change, n_updates=n_up,
-                n_skipped=n_skip, n_rejected=n_rej_total)
-    return info
+    return RefineResult(sweep, converged, max_change, n_up, n_skip, n_rej_total)
 
 
 cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
@@ -587,9 +670,9 @@ cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y,
     return partner, gains
 
 
-cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                         KernelRows rows, double* chosen, column_fn, mode, tol, max_moves, seed,
-                         refactor_every):
+cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
+                                   KernelRows rows, double* chosen, column_fn, mode, tol, max_moves, seed,
+                                   refactor_every):
     """The body of ``IVMState.exchange``: searches (``_exchange_search``) and moves
     (``_exchange_apply``) until no move gains more than ``tol`` or ``max_moves`` were made;
     Σ[I, :], ς and μ rebuilt every ``refactor_every`` moves and L, M, ς, μ at the end.
@@ -608,7 +691,7 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
     cdef unsigned long long rng = <unsigned long long>seed
     moves = []
     if k == 0 or k == n:
-        return {"moves": moves, "n_moves": 0, "converged": True, "best_gain": -np.inf}
+        return ExchangeResult(converged=True)
     cdef double* ki = rows.fetch(s, column_fn)
     cdef int* ki_idx = rows.index_ptr
     cdef double[:, ::1] S_arr = np.empty((k, n))
@@ -646,4 +729,4 @@ cdef dict exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, 
         with nogil:
             status = _refactor(s, ki, NULL, w)
     _check_factor(s, status)
-    return {"moves": moves, "n_moves": len(moves), "converged": converged, "best_gain": float(best)}
+    return ExchangeResult(moves, converged, best)

@@ -5,6 +5,7 @@ import numbers
 
 import numpy as np
 
+from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .. import _validation as _v
 from .columns import ColumnProductCache, KernelColumns, _CentredColumns
 from .transforms import FIXED as _FIXED
@@ -25,17 +26,14 @@ def _check_index(index, n_theta):
 
 
 class Kernel:
-    """Base class of all kernels: the public API, shared by leaves and composites.
+    __doc__ = fill_doc("""Base class of all kernels: the public API, shared by leaves and composites.
 
     Subclasses implement ``_K(X, Y)``, ``_diag(X)``, ``_grads(X, slots)`` (a
     generator of dK/dθ_s for the requested unconstrained indices, each a fresh
     array) and ``_value_and_gradient(X, dK_out)`` (K, with dK written into
     ``dK_out``, sharing intermediate results between the two).
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBF, Linear
     >>> kernel = RBF(variance=2.0, inverse_width=0.5) + Linear(variance=0.1)
     >>> kernel.hyperparameter_names
@@ -47,7 +45,7 @@ class Kernel:
     (3, 3, 3)
     >>> bool(np.allclose(K, kernel(X)))
     True
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     #: Whether ``_column_centred(shared, j, pc)`` builds this kernel's column of K(X, X) from the
     #: product ``pc = Xc x̃_j`` of the centred inputs, shared by the terms of a sum or product

@@ -9,6 +9,7 @@ import numbers
 
 import numpy as np
 
+from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .. import _validation as _v
 from .._linalg import inner, matmul
 from ._distances import _row_sq_norms
@@ -66,7 +67,8 @@ class _CentredColumns:
 
 
 class ColumnProductCache:
-    """Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
+    __doc__ = fill_doc(
+        """Inner products ``x̃_iᵀx̃_j`` (centred X) kept between calls of :meth:`Kernel.columns` on one X.
 
     The columns of the non-ARD ``Linear``, ``RBF`` and ``MLP`` kernels are built from one
     product of the centred inputs with the chosen row, ``Xc x̃_j`` (an O(n p) memory-bound
@@ -90,17 +92,14 @@ class ColumnProductCache:
     hits, misses : int
         Products served from the cache / computed.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBF, ColumnProductCache
     >>> cache = ColumnProductCache(X, max_columns=3)
     >>> first = RBF(1.0, 0.5).columns(X, product_cache=cache)(2)
     >>> again = RBF(2.0, 0.1).columns(X, product_cache=cache)(2)
     >>> bool(np.allclose(again, RBF(2.0, 0.1)(X)[:, 2]))
     True
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     def __init__(self, X, max_columns):
         X = _v.as_float_matrix(X, "X")
@@ -138,7 +137,7 @@ class ColumnProductCache:
 
 
 class KernelColumns:
-    """Columns of K(X, X) one at a time (see :meth:`Kernel.columns`).
+    __doc__ = fill_doc("""Columns of K(X, X) one at a time (see :meth:`Kernel.columns`).
 
     Attributes
     ----------
@@ -157,16 +156,13 @@ class KernelColumns:
     shared : object, optional
         Products shared with a :class:`ColumnProductCache` (built by :meth:`Kernel.columns`).
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBF
     >>> kernel = RBF(1.0, 0.5)
     >>> columns = kernel.columns(X)
     >>> bool(np.allclose(columns(1), kernel(X)[:, 1]))
     True
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     def __init__(self, kernel, X, shared=None):
         self.kernel = kernel

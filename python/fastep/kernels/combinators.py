@@ -1,13 +1,14 @@
 """Sums and products of kernels (``k1 + k2``, ``k1 * k2``)."""
 import numpy as np
 
+from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .base import _Composite
 
 __all__ = ["Sum", "Product"]
 
 
 class Sum(_Composite):
-    """Sum of kernels, K = Σ_c K_c (a valid covariance: sums of PSD matrices are PSD).
+    __doc__ = fill_doc("""Sum of kernels, K = Σ_c K_c (a valid covariance: sums of PSD matrices are PSD).
 
     ``Sum([k1, k2, ...])`` or ``k1 + k2``; the terms are deep-copied, so
     ``k + k`` has two independent sets of parameters. ∂K/∂θ of a term's
@@ -18,17 +19,14 @@ class Sum(_Composite):
     kernels : sequence of Kernel
         The terms (at least one); each is deep-copied.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBF, Sum, White
     >>> kernel = Sum([RBF(), White(0.01)])
     >>> bool(np.allclose(kernel(X), RBF()(X) + 0.01 * np.eye(3)))
     True
     >>> kernel.hyperparameter_names
     ['k0__variance', 'k0__inverse_width', 'k1__variance']
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     _symbol = "+"
     _ufunc = np.add
@@ -63,7 +61,7 @@ class Sum(_Composite):
 
 
 class Product(_Composite):
-    """Elementwise (Schur) product of kernels, K = ∏_c K_c (PSD by the Schur product theorem).
+    __doc__ = fill_doc("""Elementwise (Schur) product of kernels, K = ∏_c K_c (PSD by the Schur product theorem).
 
     ``Product([k1, k2, ...])`` or ``k1 * k2``; terms are deep-copied.
     ∂K/∂θ of a parameter of term c is ∂K_c/∂θ ∘ ∏_{o≠c} K_o.
@@ -73,15 +71,12 @@ class Product(_Composite):
     kernels : sequence of Kernel
         The factors (at least one); each is deep-copied.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBF, Linear
     >>> kernel = RBF() * Linear()
     >>> bool(np.allclose(kernel(X), RBF()(X) * Linear()(X)))
     True
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     _symbol = "*"
     _ufunc = np.multiply

@@ -1,6 +1,7 @@
 """Kernels built on inner products: Linear, LinearARD, MLP (arc-sine) and MLPARD."""
 import numpy as np
 
+from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .._linalg import matmul
 from ._distances import _gram, _row_sq_norms
 from .base import _ARDMixin, _Leaf
@@ -184,7 +185,7 @@ class LinearARD(_ARDMixin, _Leaf):
 
 
 class MLP(_Leaf):
-    """MLP (arcsine) kernel of Williams (1997) (IVM §4, k_mlp, with the factor 2/π).
+    __doc__ = fill_doc("""MLP (arcsine) kernel of Williams (1997) (IVM §4, k_mlp, with the factor 2/π).
 
     k(x, y) = v (2/π) asin(a / sqrt(d e)),  a = w xᵀy + b,  d = w xᵀx + b + 1,  e = w yᵀy + b + 1.
 
@@ -221,15 +222,12 @@ class MLP(_Leaf):
     * ∂k(x, y)/∂x (``input_gradient``) = (2/π) v w A (y - (a/d) x) / sqrt(N) (e does not
       depend on x).
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import MLP
     >>> K = MLP(variance=1.0, weight_variance=10.0, bias_variance=10.0)(X)
     >>> bool(np.all(np.abs(K) < 1.0)), bool(np.allclose(K, K.T))
     (True, True)
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
     _centred_columns = True
@@ -464,7 +462,7 @@ class MLP(_Leaf):
 
 
 class MLPARD(_ARDMixin, MLP):
-    """MLP ARD kernel: ``MLP`` with xᵀy, xᵀx, yᵀy replaced by xᵀAy, xᵀAx, yᵀAy (IVM §4).
+    __doc__ = fill_doc("""MLP ARD kernel: ``MLP`` with xᵀy, xᵀx, yᵀy replaced by xᵀAy, xᵀAx, yᵀAy (IVM §4).
 
     Parameters
     ----------
@@ -474,15 +472,12 @@ class MLPARD(_ARDMixin, MLP):
     ard_groups : int array (n_features,), optional
     transforms : dict, optional
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import MLPARD
     >>> kernel = MLPARD([0.9, 0.2])
     >>> kernel(X).shape, kernel.hyperparameter_names
     ((3, 3), ['variance', 'weight_variance', 'bias_variance', 'scales[0]', 'scales[1]'])
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
 

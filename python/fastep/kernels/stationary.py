@@ -2,6 +2,7 @@
 sample) and Bias (a constant)."""
 import numpy as np
 
+from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .._linalg import matmul
 from ._distances import _centre, _row_sq_norms, _sqdist_centred, _training_sqdist
 from .base import _ARDMixin, _Leaf
@@ -133,7 +134,7 @@ class RBF(_Leaf):
 
 
 class RBFARD(_ARDMixin, RBF):
-    """RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
+    __doc__ = fill_doc("""RBF ARD kernel k(x, y) = v exp(-γ/2 Σ_c α_c (x_c - y_c)²) (IVM §4).
 
     Parameters
     ----------
@@ -147,15 +148,12 @@ class RBFARD(_ARDMixin, RBF):
     -----
     ∂K/∂α_g = -(γ v/2) D_g ∘ E with D_g the squared distance over the columns of group g.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import RBFARD
     >>> kernel = RBFARD([0.9, 0.01], inverse_width=1.0)
     >>> np.round(kernel(X)[0], 3)
     array([1.   , 0.634, 0.164])
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     _scalar_params = ("variance", "inverse_width")
 
@@ -204,7 +202,7 @@ class _InputFreeVariance(_Leaf):
 
 
 class White(_InputFreeVariance):
-    """White noise k(x_i, x_j) = v δ_ij (IVM §4, k_white).
+    __doc__ = fill_doc("""White noise k(x_i, x_j) = v δ_ij (IVM §4, k_white).
 
     ``K(X, X) = v I``; ``K(X*, X) = 0`` for any second argument (new
     observations carry independent noise), ``diag(X) = v``.
@@ -216,10 +214,7 @@ class White(_InputFreeVariance):
     transforms : dict, optional
         ``{'variance': 'softplus' | 'log' | 'fixed'}``; default softplus.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import White
     >>> White(0.1)(X)
     array([[0.1, 0. , 0. ],
@@ -229,7 +224,7 @@ class White(_InputFreeVariance):
     array([[0., 0., 0.],
            [0., 0., 0.],
            [0., 0., 0.]])
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     def _K(self, X, Y):
         if Y is None:
@@ -251,7 +246,7 @@ class White(_InputFreeVariance):
 
 
 class Bias(_InputFreeVariance):
-    """Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset.
+    __doc__ = fill_doc("""Constant kernel k(x, y) = v (IVM §4, k_bias): uncertainty in an offset.
 
     Parameters
     ----------
@@ -260,15 +255,12 @@ class Bias(_InputFreeVariance):
     transforms : dict, optional
         ``{'variance': 'softplus' | 'log' | 'fixed'}``; default softplus.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    %EXAMPLES%
     >>> from fastep.kernels import Bias
     >>> Bias(2.0)(X[:2])
     array([[2., 2.],
            [2., 2.]])
-    """
+    """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
     def _K(self, X, Y):
         m = X.shape[0] if Y is None else Y.shape[0]

@@ -492,7 +492,7 @@ def _tilted_moments(V, d, y, pm, a_tau, a_nu, power):
 def robust_double_loop_inner_objective(V, d, y, pm, theta_tau, theta_nu, a, power):
     """``(J(a; θ), ∇J)`` of the sparse double loop's inner problem, or None outside its domain.
 
-    The sparse form of :func:`fastep.reference.robust_ep.double_loop_inner_objective`: for the
+    The sparse form of :func:`fastep.reference.student_t_ep.double_loop_inner_objective`: for the
     sites ``s = (θ - a)/α``, ``J = -½ log|A| + ½ bᵀA⁻¹b + (1/α) Σ_i g_i(a_i)`` with
     ``A = I + V diag(s_τ) Vᵀ``, ``b = V s_ν`` and ``g_i`` the log normaliser of the tilted
     density of ``g_i`` (:func:`_tilted_moments`); ``∇J = (E_tilted[φ] - E_q[φ])/α``,

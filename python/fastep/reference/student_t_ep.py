@@ -1,6 +1,6 @@
 """Reference fractional (power) EP for GP regression with Student-t sites.
 
-Plain numpy, written for clarity: the independent check of :mod:`fastep._epcore.robust_ep`
+Plain numpy, written for clarity: the independent check of :mod:`fastep._epcore.student_t_ep`
 (Jylänki, Vanhatalo & Vehtari, "Robust Gaussian process regression with a Student-t
 likelihood", JMLR 2011, §4). Never imports the compiled core; the site moments come from
 :func:`fastep.reference.sites.student_t_moments` (adaptive quadrature).
