@@ -27,6 +27,9 @@ from fastep import ConvergenceWarning
 from fastep.exceptions import DataConversionWarning
 from fastep.kernels import RBF
 
+# large fuzz budgets: left out of the support-matrix runs (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 CLASSIFIERS = {
     "GaussianProcessClassifier": lambda: fastep.GaussianProcessClassifier(),
     "GaussianProcessClassifier-multinomial": lambda: fastep.GaussianProcessClassifier(multi_class="multinomial"),

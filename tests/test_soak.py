@@ -13,6 +13,9 @@ import fastep
 from fastep.batch import fit_many
 from fastep.kernels import RBF
 
+# a long soak: left out of the support-matrix runs (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 FITS = 150
 RSS_LIMIT_MB = 20.0
 

@@ -26,6 +26,9 @@ from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
 from fastep.sparse import _BinarySparseEP
 
+# a real Dask LocalCluster: left out of the support-matrix runs (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 
 def _data(n, seed, classes=2, dim=2):
     rng = np.random.default_rng(seed)
