@@ -33,30 +33,27 @@ def _binary(n, d, seed=0):
     return X, y
 
 
-def case_dense_blocked():
+def _dense_case(schedule_name, **options):
+    """Dense GP EP at n = 1500 with one schedule, from zero sites."""
     from fastep import Probit
     from fastep._epcore import gp_ep
     X, y = _binary(1500, 3)
     K = _rbf(X) + 1e-6 * np.eye(1500)
     spec = Probit().site_spec()
+    schedule = getattr(gp_ep, schedule_name)
 
     def run():
         gp_ep.run_gp_ep(K, y, spec, np.zeros(1500), np.zeros(1500), np.empty((1500, 1500)), np.empty(1500),
-                        schedule=gp_ep.SCHEDULE_BLOCKED, tol=1e-6, max_sweeps=50)
+                        schedule=schedule, **options)
     return run
+
+
+def case_dense_blocked():
+    return _dense_case("SCHEDULE_BLOCKED", tol=1e-6, max_sweeps=50)
 
 
 def case_dense_parallel():
-    from fastep import Probit
-    from fastep._epcore import gp_ep
-    X, y = _binary(1500, 3)
-    K = _rbf(X) + 1e-6 * np.eye(1500)
-    spec = Probit().site_spec()
-
-    def run():
-        gp_ep.run_gp_ep(K, y, spec, np.zeros(1500), np.zeros(1500), np.empty((1500, 1500)), np.empty(1500),
-                        schedule=gp_ep.SCHEDULE_PARALLEL, damping=0.5, tol=1e-6, max_sweeps=100)
-    return run
+    return _dense_case("SCHEDULE_PARALLEL", damping=0.5, tol=1e-6, max_sweeps=100)
 
 
 def _projection(n, m, seed=0):
