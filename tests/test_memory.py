@@ -23,10 +23,20 @@ def status(field):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(field)
 
-n = int(sys.argv[1])
+model_name, n, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
-X = rng.normal(size=(n, 3)); y = np.where(X[:, 0] + 0.3 * rng.normal(size=n) > 0, 1, 0)
-model = fastep.GaussianProcessClassifier(optimizer=None, max_sweeps=3)
+X = rng.normal(size=(n, 3)); f = np.sin(X[:, 0]) + X[:, 1]
+y = np.where(X[:, 0] + 0.3 * rng.normal(size=n) > 0, 1, 0)
+model, target, estimate = {
+    "dense": (fastep.GaussianProcessClassifier(optimizer=None, max_sweeps=3), y,
+              _memory.dense_gp_bytes(n, learning=False)),
+    "student_t": (fastep.GaussianProcessRegressor(likelihood="student_t", optimizer=None), f,
+                  _memory.student_t_gp_bytes(n, learning=False)),
+    "sparse": (fastep.SparseGPClassifier(n_inducing=width, optimizer=None, max_sweeps=3), y,
+               _memory.sparse_gp_bytes(n, width, learning=False)),
+    "ivm": (fastep.IVMClassifier(active_set_size=width, optimizer=None), y,
+            _memory.ivm_bytes(n, width, learning=False)),
+}[model_name]
 # Reset the peak (VmHWM) to the current resident size, so the peak measured below is the
 # fit's own and not an earlier one (an import may have peaked higher than the fit adds).
 with open("/proc/self/clear_refs", "w") as f:
@@ -34,20 +44,27 @@ with open("/proc/self/clear_refs", "w") as f:
 before = status("VmRSS")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    model.fit(X, y)
+    model.fit(X, target)
 peak = status("VmHWM")
-print(json.dumps({"used": peak - before, "estimate": _memory.dense_gp_bytes(n, learning=False)}))
+print(json.dumps({"used": peak - before, "estimate": estimate}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status and clear_refs are Linux's")
-def test_dense_estimate_is_within_a_quarter_of_measured_peak_rss():
-    for n in (1500, 2500, 3500):
-        out = subprocess.run([sys.executable, "-c", _PEAK, str(n)], check=True, capture_output=True, text=True)
+@pytest.mark.parametrize("model, sizes", [
+    ("dense", [(1500, 0), (2500, 0), (3500, 0)]),
+    ("student_t", [(1200, 0)]),
+    ("sparse", [(20000, 200), (40000, 200)]),
+    ("ivm", [(40000, 300), (40000, 500)]),
+])
+def test_the_estimate_is_within_a_quarter_of_measured_peak_rss(model, sizes):
+    for n, width in sizes:
+        out = subprocess.run([sys.executable, "-c", _PEAK, model, str(n), str(width)], check=True,
+                             capture_output=True, text=True)
         record = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = record["estimate"] / record["used"]
-        assert 0.75 <= ratio <= 1.25, (n, record)
+        assert 0.75 <= ratio <= 1.25, (model, n, width, record)
 
 
 _LIMITED = """
@@ -118,3 +135,65 @@ def test_the_estimate_grows_with_classes_jobs_and_learning():
             > _memory.dense_gp_bytes(1000, learning=False, n_problems=4))
     assert _memory.dense_gp_bytes(1000, learning=False, n_classes_multinomial=3) > one
     assert _memory.dense_gp_bytes(2000, learning=False) > 3.9 * (one - _memory.BASE_BYTES)
+
+
+def _fitted_state(model):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(model).items()}
+
+
+def _assert_unchanged(model, before):
+    assert set(vars(model)) == set(before)
+    for key, value in before.items():
+        now = vars(model)[key]
+        assert now is value or (isinstance(value, np.ndarray) and np.array_equal(now, value)) or now == value, key
+
+
+@pytest.mark.parametrize("make, target, words", [
+    (lambda: fastep.SparseGPClassifier(n_inducing=20, optimizer=None), "labels", "m = 20 inducing inputs"),
+    (lambda: fastep.SparseGPRegressor(n_inducing=20, optimizer=None), "real", "m = 20 inducing inputs"),
+    (lambda: fastep.IVMClassifier(active_set_size=20, optimizer=None), "labels", "d = 20 points"),
+    (lambda: fastep.IVMRegressor(active_set_size=20, optimizer=None), "real", "d = 20 points"),
+    (lambda: fastep.IVMOrdinalRegressor(active_set_size=20, optimizer=None), "labels", "d = 20 points"),
+    (lambda: fastep.GaussianProcessRegressor(likelihood="student_t", optimizer=None), "real", "O(n²)"),
+])
+def test_sparse_ivm_and_student_t_fits_are_refused_above_the_limit(make, target, words, monkeypatch):
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, 2))
+    y = np.where(X[:, 0] > 0, 1, 0) if target == "labels" else X[:, 0] + 0.1 * rng.normal(size=200)
+    model = make().fit(X, y)
+    before = _fitted_state(model)
+    monkeypatch.setenv("FASTEP_MAX_MEMORY", "1M")
+    with pytest.raises(MemoryLimitError, match="FASTEP_MAX_MEMORY=1M") as info:
+        model.fit(X[::-1], y[::-1])
+    assert words in str(info.value) and type(model).__name__ in str(info.value)
+    assert info.value.estimate > info.value.limit == 1024 ** 2
+    _assert_unchanged(model, before)
+
+
+def test_the_estimates_grow_with_width_problems_and_learning():
+    for estimate in (_memory.sparse_gp_bytes, _memory.ivm_bytes):
+        one = estimate(10_000, 100, learning=False)
+        assert estimate(10_000, 200, learning=False) > one
+        assert estimate(10_000, 100, learning=True) > one
+        assert estimate(10_000, 100, learning=False, n_problems=3, n_concurrent=2) > one
+        assert (estimate(10_000, 100, learning=False, n_problems=3, n_concurrent=1)
+                == estimate(10_000, 100, learning=False))
+    assert _memory.student_t_gp_bytes(1000, learning=True) > _memory.student_t_gp_bytes(1000, learning=False) \
+        > _memory.dense_gp_bytes(1000, learning=False)
+
+
+def test_auto_inducing_growth_stops_at_the_memory_limit_with_a_warning(monkeypatch):
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 2))
+    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] > 0, 1, 0)
+    model = fastep.SparseGPClassifier(optimizer=None)
+    first, second = 64, 128                       # auto_sizes(400)[:2]
+    limit = (model._memory_estimate(400, first, 1) + model._memory_estimate(400, second, 1)) // 2
+    monkeypatch.setenv("FASTEP_MAX_MEMORY", str(limit))
+    with pytest.warns(UserWarning, match="stopped growing at m = 64"):
+        model.fit(X, y)
+    assert model.inducing_inputs_.shape[0] == first
+    assert [record["n_inducing"] for record in model.growth_history_] == [first]
+    monkeypatch.delenv("FASTEP_MAX_MEMORY")
+    grown = fastep.SparseGPClassifier(optimizer=None).fit(X, y)
+    assert [record["n_inducing"] for record in grown.growth_history_][:2] == [first, second]

@@ -64,7 +64,7 @@ def auto_sizes(n):
     return sizes
 
 
-def grow_inducing(fitted, fit_at, progress=None):
+def grow_inducing(fitted, fit_at, progress=None, fits=None):
     """Double the inducing set while the evidence per training point still gains.
 
     ``fitted``: a problem fitted at the first size of :func:`auto_sizes`; ``fit_at(m, best)`` fits
@@ -72,6 +72,9 @@ def grow_inducing(fitted, fit_at, progress=None):
     when a doubling raised the EP log marginal likelihood by less than ``GROWTH_TOL`` nats per
     training point (the larger model is kept if its evidence is the higher), or at the largest
     size. Sets ``growth`` on the returned problem: one record per size tried.
+
+    ``fits(m)``, when given, says whether a fit at m inducing inputs fits in memory; growth stops
+    (with a warning naming the size) before the first size that does not.
     """
     n = fitted.n_points
     history = [{"n_inducing": int(fitted.Z.shape[0]), "log_marginal_likelihood": float(fitted.log_ml),
@@ -79,6 +82,13 @@ def grow_inducing(fitted, fit_at, progress=None):
     best = fitted
     for m in auto_sizes(n)[1:]:
         if m <= best.Z.shape[0] or (progress is not None and progress.stopped):
+            break
+        if fits is not None and not fits(m):
+            import warnings
+            warnings.warn(f"n_inducing='auto' stopped growing at m = {best.Z.shape[0]} inducing inputs: "
+                          f"m = {m} would not fit in the memory available (see fastep.MemoryLimitError; "
+                          "set FASTEP_MAX_MEMORY to change the limit fastep plans with)",
+                          UserWarning, stacklevel=2)
             break
         candidate = fit_at(m, best)
         history.append({"n_inducing": int(m), "log_marginal_likelihood": float(candidate.log_ml),

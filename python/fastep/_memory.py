@@ -23,7 +23,8 @@ import re
 
 from .exceptions import MemoryLimitError
 
-__all__ = ["memory_limit", "check_memory", "format_bytes", "dense_gp_bytes", "ENVIRONMENT_VARIABLE"]
+__all__ = ["memory_limit", "check_memory", "fits_in_memory", "concurrent_problems", "format_bytes", "dense_gp_bytes",
+           "student_t_gp_bytes", "sparse_gp_bytes", "ivm_bytes", "ENVIRONMENT_VARIABLE"]
 
 #: The environment variable that caps the memory a fit may plan to use.
 ENVIRONMENT_VARIABLE = "FASTEP_MAX_MEMORY"
@@ -130,6 +131,20 @@ def memory_limit():
     return min(candidates, key=lambda pair: pair[0])
 
 
+def concurrent_problems(n_jobs):
+    """How many problems an estimator's ``n_jobs`` fits at a time (1 for ``None``)."""
+    if n_jobs is None:
+        return 1
+    from .batch import effective_n_jobs
+    return effective_n_jobs(n_jobs)
+
+
+def fits_in_memory(estimate):
+    """Whether ``estimate`` bytes are within :func:`memory_limit` (True when no limit is known)."""
+    limit, _ = memory_limit()
+    return limit is None or estimate <= limit
+
+
 def check_memory(estimate, what, instead):
     """Raise :class:`~fastep.exceptions.MemoryLimitError` if ``estimate`` bytes exceed the limit.
 
@@ -183,3 +198,49 @@ def dense_gp_bytes(n, *, learning, n_problems=1, n_concurrent=1, n_classes_multi
     concurrent = max(1, min(n_concurrent, n_problems))
     kept = max(n_problems - concurrent, 0)
     return int((BASE_BYTES_LEARNING if learning else BASE_BYTES) + (concurrent * working + kept) * square)
+
+
+#: The dense Student-t model's n×n arrays (fractional EP keeps the kernel's factor, the
+#: posterior, the cavity work and the step-halving's saved state); learning adds the dense
+#: model's increment less the factor it shares (measured).
+STUDENT_T_ARRAYS_FIXED = 5.5
+STUDENT_T_ARRAYS_LEARNING = 7.5
+
+
+def student_t_gp_bytes(n, *, learning):
+    """Estimated peak working memory, in bytes, of a dense Student-t GP fit on ``n`` rows."""
+    arrays = STUDENT_T_ARRAYS_LEARNING if learning else STUDENT_T_ARRAYS_FIXED
+    return int((BASE_BYTES_LEARNING if learning else BASE_BYTES) + arrays * 8.0 * float(n) * float(n))
+
+
+#: n×m float64 arrays live at a sparse GP fit's peak: K(X, Z), the projection and the
+#: engine's work; learning adds one ∂K(X, Z)/∂θ_j at a time and the gradient's temporaries
+#: (measured).
+SPARSE_ARRAYS_FIXED = 3.0
+SPARSE_ARRAYS_LEARNING = 10.5
+#: d×n float64 arrays of an IVM fit: the selection's M with fixed hyperparameters; learning on
+#: all n points (``kernel_objective='full_data'``) runs the sparse engine with the active set as
+#: inducing inputs (measured).
+IVM_ARRAYS_FIXED = 1.1
+IVM_ARRAYS_LEARNING = 11.0
+
+
+def _per_row_bytes(n, width, arrays, base, n_problems, n_concurrent):
+    concurrent = max(1, min(n_concurrent, n_problems))
+    return int(base + concurrent * arrays * 8.0 * float(n) * float(width))
+
+
+def sparse_gp_bytes(n, m, *, learning, n_problems=1, n_concurrent=1):
+    """Estimated peak working memory, in bytes, of a sparse GP fit on ``n`` rows with ``m``
+    inducing inputs: O(n m), ``n_problems`` (one-vs-rest) fitted ``n_concurrent`` at a time."""
+    arrays = SPARSE_ARRAYS_LEARNING if learning else SPARSE_ARRAYS_FIXED
+    # its choice of inducing inputs (k-means++) and the engine's start add a fixed amount
+    return _per_row_bytes(n, m, arrays, BASE_BYTES_LEARNING, n_problems, n_concurrent)
+
+
+def ivm_bytes(n, d, *, learning, n_problems=1, n_concurrent=1):
+    """Estimated peak working memory, in bytes, of an IVM fit on ``n`` rows with active sets of
+    ``d`` points: O(n d); ``learning``: the kernel is learnt on all n points."""
+    arrays = IVM_ARRAYS_LEARNING if learning else IVM_ARRAYS_FIXED
+    return _per_row_bytes(n, d, arrays, BASE_BYTES_LEARNING if learning else BASE_BYTES, n_problems,
+                          n_concurrent)

@@ -30,7 +30,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from . import _validation as v
-from ._memory import check_memory, dense_gp_bytes, format_bytes
+from ._memory import check_memory, concurrent_problems, dense_gp_bytes, format_bytes, student_t_gp_bytes
 from ._epcore import gp_ep as _engine
 from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
 from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
@@ -222,14 +222,16 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
                 "jitter": p["jitter"], "refactor_every": refactor_every, "hyperprior": p["hyperprior"],
                 "progress": self._new_progress()}
 
-    def _check_memory(self, X, n_problems, n_classes_multinomial):
+    def _check_memory(self, X, n_problems, n_classes_multinomial, student_t=False):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
-        from .batch import effective_n_jobs
         n = X.shape[0]
-        n_jobs = getattr(self, "n_jobs", None)
-        concurrent = 1 if n_jobs is None else effective_n_jobs(n_jobs)
-        estimate = dense_gp_bytes(n, learning=self.optimizer is not None, n_problems=n_problems,
-                                  n_concurrent=concurrent, n_classes_multinomial=n_classes_multinomial)
+        learning = self.optimizer is not None
+        if student_t:
+            estimate = student_t_gp_bytes(n, learning=learning)
+        else:
+            estimate = dense_gp_bytes(n, learning=learning, n_problems=n_problems,
+                                      n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
+                                      n_classes_multinomial=n_classes_multinomial)
         sparse = "SparseGPClassifier" if isinstance(self, GPClassifierMixin) else "SparseGPRegressor"
         ivm = "IVMClassifier" if isinstance(self, GPClassifierMixin) else "IVMRegressor"
         check_memory(estimate, f"{type(self).__name__}.fit on n = {n} rows (O(n²) memory: "
@@ -584,8 +586,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
             options["max_halvings"] = 10
             if self.damping is None:
                 options["damping"] = 0.5
-        self._check_memory(v.as_float_matrix(X, "X"), 1, 0)
         likelihood, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
+        self._check_memory(X, 1, 0, student_t)
         if student_t:
             if noise == "student_t":
                 noise = StudentT(dof=4.0, scale=float(np.sqrt(default_noise_variance(y))))

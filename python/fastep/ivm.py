@@ -107,6 +107,7 @@ from .batch import map_in_order
 from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
 from .exceptions import ConvergenceWarning
+from ._memory import check_memory, concurrent_problems, format_bytes, ivm_bytes
 from .hyperpriors import check_hyperprior
 from .likelihoods import Logistic, OrderedCategorical, Probit, Step
 
@@ -157,6 +158,17 @@ class _IVMBase(GPEstimator):
         """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
         return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options["d"], options["criterion"],
                            options["seed"], refine=options["refine"], **kwargs)
+
+    def _check_memory(self, n, options, n_problems=1):
+        """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
+        learning = options["n_iterations"] > 0 and options["kernel_objective"] == "full_data"
+        d = options["d"]
+        check_memory(ivm_bytes(n, d, learning=learning, n_problems=n_problems,
+                               n_concurrent=concurrent_problems(getattr(self, "n_jobs", None))),
+                     f"{type(self).__name__}.fit on n = {n} rows with active sets of d = {d} points (O(n d) "
+                     f"memory: {format_bytes(8 * n * d)} per d×n array)",
+                     "Use a smaller active_set_size, fewer concurrent problems (n_jobs), "
+                     "kernel_objective='active_set', or a subsample")
 
     def _options(self, X, kernel=None):
         """The validated options of a fit on the inputs ``X``; ``kernel``: the starting kernel
@@ -443,6 +455,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
                                                             (Probit, Logistic, Step))
         classes, targets = v.encode_one_vs_rest_labels(y)
+        self._check_memory(X.shape[0], options, len(targets))
 
         def fit_class(c):
             problem = self._new_problem(X, targets[c], kernel, lik, options)
@@ -538,6 +551,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         lik, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, check_kernel(self.kernel), bias=False)
         options = self._options(X, kernel)
+        self._check_memory(X.shape[0], options)
         bias = float(np.mean(y)) if self.bias is None else v.check_in_range(self.bias, "bias", -np.inf, np.inf,
                                                                              low_inclusive=False,
                                                                              high_inclusive=False)
@@ -625,6 +639,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                                  "distinct labels")
         learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
         targets = inverse.reshape(-1).astype(float)
+        self._check_memory(X.shape[0], options)
         problem = self._new_problem(X, targets, options["kernel"], lik, options)
         problem, history = fit_problem(self, problem, options, learn_likelihood, False)
         self.classes_ = classes

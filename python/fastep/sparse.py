@@ -47,6 +47,7 @@ from ._constraints import Boolean, Choice, Integer, Interval, validate_params
 from ._defaults import default_noise_variance, sample_rows
 from .progress import CALLBACK_DOC
 from ._inducing import auto_sizes, grow_inducing, kmeans_plus_plus
+from ._memory import check_memory, concurrent_problems, fits_in_memory, format_bytes, sparse_gp_bytes
 from ._sparse_problem import _BinarySparseEP, _StudentTSparseEP
 from .batch import map_in_order
 from .ivm import select_active_set
@@ -170,15 +171,33 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
 
     def _fit_growing(self, make_problem, choose, Z, kernel, likelihood, options, learn_likelihood):
-        """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`)."""
+        """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`)
+        while the next size fits in memory."""
         fitted = self._learn(make_problem(Z), kernel, likelihood, Z, options, learn_likelihood)
         if not self._grows():
             fitted.growth = None
             return fitted
+        n_problems = options.get("n_problems", 1)
         return grow_inducing(fitted, lambda m, best: self._learn(self._warm(make_problem(choose(m, best)), best),
                                                                  kernel, likelihood, None, options,
                                                                  learn_likelihood, start=best),
-                             options.get("progress"))
+                             options.get("progress"),
+                             fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)))
+
+    def _memory_estimate(self, n, m, n_problems):
+        """Peak working memory of fitting ``n_problems`` problems on n rows at m inducing inputs."""
+        return sparse_gp_bytes(n, m, learning=self.optimizer is not None, n_problems=n_problems,
+                               n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)))
+
+    def _check_memory(self, n, m, n_problems, options):
+        """Raise :class:`~fastep.exceptions.MemoryLimitError` before an in-core fit at m inducing
+        inputs that cannot fit in memory; ``options`` keeps ``n_problems`` for the growth."""
+        options["n_problems"] = n_problems
+        check_memory(self._memory_estimate(n, m, n_problems),
+                     f"{type(self).__name__}.fit on n = {n} rows with m = {m} inducing inputs (O(n m) "
+                     f"memory: {format_bytes(8 * n * m)} per n×m array)",
+                     "Use fewer inducing inputs (n_inducing), fewer concurrent problems (n_jobs), a "
+                     "dask array on a cluster, or a subsample")
 
     @staticmethod
     def _warm(problem, fitted):
@@ -281,7 +300,9 @@ _INDUCING_PARAMS = """n_inducing : int or 'auto', default 'auto'
         marginal likelihood by at least 0.01 nats per training point; the size with the
         larger evidence of the last doubling is kept. m stays at most
         ``min(n_samples, 1024)`` and at most the m whose n × m projection takes 1 GiB
-        (:func:`auto_sizes`). On a dask array the k-means++ inputs of every size come from
+        (:func:`auto_sizes`); in core, growth also stops (with a warning) before a size whose
+        estimated working memory exceeds the memory available (``FASTEP_MAX_MEMORY``, see
+        :class:`~fastep.MemoryLimitError`). On a dask array the k-means++ inputs of every size come from
         the same seeded sample of rows (``inducing_init``). Ignored when ``inducing_init``
         is an array.
     approximation : {'fitc', 'dtc'}, default 'fitc'
@@ -550,6 +571,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
             classes, targets = v.encode_one_vs_rest_labels(y)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
             Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
+            self._check_memory(X.shape[0], Zs[0].shape[0], len(targets), options)
             problems = map_in_order(
                 lambda tz: self._fit_problem(X, tz[0], tz[1], kernel, likelihood, options, learn_likelihood),
                 list(zip(targets, Zs)), self.n_jobs)
@@ -686,6 +708,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
             # the IVM initialisation scores inclusions under Gaussian noise of the same scale
             (Z,) = self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y])
+            self._check_memory(X.shape[0], Z.shape[0], 1, options)
             problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)]
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
