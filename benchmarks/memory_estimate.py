@@ -1,11 +1,15 @@
-"""The dense GP's memory estimate (``fastep._memory.dense_gp_bytes``) against measured peak RSS.
+"""Memory estimates (``fastep._memory``: dense, Student-t, sparse, IVM) against measured peak RSS.
 
-Each fit runs in a fresh process; the peak resident memory it adds (``ru_maxrss`` after the fit
-less before it, the data already in memory) is compared with the estimate the estimator checks
-before allocating. Prints n, the model, measured and estimated MiB and their ratio.
+Each fit runs in a fresh process (Linux); the peak resident memory it adds (the peak ``VmHWM``,
+reset through ``/proc/self/clear_refs`` just before the fit, less the resident size then, the
+data already in memory) is compared with the estimate the estimator checks before allocating.
+Prints the model, n, the width (m inducing inputs or d active points), measured and estimated
+MiB and their ratio.
 
-    python benchmarks/memory_estimate.py                       # fixed and learnt kernels
+    python benchmarks/memory_estimate.py                       # dense: fixed and learnt kernels
     python benchmarks/memory_estimate.py --sizes 1500 2500 3500 --models fixed
+    python benchmarks/memory_estimate.py --models sparse "sparse learnt" ivm "ivm learnt" \
+        --sizes 10000 20000 --width 200
 """
 import argparse
 import json
@@ -13,31 +17,56 @@ import subprocess
 import sys
 
 CHILD = """
-import json, resource, sys, warnings
+import json, sys, warnings
 import numpy as np, fastep
 from fastep import _memory
-n, model = int(sys.argv[1]), sys.argv[2]
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+n, width, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(0)
 X = rng.normal(size=(n, 5)); f = np.sin(X[:, 0]) + X[:, 1]
 yb = np.where(f + 0.3 * rng.normal(size=n) > 0, 1, 0)
 y3 = np.digitize(f, [-0.5, 0.5])
+dense = _memory.dense_gp_bytes
 make = {
-    "fixed": (lambda: fastep.GaussianProcessClassifier(optimizer=None), yb, dict(learning=False)),
-    "learnt": (lambda: fastep.GaussianProcessClassifier(), yb, dict(learning=True)),
-    "regressor": (lambda: fastep.GaussianProcessRegressor(), f, dict(learning=True)),
-    "3-class multinomial fixed": (lambda: fastep.GaussianProcessClassifier(multi_class="multinomial",
-                                                                           optimizer=None), y3,
-                                  dict(learning=False, n_classes_multinomial=3)),
+    "fixed": (lambda: fastep.GaussianProcessClassifier(optimizer=None), yb, lambda: dense(n, learning=False)),
+    "learnt": (lambda: fastep.GaussianProcessClassifier(), yb, lambda: dense(n, learning=True)),
+    "regressor": (lambda: fastep.GaussianProcessRegressor(), f, lambda: dense(n, learning=True)),
+    "3-class multinomial fixed": (
+        lambda: fastep.GaussianProcessClassifier(multi_class="multinomial", optimizer=None), y3,
+        lambda: dense(n, learning=False, n_classes_multinomial=3)),
     "3-class ovr fixed": (lambda: fastep.GaussianProcessClassifier(optimizer=None), y3,
-                          dict(learning=False, n_problems=3)),
+                          lambda: dense(n, learning=False, n_problems=3)),
+    "student_t": (lambda: fastep.GaussianProcessRegressor(likelihood="student_t", optimizer=None), f,
+                  lambda: _memory.student_t_gp_bytes(n, learning=False)),
+    "student_t learnt": (lambda: fastep.GaussianProcessRegressor(likelihood="student_t"), f,
+                         lambda: _memory.student_t_gp_bytes(n, learning=True)),
+    "sparse": (lambda: fastep.SparseGPClassifier(n_inducing=width, optimizer=None), yb,
+               lambda: _memory.sparse_gp_bytes(n, width, learning=False)),
+    "sparse learnt": (lambda: fastep.SparseGPClassifier(n_inducing=width), yb,
+                      lambda: _memory.sparse_gp_bytes(n, width, learning=True)),
+    "ivm": (lambda: fastep.IVMClassifier(active_set_size=width, optimizer=None), yb,
+            lambda: _memory.ivm_bytes(n, width, learning=False)),
+    "ivm learnt": (lambda: fastep.IVMClassifier(active_set_size=width, n_iterations=1), yb,
+                   lambda: _memory.ivm_bytes(n, width, learning=True)),
 }
-build, y, shape = make[model]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+build, y, estimate = make[model]
+estimator = build()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    build().fit(X, y)
-used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-print(json.dumps({"used": used, "estimate": _memory.dense_gp_bytes(n, **shape)}))
+    estimator.fit(X, y)
+print(json.dumps({"used": status("VmHWM") - before, "estimate": estimate()}))
 """
 
 
@@ -45,14 +74,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 3000])
     parser.add_argument("--models", nargs="+", default=["fixed", "learnt", "regressor", "3-class ovr fixed"])
+    parser.add_argument("--width", type=int, default=200, help="m inducing inputs / d active points")
     args = parser.parse_args()
-    print(f"{'model':20s} {'n':>6s} {'measured MiB':>13s} {'estimate MiB':>13s} {'estimate/measured':>18s}")
+    print(f"{'model':26s} {'n':>6s} {'width':>6s} {'measured MiB':>13s} {'estimate MiB':>13s} {'estimate/measured':>18s}")
     for model in args.models:
         for n in args.sizes:
-            out = subprocess.run([sys.executable, "-c", CHILD, str(n), model], check=True,
+            out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(args.width), model], check=True,
                                  capture_output=True, text=True).stdout
             record = json.loads(out.strip().splitlines()[-1])
-            print(f"{model:20s} {n:6d} {record['used'] / 2 ** 20:13.1f} {record['estimate'] / 2 ** 20:13.1f} "
+            print(f"{model:26s} {n:6d} {args.width:6d} {record['used'] / 2 ** 20:13.1f} {record['estimate'] / 2 ** 20:13.1f} "
                   f"{record['estimate'] / record['used']:18.2f}", flush=True)
 
 
