@@ -439,11 +439,12 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
 
     Returns
     -------
-    dict
+    SweepResult
         As :meth:`fastep._epcore.student_t_ep.DenseStudentTEP.run` (``n_sweeps`` counts outer
-        iterations; ``stuck``: an inner minimisation could not start), plus ``n_newton``,
-        ``n_limited`` (cavities at their variance bound), ``inner_failures`` (inner loops
-        that stopped before their tolerance) and ``energy`` (G after every outer iteration).
+        iterations; ``stuck``: an inner minimisation could not start); its ``diagnostics``
+        dict holds ``n_newton``, ``n_limited`` (cavities at their variance bound),
+        ``inner_failures`` (inner loops that stopped before their tolerance) and ``energy``
+        (G after every outer iteration).
 
     Examples
     --------
@@ -515,7 +516,7 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
 
     Returns
     -------
-    dict
+    SweepResult
         As :func:`run_double_loop_ep`; ``log_z`` is the fractional EP energy that
         :func:`fastep._epcore.sparse_ep.log_marginal_likelihood` gives the final sites.
 

@@ -163,7 +163,8 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         engine = _student_t_engine.SparseStudentTEP(
-            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], damping=opts["damping"], tol=opts["tol"],
+            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
+            damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
         info = engine.run(*arrays[:4], g_mean=arrays[4], g_var=arrays[5], sweep_callback=sweep_callback_of(opts))
         self._reject_if_stuck(info)

@@ -57,8 +57,8 @@ the progress callback and interrupt handling (through :class:`~fastep._epcore._c
 """
 import numpy as np
 
-from libc.math cimport sqrt, log, log1p, fabs, isfinite
-from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT
+from libc.math cimport sqrt, log, log1p, isfinite
+from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, LOWER, NO_TRANS
 from fastep._epcore.sites cimport SiteModel, SiteSpec, SITE_OK
 from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
 from fastep._epcore._common cimport max_relative_site_change, SweepDriver
