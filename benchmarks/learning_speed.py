@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_gpc_peers import benchmark_problem  # noqa: E402
 
 from fastep import GaussianProcessClassifier, SparseGPClassifier  # noqa: E402
-from fastep import gp as _gp  # noqa: E402
+from fastep import _dense_problem as _dense  # noqa: E402
 from fastep.kernels import RBF  # noqa: E402
 
 
@@ -35,7 +35,7 @@ class CountingEvaluations:
 
     def __enter__(self):
         self.evaluations, self.sweeps, self.seconds = 0, 0, 0.0
-        self._original = _gp._BinaryGPEP.evaluate
+        self._original = _dense.DenseGPProblem.evaluate
         counter = self
 
         def evaluate(problem, params, **kwargs):
@@ -46,11 +46,11 @@ class CountingEvaluations:
             counter.sweeps += result[2].n_sweeps
             return result
 
-        _gp._BinaryGPEP.evaluate = evaluate
+        _dense.DenseGPProblem.evaluate = evaluate
         return self
 
     def __exit__(self, *exc):
-        _gp._BinaryGPEP.evaluate = self._original
+        _dense.DenseGPProblem.evaluate = self._original
 
 
 def timed_fit(model, X, y, Xt, yt):
@@ -71,19 +71,19 @@ def main():
     X, y = benchmark_problem(args.n)
     Xt, yt = X_all[args.n:], y_all[args.n:]
     print(f"issue-3 toy, n = {args.n}, test on 2000 new points")
-    variants = [("fastep GPC default", {}, _gp._BinaryGPEP.search_tol),
-                ("fastep GPC, hyperprior=None", {"hyperprior": None}, _gp._BinaryGPEP.search_tol),
+    variants = [("fastep GPC default", {}, _dense.DenseGPProblem.search_tol),
+                ("fastep GPC, hyperprior=None", {"hyperprior": None}, _dense.DenseGPProblem.search_tol),
                 ("fastep GPC, search EP to 1e-2", {}, 1e-2),
-                ("fastep GPC, RBF(1, 1) start", {"kernel": RBF(1.0, 1.0)}, _gp._BinaryGPEP.search_tol)]
-    default_search_tol = _gp._BinaryGPEP.search_tol
+                ("fastep GPC, RBF(1, 1) start", {"kernel": RBF(1.0, 1.0)}, _dense.DenseGPProblem.search_tol)]
+    default_search_tol = _dense.DenseGPProblem.search_tol
     for label, kwargs, search_tol in variants:
-        _gp._BinaryGPEP.search_tol = search_tol
+        _dense.DenseGPProblem.search_tol = search_tol
         try:
             with CountingEvaluations() as count:
                 model = GaussianProcessClassifier(**kwargs)
                 seconds, error, notes = timed_fit(model, X, y, Xt, yt)
         finally:
-            _gp._BinaryGPEP.search_tol = default_search_tol
+            _dense.DenseGPProblem.search_tol = default_search_tol
         print(f"{label:32s} fit {seconds:6.1f} s, {count.evaluations} evaluations, {count.sweeps} sweeps, "
               f"{count.seconds / max(count.evaluations, 1):.2f} s/evaluation, {model.kernel_}, "
               f"log evidence {model.log_marginal_likelihood_value_:.4f}, test error {100 * error:.2f} % {notes}",

@@ -15,7 +15,7 @@ import pytest
 from scipy.optimize import minimize
 
 from fastep import (GaussianProcessClassifier, GaussianProcessRegressor, SparseGPClassifier, SparseGPRegressor)
-from fastep import gp as _gp
+from fastep import _dense_problem as _dense
 from fastep._learning import GAIN_TOL, SearchSpace
 from fastep.hyperpriors import DEFAULT_SCALE, LogNormal, check_hyperprior
 from fastep.kernels import RBF, Bias, RBFARD
@@ -204,14 +204,14 @@ def test_same_optimum_for_every_n_jobs_and_with_restarts():
 
 def test_no_point_is_evaluated_twice(monkeypatch):
     seen = []
-    original = _gp._BinaryGPEP.evaluate
+    original = _dense.DenseGPProblem.evaluate
 
     def evaluate(problem, params, **kwargs):
         if kwargs.get("gradient"):
             seen.append(params[0].theta.tobytes())
         return original(problem, params, **kwargs)
 
-    monkeypatch.setattr(_gp._BinaryGPEP, "evaluate", evaluate)
+    monkeypatch.setattr(_dense.DenseGPProblem, "evaluate", evaluate)
     X, y = separable_toy()
     model = GaussianProcessClassifier(n_restarts_optimizer=1).fit(X, y)
     assert len(seen) == len(set(seen)) == model.n_evaluations_

@@ -150,12 +150,15 @@ class Hyperparameters:
 class SiteProblem:
     """One binary (or regression) EP problem: its data, its sites and type-II maximum likelihood.
 
-    Subclasses implement ``_run_once(prior, likelihood, warm)`` (one EP run from the stored
-    sites when ``warm``, else from zero sites; returns a dict with at least ``'info'``) and
-    ``evaluate(params, *, gradient, warm, keep)`` returning ``(log_z, grad or None, info)``
-    with ``params`` = ``(kernel, likelihood, extra)`` as :meth:`Hyperparameters.unpack`
-    gives it, storing the sites (and with ``keep`` the prediction state: attributes
-    ``kernel``, ``likelihood``, ``log_ml`` and ``info``).
+    :meth:`evaluate` runs EP at ``params`` = ``(kernel, likelihood, extra)`` (as
+    :meth:`Hyperparameters.unpack` gives it) in three steps that subclasses implement:
+    ``_ep_input(params)`` returns ``(prior, context)``, the engine's input and what the last step
+    needs; :meth:`run` calls ``_run_once(prior, likelihood, warm)`` (one EP run from the
+    stored sites when ``warm``, else from zero sites; returns a dict with at least
+    ``'info'``); ``_finish(params, context, state, *, gradient, keep)`` stores the sites,
+    computes the evidence gradient and, with ``keep``, the prediction state (attributes
+    ``kernel``, ``likelihood``, ``log_ml`` and ``info``), returning
+    ``(log_z, grad or None, info)``.
 
     Attributes
     ----------
@@ -184,6 +187,17 @@ class SiteProblem:
         n = X.shape[0]
         self.site_precision = np.zeros(n)
         self.site_natural_mean = np.zeros(n)
+
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Run EP at ``params`` = ``(kernel, likelihood, extra)``; ``(log_z, grad or None, info)``.
+
+        The gradient (with ``gradient``) is the evidence gradient in the order of
+        :meth:`Hyperparameters.unpack`; with ``keep`` the prediction state is stored.
+        """
+        prior, context = self._ep_input(params)
+        state = self.run(prior, params[1], warm)
+        del prior                       # what the gradient no longer needs is freed before it runs
+        return self._finish(params, context, state, gradient=gradient, keep=keep)
 
     def run(self, prior, likelihood, warm):
         """EP from the stored sites (``warm``) or from zero sites.

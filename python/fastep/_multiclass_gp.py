@@ -382,11 +382,15 @@ class MultinomialGPProblem(SiteProblem):
         return {"alpha": engine.inner_precision, "beta": engine.inner_natural_mean, "pi": engine.pi,
                 "nu": engine.nu, "post": engine.posterior, "info": info}
 
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """Nested EP at ``params`` = ``(kernel, None, None)``; ``(log_z, grad or None, info)``."""
+    def _ep_input(self, params):
+        """The kernel matrix (shared by the classes): the engine's input; ``params`` =
+        ``(kernel, None, None)``."""
+        K = dense_kernel_matrix(params[0], self.X, self.options["jitter"])
+        return K, None
+
+    def _finish(self, params, context, state, *, gradient, keep):
+        """Evidence gradient and, with ``keep``, the prediction state from nested EP's state."""
         kernel = params[0]
-        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
-        state = self.run(K, None, warm)
         self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
         self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
         post, info = state["post"], state["info"]

@@ -93,19 +93,20 @@ class _BinarySparseEP(SiteProblem):
         return self._finished(arrays, info, f"sparse EP could not form a proper cavity at {info.n_failed} site(s) "
                               "and the log marginal likelihood is not finite; increase jitter or check the kernel")
 
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """Run EP for the given hyperparameters; returns (log_z, grad or None, info).
-
-        ``params`` = ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs). The
-        gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
-        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the sites and the prediction
-        state are stored.
-        """
-        kernel, likelihood, Z = params
+    def _ep_input(self, params):
+        """``(Vt, d)`` for the engine, and ``(Z, L, Vt, d)`` for :meth:`_finish`; ``params`` =
+        ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs)."""
+        kernel, _, Z = params
         if Z is None:
             Z = self.Z
         L, Vt, d = self._prior(kernel, Z)
-        state = self.run((Vt, d), likelihood, warm)
+        return (Vt, d), (Z, L, Vt, d)
+
+    def _finish(self, params, context, state, *, gradient, keep):
+        """The gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
+        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the prediction state is stored."""
+        kernel, likelihood, _ = params
+        Z, L, Vt, d = context
         self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
         grad = None
         if gradient:
@@ -176,6 +177,3 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         return self._finished(arrays, info, f"sparse fractional EP's log marginal likelihood is not finite at "
                               f"{likelihood!r}; increase jitter or check the kernel")
 
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        with self._search_evaluation(gradient):
-            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)

@@ -99,6 +99,12 @@ class RejectStuckDuringSearch:
 
     reject_stuck = False
 
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """As :meth:`fastep._gp_base.SiteProblem.evaluate`; a search evaluation (``gradient``)
+        rejects a stuck run."""
+        with self._search_evaluation(gradient):
+            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
+
     @contextlib.contextmanager
     def _search_evaluation(self, gradient):
         self.reject_stuck = gradient
@@ -174,20 +180,20 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
                 "cavity": (cavity_mean, cavity_var), "info": info}
 
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """Run fractional EP at ``params`` = ``(kernel, likelihood, None)``; ``(log_z, grad, info)``."""
+    def _ep_input(self, params):
+        """The kernel matrix: the engine's input (freed before the gradient)."""
+        return dense_kernel_matrix(params[0], self.X, self.options["jitter"]), None
+
+    def _finish(self, params, context, state, *, gradient, keep):
+        """Evidence gradient and, with ``keep``, the prediction state from fractional EP's state."""
         kernel, likelihood, _ = params
-        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
-        with self._search_evaluation(gradient):
-            state = self.run(K, likelihood, warm)
         tau, nu, info = state["tau"], state["nu"], state["info"]
         self.site_precision, self.site_natural_mean = tau, nu
         weights = nu - tau * state["post_mean"]                 # b = ν - T μ
         inverse = state["post_cov"]                             # M = T - T Σ T, in Σ's memory
         inverse *= -tau[:, None]
         inverse *= tau[None, :]
-        inverse.flat[:: K.shape[0] + 1] += tau
-        del K
+        inverse.flat[:: tau.shape[0] + 1] += tau
         grad = None
         if gradient:
             grads = [0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(inverse, dK)

@@ -72,6 +72,7 @@ _MOVED_CLASSES = {
     "fastep._progress.Progress": "fastep.progress.Progress",
     "fastep._progress.ProgressRecord": "fastep.progress.ProgressRecord",
     "fastep._progress.StopRequested": "fastep.progress.StopRequested",
+    "fastep.gp._BinaryGPEP": "fastep._dense_problem.DenseGPProblem",
     "fastep.ivm._IVMProblem": "fastep._ivm_problem._IVMProblem",
     "fastep.sparse._BinarySparseEP": "fastep._sparse_problem._BinarySparseEP",
     "fastep.sparse._StudentTSparseEP": "fastep._sparse_problem._StudentTSparseEP",
