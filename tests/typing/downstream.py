@@ -4,7 +4,7 @@ It exercises the public API as a user's code would: every estimator (construct, 
 fitted attributes), kernels composed with ``+`` and ``*``, likelihoods, hyperpriors, the progress
 callback, ``fastep.save`` / ``fastep.load`` and ``fastep.batch.fit_many``. The annotations below
 are what the types of fastep must satisfy; it also runs (``python tests/typing/downstream.py``) on
-tiny data in a few seconds.
+tiny data (about half a minute).
 """
 from __future__ import annotations
 
