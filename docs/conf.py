@@ -31,6 +31,9 @@ numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 autodoc_default_options = {"members": False}
 autodoc_member_order = "bysource"
+# the numpydoc sections give every type; the annotations (for type checkers, py.typed) name aliases
+# imported under TYPE_CHECKING only, and overloads, which would clutter the signatures
+autodoc_typehints = "none"
 
 # the gallery's figures are produced by running the examples while the docs build
 plot_include_source = True

@@ -31,6 +31,8 @@ save, load
 get_include
     Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
 """
+from typing import TYPE_CHECKING
+
 from . import hyperpriors, kernels, likelihoods
 from ._include import get_include
 from .exceptions import ConvergenceWarning, MemoryLimitError, NotFittedError
@@ -55,9 +57,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    # The version is read from the installed metadata on first access, not at import.
-    if name == "__version__":
-        from ._version import version
-        return version()
-    raise AttributeError(f"module 'fastep' has no attribute {name!r}")
+if TYPE_CHECKING:
+    __version__: str
+else:
+    def __getattr__(name):
+        # The version is read from the installed metadata on first access, not at import.
+        if name == "__version__":
+            from ._version import version
+            return version()
+        raise AttributeError(f"module 'fastep' has no attribute {name!r}")

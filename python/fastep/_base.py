@@ -1,7 +1,10 @@
 """Estimator plumbing shared by every fastep model (scikit-learn conventions, no dependency on it)."""
+from __future__ import annotations
+
 import functools
 import inspect
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -9,11 +12,22 @@ from . import _validation as v
 from .exceptions import not_fitted_error
 from .progress import Progress, check_callback, check_verbose
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback
+
+    _Fit = TypeVar("_Fit", bound=Callable[..., Any])
+
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba",
            "records_feature_names", "fill_doc", "EXAMPLES_DOC", "KERNEL_EXAMPLES_DOC"]
 
 
-def records_feature_names(fit):
+def records_feature_names(fit: _Fit) -> _Fit:
     """Decorate an estimator's ``fit(X, ...)`` to record ``feature_names_in_`` as scikit-learn does.
 
     After a successful fit on a data frame whose column names are all strings,
@@ -30,7 +44,7 @@ def records_feature_names(fit):
         else:
             self.feature_names_in_ = names
         return fitted
-    return fit_recording_names
+    return fit_recording_names  # type: ignore[return-value]  # same signature as ``fit``
 
 
 #: ``%NAME%`` alone on its line (indentation, name) or inside a line (name).
@@ -38,7 +52,7 @@ _PLACEHOLDER = re.compile(r"^([ ]*)%([A-Z][A-Z0-9_]*)%[ ]*$|%([A-Z][A-Z0-9_]*)%"
 _BODY_INDENT = "    "
 
 
-def fill_doc(template, **sections):
+def fill_doc(template: str, **sections: str) -> str:
     """A docstring from ``template`` with its ``%NAME%`` placeholders replaced by shared sections.
 
     The one way fastep templates docstrings: text that several docstrings share (a parameter
@@ -142,6 +156,12 @@ class BaseEstimator:
     in an underscore.
     """
 
+    # Every fastep estimator takes ``verbose`` and ``callback`` (:mod:`fastep.progress`).
+    verbose: int
+    callback: Callback
+    #: Set by ``fit`` when ``X`` is a data frame whose column names are all strings.
+    feature_names_in_: NDArray[np.object_]
+
     @classmethod
     def _param_names(cls):
         sig = inspect.signature(cls.__init__)
@@ -156,7 +176,7 @@ class BaseEstimator:
         for name in self._param_names():
             setattr(self, name, arguments[name])
 
-    def get_params(self, deep=True):
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
         """Return the constructor parameters as a dict (nested ones as ``name__sub`` when ``deep``)."""
         out = {}
         for name in self._param_names():
@@ -167,7 +187,7 @@ class BaseEstimator:
             out[name] = value
         return out
 
-    def set_params(self, **params):
+    def set_params(self, **params: Any) -> Self:
         """Set constructor parameters; returns ``self``. Unknown names raise ``ValueError``."""
         valid = set(self._param_names())
         for key, value in params.items():
@@ -209,7 +229,7 @@ class BaseEstimator:
         """Whether ``fit`` has run (the fitted attributes end in an underscore)."""
         return any(name.endswith("_") and not name.startswith("__") for name in vars(self))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         defaults = {
             name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
         }
@@ -227,7 +247,8 @@ class BaseEstimator:
 
 
 
-def _score_targets(y, sample_weight, n_predicted, *, numeric):
+def _score_targets(y: Any, sample_weight: Any, n_predicted: int, *, numeric: bool
+                   ) -> tuple[NDArray[Any], NDArray[np.float64] | None]:
     """Validated ``y`` (1-D, one entry per predicted row) and weights (None or finite, >= 0, not all 0)."""
     if y is None:
         raise TypeError("y must be an array of targets, got None")
@@ -268,7 +289,10 @@ class ClassifierMixin(_TaskTagsMixin):
     _estimator_type = "classifier"
     _task_tags = ("classifier_tags", "ClassifierTags")
 
-    def score(self, X, y, sample_weight=None):
+    if TYPE_CHECKING:
+        def predict(self, X: ArrayLike) -> NDArray[Any]: ...
+
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
         """Mean accuracy of ``predict(X)`` against ``y`` (weighted by ``sample_weight`` if given).
 
         Parameters
@@ -294,7 +318,10 @@ class RegressorMixin(_TaskTagsMixin):
     _estimator_type = "regressor"
     _task_tags = ("regressor_tags", "RegressorTags")
 
-    def score(self, X, y, sample_weight=None):
+    if TYPE_CHECKING:
+        def predict(self, X: ArrayLike) -> NDArray[Any]: ...
+
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
         """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.
 
         ȳ is the (weighted) mean of ``y``. When ``y`` is constant the ratio is undefined; the
@@ -323,7 +350,7 @@ class RegressorMixin(_TaskTagsMixin):
         return float(1.0 - residual / spread)
 
 
-def check_is_fitted(estimator, attribute):
+def check_is_fitted(estimator: object, attribute: str) -> None:
     """Raise :class:`NotFittedError` unless ``estimator`` has the fitted ``attribute``."""
     if not hasattr(estimator, attribute):
         raise not_fitted_error(

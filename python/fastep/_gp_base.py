@@ -20,9 +20,12 @@ The model modules (:mod:`fastep.gp`, :mod:`fastep.sparse`, :mod:`fastep.ivm`) ke
 what is their own: how EP (or the IVM's selection) runs, the evidence gradient, and the
 model's predictive state.
 """
+from __future__ import annotations
+
 import contextlib
 import copy
 import warnings
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 from scipy.linalg import solve_triangular
@@ -41,6 +44,13 @@ from .exceptions import ConvergenceWarning
 from .kernels import Kernel
 from .kernels._distances import reuse_training_distances
 from .likelihoods import Gaussian, Logistic, Probit, Step
+
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+
+    from ._typing import MeanStd
 
 __all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
@@ -171,12 +181,14 @@ class SiteProblem:
     #: Name of the estimator in the learning warnings (set by the estimator).
     estimator_name = "type-II ML"
     #: The latent scale of the likelihood for the learning checks (1 for classifiers; set by the estimator).
-    latent_scale = None
+    latent_scale: float | None = None
     #: EP tolerance during the type-II ML search when looser than the estimator's ``tol``
     #: (None: the estimator's); the final EP run at the learnt point always uses ``tol``.
-    search_tol = None
+    search_tol: float | None = None
     #: L-BFGS-B's relative-reduction tolerance of the search (None: scipy's default)
-    search_ftol = None
+    search_ftol: float | None = None
+    #: The θ packing of the search (set by the estimator).
+    hyperparameters: Hyperparameters
 
     def __init__(self, kernel, likelihood, X, y, options):
         self.kernel = kernel
@@ -475,6 +487,10 @@ class GPEstimator(BaseEstimator):
     ``likelihood``) and call :meth:`_set_problems`.
     """
 
+    kernel: Kernel | None
+    _problems: list[Any]
+    n_features_in_: int
+
     def _set_problems(self, X, problems):
         """Store the problems and the fitted attributes every GP estimator has."""
         self._problems = problems
@@ -511,12 +527,12 @@ class GPEstimator(BaseEstimator):
         return {"optimizer": self.optimizer, "n_restarts": self.n_restarts_optimizer, "seed": seed,
                 "warm_start": self.warm_start, "max_sweeps": self.max_sweeps, "tol": self.tol}
 
-    def _check_X(self, X):
+    def _check_X(self, X: ArrayLike) -> NDArray[np.float64]:
         """Prediction-time X, validated against the training features (raises if not fitted)."""
         check_is_fitted(self, "_problems")
         return v.check_n_features(X, self.n_features_in_, estimator=self)
 
-    def predict_latent(self, X):
+    def predict_latent(self, X: ArrayLike) -> MeanStd:
         """Latent predictive mean and variance at the rows of ``X``.
 
         Parameters
@@ -537,7 +553,29 @@ class GPEstimator(BaseEstimator):
 class EPEvidenceMixin:
     """``log_marginal_likelihood`` of the estimators whose problems are :class:`SiteProblem`."""
 
-    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
+    _problems: list[Any]
+    log_marginal_likelihood_value_: float
+    log_hyperposterior_value_: float
+    n_evaluations_: int | NDArray[np.int_]
+    site_precision_: NDArray[np.float64]
+    site_natural_mean_: NDArray[np.float64]
+    n_sweeps_: int | NDArray[np.int_]
+    converged_: bool
+
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False
+                                ) -> float: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None, eval_gradient: Literal[True]
+                                ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, *, eval_gradient: Literal[True]
+                                ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                                ) -> float | tuple[float, NDArray[np.float64]]: ...
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                                ) -> float | tuple[float, NDArray[np.float64]]:
         """EP log marginal likelihood (and its gradient) at ``theta``.
 
         Parameters
@@ -567,7 +605,20 @@ class EPEvidenceMixin:
             return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
         return float(sum(values))
 
-    def log_hyperposterior(self, theta=None, eval_gradient=False):
+    @overload
+    def log_hyperposterior(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False
+                           ) -> float: ...
+    @overload
+    def log_hyperposterior(self, theta: ArrayLike | None, eval_gradient: Literal[True]
+                           ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_hyperposterior(self, theta: ArrayLike | None = None, *, eval_gradient: Literal[True]
+                           ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_hyperposterior(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                           ) -> float | tuple[float, NDArray[np.float64]]: ...
+    def log_hyperposterior(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                           ) -> float | tuple[float, NDArray[np.float64]]:
         """The objective of the hyperparameter search at ``theta``: the EP log marginal likelihood
         plus the log density of the hyperprior (``hyperprior``; none: the evidence alone).
 
@@ -588,7 +639,7 @@ class EPEvidenceMixin:
             if eval_gradient:
                 raise ValueError("eval_gradient=True requires theta")
             return self.log_hyperposterior_value_
-        evidence = self.log_marginal_likelihood(theta, eval_gradient)
+        evidence: Any = self.log_marginal_likelihood(theta, eval_gradient)
         hyper = self._problems[0].hyperparameters
         theta = hyper.check(theta)
         prior = [p.hyperparameters.log_prior(theta, eval_gradient) for p in self._problems]
@@ -601,7 +652,13 @@ class EPEvidenceMixin:
 class GPClassifierMixin(ClassifierMixin):
     """Class probabilities, decision values and labels from binary latent predictives."""
 
-    def predict_proba(self, X):
+    _problems: list[Any]
+    classes_: NDArray[Any]
+
+    if TYPE_CHECKING:
+        def _check_X(self, X: ArrayLike) -> NDArray[np.float64]: ...
+
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         """Class probabilities, columns ordered as ``classes_``.
 
         Binary: ``p(y = classes_[1] | x) = ∫ t(f) N(f; μ*, σ*²) df`` with the likelihood
@@ -619,7 +676,7 @@ class GPClassifierMixin(ClassifierMixin):
         X = self._check_X(X)
         return one_vs_rest_proba(self._problems, X)
 
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
         """Predictive log-odds ``log p(+1 | x) - log p(-1 | x)`` of each binary problem.
 
         Parameters
@@ -642,7 +699,7 @@ class GPClassifierMixin(ClassifierMixin):
         """Scores whose row-wise argmax is the one-vs-rest prediction."""
         return self.predict_proba(X)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         """Most probable class for each row of ``X``.
 
         Parameters
@@ -662,11 +719,19 @@ class GPClassifierMixin(ClassifierMixin):
 class GPRegressorMixin(RegressorMixin):
     """Predictive mean and standard deviation of a GP regressor with Gaussian noise."""
 
+    noise_variance: float | None
+    learn_noise: bool
+    noise_variance_: float
+
+    if TYPE_CHECKING:
+        def predict_latent(self, X: ArrayLike) -> MeanStd: ...
+
     #: Added to the latent mean (the IVM regressor's bias); 0 for a zero-mean GP.
-    def _output_offset(self):
+    def _output_offset(self) -> float:
         return 0.0
 
-    def _check_regression_inputs(self, X, y, kernel, bias=True):
+    def _check_regression_inputs(self, X: ArrayLike, y: ArrayLike, kernel: Kernel | None, bias: bool = True
+                                 ) -> tuple[Gaussian, bool, NDArray[np.float64], NDArray[np.float64], Kernel]:
         """``(likelihood, learn_noise, X, y, kernel)``: the Gaussian noise model from
         ``noise_variance`` (data-aware when None), ``learn_noise`` as a bool, X (validated
         once, also against the kernel), real y, and the starting kernel (:func:`start_kernel`;
@@ -680,7 +745,13 @@ class GPRegressorMixin(RegressorMixin):
         kernel._validate_X(X, "X")
         return Gaussian(noise_variance=noise_variance), learn_noise, X, y, kernel
 
-    def predict(self, X, return_std=False):
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
         """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).
 
         Parameters

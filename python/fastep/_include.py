@@ -1,4 +1,6 @@
 """``fastep.get_include()``: where downstream Cython finds fastep's ``.pxd`` files."""
+from __future__ import annotations
+
 import os
 
 __all__ = ["get_include"]
@@ -6,7 +8,7 @@ __all__ = ["get_include"]
 _PXD = os.path.join("fastep", "_epcore", "sites.pxd")
 
 
-def get_include():
+def get_include() -> str:
     """Directory to pass to Cython's ``-I`` so that ``cimport fastep._epcore.sites`` etc. resolve.
 
     Like :func:`numpy.get_include`. For a normal installation this is the

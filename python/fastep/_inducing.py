@@ -1,12 +1,20 @@
 """Inducing inputs chosen for the data: k-means++ centres and the growth of the inducing set
 (``n_inducing='auto'``) while the EP evidence per training point still gains."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ._linalg import matmul
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
 __all__ = ["kmeans_plus_plus", "auto_sizes", "grow_inducing", "GROWTH_TOL"]
 
-def kmeans_plus_plus(X, n_clusters, rng, n_iter=10):
+def kmeans_plus_plus(X: NDArray[np.float64], n_clusters: int, rng: np.random.Generator, n_iter: int = 10
+                     ) -> NDArray[np.float64]:
     """Seeded k-means++ centres (Arthur & Vassilvitskii seeding, then ``n_iter`` Lloyd steps).
 
     The seeding picks data points with probability proportional to the squared distance to
@@ -54,7 +62,7 @@ AUTO_MEMORY = 2 ** 30
 GROWTH_TOL = 1e-2
 
 
-def auto_sizes(n):
+def auto_sizes(n: int) -> list[int]:
     """The inducing-set sizes ``n_inducing='auto'`` tries on n training points: 64, 128, ...,
     doubling up to the smallest of n, 1024 and the m whose n x m projection fits in 1 GiB."""
     cap = max(1, min(n, AUTO_MAX, max(AUTO_FIRST, AUTO_MEMORY // (8 * n))))

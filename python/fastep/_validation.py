@@ -4,14 +4,24 @@ Every check raises ``ValueError`` (bad value or shape) or ``TypeError`` (wrong
 kind of object) whose message names the argument and what was expected.
 Validation never modifies its inputs.
 """
-import numbers
+from __future__ import annotations
 
+import numbers
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._linalg import cholesky_lower
 from .exceptions import data_conversion_warning
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+    from typing import Any, TypeVar
+
+    from numpy.typing import NDArray
+
+    _S = TypeVar("_S", bound=str)
 
 __all__ = [
     "as_float_matrix", "as_float_vector", "check_X_y", "check_n_features",
@@ -26,7 +36,7 @@ class ComplexDataError(TypeError, ValueError):
     as scikit-learn reports it, a bad value (``ValueError``)."""
 
 
-def _as_float_array(value, name):
+def _as_float_array(value: Any, name: str) -> NDArray[np.float64]:
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
     if hasattr(value, "tocsr") or hasattr(value, "todense"):       # scipy.sparse, without importing it
@@ -48,7 +58,7 @@ def _as_float_array(value, name):
     return arr.astype(np.float64, copy=False)
 
 
-def _check_finite(arr, name):
+def _check_finite(arr: NDArray[Any], name: str) -> None:
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         where = tuple(int(i) for i in bad)
@@ -56,7 +66,7 @@ def _check_finite(arr, name):
                          f"{where if len(where) > 1 else where[0]}")
 
 
-def as_float_matrix(value, name, *, min_rows=1, min_cols=1):
+def as_float_matrix(value: Any, name: str, *, min_rows: int = 1, min_cols: int = 1) -> NDArray[np.float64]:
     """Return a C-contiguous float64 copy-if-needed 2-D array, checked finite and non-empty."""
     arr = _as_float_array(value, name)
     if arr.ndim != 2:
@@ -72,7 +82,7 @@ def as_float_matrix(value, name, *, min_rows=1, min_cols=1):
     return np.ascontiguousarray(arr)
 
 
-def as_float_vector(value, name, *, length=None):
+def as_float_vector(value: Any, name: str, *, length: int | None = None) -> NDArray[np.float64]:
     """Return a C-contiguous float64 1-D array, checked finite (and of ``length`` if given)."""
     arr = _as_float_array(value, name)
     if arr.ndim != 1:
@@ -83,7 +93,7 @@ def as_float_vector(value, name, *, length=None):
     return np.ascontiguousarray(arr)
 
 
-def check_X_y(X, y, *, y_numeric=False):
+def check_X_y(X: Any, y: Any, *, y_numeric: bool = False) -> tuple[NDArray[np.float64], NDArray[Any]]:
     """Validate a design matrix and a target vector of matching length.
 
     Returns ``(X, y)`` with ``X`` float64 C-contiguous and ``y`` a 1-D array
@@ -112,7 +122,7 @@ def check_X_y(X, y, *, y_numeric=False):
     return X, y_arr
 
 
-def feature_names(X, name="X"):
+def feature_names(X: Any, name: str = "X") -> NDArray[np.object_] | None:
     """The column names of a data frame ``X`` when they are all strings, else None.
 
     As scikit-learn records them: an object array of the names of ``X.columns`` (pandas and
@@ -134,7 +144,7 @@ def feature_names(X, name="X"):
     return np.asarray(names, dtype=object)
 
 
-def check_feature_names(estimator, X, name="X"):
+def check_feature_names(estimator: object, X: Any, name: str = "X") -> None:
     """Compare the column names of a prediction-time ``X`` with ``estimator.feature_names_in_``.
 
     Names that differ from those seen in ``fit``, or come in another order, are a
@@ -169,7 +179,7 @@ def check_feature_names(estimator, X, name="X"):
                      f"({who}.feature_names_in_); " + "; ".join(parts))
 
 
-def check_n_features(X, n_features, name="X", *, estimator=None):
+def check_n_features(X: Any, n_features: int, name: str = "X", *, estimator: object = None) -> NDArray[np.float64]:
     """Validate a prediction-time matrix against the number of features seen in ``fit``
     (and, with ``estimator``, its column names against ``estimator.feature_names_in_``)."""
     if estimator is not None:
@@ -182,7 +192,7 @@ def check_n_features(X, n_features, name="X", *, estimator=None):
     return X
 
 
-def check_class_labels(y):
+def check_class_labels(y: Any) -> None:
     """Class labels, not a continuous target (float labels must be integral)."""
     y = np.asarray(y)
     if y.dtype.kind == "f" and np.any(y != np.round(y)):
@@ -190,7 +200,7 @@ def check_class_labels(y):
                          "class labels (use a regressor for a continuous target)")
 
 
-def _sorted_classes(y):
+def _sorted_classes(y: Any) -> tuple[NDArray[Any], NDArray[np.intp]]:
     """The sorted distinct class labels of ``y`` and each entry's index among them (1-D)."""
     check_class_labels(y)
     try:
@@ -200,7 +210,7 @@ def _sorted_classes(y):
     return classes, inverse.reshape(-1)
 
 
-def encode_binary_labels(y):
+def encode_binary_labels(y: Any) -> tuple[NDArray[Any], NDArray[np.float64]]:
     """Map two arbitrary class labels to -1/+1 (sorted order: classes_[1] is the positive class).
 
     Returns ``(classes, y_pm)``. Raises ``ValueError`` for one class or more than two.
@@ -217,7 +227,7 @@ def encode_binary_labels(y):
     return classes, np.where(inverse == 1, 1.0, -1.0)
 
 
-def encode_one_vs_rest_labels(y):
+def encode_one_vs_rest_labels(y: Any) -> tuple[NDArray[Any], list[NDArray[np.float64]]]:
     """Sorted classes and ±1 targets: one vector for two classes, one per class (one-vs-rest) above.
 
     Returns ``(classes, targets)`` with ``targets`` a list of float64 vectors; for two
@@ -231,14 +241,14 @@ def encode_one_vs_rest_labels(y):
     return classes, [np.where(inverse == c, 1.0, -1.0) for c in range(classes.shape[0])]
 
 
-def check_choice(value, name, choices):
+def check_choice(value: _S, name: str, choices: Collection[str]) -> _S:
     """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
     return value
 
 
-def _check_real(value, name):
+def _check_real(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
@@ -247,7 +257,7 @@ def _check_real(value, name):
     return value
 
 
-def check_positive(value, name, *, allow_inf=False):
+def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
     """Raise unless ``value`` is a real number > 0 (finite unless ``allow_inf``)."""
     value = _check_real(value, name)
     if not value > 0 or (not allow_inf and not np.isfinite(value)):
@@ -255,7 +265,8 @@ def check_positive(value, name, *, allow_inf=False):
     return value
 
 
-def check_in_range(value, name, low, high, *, low_inclusive=True, high_inclusive=True):
+def check_in_range(value: Any, name: str, low: float, high: float, *, low_inclusive: bool = True,
+                   high_inclusive: bool = True) -> float:
     """Raise unless ``low <= value <= high`` (strictness per flag)."""
     value = _check_real(value, name)
     ok_low = value >= low if low_inclusive else value > low
@@ -267,7 +278,7 @@ def check_in_range(value, name, low, high, *, low_inclusive=True, high_inclusive
     return value
 
 
-def check_int(value, name, *, minimum=None):
+def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     """Raise unless ``value`` is an integer (not bool) >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
@@ -277,7 +288,7 @@ def check_int(value, name, *, minimum=None):
     return value
 
 
-def check_prior(prior_mean, prior_cov, n_features):
+def check_prior(prior_mean: Any, prior_cov: Any, n_features: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Validate a Gaussian prior N(prior_mean, prior_cov) on R^n_features.
 
     ``prior_mean``: None (zeros), a scalar, or a vector of length n_features.
@@ -317,14 +328,14 @@ def check_prior(prior_mean, prior_cov, n_features):
     return mean, np.ascontiguousarray(cov)
 
 
-def check_bool(value, name):
+def check_bool(value: Any, name: str) -> bool:
     """Return ``bool(value)``; raise ``TypeError`` unless ``value`` is a bool (Python or numpy)."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
 
 
-def check_seed(random_state, name="random_state"):
+def check_seed(random_state: Any, name: str = "random_state") -> int:
     """Integer seed from ``random_state``: None means 0 (fits are reproducible by default).
 
     Raises ``ValueError`` unless ``random_state`` is None or a non-negative integer (not a bool).

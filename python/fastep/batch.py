@@ -10,14 +10,34 @@ threads run them side by side without copying the data. Given a
 ``dask.distributed.Client`` the fits run on the cluster's workers instead; each distinct
 input array is sent to the cluster once (``Client.scatter``), however many fits use it.
 """
+from __future__ import annotations
+
 import copy
 import dataclasses
 import numbers
 import os
 import threading
 import time
+from typing import TYPE_CHECKING, overload
 
 from threadpoolctl import threadpool_limits
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any, Literal, Protocol, TypeVar
+
+    from numpy.typing import ArrayLike
+
+    class _Estimator(Protocol):
+        """What :func:`fit_many` fits: an estimator with scikit-learn's ``get_params`` and ``fit``."""
+
+        def get_params(self, deep: bool = ...) -> dict[str, Any]: ...
+
+        def fit(self, X: Any, y: Any, /) -> Any: ...
+
+    _E = TypeVar("_E", bound=_Estimator)
+    _T = TypeVar("_T")
+    _R = TypeVar("_R")
 
 __all__ = ["fit_many", "map_in_order", "BatchProgress", "effective_n_jobs"]
 
@@ -64,12 +84,12 @@ class BatchProgress:
     elapsed: float
     converged: bool | None = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"BatchProgress(index={self.index}, n_done={self.n_done}, n_total={self.n_total}, "
                 f"failed={self.failed}, elapsed={self.elapsed:.2f} s, converged={self.converged})")
 
 
-def effective_n_jobs(n_jobs):
+def effective_n_jobs(n_jobs: int | None) -> int:
     """The number of workers ``n_jobs`` asks for, scikit-learn's convention.
 
     Parameters
@@ -100,14 +120,14 @@ def effective_n_jobs(n_jobs):
     return max(1, _n_cores() + 1 + int(n_jobs))
 
 
-def _n_cores():
+def _n_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
 
 
-def map_in_order(function, items, n_jobs):
+def map_in_order(function: Callable[[_T], _R], items: Iterable[_T], n_jobs: int | None) -> list[_R]:
     """``[function(item) for item in items]``, in a thread pool when ``n_jobs`` is an integer.
 
     The policy of ``n_jobs`` in fastep: None runs the calls one after the other with the
@@ -198,7 +218,20 @@ def _check_on_error(on_error):
         raise ValueError(f"on_error must be 'raise' or 'collect', got {on_error!r}")
 
 
-def fit_many(estimator, datasets, *, n_jobs=None, client=None, on_error="raise", progress=None):
+@overload
+def fit_many(estimator: _E | list[_E] | tuple[_E, ...], datasets: Iterable[tuple[ArrayLike, ArrayLike]], *,
+             n_jobs: int | None = None, client: Any = None, on_error: Literal["raise"] = "raise",
+             progress: Callable[[BatchProgress], object] | None = None) -> list[_E]: ...
+@overload
+def fit_many(estimator: _E | list[_E] | tuple[_E, ...], datasets: Iterable[tuple[ArrayLike, ArrayLike]], *,
+             n_jobs: int | None = None, client: Any = None, on_error: Literal["collect"],
+             progress: Callable[[BatchProgress], object] | None = None) -> list[_E | BaseException]: ...
+@overload
+def fit_many(estimator: _E | list[_E] | tuple[_E, ...], datasets: Iterable[tuple[ArrayLike, ArrayLike]], *,
+             n_jobs: int | None = None, client: Any = None, on_error: str = "raise",
+             progress: Callable[[BatchProgress], object] | None = None) -> list[_E] | list[_E | BaseException]: ...
+def fit_many(estimator: Any, datasets: Any, *, n_jobs: int | None = None, client: Any = None,
+             on_error: str = "raise", progress: Callable[[BatchProgress], object] | None = None) -> list[Any]:
     """Fit a fresh copy of an estimator on each of many data sets.
 
     Parameters
@@ -313,10 +346,10 @@ def _fit_in_threads(tasks, n_workers, on_error, progress):
         for i, (est, X, y) in enumerate(tasks):
             try:
                 results[i] = _fit_one(est, X, y)
-            except Exception as exc:
+            except Exception as error:
                 if on_error == "raise":
                     raise
-                results[i] = exc
+                results[i] = error
             _report(progress, i, i + 1, n_total, results[i], start)
         return results
 

@@ -4,11 +4,14 @@
 user's own files (CSV with a header row, or ``.npz`` with ``X`` and ``y``); ``fastep demo`` runs
 the built-in toy problem. ``fastep <command> --help`` describes each.
 """
+from __future__ import annotations
+
 import argparse
 import os
 import sys
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +22,15 @@ from .ivm import IVMClassifier, IVMRegressor
 from .linear import LinearEPClassifier, LinearEPRegressor
 from .persistence import load, read_metadata, save
 from .sparse import SparseGPClassifier, SparseGPRegressor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import IO
+
+    from numpy.typing import NDArray
+
+    from ._base import BaseEstimator
+    from .kernels import Kernel
 
 __all__ = ["main", "parse_kernel", "demo"]
 
@@ -51,7 +63,8 @@ def _print_scores(model, X_train, y_train, X_test, y_test, out):
     print(f"  test log loss       {log_loss:.4f}", file=out)
 
 
-def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
+def demo(n_train: int = 500, n_test: int = 500, grid: int = 12, seed: int = 0, out: IO[str] = sys.stdout
+         ) -> dict[str, BaseEstimator]:
     """Fit fastep's models to the IVM paper's toy problem and print accuracy, evidence and time.
 
     Parameters
@@ -108,7 +121,7 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
 
     from .kernels import RBF
 
-    models = {"linear": model}
+    models: dict[str, BaseEstimator] = {"linear": model}
     for title, kernel, optimizer in (
             ("at the generating hyperparameters (RBF variance 100, inverse width 10)",
              RBF(variance=100.0, inverse_width=10.0), None),
@@ -118,7 +131,7 @@ def demo(n_train=500, n_test=500, grid=12, seed=0, out=sys.stdout):
              "L-BFGS-B")):
         print("", file=out)
         print(f"GP classifier, dense EP in kernel space (Minka §2), {title}", file=out)
-        gpc = GaussianProcessClassifier(kernel, Probit(), optimizer=optimizer, tol=1e-6)
+        gpc = GaussianProcessClassifier(kernel, Probit(), optimizer=optimizer, tol=1e-6)  # type: ignore[arg-type]
         elapsed = _timed_fit(gpc, X_train, y_train)
         print(f"  kernel              {_rbf_text(gpc.kernel_)}", file=out)
         print(f"  sweeps {gpc.n_sweeps_} (converged: {gpc.converged_}), evidence evaluations "
@@ -164,7 +177,8 @@ class UsageError(ValueError):
     """A problem with the command line or the user's files: reported in one line, exit status 2."""
 
 
-def parse_kernel(spec, X, y=None, *, regression=False):
+def parse_kernel(spec: str, X: NDArray[np.float64], y: NDArray[np.float64] | None = None, *,
+                 regression: bool = False) -> Kernel:
     """A kernel from a spec such as ``"rbf+bias+white"`` or ``"rbf(variance=2, inverse_width=0.1)+white"``.
 
     Terms: ``rbf``, ``rbf-ard``, ``linear``, ``linear-ard``, ``mlp``, ``bias``, ``white``. A term
@@ -197,7 +211,8 @@ def parse_kernel(spec, X, y=None, *, regression=False):
     from ._defaults import median_inverse_width, target_scale
 
     variance, offset = target_scale(y) if regression else (1.0, 1.0)
-    terms = []
+    terms: list[Kernel] = []
+    cls: Callable[..., Kernel]
     for raw in spec.split("+"):
         raw = raw.strip().lower()
         name, _, rest = raw.partition("(")
@@ -472,7 +487,7 @@ def _parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastep`` console script; returns the exit status.
 
     Parameters

@@ -1,12 +1,20 @@
 """Built-in toy problems (no download), seeded and reproducible."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 from ._special import ndtr
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 __all__ = ["make_ivm_toy_classification"]
 
 
-def make_ivm_toy_classification(n_samples=500, *, variance=100.0, inverse_width=10.0, jitter=1e-8,
-                                random_state=0):
+def make_ivm_toy_classification(n_samples: int = 500, *, variance: float = 100.0, inverse_width: float = 10.0,
+                                jitter: float = 1e-8, random_state: int | np.random.Generator | None = 0,
+                                ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """The IVM paper's classification toy problem (Lawrence, Seeger & Herbrich, §4.1.2).
 
     ``n_samples`` points uniform on the unit square; a latent function is drawn

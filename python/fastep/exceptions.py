@@ -1,4 +1,12 @@
 """Warnings and errors raised by fastep."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 __all__ = ["ConvergenceWarning", "NotFittedError", "DataConversionWarning", "MemoryLimitError"]
 
@@ -23,10 +31,10 @@ class DataConversionWarning(UserWarning):
 # DataConversionWarning. When scikit-learn is installed, fastep raises subclasses of both
 # fastep's class and scikit-learn's; scikit-learn is imported only then (on the error or
 # warning path), never to import or fit.
-_SKLEARN_COMPATIBLE = {}
+_SKLEARN_COMPATIBLE: dict[str, type] = {}
 
 
-def _sklearn_compatible(cls):
+def _sklearn_compatible(cls: type[_T]) -> type[_T]:
     """``cls``, or a subclass of ``cls`` and scikit-learn's class of the same name if available."""
     if cls.__name__ not in _SKLEARN_COMPATIBLE:
         try:
@@ -41,12 +49,12 @@ def _sklearn_compatible(cls):
     return _SKLEARN_COMPATIBLE[cls.__name__]
 
 
-def not_fitted_error(message):
+def not_fitted_error(message: str) -> NotFittedError:
     """A :class:`NotFittedError` (also scikit-learn's, when scikit-learn is installed)."""
     return _sklearn_compatible(NotFittedError)(message)
 
 
-def data_conversion_warning():
+def data_conversion_warning() -> type[DataConversionWarning]:
     """The :class:`DataConversionWarning` class to warn with (also scikit-learn's when installed)."""
     return _sklearn_compatible(DataConversionWarning)
 
@@ -65,7 +73,11 @@ class MemoryLimitError(MemoryError):
         control group's limit, or ``FASTEP_MAX_MEMORY``).
     """
 
-    def __init__(self, message, *, estimate, limit, source):
+    estimate: int
+    limit: int
+    source: str
+
+    def __init__(self, message: str, *, estimate: float, limit: float, source: str) -> None:
         super().__init__(message)
         self.estimate = int(estimate)
         self.limit = int(limit)

@@ -16,6 +16,10 @@ kernel matrix is numerically indefinite, B's Cholesky factorisation fails and
 ``fit`` raises ``numpy.linalg.LinAlgError`` asking for a larger ``jitter`` (or a
 ``White`` term in the kernel); nothing is fitted.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _validation as v
@@ -35,6 +39,16 @@ from .likelihoods import Gaussian, Probit, StudentT
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
 
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback, Hyperprior
+    from .kernels import Kernel
+    from .likelihoods import Likelihood, Logistic, Step
+
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
 
 _SCHEDULES = {"sequential": _engine.SCHEDULE_SEQUENTIAL, "parallel": _engine.SCHEDULE_PARALLEL,
@@ -50,6 +64,22 @@ _DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
 
 class _GPEPBase(EPEvidenceMixin, GPEstimator):
     """Engine options and the per-problem fit shared by the dense GP estimators."""
+
+    schedule: Literal["blocked", "sequential", "parallel"]
+    order: Literal["fixed", "random", "entropy"]
+    damping: float | None
+    tol: float
+    max_sweeps: int
+    block_size: int | None
+    refactor_every: int | None
+    negative_precision: Literal["clip", "skip"]
+    optimizer: Literal["L-BFGS-B"] | None
+    n_restarts_optimizer: int
+    jitter: float
+    random_state: int | None
+    warm_start: bool
+    hyperprior: Hyperprior
+    X_train_: NDArray[np.float64]
 
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
                                   block_size=Integer(1, allow_none=True), refactor_every=Integer(1, allow_none=True))
@@ -226,15 +256,29 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessClassifier", EP_PARAMS=_EP_PARAMS, N_JOBS=N_JOBS_DOC,
         EP_ATTRIBUTES=_EP_ATTRIBUTES, REFERENCES=_REFERENCES, MIXED_UNITS=MIXED_UNITS_DOC)
 
-    def __init__(self, kernel=None, likelihood=None, *, schedule="blocked", order="fixed", damping=None,
-                 tol=1e-4, max_sweeps=200, block_size=None, refactor_every=None,
-                 negative_precision="clip", optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=0.0,
-                 random_state=None, warm_start=True, n_jobs=None, multi_class="one_vs_rest", hyperprior="auto",
-                 verbose=0, callback=None):
+    likelihood: Probit | Step | Logistic | None
+    learn_likelihood: bool
+    n_jobs: int | None
+    multi_class: Literal["one_vs_rest", "multinomial"]
+    kernel_: Kernel | list[Kernel]
+    #: ``"multinomial_probit"`` for ``multi_class="multinomial"``.
+    likelihood_: Likelihood | list[Likelihood] | str
+
+    def __init__(self, kernel: Kernel | None = None, likelihood: Probit | Step | Logistic | None = None, *,
+                 schedule: Literal["blocked", "sequential", "parallel"] = "blocked",
+                 order: Literal["fixed", "random", "entropy"] = "fixed", damping: float | None = None,
+                 tol: float = 1e-4, max_sweeps: int = 200, block_size: int | None = None,
+                 refactor_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
+                 optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
+                 learn_likelihood: bool = False, jitter: float = 0.0, random_state: int | None = None,
+                 warm_start: bool = True, n_jobs: int | None = None,
+                 multi_class: Literal["one_vs_rest", "multinomial"] = "one_vs_rest",
+                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the EP posterior (and the hyperparameters unless ``optimizer=None``).
 
         Parameters
@@ -286,16 +330,16 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         return self
 
 
-    def _multinomial(self):
+    def _multinomial(self) -> bool:
         return isinstance(self._problems[0], MultinomialGPProblem)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         check_is_fitted(self, "_problems")
         if self._multinomial():
             return self._problems[0].predictor.predict_proba(self._check_X(X))
         return super().predict_proba(X)
 
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
         check_is_fitted(self, "_problems")
         if self._multinomial():
             X = self._check_X(X)
@@ -306,7 +350,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
             return self._problems[0].latent(X)[0]
         return super().decision_function(X)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         check_is_fitted(self, "_problems")
         if self._multinomial():
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
@@ -394,11 +438,24 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="GaussianProcessRegressor", EP_PARAMS=_EP_PARAMS,
         EP_ATTRIBUTES=_EP_ATTRIBUTES, REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, MIXED_UNITS=MIXED_UNITS_DOC)
 
-    def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, power=None, learn_noise=True,
-                 schedule="blocked", order="fixed", damping=None, tol=1e-4, max_sweeps=200, block_size=None,
-                 refactor_every=None, negative_precision="clip", optimizer="L-BFGS-B",
-                 n_restarts_optimizer=0, jitter=0.0, random_state=None, warm_start=True, hyperprior="auto", verbose=0,
-                 callback=None):
+    noise_variance: float | None
+    likelihood: Literal["gaussian", "student_t"] | Gaussian | StudentT | None
+    power: float | None
+    learn_noise: bool
+    kernel_: Kernel
+    likelihood_: Gaussian | StudentT
+
+    def __init__(self, kernel: Kernel | None = None, noise_variance: float | None = None, *,
+                 likelihood: Literal["gaussian", "student_t"] | Gaussian | StudentT | None = None,
+                 power: float | None = None, learn_noise: bool = True,
+                 schedule: Literal["blocked", "sequential", "parallel"] = "blocked",
+                 order: Literal["fixed", "random", "entropy"] = "fixed", damping: float | None = None,
+                 tol: float = 1e-4, max_sweeps: int = 200, block_size: int | None = None,
+                 refactor_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
+                 optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
+                 jitter: float = 0.0, random_state: int | None = None, warm_start: bool = True,
+                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     def _noise_model(self):
@@ -406,7 +463,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         return check_noise_model(self.likelihood, self.noise_variance)
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the posterior (and the hyperparameters unless ``optimizer=None``).
 
         Parameters

@@ -33,8 +33,11 @@ EP that stops before ``tol`` (status 'max_iter' or 'stuck') raises a
 :class:`fastep.ConvergenceWarning`, as does type-II ML that ends where EP fails to
 converge; results are never NaN (a non-finite result raises).
 """
+from __future__ import annotations
+
 import numbers
 import warnings
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -46,19 +49,29 @@ from ._horseshoe_search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback, MeanStd
+
 __all__ = ["HorseshoeRegression", "MultiTaskHorseshoeRegression"]
 
 
 
-def _noise_fractions(floor):
+def _noise_fractions(floor: float) -> list[float]:
     """``σ²/Var(y)`` tried by the coarse start: ``10^-1, 10^-2, ...`` down to ``floor``."""
     fractions = [10.0 ** -k for k in range(1, 17) if 10.0 ** -k >= floor * (1 - 1e-12)]
     return fractions or [floor]
 
 
-def _fitted(name, *, first_task=False, scalar=False):
+def _fitted(name: str, *, first_task: bool = False, scalar: bool = False) -> Any:
     """A read-only fitted attribute: the per-task array ``self.<name>`` (its first task's entry
-    with ``first_task``, as a float with ``scalar``); ``NotFittedError`` before ``fit``."""
+    with ``first_task``, as a float with ``scalar``); ``NotFittedError`` before ``fit``. The class
+    annotates the attribute with its type."""
     def get(self):
         check_is_fitted(self, "_coef")
         value = getattr(self, name)
@@ -70,6 +83,33 @@ def _fitted(name, *, first_task=False, scalar=False):
 
 class _HorseshoeBase(BaseEstimator):
     """Shared machinery: validation, EP over tasks, type-II ML, fitted attributes."""
+
+    n_components: int
+    learn_dependencies: bool
+    learn_hyperparameters: bool
+    rho2: float | None
+    gamma2: float
+    D: float | ArrayLike
+    P_init: ArrayLike | None
+    P_init_scale: float
+    random_state: int | np.random.Generator | None
+    fit_intercept: bool
+    sigma2_floor: float
+    negative_precision: Literal["clip", "allow"]
+    damping: float
+    damping_decay: float
+    min_damping: float
+    tol: float
+    max_iter: int
+    max_opt_iter: int
+    rho2_: float
+    gamma2_: float
+    P_: NDArray[np.float64]
+    D_: NDArray[np.float64]
+    converged_: bool
+    n_evaluations_: int
+    n_features_in_: int
+    n_tasks_: int
 
     # ------------------------------------------------------------------ validation
     def _check_options(self, n_tasks, d):
@@ -263,7 +303,7 @@ class _HorseshoeBase(BaseEstimator):
 
     # ------------------------------------------------------------------ shared outputs
     @property
-    def correlation_(self):
+    def correlation_(self) -> NDArray[np.float64]:
         """The learnt ``C = ΔDΔ + ΔPPᵀΔ`` (``d x d``, formed on request; ``diag C = 1``)."""
         check_is_fitted(self, "P_")
         cf = _eng.CorrelationFactors(self.P_, self.D_)
@@ -407,30 +447,46 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="MultiTaskHorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
         REFERENCES=_REFERENCES_DOC)
 
-    def __init__(self, n_components=2, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
-                 rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
-                 fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
-                 damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
-                 verbose=0, callback=None):
+    sigma2: float | ArrayLike | None
+    n_iter_: NDArray[np.int_]
+    sites_: list[dict[str, NDArray[np.float64]]]
+
+    def __init__(self, n_components: int = 2, *, learn_dependencies: bool = True, learn_hyperparameters: bool = True,
+                 sigma2: float | ArrayLike | None = None, rho2: float | None = None, gamma2: float = 1.0,
+                 D: float | ArrayLike = 1.0, P_init: ArrayLike | None = None, P_init_scale: float = 0.1,
+                 random_state: int | np.random.Generator | None = None, fit_intercept: bool = True,
+                 sigma2_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
+                 damping: float = 0.5, damping_decay: float = 0.99, min_damping: float = 0.3, tol: float = 1e-8,
+                 max_iter: int = 1000, max_opt_iter: int = 100, verbose: int = 0, callback: Callback = None
+                 ) -> None:
         self._set_init_params(locals())
 
-    def fit(self, Xs, ys):
+    def fit(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> Self:
         """Fit all tasks: ``Xs`` a list of ``(n_t, d)`` arrays, ``ys`` a list of ``(n_t,)`` arrays; returns self."""
         return self._fit_tasks(Xs, ys)
 
-    coef_ = _fitted("_coef")
-    coef_var_ = _fitted("_coef_var")
-    inclusion_ = _fitted("_inclusion")
-    intercept_ = _fitted("_intercept")
-    sigma2_ = _fitted("_sigma2")
-    log_evidence_per_task_ = _fitted("_log_z")
+    coef_: NDArray[np.float64] = _fitted("_coef")
+    coef_var_: NDArray[np.float64] = _fitted("_coef_var")
+    inclusion_: NDArray[np.float64] = _fitted("_inclusion")
+    intercept_: NDArray[np.float64] = _fitted("_intercept")
+    sigma2_: NDArray[np.float64] = _fitted("_sigma2")
+    log_evidence_per_task_: NDArray[np.float64] = _fitted("_log_z")
 
     @property
-    def log_evidence_(self):
+    def log_evidence_(self) -> float:
         check_is_fitted(self, "_coef")
         return float(np.sum(self._log_z))
 
-    def predict(self, X, task=None, return_std=False):
+    @overload
+    def predict(self, X: Sequence[ArrayLike], task: None = None, return_std: Literal[False] = False
+                ) -> list[NDArray[np.float64]]: ...
+    @overload
+    def predict(self, X: Sequence[ArrayLike], task: None = None, *, return_std: Literal[True]) -> list[MeanStd]: ...
+    @overload
+    def predict(self, X: ArrayLike, task: int, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, task: int, return_std: Literal[True]) -> MeanStd: ...
+    def predict(self, X: Any, task: int | None = None, return_std: bool = False) -> Any:
         """Predictive mean (and standard deviation of ``y``, including the noise, if ``return_std``).
 
         ``X`` a list of arrays (one per task) returns a list; a single array needs ``task``.
@@ -488,32 +544,45 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="HorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
         REFERENCES=_REFERENCES_DOC)
 
-    def __init__(self, n_components=0, *, learn_dependencies=True, learn_hyperparameters=True, sigma2=None,
-                 rho2=None, gamma2=1.0, D=1.0, P_init=None, P_init_scale=0.1, random_state=None,
-                 fit_intercept=True, sigma2_floor=1e-3, negative_precision="clip", damping=0.5,
-                 damping_decay=0.99, min_damping=0.3, tol=1e-8, max_iter=1000, max_opt_iter=100,
-                 verbose=0, callback=None):
+    sigma2: float | None
+    n_iter_: int
+    sites_: dict[str, NDArray[np.float64]]
+
+    def __init__(self, n_components: int = 0, *, learn_dependencies: bool = True, learn_hyperparameters: bool = True,
+                 sigma2: float | None = None, rho2: float | None = None, gamma2: float = 1.0,
+                 D: float | ArrayLike = 1.0, P_init: ArrayLike | None = None, P_init_scale: float = 0.1,
+                 random_state: int | np.random.Generator | None = None, fit_intercept: bool = True,
+                 sigma2_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
+                 damping: float = 0.5, damping_decay: float = 0.99, min_damping: float = 0.3, tol: float = 1e-8,
+                 max_iter: int = 1000, max_opt_iter: int = 100, verbose: int = 0, callback: Callback = None
+                 ) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit on ``X`` (n, d) and ``y`` (n,); returns self."""
         if self.sigma2 is not None and np.ndim(self.sigma2) != 0:
             raise ValueError(f"sigma2 must be a positive float for HorseshoeRegression, got shape {np.shape(self.sigma2)}")
         X, y = v.check_X_y(X, y, y_numeric=True)
         self._fit_tasks([X], [y])
-        self.n_iter_ = int(self.n_iter_[0])
-        self.sites_ = self.sites_[0]
+        self.n_iter_ = int(self.n_iter_[0])  # type: ignore[index]  # per task until here
+        self.sites_ = self.sites_[0]  # type: ignore[index, assignment]
         return self
 
-    coef_ = _fitted("_coef", first_task=True)
-    coef_var_ = _fitted("_coef_var", first_task=True)
-    inclusion_ = _fitted("_inclusion", first_task=True)
-    intercept_ = _fitted("_intercept", first_task=True, scalar=True)
-    sigma2_ = _fitted("_sigma2", first_task=True, scalar=True)
-    log_evidence_ = _fitted("_log_z", first_task=True, scalar=True)
+    coef_: NDArray[np.float64] = _fitted("_coef", first_task=True)
+    coef_var_: NDArray[np.float64] = _fitted("_coef_var", first_task=True)
+    inclusion_: NDArray[np.float64] = _fitted("_inclusion", first_task=True)
+    intercept_: float = _fitted("_intercept", first_task=True, scalar=True)
+    sigma2_: float = _fitted("_sigma2", first_task=True, scalar=True)
+    log_evidence_: float = _fitted("_log_z", first_task=True, scalar=True)
 
-    def predict(self, X, return_std=False):
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
         """Predictive mean (and standard deviation of ``y``, including the noise, if ``return_std``)."""
         check_is_fitted(self, "_coef")
         return self._predict_task(X, 0, return_std)

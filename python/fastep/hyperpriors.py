@@ -37,10 +37,19 @@ Vanhatalo, J. et al. *GPstuff: Bayesian modeling with Gaussian processes*, JMLR 
 Rasmussen, C. E. and Williams, C. K. I. *Gaussian Processes for Machine Learning* (MIT
 Press, 2006), §5.2 (the hierarchical view: hyperpriors on θ).
 """
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
 
 __all__ = ["LogNormal", "DEFAULT_SCALE"]
 
@@ -69,10 +78,10 @@ class LogNormal:
     (-3.349171, [-0.0, -0.25])
     """
 
-    def __init__(self, scale=DEFAULT_SCALE):
+    def __init__(self, scale: float = DEFAULT_SCALE) -> None:
         self.scale = scale
 
-    def _checked_scale(self):
+    def _checked_scale(self) -> float:
         scale = self.scale
         if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
             raise TypeError(f"LogNormal scale must be a real number, got {type(scale).__name__}")
@@ -81,7 +90,7 @@ class LogNormal:
             raise ValueError(f"LogNormal scale must be positive and finite, got {scale!r}")
         return scale
 
-    def log_density(self, log_values, log_centres):
+    def log_density(self, log_values: ArrayLike, log_centres: ArrayLike) -> tuple[float, NDArray[np.float64]]:
         """``(log p, ∂ log p/∂u)`` of the log-parameters ``u`` = ``log_values``.
 
         Parameters
@@ -98,24 +107,24 @@ class LogNormal:
         value = float(-0.5 * np.sum(z * z) - z.size * (math.log(scale) + 0.5 * math.log(2.0 * math.pi)))
         return value, -z / scale
 
-    def curvature(self):
+    def curvature(self) -> float:
         """``-∂² log p/∂u²`` of each log-parameter, ``1/scale²``."""
         return 1.0 / self._checked_scale() ** 2
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.scale == self.scale
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((type(self), self.scale))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LogNormal(scale={self.scale!r})"
 
-    def get_params(self, deep=True):
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
         """``{'scale': scale}`` (scikit-learn's parameter protocol)."""
         return {"scale": self.scale}
 
-    def set_params(self, **params):
+    def set_params(self, **params: Any) -> Self:
         """Set ``scale`` (scikit-learn's parameter protocol); returns self."""
         for key, value in params.items():
             if key != "scale":
@@ -124,7 +133,7 @@ class LogNormal:
         return self
 
 
-def check_hyperprior(hyperprior):
+def check_hyperprior(hyperprior: str | LogNormal | None) -> LogNormal | None:
     """The estimators' ``hyperprior`` argument: ``'auto'`` (``LogNormal()``), None, or a LogNormal.
 
     Returns

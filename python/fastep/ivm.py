@@ -90,8 +90,11 @@ notes §2.2); probit class probabilities ``Φ((μ* + b)/sqrt(λ⁻² + σ*²))``
 Memory: the selection holds M (d×n floats); a fitted model keeps, per binary problem,
 the active inputs, the sites, L and w.
 """
+from __future__ import annotations
+
 import copy
 import warnings
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -111,6 +114,16 @@ from ._memory import check_memory, concurrent_problems, format_bytes, ivm_bytes
 from .hyperpriors import check_hyperprior
 from .likelihoods import Logistic, OrderedCategorical, Probit, Step
 
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback, Hyperprior
+    from .kernels import Kernel
+    from .likelihoods import Gaussian, Likelihood
+
 __all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "select_active_set"]
 
 _KERNEL_OBJECTIVES = ("full_data", "active_set")
@@ -118,7 +131,9 @@ _KERNEL_OBJECTIVES = ("full_data", "active_set")
 _DEFAULT_ACTIVE_SET_SIZE = 200
 
 
-def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=0):
+def select_active_set(X: NDArray[np.float64], y: NDArray[np.float64], kernel: Kernel, likelihood: Likelihood, d: int, *,
+                      criterion: Literal["entropy", "info_gain", "random"] = "entropy", seed: int = 0
+                      ) -> NDArray[np.intp]:
     """Active set of Algorithm 1 of the IVM at fixed kernel and likelihood.
 
     The d points are included greedily, each maximising the score ``criterion`` (the
@@ -153,6 +168,27 @@ def select_active_set(X, y, kernel, likelihood, d, *, criterion="entropy", seed=
 
 class _IVMBase(GPEstimator):
     """Options, problems and fitted-state handling shared by the IVM estimators."""
+
+    active_set_size: int | None
+    criterion: Literal["entropy", "info_gain", "random"]
+    optimizer: Literal["L-BFGS-B", "SCG"] | None
+    n_iterations: int
+    max_optimizer_iter: int
+    random_state: int | None
+    refine_sweeps: int
+    exchange: Literal["greedy", "random"] | None
+    exchange_tol: float
+    max_exchanges: int | None
+    kernel_objective: Literal["full_data", "active_set"]
+    hyperprior: Hyperprior
+    X_train_: NDArray[np.float64]
+    active_set_: NDArray[np.intp]
+    site_mean_: NDArray[np.float64]
+    site_precision_: NDArray[np.float64]
+    log_likelihood_: float
+    log_marginal_likelihood_value_: float | None
+    history_: list[dict[str, Any]] | list[list[dict[str, Any]]]
+    refinement_: dict[str, Any] | list[dict[str, Any] | None] | None
 
     def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
         """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
@@ -231,7 +267,20 @@ class _IVMBase(GPEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)
             return maximize_log_likelihood(objective, theta0, bounds, maxiter=options["max_iter"])
 
-    def log_marginal_likelihood(self, theta=None, eval_gradient=False):
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False
+                                ) -> float: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None, eval_gradient: Literal[True]
+                                ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, *, eval_gradient: Literal[True]
+                                ) -> tuple[float, NDArray[np.float64]]: ...
+    @overload
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                                ) -> float | tuple[float, NDArray[np.float64]]: ...
+    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
+                                ) -> float | tuple[float, NDArray[np.float64]]:
         """The full-data objective: the EP evidence of the sparse model on all training points
         with the fitted active inputs as inducing inputs (EP-FITC), at ``theta``.
 
@@ -440,14 +489,26 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMClassifier", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
         N_JOBS=N_JOBS_DOC, CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, **_SHARED_SECTIONS)
 
-    def __init__(self, kernel=None, likelihood=None, *, active_set_size=None, criterion="entropy",
-                 optimizer="L-BFGS-B", n_iterations=4, learn_likelihood=False, max_optimizer_iter=100,
-                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, n_jobs=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+    likelihood: Probit | Logistic | Step | None
+    learn_likelihood: bool
+    n_jobs: int | None
+    kernel_: Kernel | list[Kernel]
+    likelihood_: Likelihood | list[Likelihood]
+
+    def __init__(self, kernel: Kernel | None = None, likelihood: Probit | Logistic | Step | None = None, *,
+                 active_set_size: int | None = None,
+                 criterion: Literal["entropy", "info_gain", "random"] = "entropy",
+                 optimizer: Literal["L-BFGS-B", "SCG"] | None = "L-BFGS-B", n_iterations: int = 4,
+                 learn_likelihood: bool = False, max_optimizer_iter: int = 100, random_state: int | None = None,
+                 verbose: int = 0, refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
+                 exchange_tol: float = 1e-6, max_exchanges: int | None = None, n_jobs: int | None = None,
+                 kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 hyperprior: Hyperprior = "auto",
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
         options = self._options(X)
@@ -468,7 +529,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         self._set_common(X, problems, histories, options)
         return self
 
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
         """Binary: the predictive log-odds ``log p(classes_[1] | x) - log p(classes_[0] | x)``
         (> 0 means ``classes_[1]``; it ranks points as ``predict_proba`` does). One-vs-rest: one
         column per class, the latent mean plus that problem's likelihood bias, ``μ* + b``; the
@@ -487,7 +548,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         mean, _ = self.predict_latent(X)
         return mean + np.array([p.likelihood.get_params().get("bias", 0.0) for p in self._problems])
 
-    def _multiclass_scores(self, X):
+    def _multiclass_scores(self, X: ArrayLike) -> NDArray[np.float64]:
         # The class with the largest μ* + b wins, as in the authors' USPS experiment (their
         # toolbox adds noise.bias to the posterior mean before taking the maximum). b is each
         # binary problem's probit bias: the latent mean shifted by it is the value each binary
@@ -540,14 +601,25 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="var(y)",
         **_SHARED_SECTIONS)
 
-    def __init__(self, kernel=None, noise_variance=None, *, bias=None, learn_noise=True, active_set_size=None,
-                 criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+    bias: float | None
+    kernel_: Kernel
+    likelihood_: Gaussian
+    bias_: float
+
+    def __init__(self, kernel: Kernel | None = None, noise_variance: float | None = None, *,
+                 bias: float | None = None, learn_noise: bool = True, active_set_size: int | None = None,
+                 criterion: Literal["entropy", "info_gain", "random"] = "entropy",
+                 optimizer: Literal["L-BFGS-B", "SCG"] | None = "L-BFGS-B", n_iterations: int = 4,
+                 max_optimizer_iter: int = 100, random_state: int | None = None, verbose: int = 0,
+                 refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
+                 exchange_tol: float = 1e-6, max_exchanges: int | None = None,
+                 kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 hyperprior: Hyperprior = "auto",
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         lik, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, check_kernel(self.kernel), bias=False)
         options = self._options(X, kernel)
@@ -562,7 +634,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
         self.bias_ = problem.offset
         return self
 
-    def _output_offset(self):
+    def _output_offset(self) -> float:
         return self.bias_
 
 
@@ -608,14 +680,26 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="IVMOrdinalRegressor", KERNEL=_KERNEL_DOC, START_VARIANCE="1",
         **_SHARED_SECTIONS)
 
-    def __init__(self, kernel=None, likelihood=None, *, learn_likelihood=True, active_set_size=None,
-                 criterion="entropy", optimizer="L-BFGS-B", n_iterations=4, max_optimizer_iter=100,
-                 random_state=None, verbose=0, refine_sweeps=0, exchange=None, exchange_tol=1e-6,
-                 max_exchanges=None, kernel_objective="full_data", hyperprior="auto", callback=None):
+    likelihood: OrderedCategorical | None
+    learn_likelihood: bool
+    classes_: NDArray[Any]
+    kernel_: Kernel
+    likelihood_: OrderedCategorical
+
+    def __init__(self, kernel: Kernel | None = None, likelihood: OrderedCategorical | None = None, *,
+                 learn_likelihood: bool = True, active_set_size: int | None = None,
+                 criterion: Literal["entropy", "info_gain", "random"] = "entropy",
+                 optimizer: Literal["L-BFGS-B", "SCG"] | None = "L-BFGS-B", n_iterations: int = 4,
+                 max_optimizer_iter: int = 100, random_state: int | None = None, verbose: int = 0,
+                 refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
+                 exchange_tol: float = 1e-6, max_exchanges: int | None = None,
+                 kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 hyperprior: Hyperprior = "auto",
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Select the active set and learn the parameters (Algorithm 2); returns self."""
         X, y = v.check_X_y(X, y)
         options = self._options(X)
@@ -646,12 +730,12 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         self._set_common(X, [problem], [history], options)
         return self
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         """Category probabilities ``∫ p(y=k | f) N(f; μ*, σ*²) df``, shape (n_samples, C)."""
         mean, var = self.predict_latent(X)
         return self._problems[0].likelihood.predictive(mean, var)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         """The most probable category."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]

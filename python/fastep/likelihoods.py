@@ -21,14 +21,25 @@ OrderedCategorical(n_categories, slope=1.0, bias=0.0, widths=None)
 StudentT(dof=4.0, scale=1.0)
     Robust regression, ``p(y | f) = t_ν(y; f, σ)`` (Jylänki, Vanhatalo & Vehtari 2011).
 """
+from __future__ import annotations
+
 import copy
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ._special import expit, logit
 
 from fastep._epcore import sites as _sites
 from fastep._epcore import student_t_sites as _student_t_sites
+
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    _Moments = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
 
 __all__ = [
     "Gaussian",
@@ -41,7 +52,7 @@ __all__ = [
 ]
 
 
-def _as_float(name, value):
+def _as_float(name: str, value: Any) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -49,7 +60,7 @@ def _as_float(name, value):
     return value
 
 
-def _as_1d(name, values):
+def _as_1d(name: str, values: Any) -> NDArray[np.float64]:
     arr = np.asarray(values)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
@@ -83,24 +94,37 @@ class Likelihood:
     0.5
     """
 
-    _param_names = ()
-    is_classification = True
+    _param_names: ClassVar[tuple[str, ...]] = ()
+    #: Whether the targets are class labels (binary, ordinal) rather than real values.
+    is_classification: ClassVar[bool] = True
 
-    def __init__(self, **params):
+    def __init__(self, **params: Any) -> None:
         self._params = self._validate(params)
         self._spec = None
 
+    if TYPE_CHECKING:
+        # What every subclass defines (see the class docstring).
+        def _validate(self, params: dict[str, Any]) -> dict[str, Any]: ...
+
+        def _make_spec(self) -> Any: ...
+
+        def encode_targets(self, y: ArrayLike) -> NDArray[np.float64]:
+            """Validated site targets (float64) from user targets."""
+
+        def predictive(self, mean: ArrayLike, var: ArrayLike) -> Any:
+            """The predictive distribution of y under a latent ``N(mean, var)``."""
+
     # -- parameters -----------------------------------------------------------------
-    def __sklearn_clone__(self):
+    def __sklearn_clone__(self) -> Self:
         """scikit-learn's ``clone``: an independent deep copy."""
         return copy.deepcopy(self)
 
-    def get_params(self):
+    def get_params(self) -> dict[str, Any]:
         """Parameters as a dict (copies of any arrays)."""
         return {name: (np.array(v) if isinstance(v, np.ndarray) else v)
                 for name, v in self._params.items()}
 
-    def set_params(self, **params):
+    def set_params(self, **params: Any) -> Self:
         """Update parameters (validated together); invalidates the cached SiteSpec. Returns self."""
         unknown = set(params) - set(self._param_names)
         if unknown:
@@ -112,37 +136,37 @@ class Likelihood:
         self._spec = None
         return self
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         params = self.__dict__.get("_params")
         if params is not None and name in params:
             value = params[name]
             return np.array(value) if isinstance(value, np.ndarray) else value
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         args = ", ".join(f"{k}={_fmt(v)}" for k, v in self._params.items())
         return f"{type(self).__name__}({args})"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
         return all(np.array_equal(np.asarray(self._params[k]), np.asarray(other._params[k]))
                    for k in self._param_names)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # equal by value, mutable: not hashable
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # The SiteSpec is a cache; rebuild it after unpickling.
         return {"_params": self._params, "_spec": None}
 
     # -- compiled core ------------------------------------------------------------------
-    def site_spec(self):
+    def site_spec(self) -> Any:
         """The :class:`fastep._epcore.sites.SiteSpec` for these parameters (cached)."""
         if self._spec is None:
             self._spec = self._make_spec()
         return self._spec
 
-    def moments(self, y, cavity_mean, cavity_var):
+    def moments(self, y: ArrayLike, cavity_mean: ArrayLike, cavity_var: ArrayLike) -> _Moments:
         """Site moments for encoded targets ``y`` and cavities ``N(cavity_mean, cavity_var)``.
 
         Parameters
@@ -173,7 +197,7 @@ class Likelihood:
     # log Z_EP with respect to t is ``sum_i ∂ log Z_i / ∂t`` at fixed cavities (the sites are
     # stationary: Seeger, "Expectation propagation for exponential families", 2005).
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """Names of the learnable parameters, in the order of :attr:`theta`."""
         raise TypeError(f"learning the parameters of {type(self).__name__} is not supported")
 
@@ -184,12 +208,12 @@ class Likelihood:
         raise TypeError(f"learning the parameters of {type(self).__name__} is not supported")
 
     @property
-    def theta(self):
+    def theta(self) -> NDArray[np.float64]:
         """The learnable parameters in unconstrained coordinates (ndarray)."""
         return np.array(self._theta_values(), dtype=float)
 
     @property
-    def theta_bounds(self):
+    def theta_bounds(self) -> NDArray[np.float64]:
         """``(k, 2)`` box of :attr:`theta` for the optimiser."""
         bounds = []
         for name, value in zip(self.theta_names(), self._theta_values()):
@@ -205,14 +229,15 @@ class Likelihood:
             bounds.append((low, high))
         return np.array(bounds, dtype=float).reshape(-1, 2)
 
-    def with_theta(self, theta):
+    def with_theta(self, theta: ArrayLike) -> Self:
         """A new likelihood of the same type with the learnable parameters set from ``theta``."""
         params = self.get_params()
         for name, t in zip(self.theta_names(), np.asarray(theta, dtype=float)):
             self._set_theta(params, name, t)
         return type(self)(**params)
 
-    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+    def theta_gradient(self, y: ArrayLike, cavity_mean: ArrayLike, cavity_var: ArrayLike, power: float = 1.0
+                       ) -> NDArray[np.float64]:
         """``sum_i ∂ log Z_i / ∂t_j`` for every learnable parameter ``t_j``, at fixed cavities.
 
         Parameters
@@ -232,7 +257,7 @@ class Likelihood:
         return np.array([float(np.sum(self._theta_terms(name, log_z, alpha, beta, cavity_mean, cavity_var)))
                          for name in names])
 
-    def _check_latent(self, mean, var):
+    def _check_latent(self, mean: ArrayLike, var: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         mean = _as_1d("mean", mean)
         var = _as_1d("var", var)
         if mean.shape != var.shape:
@@ -256,7 +281,7 @@ class _Binary(Likelihood):
 
     is_classification = True
 
-    def encode_targets(self, y):
+    def encode_targets(self, y: ArrayLike) -> NDArray[np.float64]:
         """Validate binary targets; they must be exactly -1 or +1. Returns float64."""
         arr = _as_1d("y", y)
         bad = ~((arr == 1.0) | (arr == -1.0))
@@ -265,7 +290,7 @@ class _Binary(Likelihood):
             raise ValueError(f"binary targets must be -1 or +1; y[{i}] = {float(arr[i])!r}")
         return arr
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> NDArray[np.float64]:
         """p(y = +1) under a latent ``N(mean, var)``: ``exp(log Z(y=+1))``."""
         mean, var = self._check_latent(mean, var)
         log_z, _, _ = _sites.site_moments_array(self.site_spec(), np.ones_like(mean), mean, var)
@@ -295,8 +320,10 @@ class Probit(_Binary):
     """
 
     _param_names = ("slope", "bias")
+    slope: float
+    bias: float
 
-    def __init__(self, slope=1.0, bias=0.0):
+    def __init__(self, slope: float = 1.0, bias: float = 0.0) -> None:
         super().__init__(slope=slope, bias=bias)
 
     @staticmethod
@@ -313,7 +340,7 @@ class Probit(_Binary):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["probit"],
                                [self._params["slope"], self._params["bias"]])
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """``bias`` (t = b) and, for a finite slope, ``log_slope`` (t = log λ)."""
         return ["bias"] + (["log_slope"] if math.isfinite(self.slope) else [])
 
@@ -332,7 +359,7 @@ class Probit(_Binary):
         lam = self.slope
         return alpha * (cavity_mean + self.bias) / (1.0 + lam * lam * cavity_var)
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> NDArray[np.float64]:
         mean, var = self._check_latent(mean, var)
         if math.isinf(self._params["slope"]):
             # Noiseless step: p = Theta(mean + bias) where var = 0.
@@ -365,8 +392,9 @@ class Step(_Binary):
     """
 
     _param_names = ("flip_noise",)
+    flip_noise: float
 
-    def __init__(self, flip_noise=0.0):
+    def __init__(self, flip_noise: float = 0.0) -> None:
         super().__init__(flip_noise=flip_noise)
 
     @staticmethod
@@ -379,7 +407,7 @@ class Step(_Binary):
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["step"], [self._params["flip_noise"]])
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """``logit_flip`` (t = logit 2ε; ε must start above 0)."""
         return ["logit_flip"]
 
@@ -396,7 +424,7 @@ class Step(_Binary):
     def _theta_terms(self, name, log_z, alpha, beta, cavity_mean, cavity_var):
         return self.flip_noise * (np.exp(-log_z) - 2.0)     # dZ/dε = 1 - 2Φ, Φ = (Z - ε)/(1 - 2ε)
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> NDArray[np.float64]:
         mean, var = self._check_latent(mean, var)
         eps = self._params["flip_noise"]
         out = np.empty_like(mean)
@@ -433,8 +461,10 @@ class Logistic(_Binary):
 
     _param_names = ("method", "n_nodes")
     _methods = ("mackay", "gauss-hermite")
+    method: Literal["mackay", "gauss-hermite"]
+    n_nodes: int
 
-    def __init__(self, method="mackay", n_nodes=32):
+    def __init__(self, method: Literal["mackay", "gauss-hermite"] = "mackay", n_nodes: int = 32) -> None:
         super().__init__(method=method, n_nodes=n_nodes)
 
     @classmethod
@@ -450,7 +480,7 @@ class Logistic(_Binary):
             raise ValueError(f"n_nodes must be in [2, {_sites.MAX_GH_NODES}], got {n_nodes}")
         return {"method": method, "n_nodes": n_nodes}
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """None: the logistic likelihood has no learnable parameters."""
         return []
 
@@ -480,8 +510,9 @@ class Gaussian(Likelihood):
 
     _param_names = ("noise_variance",)
     is_classification = False
+    noise_variance: float
 
-    def __init__(self, noise_variance=1.0):
+    def __init__(self, noise_variance: float = 1.0) -> None:
         super().__init__(noise_variance=noise_variance)
 
     @staticmethod
@@ -494,7 +525,7 @@ class Gaussian(Likelihood):
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["gaussian"], [self._params["noise_variance"]])
 
-    def encode_targets(self, y):
+    def encode_targets(self, y: ArrayLike) -> NDArray[np.float64]:
         """Validate real targets (finite). Returns float64."""
         arr = _as_1d("y", y)
         bad = ~np.isfinite(arr)
@@ -503,7 +534,7 @@ class Gaussian(Likelihood):
             raise ValueError(f"targets must be finite; y[{i}] = {float(arr[i])!r}")
         return arr
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """``log_noise`` (t = log σ²)."""
         return ["log_noise"]
 
@@ -516,7 +547,7 @@ class Gaussian(Likelihood):
     def _theta_terms(self, name, log_z, alpha, beta, cavity_mean, cavity_var):
         return 0.5 * self.noise_variance * (alpha * alpha - beta)   # ∂Z/∂σ² = ½ ∂²Z/∂m²
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Predictive ``(mean, var + noise_variance)`` of y under a latent ``N(mean, var)``."""
         mean, var = self._check_latent(mean, var)
         return mean.copy(), var + self._params["noise_variance"]
@@ -556,8 +587,13 @@ class OrderedCategorical(Likelihood):
 
     _param_names = ("n_categories", "slope", "bias", "widths")
     is_classification = True
+    n_categories: int
+    slope: float
+    bias: float
+    widths: NDArray[np.float64]
 
-    def __init__(self, n_categories, slope=1.0, bias=0.0, widths=None):
+    def __init__(self, n_categories: int, slope: float = 1.0, bias: float = 0.0, widths: ArrayLike | None = None
+                 ) -> None:
         super().__init__(n_categories=n_categories, slope=slope, bias=bias, widths=widths)
 
     @staticmethod
@@ -587,7 +623,7 @@ class OrderedCategorical(Likelihood):
         return {"n_categories": n_categories, "slope": slope, "bias": bias, "widths": widths}
 
     @property
-    def thresholds(self):
+    def thresholds(self) -> NDArray[np.float64]:
         """``theta_0 .. theta_{C-2}``."""
         return self._params["bias"] + np.concatenate([[0.0], np.cumsum(self._params["widths"])])
 
@@ -596,7 +632,7 @@ class OrderedCategorical(Likelihood):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["ordinal"],
                                np.concatenate([[p["slope"], p["bias"]], p["widths"]]))
 
-    def encode_targets(self, y):
+    def encode_targets(self, y: ArrayLike) -> NDArray[np.float64]:
         """Validate integer class labels 0..C-1. Returns float64."""
         arr = _as_1d("y", y)
         n_categories = self._params["n_categories"]
@@ -607,7 +643,7 @@ class OrderedCategorical(Likelihood):
                              f"y[{i}] = {float(arr[i])!r}")
         return arr
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """``bias`` (t = b) and ``log_width_i`` (t = log w_i); the slope is not learnt."""
         return ["bias"] + [f"log_width_{i + 1}" for i in range(self.n_categories - 2)]
 
@@ -621,7 +657,8 @@ class OrderedCategorical(Likelihood):
             params["widths"] = np.array(params["widths"], dtype=float)
             params["widths"][int(name[10:]) - 1] = math.exp(t)
 
-    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+    def theta_gradient(self, y: ArrayLike, cavity_mean: ArrayLike, cavity_var: ArrayLike, power: float = 1.0
+                       ) -> NDArray[np.float64]:
         """Bias and log-width gradients of ``sum_i log Z_i`` at fixed cavities.
 
         A site with label k has ``Z = Φ(c (θ_k - m)) - Φ(c (θ_{k-1} - m))``,
@@ -658,7 +695,7 @@ class OrderedCategorical(Likelihood):
                 grads.append(float(widths[i - 1] * g))
         return np.array(grads)
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> NDArray[np.float64]:
         """Class probabilities, shape (n, C), under a latent ``N(mean, var)``."""
         mean, var = self._check_latent(mean, var)
         n_categories = self._params["n_categories"]
@@ -707,8 +744,10 @@ class StudentT(Likelihood):
 
     _param_names = ("dof", "scale")
     is_classification = False
+    dof: float
+    scale: float
 
-    def __init__(self, dof=4.0, scale=1.0):
+    def __init__(self, dof: float = 4.0, scale: float = 1.0) -> None:
         super().__init__(dof=dof, scale=scale)
 
     @staticmethod
@@ -727,12 +766,14 @@ class StudentT(Likelihood):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["student_t"], [self._params["dof"], self._params["scale"]])
 
     @property
-    def noise_variance(self):
+    def noise_variance(self) -> float:
         """Variance of the noise, ``ν σ² / (ν - 2)``; ``inf`` for ν <= 2."""
         dof, scale = self._params["dof"], self._params["scale"]
         return dof * scale * scale / (dof - 2.0) if dof > 2.0 else math.inf
 
-    def powered_moments(self, y, cavity_mean, cavity_var, power=1.0):
+    def powered_moments(self, y: ArrayLike, cavity_mean: ArrayLike, cavity_var: ArrayLike, power: float = 1.0
+                        ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64],
+                                   NDArray[np.float64], NDArray[np.float64]]:
         """Moments of ``p(y | f)^power N(f; mu, s2)`` (fractional EP's tilted distribution).
 
         Returns
@@ -747,7 +788,7 @@ class StudentT(Likelihood):
 
     encode_targets = Gaussian.encode_targets
 
-    def theta_names(self):
+    def theta_names(self) -> list[str]:
         """``log_dof`` (t = log ν) and ``log_scale`` (t = log σ)."""
         return ["log_dof", "log_scale"]
 
@@ -757,12 +798,13 @@ class StudentT(Likelihood):
     def _set_theta(self, params, name, t):
         params["dof" if name == "log_dof" else "scale"] = math.exp(t)
 
-    def theta_gradient(self, y, cavity_mean, cavity_var, power=1.0):
+    def theta_gradient(self, y: ArrayLike, cavity_mean: ArrayLike, cavity_var: ArrayLike, power: float = 1.0
+                       ) -> NDArray[np.float64]:
         """``(1/η) Σ_i ∂ log Z_i^(η) / ∂(log ν, log σ)`` by quadrature of the tilted density."""
         _, _, _, d_log_dof, d_log_scale = self.powered_moments(y, cavity_mean, cavity_var, power)
         return np.array([float(np.sum(d_log_dof)), float(np.sum(d_log_scale))]) / power
 
-    def predictive(self, mean, var):
+    def predictive(self, mean: ArrayLike, var: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Predictive ``(mean, variance)`` of y under a latent ``N(mean, var)`` (variance inf for ν <= 2)."""
         mean, var = self._check_latent(mean, var)
         return mean.copy(), var + self.noise_variance

@@ -3,7 +3,10 @@
 The compiled engine :mod:`fastep._epcore.linear_ep` runs the sweeps; this module
 validates input, encodes labels, and exposes scikit-learn style estimators.
 """
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 from ._special import expit
@@ -16,6 +19,14 @@ from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
 from .progress import CALLBACK_DOC
 
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback, MeanStd
+
 __all__ = ["LinearEPClassifier", "LinearEPRegressor"]
 
 _UPDATE_FORMS = {"natural": _engine.UPDATE_NATURAL, "moment": _engine.UPDATE_MOMENT}
@@ -26,6 +37,29 @@ _NEGATIVE_POLICIES = {
 
 class _LinearEPBase(BaseEstimator):
     """Shared fitting machinery: prior handling, the engine call, fitted attributes."""
+
+    # constructor parameters
+    prior_mean: ArrayLike | None
+    prior_cov: ArrayLike
+    update_form: Literal["natural", "moment"]
+    tol: float
+    max_sweeps: int
+    damping: float
+    refresh_every: int
+    negative_precision: Literal["clip", "skip", "allow"]
+    fit_intercept: bool
+    intercept_prior_var: float
+    # fitted attributes
+    posterior_mean_: NDArray[np.float64]
+    posterior_cov_: NDArray[np.float64]
+    site_precision_: NDArray[np.float64]
+    site_natural_mean_: NDArray[np.float64]
+    log_evidence_: float
+    n_sweeps_: int
+    converged_: bool
+    n_skipped_updates_: int
+    n_clipped_updates_: int
+    n_features_in_: int
 
     def _check_options(self):
         v.check_choice(self.update_form, "update_form", _UPDATE_FORMS)
@@ -108,18 +142,18 @@ class _LinearEPBase(BaseEstimator):
         return self
 
     @property
-    def coef_(self):
+    def coef_(self) -> NDArray[np.float64]:
         """Posterior mean of the feature weights (without the intercept)."""
         check_is_fitted(self, "posterior_mean_")
         return self.posterior_mean_[: self.n_features_in_]
 
     @property
-    def intercept_(self):
+    def intercept_(self) -> float:
         """Posterior mean of the intercept (0.0 when ``fit_intercept=False``)."""
         check_is_fitted(self, "posterior_mean_")
         return float(self.posterior_mean_[-1]) if self.fit_intercept else 0.0
 
-    def predict_latent(self, X):
+    def predict_latent(self, X: ArrayLike) -> MeanStd:
         """Posterior mean and variance of the latent ``f(x) = x^T w`` at each row of ``X``.
 
         Returns
@@ -208,9 +242,16 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         tags.classifier_tags.multi_class = False          # binary: one weight vector
         return tags
 
-    def __init__(self, likelihood=None, *, prior_mean=None, prior_cov=1.0, update_form="natural",
-                 tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
-                 fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
+    likelihood: Probit | Step | Logistic | None
+    classes_: NDArray[Any]
+    likelihood_: Probit | Step | Logistic
+
+    def __init__(self, likelihood: Probit | Step | Logistic | None = None, *, prior_mean: ArrayLike | None = None,
+                 prior_cov: ArrayLike = 1.0, update_form: Literal["natural", "moment"] = "natural",
+                 tol: float = 1e-8, max_sweeps: int = 100, damping: float = 1.0, refresh_every: int = 1,
+                 negative_precision: Literal["clip", "skip", "allow"] = "clip", fit_intercept: bool = False,
+                 intercept_prior_var: float = 1.0, verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     def _likelihood(self):
@@ -222,7 +263,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         return lik
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the EP posterior to training data.
 
         Parameters
@@ -244,7 +285,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         self.likelihood_ = likelihood
         return self
 
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
         """Log-odds ``log p(y=classes_[1] | x) - log p(y=classes_[0] | x)`` under the EP predictive.
 
         Positive values predict ``classes_[1]``.
@@ -256,7 +297,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         log_p_neg = lik.moments(-np.ones_like(mean), mean, var)[0]
         return log_p_pos - log_p_neg
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         """Predictive class probabilities ``∫ p(y | f) N(f; mean, var) df``, columns ordered as ``classes_``.
 
         For the probit likelihood this is Φ(λ(μ* + b) / sqrt(1 + λ² σ*²)).
@@ -264,7 +305,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         p_pos = expit(self.decision_function(X))
         return np.column_stack([1.0 - p_pos, p_pos])
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         """Most probable class label for each row of ``X``."""
         check_is_fitted(self, "classes_")
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
@@ -299,13 +340,19 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="LinearEPRegressor", SHARED_PARAMETERS=_SHARED_PARAMETERS_DOC,
         SHARED_ATTRIBUTES=_SHARED_ATTRIBUTES_DOC, REFERENCES=_REFERENCES_DOC)
 
-    def __init__(self, noise_variance=1.0, *, prior_mean=None, prior_cov=1.0, update_form="natural",
-                 tol=1e-8, max_sweeps=100, damping=1.0, refresh_every=1, negative_precision="clip",
-                 fit_intercept=False, intercept_prior_var=1.0, verbose=0, callback=None):
+    noise_variance: float
+    noise_variance_: float
+
+    def __init__(self, noise_variance: float = 1.0, *, prior_mean: ArrayLike | None = None,
+                 prior_cov: ArrayLike = 1.0, update_form: Literal["natural", "moment"] = "natural",
+                 tol: float = 1e-8, max_sweeps: int = 100, damping: float = 1.0, refresh_every: int = 1,
+                 negative_precision: Literal["clip", "skip", "allow"] = "clip", fit_intercept: bool = False,
+                 intercept_prior_var: float = 1.0, verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the posterior over weights; returns ``self``."""
         self._check_options()
         likelihood = Gaussian(noise_variance=v.check_positive(self.noise_variance, "noise_variance"))
@@ -314,7 +361,13 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
         self.noise_variance_ = likelihood.noise_variance
         return self
 
-    def predict(self, X, return_std=False):
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
         """Posterior predictive mean (and standard deviation including the noise if ``return_std``)."""
         mean, var = self.predict_latent(X)
         if return_std:

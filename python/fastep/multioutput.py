@@ -8,7 +8,10 @@ where each factor sees a k-dimensional projection ``z_i = X[i] @ w`` (``X`` of
 shape (n, k, d)).  The work is done by the compiled engine
 ``fastep._epcore.rank_k_ep`` (its state class ``RankKState``).
 """
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,10 +23,18 @@ from .exceptions import ConvergenceWarning
 from .likelihoods import Likelihood
 from .progress import CALLBACK_DOC
 
+if TYPE_CHECKING:
+    from typing import Any
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback
+
 __all__ = ["RankKEP", "ConvergenceWarning"]
 
 
-def _as_float_array(value, name, ndim):
+def _as_float_array(value: Any, name: str, ndim: tuple[int, ...]) -> NDArray[np.float64]:
     try:
         arr = np.asarray(value)
     except Exception as exc:  # pragma: no cover - exotic inputs
@@ -40,7 +51,7 @@ def _as_float_array(value, name, ndim):
     return arr
 
 
-def _check_spd(mat, name):
+def _check_spd(mat: NDArray[np.float64], name: str) -> NDArray[np.float64]:
     scale = max(float(np.max(np.abs(mat))), np.finfo(float).tiny)
     if np.max(np.abs(mat - mat.T)) > 1e-10 * scale:
         raise ValueError(f"{name} must be symmetric")
@@ -115,8 +126,28 @@ class RankKEP(BaseEstimator):
     True
     """, CALLBACK=CALLBACK_DOC)
 
-    def __init__(self, likelihood='gaussian', *, noise_cov=None, n_nodes=20, prior_mean=None,
-                 prior_cov=None, damping=1.0, tol=1e-8, max_sweeps=200, refresh_every=1, verbose=0, callback=None):
+    likelihood: str | Likelihood | SiteSpec | RankKLikelihood
+    noise_cov: ArrayLike | None
+    n_nodes: int
+    prior_mean: ArrayLike | None
+    prior_cov: ArrayLike | None
+    damping: float
+    tol: float
+    max_sweeps: int
+    refresh_every: int
+    posterior_mean_: NDArray[np.float64]
+    posterior_cov_: NDArray[np.float64]
+    site_precision_: NDArray[np.float64]
+    site_natural_mean_: NDArray[np.float64]
+    log_evidence_: float
+    n_sweeps_: int
+    converged_: bool
+    n_skipped_: int
+
+    def __init__(self, likelihood: str | Likelihood | SiteSpec | RankKLikelihood = 'gaussian', *,
+                 noise_cov: ArrayLike | None = None, n_nodes: int = 20, prior_mean: ArrayLike | None = None,
+                 prior_cov: ArrayLike | None = None, damping: float = 1.0, tol: float = 1e-8, max_sweeps: int = 200,
+                 refresh_every: int = 1, verbose: int = 0, callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     def _build_likelihood(self, k):
@@ -158,7 +189,7 @@ class RankKEP(BaseEstimator):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
-    def fit(self, X, Y):
+    def fit(self, X: ArrayLike, Y: ArrayLike) -> Self:
         """Run EP to convergence.
 
         Parameters
@@ -189,6 +220,7 @@ class RankKEP(BaseEstimator):
             m0 = _as_float_array(self.prior_mean, "prior_mean", (1,))
             if m0.shape != (d,):
                 raise ValueError(f"prior_mean must have shape ({d},), got {m0.shape}")
+        V0: NDArray[np.float64]
         if self.prior_cov is None:
             V0 = np.eye(d)
         else:

@@ -25,6 +25,8 @@ or names anything else raises ``ValueError``.
 Floats are stored exactly (JSON floats as Python writes them, ``repr`` round-trip; arrays
 byte for byte), so a loaded model predicts bitwise identically to the one saved.
 """
+from __future__ import annotations
+
 import copy
 import hashlib
 import io
@@ -33,11 +35,18 @@ import numbers
 import os
 import warnings
 import zipfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._base import BaseEstimator
 from ._version import version as _fastep_version
+
+if TYPE_CHECKING:
+    from typing import IO, Any, TypeAlias
+
+    #: Where a model is written or read: a path, or a binary file object.
+    _File: TypeAlias = str | os.PathLike[str] | IO[bytes]
 
 __all__ = ["save", "load", "read_metadata", "FORMAT_VERSION"]
 
@@ -284,7 +293,7 @@ def _summary(estimator):
     return summary
 
 
-def save(estimator, path, *, metadata=None):
+def save(estimator: BaseEstimator, path: _File, *, metadata: dict[str, Any] | None = None) -> None:
     """Save a fastep estimator (fitted or not) to ``path``, one ``.npz`` file, without pickle.
 
     Parameters
@@ -385,7 +394,7 @@ def _read(path):
     return document, members
 
 
-def load(path):
+def load(path: _File) -> BaseEstimator:
     """Load an estimator saved by :func:`save`.
 
     Nothing named in the file is imported or executed: the classes it names must be fastep's
@@ -438,7 +447,7 @@ def load(path):
     return estimator
 
 
-def read_metadata(path):
+def read_metadata(path: _File) -> dict[str, Any]:
     """The checked description of a model file, without building the estimator.
 
     Parameters

@@ -15,12 +15,27 @@ Each function draws on a matplotlib ``Axes`` (a new figure's when ``ax`` is None
 
 matplotlib is imported only when one of them is called.
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ._special import ndtri
 
 from ._base import fill_doc
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from matplotlib.axes import Axes
+    from numpy.typing import ArrayLike
+
+    from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+    from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
+    from .progress import ProgressRecord
+    from .sparse import SparseGPClassifier, SparseGPRegressor
 
 __all__ = ["plot_decision_surface", "plot_convergence", "plot_horseshoe_coefficients", "plot_calibration",
            "plot_evidence_landscape"]
@@ -43,14 +58,15 @@ def _pyplot():
     return plt
 
 
-def _axes(ax):
+def _axes(ax: Axes | None) -> Axes:
     if ax is not None:
         return ax
     return _pyplot().subplots()[1]
 
 
-def plot_decision_surface(model, X, y=None, *, ax=None, resolution=120, levels=(0.1, 0.25, 0.5, 0.75, 0.9),
-                          margin=0.05):
+def plot_decision_surface(model: Any, X: ArrayLike, y: ArrayLike | None = None, *, ax: Axes | None = None,
+                          resolution: int = 120, levels: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
+                          margin: float = 0.05) -> Axes:
     """Predictive probability of a binary classifier over a 2-D input square.
 
     Draws the probability of ``classes_[1]`` as a filled image, its contours at ``levels`` (the
@@ -127,7 +143,7 @@ def plot_decision_surface(model, X, y=None, *, ax=None, resolution=120, levels=(
     return ax
 
 
-def plot_convergence(records, *, ax=None):
+def plot_convergence(records: Sequence[ProgressRecord], *, ax: Axes | None = None) -> Axes:
     """EP's convergence trace: the largest relative site change (log scale) and the log evidence
     per sweep.
 
@@ -156,7 +172,8 @@ def plot_convergence(records, *, ax=None):
     sweeps = [r for r in records if r.stage == "EP sweep"]
     if not sweeps:
         raise ValueError("no 'EP sweep' records to draw (collect them with callback=records.append)")
-    runs, current = [], []
+    runs: list[list[ProgressRecord]] = []
+    current: list[ProgressRecord] = []
     for record in sweeps:
         if record.iteration == 1 and current:
             runs.append(current)
@@ -178,11 +195,12 @@ def plot_convergence(records, *, ax=None):
     ax.set_ylabel("largest relative site change", color="tab:blue")
     right.set_ylabel("log evidence", color="tab:orange")
     ax.set_title(f"{sweeps[0].estimator}: EP convergence ({len(runs)} run{'s' if len(runs) > 1 else ''})")
-    ax.right_ax = right
+    ax.right_ax = right  # type: ignore[attr-defined]  # the twin, for the caller
     return ax
 
 
-def plot_horseshoe_coefficients(model, *, task=0, level=0.95, ax=None, top=None):
+def plot_horseshoe_coefficients(model: HorseshoeRegression | MultiTaskHorseshoeRegression, *, task: int = 0,
+                                level: float = 0.95, ax: Axes | None = None, top: int | None = None) -> Axes:
     """Posterior means of a horseshoe regression's coefficients with credible intervals, and the
     posterior inclusion probabilities (on a twin axis).
 
@@ -238,11 +256,12 @@ def plot_horseshoe_coefficients(model, *, task=0, level=0.95, ax=None, top=None)
     ax.patch.set_visible(False)
     ax.set_title(f"{type(model).__name__}: coefficients" + (f" (task {task})" if coef.ndim and
                                                             np.atleast_2d(model.coef_).shape[0] > 1 else ""))
-    ax.right_ax = right
+    ax.right_ax = right  # type: ignore[attr-defined]  # the twin, for the caller
     return ax
 
 
-def plot_calibration(y_true, proba, *, positive=None, n_bins=10, ax=None):
+def plot_calibration(y_true: ArrayLike, proba: ArrayLike, *, positive: Any = None, n_bins: int = 10,
+                     ax: Axes | None = None) -> Axes:
     """Reliability diagram: the observed frequency of the positive class against the predicted
     probability, in ``n_bins`` equal-width bins, with the diagonal of perfect calibration.
 
@@ -306,7 +325,9 @@ def plot_calibration(y_true, proba, *, positive=None, n_bins=10, ax=None):
     return ax
 
 
-def plot_evidence_landscape(model, params=None, *, span=2.0, resolution=15, ax=None):
+def plot_evidence_landscape(model: GaussianProcessClassifier | GaussianProcessRegressor | SparseGPClassifier
+                            | SparseGPRegressor, params: Sequence[str] | None = None, *, span: float = 2.0,
+                            resolution: int = 15, ax: Axes | None = None) -> Axes:
     """The log marginal likelihood over two kernel hyperparameters around the learnt point.
 
     Each grid point is an EP run from zero sites at that point (the other hyperparameters at their
@@ -406,5 +427,5 @@ def _param_value(kernel, theta, index, value):
 
 for _draw in (plot_decision_surface, plot_convergence, plot_horseshoe_coefficients, plot_calibration,
               plot_evidence_landscape):
-    _draw.__doc__ = fill_doc(_draw.__doc__, **_SECTIONS)
+    _draw.__doc__ = fill_doc(_draw.__doc__, **_SECTIONS)  # type: ignore[arg-type]  # it has a docstring
 del _draw

@@ -33,20 +33,37 @@ line is a tqdm bar.
 The public names are :class:`ProgressRecord` and :class:`ProgressBar` (``__all__``); the
 reporter the estimators build (:class:`Progress` and the helpers around it) is internal.
 """
+from __future__ import annotations
+
 import logging
 import math
 import sys
 import time
 from collections import namedtuple
+from typing import TYPE_CHECKING
 
 from . import _validation as v
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO, Any, Literal, NamedTuple
 
 __all__ = ["ProgressBar", "ProgressRecord"]
 
 logger = logging.getLogger("fastep")
 
-ProgressRecord = namedtuple("ProgressRecord",
-                            ["estimator", "stage", "iteration", "log_evidence", "change", "elapsed"])
+if TYPE_CHECKING:
+    # What type checkers see: the named tuple below, with the types of its fields.
+    class ProgressRecord(NamedTuple):
+        estimator: str
+        stage: str
+        iteration: int
+        log_evidence: float
+        change: float
+        elapsed: float
+else:
+    ProgressRecord = namedtuple("ProgressRecord",
+                                ["estimator", "stage", "iteration", "log_evidence", "change", "elapsed"])
 ProgressRecord.__doc__ = """What an estimator's ``callback`` receives during ``fit`` (an immutable named tuple).
 
 Parameters
@@ -89,7 +106,7 @@ CALLBACK_DOC = """verbose : int, default 0
         a ``ConvergenceWarning``."""
 
 
-def check_verbose(verbose):
+def check_verbose(verbose: int) -> int:
     """``verbose`` as an int in {0, 1, 2} (bools accepted)."""
     if isinstance(verbose, bool):
         return int(verbose)
@@ -99,7 +116,8 @@ def check_verbose(verbose):
     return verbose
 
 
-def check_callback(callback):
+def check_callback(callback: Callable[[ProgressRecord], object] | None
+                   ) -> Callable[[ProgressRecord], object] | None:
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
     return callback
@@ -109,7 +127,7 @@ class StopRequested(Exception):
     """Raised inside a search objective when the callback asked the fit to stop."""
 
 
-def _format(record):
+def _format(record: ProgressRecord) -> str:
     parts = [f"{record.estimator}: {record.stage} {record.iteration}"]
     if not math.isnan(record.log_evidence):
         parts.append(f"log evidence {record.log_evidence:.6g}")
@@ -119,7 +137,7 @@ def _format(record):
     return ", ".join(parts)
 
 
-def _emit(line):
+def _emit(line: str) -> None:
     if logger.hasHandlers():
         logger.info(line)
     else:
@@ -137,28 +155,31 @@ class Progress:
     callback : callable or None
     """
 
-    def __init__(self, estimator, verbose=0, callback=None):
+    def __init__(self, estimator: str, verbose: int = 0,
+                 callback: Callable[[ProgressRecord], object] | None = None) -> None:
         self.estimator = estimator
         self.verbose = verbose
         self.callback = callback
         self.start = time.perf_counter()
-        self.stopped_at = None                # the record after which the callback returned False
+        # the record after which the callback returned False
+        self.stopped_at: ProgressRecord | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # A copy sent to another process (a dask worker) or stored reports nothing.
         return {"estimator": self.estimator, "verbose": 0, "callback": None, "start": self.start,
                 "stopped_at": self.stopped_at}
 
     @property
-    def stopped(self):
+    def stopped(self) -> bool:
         return self.stopped_at is not None
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """Whether anything listens at the EP-sweep level (else engines get no sweep callback)."""
         return self.verbose >= 2 or self.callback is not None
 
-    def report(self, stage, iteration, log_evidence=math.nan, change=math.nan, *, level=1):
+    def report(self, stage: str, iteration: int, log_evidence: float = math.nan, change: float = math.nan, *,
+               level: int = 1) -> bool:
         """Emit a record; False if the callback asks to stop now (after a stop: True, silently
         continuing the clean-up, which the callback is no longer told about)."""
         record = ProgressRecord(self.estimator, stage, int(iteration), float(log_evidence), float(change),
@@ -173,32 +194,32 @@ class Progress:
             return False
         return True
 
-    def message(self, text, *, level=1):
+    def message(self, text: str, *, level: int = 1) -> None:
         """A free-text line at ``level`` (not passed to the callback)."""
         if self.verbose >= level:
             _emit(f"{self.estimator}: {text}")
 
-    def sweep_callback(self, stage="EP sweep"):
+    def sweep_callback(self, stage: str = "EP sweep") -> Callable[[int, float, float], bool] | None:
         """The engines' ``sweep_callback`` (None when nobody listens: no per-sweep cost)."""
         if not self.active:
             return None
 
-        def on_sweep(sweep, max_change, log_z):
+        def on_sweep(sweep: int, max_change: float, log_z: float) -> bool:
             return self.report(stage, sweep, log_z, max_change, level=2)
         return on_sweep
 
-    def stop_message(self):
-        record = self.stopped_at
+    def stop_message(self) -> str:
+        record: Any = self.stopped_at              # set: the fit was stopped
         return (f"{self.estimator}: the fit was stopped by the callback after {record.stage} {record.iteration} "
                 f"({record.elapsed:.2f} s)")
 
 
-def quiet():
+def quiet() -> Progress:
     """A reporter that reports nothing (internal fits, tests)."""
     return Progress("", 0, None)
 
 
-def sweep_callback_of(options):
+def sweep_callback_of(options: dict[str, Any]) -> Callable[[int, float, float], bool] | None:
     """The engine ``sweep_callback`` for an estimator's options dict (None without a reporter)."""
     progress = options.get("progress")
     return None if progress is None else progress.sweep_callback()
@@ -207,7 +228,7 @@ def sweep_callback_of(options):
 # -- a ready-made callback ----------------------------------------------------------------------
 
 
-def _describe(record):
+def _describe(record: ProgressRecord) -> str:
     text = f"{record.stage} {record.iteration}"
     if not math.isnan(record.log_evidence):
         text += f"  log evidence {record.log_evidence:.6g}"
@@ -248,12 +269,13 @@ class ProgressBar:
     True
     """
 
-    def __init__(self, stream=None, *, backend="auto", min_interval=0.1):
+    def __init__(self, stream: IO[str] | None = None, *, backend: Literal["auto", "line", "plain", "tqdm"] = "auto",
+                 min_interval: float = 0.1) -> None:
         if backend not in ("auto", "line", "plain", "tqdm"):
             raise ValueError(f"backend must be 'auto', 'line', 'plain' or 'tqdm', got {backend!r}")
         self.stream = sys.stderr if stream is None else stream
         terminal = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._tqdm = None
+        self._tqdm: Any = None
         if backend == "tqdm" or (backend == "auto" and terminal):
             try:
                 from tqdm.auto import tqdm
@@ -269,9 +291,9 @@ class ProgressBar:
         self.min_interval = float(min_interval)
         self._last_draw = -math.inf
         self._width = 0
-        self._last = None
+        self._last: ProgressRecord | None = None
 
-    def __call__(self, record):
+    def __call__(self, record: ProgressRecord) -> bool:
         self._last = record
         if self.backend == "tqdm":
             self._tqdm.set_description_str(f"{record.estimator}: {_describe(record)}", refresh=False)
@@ -287,14 +309,14 @@ class ProgressBar:
                 self._last_draw = now
         return True
 
-    def _draw(self, record):
+    def _draw(self, record: ProgressRecord) -> None:
         text = f"{record.estimator}: {_describe(record)}  {record.elapsed:.1f} s"
         padding = max(0, self._width - len(text))
         self.stream.write("\r" + text + " " * padding)
         self.stream.flush()
         self._width = len(text)
 
-    def close(self):
+    def close(self) -> None:
         """Finish the display (a newline after the status line; closes a tqdm bar)."""
         if self.backend == "tqdm" and self._tqdm is not None:
             self._tqdm.close()

@@ -28,8 +28,11 @@ Prediction (O(m) for the mean, O(m²) for the variance per test point)
 Jitter policy: ``jitter`` (absolute, default 1e-6) is added to the diagonal of K_mm before
 its Cholesky factorisation; a failure raises ``numpy.linalg.LinAlgError`` asking for more.
 """
+from __future__ import annotations
+
 import copy
 import functools
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -53,6 +56,16 @@ from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
 
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
+
+    from ._typing import Callback, Hyperprior, MeanStd
+    from .kernels import Kernel
+    from .likelihoods import Likelihood, Logistic, Probit, Step
+
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus", "auto_sizes"]
 
 _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARSE_PARALLEL}
@@ -73,6 +86,28 @@ def _check_likelihood_learnable_with_power(likelihood, power):
 
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
+
+    n_inducing: int | Literal["auto"]
+    approximation: Literal["fitc", "dtc"]
+    inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike
+    learn_inducing: bool
+    schedule: Literal["sequential", "parallel"]
+    order: Literal["fixed", "random"]
+    damping: float | None
+    tol: float
+    max_sweeps: int
+    negative_precision: Literal["clip", "skip"]
+    n_quadrature: int
+    optimizer: Literal["L-BFGS-B"] | None
+    n_restarts_optimizer: int
+    jitter: float
+    random_state: int | None
+    warm_start: bool
+    hyperprior: Hyperprior
+    #: One-vs-rest: a list of arrays when ``n_inducing='auto'`` chose different sizes.
+    inducing_inputs_: NDArray[np.float64] | list[NDArray[np.float64]]
+    n_inducing_: int | NDArray[np.int_]
+    growth_history_: list[Any] | None
 
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
                                   approximation=Choice(_APPROXIMATIONS),
@@ -417,14 +452,18 @@ class _ChunkedPredictMixin:
             return X.map_blocks(apply, drop_axis=1, dtype=dtype)
         return X.map_blocks(apply, chunks=(X.chunks[0], (n_cols,)), dtype=dtype)
 
-    def predict_latent(self, X):
+    _problems: list[Any]
+    n_features_in_: int
+    classes_: NDArray[Any]
+
+    def predict_latent(self, X: ArrayLike) -> MeanStd:
         if _chunked.is_dask_array(X):
             both = self._map_chunks(X, "_latent_columns", 2 * len(self._problems), np.float64)
             k = len(self._problems)
             if k == 1:
                 return both[:, 0], both[:, 1]
             return both[:, :k], both[:, k:]
-        return super().predict_latent(X)
+        return super().predict_latent(X)  # type: ignore[misc]  # the GP mixin's
 
     def _latent_columns(self, X):
         mean, var = self.predict_latent(X)
@@ -438,22 +477,22 @@ def _predict_chunk(estimator, method, kwargs, block):
 
 
 class _ChunkedClassifierMixin(_ChunkedPredictMixin):
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         if _chunked.is_dask_array(X):
             return self._map_chunks(X, "predict_proba", len(self.classes_), np.float64)
-        return super().predict_proba(X)
+        return super().predict_proba(X)  # type: ignore[misc]  # the GP mixin's
 
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
         if _chunked.is_dask_array(X):
             k = len(self._problems)
             return self._map_chunks(X, "decision_function", None if k == 1 else k, np.float64)
-        return super().decision_function(X)
+        return super().decision_function(X)  # type: ignore[misc]  # the GP mixin's
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         if _chunked.is_dask_array(X):
             check_is_fitted(self, "_problems")
             return self._map_chunks(X, "predict", None, self.classes_.dtype)
-        return super().predict(X)
+        return super().predict(X)  # type: ignore[misc]  # the GP mixin's
 
     predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
     decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
@@ -461,13 +500,19 @@ class _ChunkedClassifierMixin(_ChunkedPredictMixin):
 
 
 class _ChunkedRegressorMixin(_ChunkedPredictMixin):
-    def predict(self, X, return_std=False):
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
         if _chunked.is_dask_array(X):
             if return_std:
                 both = self._map_chunks(X, "_mean_std_columns", 2, np.float64)
                 return both[:, 0], both[:, 1]
             return self._map_chunks(X, "predict", None, np.float64)
-        return super().predict(X, return_std=return_std)
+        return super().predict(X, return_std=return_std)  # type: ignore[misc]  # the GP mixin's
 
     def _mean_std_columns(self, X):
         return np.column_stack(self.predict(X, return_std=True))
@@ -532,15 +577,28 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES,
         REFERENCES=_REFERENCES)
 
-    def __init__(self, kernel=None, likelihood=None, *, n_inducing="auto", approximation="fitc", power=1.0,
-                 inducing_init="kmeans++", learn_inducing=False, schedule="sequential", order="fixed",
-                 damping=None, tol=1e-6, max_sweeps=200, negative_precision="clip", n_quadrature=32,
-                 optimizer="L-BFGS-B", n_restarts_optimizer=0, learn_likelihood=False, jitter=1e-6,
-                 random_state=None, warm_start=True, n_jobs=None, hyperprior="auto", verbose=0, callback=None):
+    likelihood: Probit | Step | Logistic | None
+    power: float
+    learn_likelihood: bool
+    n_jobs: int | None
+    kernel_: Kernel | list[Kernel]
+    likelihood_: Likelihood | list[Likelihood]
+
+    def __init__(self, kernel: Kernel | None = None, likelihood: Probit | Step | Logistic | None = None, *,
+                 n_inducing: int | Literal["auto"] = "auto", approximation: Literal["fitc", "dtc"] = "fitc",
+                 power: float = 1.0, inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike = "kmeans++",
+                 learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
+                 order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
+                 max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
+                 optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
+                 learn_likelihood: bool = False, jitter: float = 1e-6, random_state: int | None = None,
+                 warm_start: bool = True, n_jobs: int | None = None,
+                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y, client=None):
+    def fit(self, X: ArrayLike, y: ArrayLike, client: Any = None) -> Self:
         """Fit the sparse EP posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
         Parameters
@@ -579,7 +637,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         self._set_fitted(X, problems)
         return self
 
-    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)  # type: ignore[arg-type]  # it has a docstring
 
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
@@ -652,15 +710,27 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         INDUCING_PARAMS=_INDUCING_PARAMS, POWER_EP=_POWER_EP, COMMON_PARAMS=_COMMON_PARAMS,
         REGRESSOR_ATTRIBUTES=REGRESSOR_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES, REFERENCES=_REFERENCES)
 
-    def __init__(self, kernel=None, noise_variance=None, *, likelihood=None, learn_noise=True, n_inducing="auto",
-                 approximation="fitc", power=None, inducing_init="kmeans++", learn_inducing=False,
-                 schedule="sequential", order="fixed", damping=None, tol=1e-6, max_sweeps=200,
-                 negative_precision="clip", n_quadrature=32, optimizer="L-BFGS-B", n_restarts_optimizer=0,
-                 jitter=1e-6, random_state=None, warm_start=True, hyperprior="auto", verbose=0, callback=None):
+    likelihood: Literal["gaussian", "student_t"] | Gaussian | StudentT | None
+    power: float | None
+    kernel_: Kernel
+    likelihood_: Gaussian | StudentT
+
+    def __init__(self, kernel: Kernel | None = None, noise_variance: float | None = None, *,
+                 likelihood: Literal["gaussian", "student_t"] | Gaussian | StudentT | None = None,
+                 learn_noise: bool = True, n_inducing: int | Literal["auto"] = "auto",
+                 approximation: Literal["fitc", "dtc"] = "fitc", power: float | None = None,
+                 inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike = "kmeans++",
+                 learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
+                 order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
+                 max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
+                 optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
+                 jitter: float = 1e-6, random_state: int | None = None, warm_start: bool = True,
+                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
-    def fit(self, X, y, client=None):
+    def fit(self, X: ArrayLike, y: ArrayLike, client: Any = None) -> Self:
         """Fit the posterior (and the hyperparameters and Z unless ``optimizer=None``).
 
         Parameters
@@ -700,7 +770,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         else:
             gaussian, _, X, y, kernel = self._check_regression_inputs(X, y, kernel)
             if isinstance(noise, Gaussian):
-                gaussian = likelihood
+                gaussian = noise                   # the likelihood given (``likelihood`` above)
             if noise == "student_t":
                 likelihood = StudentT(dof=4.0, scale=float(np.sqrt(gaussian.noise_variance)))
             elif not student_t:
@@ -714,4 +784,4 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
         return self
 
-    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)
+    fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)  # type: ignore[arg-type]  # it has a docstring

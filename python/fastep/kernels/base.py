@@ -1,7 +1,10 @@
 """The kernel base class (the public API: evaluation, gradients, columns, parameters), the
 leaf-kernel parameter framework with its transforms, ARD scales, and the composite base."""
+from __future__ import annotations
+
 import copy
 import numbers
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -10,6 +13,13 @@ from .. import _validation as _v
 from .columns import ColumnProductCache, KernelColumns, _CentredColumns
 from .transforms import FIXED as _FIXED
 from .transforms import TRANSFORMS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import Any, Literal
+
+    from numpy.typing import ArrayLike, NDArray
+    from typing_extensions import Self
 
 __all__ = ["Kernel"]
 
@@ -53,29 +63,57 @@ class Kernel:
     #: RBF and MLP kernels.
     _centred_columns = False
 
+    if TYPE_CHECKING:
+        # What every kernel class defines: the leaves in ``_Leaf``, sums and products in ``_Composite``.
+        @property
+        def hyperparameter_names(self) -> list[str]:
+            """Names of the entries of ``theta``."""
+
+        def get_params(self, deep: bool = True) -> dict[str, Any]:
+            """The constructor's parameters (scikit-learn's parameter protocol)."""
+
+        def set_params(self, **params: Any) -> Self:
+            """Set constructor parameters; returns ``self``."""
+
+        def _get_theta(self) -> NDArray[np.float64]: ...
+
+        def _set_theta(self, theta: NDArray[np.float64], offset: int) -> int: ...
+
+        def _bounds(self) -> list[tuple[float, float]]: ...
+
+        def _K(self, X: NDArray[np.float64], Y: NDArray[np.float64] | None) -> NDArray[np.float64]: ...
+
+        def _diag(self, X: NDArray[np.float64]) -> NDArray[np.float64]: ...
+
+        def _grads(self, X: NDArray[np.float64], slots: list[int], state: Any = None
+                   ) -> Iterator[NDArray[np.float64]]: ...
+
+        def _value_and_gradient(self, X: NDArray[np.float64], dK_out: NDArray[np.float64]
+                                ) -> NDArray[np.float64]: ...
+
     # ---- public parameter API -------------------------------------------------------------
     @property
-    def theta(self):
+    def theta(self) -> NDArray[np.float64]:
         """Unconstrained free hyperparameters as a 1-D float64 array (a copy)."""
         return self._get_theta()
 
     @theta.setter
-    def theta(self, value):
+    def theta(self, value: ArrayLike) -> None:
         value = _v.as_float_vector(value, "theta", length=self.n_theta)
         self._set_theta(value, 0)
 
     @property
-    def n_theta(self):
+    def n_theta(self) -> int:
         """Number of free (unconstrained) hyperparameters."""
         return len(self.hyperparameter_names)
 
     @property
-    def bounds(self):
+    def bounds(self) -> NDArray[np.float64]:
         """(n_theta, 2) array of lower/upper limits for ``theta`` (see ``Transform.bounds``)."""
         return np.array(self._bounds(), dtype=float).reshape(-1, 2)
 
     @property
-    def theta_transforms(self):
+    def theta_transforms(self) -> list[str]:
         """The transform of each entry of ``theta``, by name (``'softplus'``, ``'log'`` or ``'sigmoid'``;
         ``'unknown'`` for a kernel class that does not say)."""
         return list(self._theta_transforms())
@@ -83,18 +121,28 @@ class Kernel:
     def _theta_transforms(self):
         return ["unknown"] * self.n_theta
 
-    def __sklearn_clone__(self):
+    def __sklearn_clone__(self) -> Self:
         """scikit-learn's ``clone``: an independent deep copy (parameters and transforms)."""
         return copy.deepcopy(self)
 
-    def clone_with_theta(self, theta):
+    def clone_with_theta(self, theta: ArrayLike) -> Self:
         """Return a deep copy with ``theta`` set."""
         new = copy.deepcopy(self)
         new.theta = theta
         return new
 
     # ---- evaluation --------------------------------------------------------------------------
-    def __call__(self, X, Y=None, eval_gradient=False):
+    @overload
+    def __call__(self, X: ArrayLike, Y: ArrayLike | None = None, eval_gradient: Literal[False] = False
+                 ) -> NDArray[np.float64]: ...
+    @overload
+    def __call__(self, X: ArrayLike, Y: None = None, *, eval_gradient: Literal[True]
+                 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
+    @overload
+    def __call__(self, X: ArrayLike, Y: ArrayLike | None = None, eval_gradient: bool = False
+                 ) -> NDArray[np.float64] | tuple[NDArray[np.float64], NDArray[np.float64]]: ...
+    def __call__(self, X: ArrayLike, Y: ArrayLike | None = None, eval_gradient: bool = False
+                 ) -> NDArray[np.float64] | tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Kernel matrix K(X, Y) (K(X, X) when ``Y`` is None).
 
         Parameters
@@ -124,18 +172,18 @@ class Kernel:
             return self._K(X, None)
         return self._unchecked_value_and_gradient(X)
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> NDArray[np.float64]:
         """The diagonal of K(X, X) in O(n d) time and memory, without forming K."""
         X = self._validate_X(X, "X")
         return self._diag(X)
 
-    def gradient(self, X, index):
+    def gradient(self, X: ArrayLike, index: int) -> NDArray[np.float64]:
         """∂K(X, X)/∂theta[index] as an (n, n) array (one parameter; O(n²) memory)."""
         X = self._validate_X(X, "X")
         index = _check_index(index, self.n_theta)
         return next(self._grads(X, [index]))
 
-    def gradient_iter(self, X):
+    def gradient_iter(self, X: ArrayLike) -> Iterator[NDArray[np.float64]]:
         """Iterator over ∂K(X, X)/∂theta[i], i = 0 .. n_theta-1, one fresh (n, n) array at a time.
 
         Intermediate quantities (distances, inner products) are computed once per
@@ -144,7 +192,7 @@ class Kernel:
         X = self._validate_X(X, "X")
         return self._unchecked_gradient_iter(X)
 
-    def columns(self, X, product_cache=None):
+    def columns(self, X: ArrayLike, product_cache: ColumnProductCache | None = None) -> KernelColumns:
         """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
 
         For algorithms that need a few columns of an n×n kernel matrix that is never
@@ -174,7 +222,7 @@ class Kernel:
         return X
 
     # ---- cross-covariance and input gradients (sparse GPs with inducing inputs) ---------------
-    def cross_gradient_iter(self, X, Y):
+    def cross_gradient_iter(self, X: ArrayLike, Y: ArrayLike) -> Iterator[NDArray[np.float64]]:
         """Iterator over ∂K(X, Y)/∂theta[i], i = 0 .. n_theta-1, one fresh (n_x, n_y) array at a time.
 
         For sparse GPs (K_mn = K(Z, X) with inducing inputs Z). ``White`` contributes zeros
@@ -183,12 +231,12 @@ class Kernel:
         X, Y = self._validate_pair(X, Y)
         return self._unchecked_cross_gradient_iter(X, Y)
 
-    def diag_gradient(self, X):
+    def diag_gradient(self, X: ArrayLike) -> NDArray[np.float64]:
         """∂k(x_i, x_i)/∂theta[j] as an (n, n_theta) array, in O(n d) without forming K."""
         X = self._validate_X(X, "X")
         return self._unchecked_diag_gradient(X)
 
-    def input_gradient(self, X, Y, weights):
+    def input_gradient(self, X: ArrayLike, Y: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
         """Gradient with respect to the rows of X of ``Σ_ij weights_ij k(x_i, y_j)`` with Y held fixed.
 
         Returns an (n_x, d) array ``G[i] = Σ_j weights_ij ∂k(x_i, y_j)/∂x_i``. For the gradient of
@@ -237,7 +285,7 @@ class Kernel:
     def _unchecked_columns(self, X, product_cache=None):
         return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
-    def _validate_pair(self, X, Y):
+    def _validate_pair(self, X: ArrayLike, Y: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         X = self._validate_X(X, "X")
         Y = self._validate_X(Y, "Y")
         if Y.shape[1] != X.shape[1]:
@@ -260,11 +308,11 @@ class Kernel:
 
     # ---- input checks ------------------------------------------------------------------------
     @property
-    def n_features(self):
+    def n_features(self) -> int | None:
         """Number of input columns this kernel requires (None: any)."""
         return None
 
-    def _validate_X(self, X, name):
+    def _validate_X(self, X: ArrayLike, name: str) -> NDArray[np.float64]:
         X = _v.as_float_matrix(X, name)
         need = self.n_features
         if need is not None and X.shape[1] != need:
@@ -274,12 +322,12 @@ class Kernel:
         return X
 
     # ---- algebra -----------------------------------------------------------------------------
-    def __add__(self, other):
+    def __add__(self, other: Kernel) -> Kernel:
         if not isinstance(other, Kernel):
             return NotImplemented
         return _combine("+", [self, other])
 
-    def __mul__(self, other):
+    def __mul__(self, other: Kernel) -> Kernel:
         if not isinstance(other, Kernel):
             return NotImplemented
         return _combine("*", [self, other])
@@ -289,7 +337,7 @@ class Kernel:
 
 #: ``{'+': Sum, '*': Product}``: each subclass of ``_Composite`` that declares its ``_symbol``
 #: registers itself here when it is defined (in ``combinators``, which imports this module).
-_COMPOSITES = {}
+_COMPOSITES: dict[str, type[_Composite]] = {}
 
 
 def _combine(symbol, kernels):
@@ -306,7 +354,7 @@ def _combine(symbol, kernels):
 class _Leaf(Kernel):
     """A kernel with its own hyperparameters (stored constrained and unconstrained)."""
 
-    _scalar_params = ()          # names of scalar hyperparameters, in theta order
+    _scalar_params: tuple[str, ...] = ()          # names of scalar hyperparameters, in theta order
     _has_scales = False          # ARD kernels: a 'scales' vector follows the scalars
 
     # ---- construction ------------------------------------------------------------------------
@@ -405,7 +453,7 @@ class _Leaf(Kernel):
         return out
 
     @property
-    def hyperparameter_names(self):
+    def hyperparameter_names(self) -> list[str]:
         """Names of the entries of ``theta`` (``'scales[j]'`` for ARD scales)."""
         return [name if j is None else f"{name}[{j}]" for name, j in self._slots()]
 
@@ -450,16 +498,16 @@ class _Leaf(Kernel):
         return float(self._x[name])
 
     # ---- get/set params ----------------------------------------------------------------------
-    def get_params(self, deep=True):
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
         """Constructor arguments with the current *constrained* values (and full ``transforms``)."""
-        out = {name: float(self._x[name]) for name in self._scalar_params}
+        out: dict[str, Any] = {name: float(self._x[name]) for name in self._scalar_params}
         if self._has_scales:
             out["scales"] = self._x["scales"].copy()
             out["ard_groups"] = None if self._groups is None else self._groups.copy()
         out["transforms"] = dict(self._transforms)
         return out
 
-    def set_params(self, **params):
+    def set_params(self, **params: Any) -> Self:
         """Set constructor arguments (constrained values); returns ``self``.
 
         ``transforms`` has the constructor's meaning (unlisted parameters get the
@@ -491,7 +539,7 @@ class _Leaf(Kernel):
         self.__dict__.update(new.__dict__)
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         parts = [f"{name}={float(self._x[name])!r}" for name in self._scalar_params]
         if self._has_scales:
             parts.insert(0, f"scales={np.array2string(self._x['scales'], separator=', ', precision=6)}")
@@ -556,13 +604,15 @@ class _ARDMixin:
 
     _has_scales = True
     _centred_columns = False     # the shared product is of unscaled inputs
+    _x: dict[str, NDArray[np.float64]]
+    _groups: NDArray[np.intp] | None
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         return self._x["scales"].shape[0] if self._groups is None else self._groups.shape[0]
 
     @property
-    def ard_groups(self):
+    def ard_groups(self) -> NDArray[np.intp] | None:
         """Scale index of each input column (None: one scale per column)."""
         return None if self._groups is None else self._groups.copy()
 
@@ -585,15 +635,15 @@ class _Composite(Kernel):
     use the same ``k{i}__`` prefixes (and ``kernels`` for the list itself).
     """
 
-    _symbol = None
-    _ufunc = None                # np.add (Sum) or np.multiply (Product): how the terms' values combine
+    _symbol: str | None = None
+    _ufunc: Any = None               # np.add (Sum) or np.multiply (Product): how the terms' values combine
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "_symbol" in vars(cls):
             _COMPOSITES.setdefault(cls._symbol, cls)
 
-    def __init__(self, kernels):
+    def __init__(self, kernels: Sequence[Kernel]) -> None:
         if isinstance(kernels, Kernel) or not isinstance(kernels, (list, tuple)):
             raise TypeError(f"kernels must be a list of Kernel instances, got {type(kernels).__name__}")
         if len(kernels) == 0:
@@ -607,12 +657,12 @@ class _Composite(Kernel):
         self.kernels = [copy.deepcopy(k) for k in kernels]
 
     @property
-    def n_features(self):
+    def n_features(self) -> int | None:
         need = {k.n_features for k in self.kernels} - {None}
         return need.pop() if need else None
 
     @property
-    def hyperparameter_names(self):
+    def hyperparameter_names(self) -> list[str]:
         return [f"k{i}__{name}" for i, k in enumerate(self.kernels) for name in k.hyperparameter_names]
 
     def _get_theta(self):
@@ -708,19 +758,19 @@ class _Composite(Kernel):
             else:
                 yield k._column(st, j)
 
-    def get_params(self, deep=True):
-        out = {"kernels": list(self.kernels)}
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"kernels": list(self.kernels)}
         if deep:
             for i, k in enumerate(self.kernels):
                 for name, value in k.get_params(deep=True).items():
                     out[f"k{i}__{name}"] = value
         return out
 
-    def set_params(self, **params):
+    def set_params(self, **params: Any) -> Self:
         """Set ``kernels`` (copied) or child parameters ``k{i}__name``; returns ``self``."""
         if "kernels" in params:
             type(self).__init__(self, params.pop("kernels"))
-        by_child = {}
+        by_child: dict[int, dict[str, Any]] = {}
         for key, value in params.items():
             head, sep, rest = key.partition("__")
             ok = sep and head.startswith("k") and head[1:].isdigit() and int(head[1:]) < len(self.kernels)
@@ -733,7 +783,7 @@ class _Composite(Kernel):
             self.kernels[i] = k
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         inner = f" {self._symbol} ".join(
             f"({k!r})" if isinstance(k, _Composite) else repr(k) for k in self.kernels)
         return inner if len(self.kernels) > 1 else f"{type(self).__name__}([{inner}])"

@@ -4,8 +4,11 @@ cache of the parameter-free products it shares between selections.
 This module names no kernel class: a kernel says through its class attribute
 ``_centred_columns`` whether ``_column_centred`` builds its column from the shared product
 (see :class:`_CentredColumns`), and sums and products provide ``_shared_column_state``."""
+from __future__ import annotations
+
 import collections
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +16,11 @@ from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .. import _validation as _v
 from .._linalg import inner, matmul
 from ._distances import _row_sq_norms
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["KernelColumns", "ColumnProductCache"]
 
@@ -101,33 +109,33 @@ class ColumnProductCache:
     True
     """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
-    def __init__(self, X, max_columns):
+    def __init__(self, X: ArrayLike, max_columns: int) -> None:
         X = _v.as_float_matrix(X, "X")
         max_columns = _v.check_int(max_columns, "max_columns", minimum=1)
         self.X = X
         self._shared = _CentredColumns(X, max_columns)
 
     @property
-    def max_columns(self):
+    def max_columns(self) -> int:
         return self._shared.max_columns
 
     @property
-    def n_stored(self):
+    def n_stored(self) -> int:
         return len(self._shared._stored)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(a.nbytes for a in self._shared._stored.values())
 
     @property
-    def hits(self):
+    def hits(self) -> int:
         return self._shared.hits
 
     @property
-    def misses(self):
+    def misses(self) -> int:
         return self._shared.misses
 
-    def clear(self):
+    def clear(self) -> None:
         self._shared._stored.clear()
 
     def _for(self, X):
@@ -164,7 +172,7 @@ class KernelColumns:
     True
     """, EXAMPLES=KERNEL_EXAMPLES_DOC)
 
-    def __init__(self, kernel, X, shared=None):
+    def __init__(self, kernel: Any, X: NDArray[np.float64], shared: Any = None) -> None:
         self.kernel = kernel
         self.X = X
         self.diag = np.array(kernel._diag(X), dtype=float, copy=True).reshape(-1)
@@ -177,10 +185,10 @@ class KernelColumns:
             self._state = kernel._column_state(X)
 
     @property
-    def n(self):
+    def n(self) -> int:
         return self.X.shape[0]
 
-    def __call__(self, j):
+    def __call__(self, j: int) -> NDArray[np.float64]:
         """``K(X, X)[:, j]`` as a fresh float64 array of length n."""
         if isinstance(j, (bool, np.bool_)) or not isinstance(j, numbers.Integral):
             raise TypeError(f"j must be an integer, got {type(j).__name__}")

@@ -1,4 +1,6 @@
 """Sums and products of kernels (``k1 + k2``, ``k1 * k2``)."""
+from __future__ import annotations
+
 import numpy as np
 
 from .._base import KERNEL_EXAMPLES_DOC, fill_doc

@@ -1,10 +1,17 @@
 """Kernels built on inner products: Linear, LinearARD, MLP (arc-sine) and MLPARD."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .._linalg import matmul
 from ._distances import _gram, _row_sq_norms
 from .base import _ARDMixin, _Leaf
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["Linear", "LinearARD", "MLP", "MLPARD"]
 
@@ -47,7 +54,7 @@ class Linear(_Leaf):
     _scalar_params = ("variance",)
     _centred_columns = True
 
-    def __init__(self, variance=1.0, transforms=None):
+    def __init__(self, variance: float = 1.0, transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance}, transforms)
 
     def _K(self, X, Y):
@@ -125,7 +132,8 @@ class LinearARD(_ARDMixin, _Leaf):
 
     _scalar_params = ("variance",)
 
-    def __init__(self, scales, variance=1.0, ard_groups=None, transforms=None):
+    def __init__(self, scales: ArrayLike, variance: float = 1.0, ard_groups: ArrayLike | None = None,
+                 transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance}, transforms, scales, ard_groups)
 
     def _K(self, X, Y):
@@ -232,7 +240,8 @@ class MLP(_Leaf):
     _scalar_params = ("variance", "weight_variance", "bias_variance")
     _centred_columns = True
 
-    def __init__(self, variance=1.0, weight_variance=1.0, bias_variance=1.0, transforms=None):
+    def __init__(self, variance: float = 1.0, weight_variance: float = 1.0, bias_variance: float = 1.0,
+                 transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance, "weight_variance": weight_variance,
                      "bias_variance": bias_variance}, transforms)
 
@@ -481,8 +490,9 @@ class MLPARD(_ARDMixin, MLP):
 
     _scalar_params = ("variance", "weight_variance", "bias_variance")
 
-    def __init__(self, scales, variance=1.0, weight_variance=1.0, bias_variance=1.0, ard_groups=None,
-                 transforms=None):
+    def __init__(self, scales: ArrayLike, variance: float = 1.0, weight_variance: float = 1.0,
+                 bias_variance: float = 1.0, ard_groups: ArrayLike | None = None,
+                 transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance, "weight_variance": weight_variance,
                      "bias_variance": bias_variance}, transforms, scales, ard_groups)
 

@@ -1,11 +1,18 @@
 """Stationary kernels: RBF and RBFARD (squared exponential), White (noise on the training
 sample) and Bias (a constant)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .._base import KERNEL_EXAMPLES_DOC, fill_doc
 from .._linalg import matmul
 from ._distances import _centre, _row_sq_norms, _sqdist_centred, _training_sqdist
 from .base import _ARDMixin, _Leaf
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["RBF", "RBFARD", "White", "Bias"]
 
@@ -40,11 +47,12 @@ class RBF(_Leaf):
     _scalar_params = ("variance", "inverse_width")
     _centred_columns = True
 
-    def __init__(self, variance=1.0, inverse_width=1.0, transforms=None):
+    def __init__(self, variance: float = 1.0, inverse_width: float = 1.0, transforms: dict[str, str] | None = None
+                 ) -> None:
         self._setup({"variance": variance, "inverse_width": inverse_width}, transforms)
 
     @property
-    def lengthscale(self):
+    def lengthscale(self) -> float:
         """ℓ = 1/sqrt(γ)."""
         return 1.0 / np.sqrt(self._value("inverse_width"))
 
@@ -157,7 +165,8 @@ class RBFARD(_ARDMixin, RBF):
 
     _scalar_params = ("variance", "inverse_width")
 
-    def __init__(self, scales, variance=1.0, inverse_width=1.0, ard_groups=None, transforms=None):
+    def __init__(self, scales: ArrayLike, variance: float = 1.0, inverse_width: float = 1.0,
+                 ard_groups: ArrayLike | None = None, transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance, "inverse_width": inverse_width}, transforms, scales, ard_groups)
 
     def _sqdist(self, X, Y):
@@ -185,7 +194,7 @@ class _InputFreeVariance(_Leaf):
 
     _scalar_params = ("variance",)
 
-    def __init__(self, variance=1.0, transforms=None):
+    def __init__(self, variance: float = 1.0, transforms: dict[str, str] | None = None) -> None:
         self._setup({"variance": variance}, transforms)
 
     def _diag(self, X):

@@ -1,7 +1,14 @@
 """Transforms between a kernel hyperparameter's constrained value and the unconstrained
 value an optimiser moves (softplus, log, sigmoid); see :mod:`fastep.kernels`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, overload
+
 import numpy as np
 from .._special import expit
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["Transform", "TRANSFORMS", "FIXED"]
 
@@ -29,23 +36,35 @@ class Transform:
     1.5
     """
 
-    name = None
-    bounds = (-np.inf, np.inf)
-    upper = np.inf          # open upper limit of the constrained domain (0, upper)
+    name: str | None = None
+    bounds: tuple[float, float] = (-np.inf, np.inf)
+    upper: float = np.inf          # open upper limit of the constrained domain (0, upper)
 
-    def forward(self, t):
+    @overload
+    def forward(self, t: float) -> float: ...
+    @overload
+    def forward(self, t: ArrayLike) -> NDArray[np.float64]: ...
+    def forward(self, t: ArrayLike) -> float | NDArray[np.float64]:
         """Constrained value x = g(t)."""
         raise NotImplementedError
 
-    def inverse(self, x):
+    @overload
+    def inverse(self, x: float) -> float: ...
+    @overload
+    def inverse(self, x: ArrayLike) -> NDArray[np.float64]: ...
+    def inverse(self, x: ArrayLike) -> float | NDArray[np.float64]:
         """Unconstrained value t = g⁻¹(x); x must lie in the domain."""
         raise NotImplementedError
 
-    def derivative(self, t):
+    @overload
+    def derivative(self, t: float) -> float: ...
+    @overload
+    def derivative(self, t: ArrayLike) -> NDArray[np.float64]: ...
+    def derivative(self, t: ArrayLike) -> float | NDArray[np.float64]:
         """dx/dt at t."""
         raise NotImplementedError
 
-    def check(self, x, name):
+    def check(self, x: ArrayLike, name: str) -> None:
         """Raise ``ValueError`` naming ``name`` unless every x is in (0, upper)."""
         x = np.asarray(x, dtype=float)
         bad = ~((x > 0) & (x < self.upper))
@@ -54,7 +73,7 @@ class Transform:
             dom = "(0, 1)" if np.isfinite(self.upper) else "> 0 and finite"
             raise ValueError(f"{name} must be {dom} for the {self.name!r} transform, got {value!r}")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Transform({self.name!r})"
 
 
@@ -106,4 +125,4 @@ class _Sigmoid(Transform):
 
 
 #: The available transforms by name (``'fixed'`` is accepted in ``transforms=`` too).
-TRANSFORMS = {t.name: t for t in (_Softplus(), _Log(), _Sigmoid())}
+TRANSFORMS: dict[str, Transform] = {t.name: t for t in (_Softplus(), _Log(), _Sigmoid())}
