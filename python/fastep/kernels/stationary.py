@@ -40,8 +40,8 @@ class RBF(_Leaf):
     >>> np.round(kernel(np.array([[0.0], [2.0]])), 4)
     array([[2.    , 0.7358],
            [0.7358, 2.    ]])
-    >>> kernel.lengthscale
-    np.float64(1.414213562373095)
+    >>> print(kernel.lengthscale)
+    1.414213562373095
     """
 
     _scalar_params = ("variance", "inverse_width")
