@@ -1,12 +1,19 @@
 """The installed .pxd files let downstream Cython code cimport the compiled kernels."""
+import importlib.util
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 import Cython  # noqa: F401  (part of the test extras: the downstream compiler)
+import numpy as np
+import pytest
 
 import fastep
+from fastep import Probit
 
 
 def test_get_include_holds_the_pxd_files():
@@ -76,3 +83,186 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "out.c").stat().st_size > 0
+
+
+# --- the engine state classes, cimported, typed and run ---------------------------------------
+# One downstream module for the four engine states declared in gp_ep.pxd, sparse_ep.pxd,
+# linear_ep.pxd and ivm.pxd: typed variables read the declared fields (through the object
+# layout the .pxd promises) and call the engines; IVMState's cdef methods go through the
+# vtable declared in ivm.pxd. Built once per module (cython, then the C compiler).
+_ENGINE_STATES_PYX = """
+    # cython: language_level=3
+    from fastep._epcore.gp_ep cimport DenseEP
+    from fastep._epcore.sparse_ep cimport SparseEP
+    from fastep._epcore.linear_ep cimport LinearEP
+    from fastep._epcore.ivm cimport IVMState, IVMArrays
+    from fastep._epcore.ivm_refine cimport fetch_column
+    from fastep._epcore.sites cimport SiteSpec
+
+    def dense_run(obj, tau, nu, post_cov, post_mean):
+        cdef DenseEP engine = obj
+        cdef SiteSpec spec = engine.spec
+        fields = (engine.n, engine.schedule, engine.order, engine.damping, engine.tol,
+                  engine.max_sweeps, engine.negative_precision, engine.block_size,
+                  engine.refactor_every, engine.output, engine.validate, spec, engine.K, engine.y)
+        return fields, engine.run(tau, nu, post_cov, post_mean)
+
+    def sparse_run(obj, tau, nu, post_factor, post_w_mean):
+        cdef SparseEP engine = obj
+        fields = (engine.n, engine.m, engine.power, engine.n_quadrature, engine.schedule,
+                  engine.order, engine.damping, engine.tol, engine.max_sweeps,
+                  engine.negative_precision, engine.validate, engine.spec, engine.Vt, engine.d,
+                  engine.y, engine.quadrature is not None)
+        return fields, engine.run(tau, nu, post_factor, post_w_mean)
+
+    def linear_run(obj, tau, nu, post_mean, post_cov):
+        cdef LinearEP engine = obj
+        fields = (engine.update_form, engine.damping, engine.tol, engine.max_sweeps,
+                  engine.refresh_every, engine.negative_precision, engine.algorithm,
+                  engine.block_size, engine.validate, engine.spec, engine.X, engine.y,
+                  engine.prior_mean, engine.prior_cov)
+        result = engine.run(tau, nu, post_mean, post_cov)
+        return fields, result, engine.log_evidence(tau, nu, post_mean, post_cov)
+
+    def ivm_select(obj, int n_points, column_fn):
+        # IVMState.select step by step through the cdef methods declared in ivm.pxd
+        cdef IVMState state = obj
+        cdef IVMArrays* a = &state.a
+        cdef int step, best
+        chosen = []
+        for step in range(n_points):
+            best = state._score_all()
+            state._include(best, fetch_column(column_fn, best, a.n, False), True)
+            chosen.append(best)
+        state._fill_scores()
+        fields = (a.n, a.d_max, a.k, state.sigma2, state.criterion, state.n_deferred,
+                  state.spec, state.post_var, state.post_mean, state.site_mean,
+                  state.site_precision, state.is_active, state.diag_k, state.y)
+        return fields, chosen
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_states_c(tmp_path_factory):
+    """The downstream module cythonized against the installed .pxd files: its C file."""
+    tmp_path = tmp_path_factory.mktemp("engine_states")
+    src = tmp_path / "downstream_engines.pyx"
+    src.write_text(textwrap.dedent(_ENGINE_STATES_PYX))
+    res = subprocess.run(
+        [sys.executable, "-m", "cython", "-3", "-I", fastep.get_include(), str(src),
+         "-o", str(tmp_path / "downstream_engines.c")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return tmp_path / "downstream_engines.c"
+
+
+@pytest.fixture(scope="module")
+def engine_states(engine_states_c):
+    """The downstream module compiled and imported (skipped without a C compiler)."""
+    ldshared = sysconfig.get_config_var("LDSHARED")
+    if sys.platform == "win32" or not ldshared or shutil.which(shlex.split(ldshared)[0]) is None:
+        pytest.skip("no C compiler to build the downstream extension with")
+    out = engine_states_c.with_name("downstream_engines" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cmd = (shlex.split(ldshared) + shlex.split(sysconfig.get_config_var("CCSHARED") or "")
+           + ["-O1", "-I", sysconfig.get_paths()["include"], str(engine_states_c), "-o", str(out)])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, " ".join(cmd) + "\n" + res.stdout + res.stderr
+    spec = importlib.util.spec_from_file_location("downstream_engines", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rbf(a, b):
+    return np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2)
+
+
+def test_downstream_cython_can_cimport_the_engine_states(engine_states_c):
+    assert engine_states_c.stat().st_size > 0
+
+
+def test_cimported_dense_ep_runs_as_from_python(engine_states):
+    from fastep._epcore import gp_ep
+    x = np.linspace(-2, 2, 12)
+    K = _rbf(x, x) + 1e-8 * np.eye(12)
+    y = np.sign(x)
+    spec = Probit().site_spec()
+    engine = gp_ep.DenseEP(K, y, spec, tol=1e-10)
+    tau, nu, cov, mean = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
+    expected = engine.run(tau, nu, cov, mean)
+    tau2, nu2, cov2, mean2 = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
+    fields, result = engine_states.dense_run(engine, tau2, nu2, cov2, mean2)
+    assert fields == (12, engine.schedule, engine.order, 1.0, 1e-10, engine.max_sweeps,
+                      engine.negative_precision, engine.block_size, engine.refactor_every,
+                      engine.output, True, spec, engine.K, engine.y)
+    assert fields[-2] is K and fields[-3] is spec
+    assert result == expected and result.converged
+    for got, want in ((tau2, tau), (nu2, nu), (cov2, cov), (mean2, mean)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cimported_sparse_ep_runs_as_from_python(engine_states):
+    from fastep._epcore import sparse_ep
+    x, z = np.linspace(-2, 2, 20), np.linspace(-2, 2, 4)
+    _, Vt, d = sparse_ep.sparse_projection(_rbf(z, z), _rbf(x, z), np.ones(20), jitter=1e-8)
+    y = np.sign(x)
+    spec = Probit().site_spec()
+    engine = sparse_ep.SparseEP(Vt, d, y, spec, power=0.5, tol=1e-10)
+    expected_arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
+    expected = engine.run(*expected_arrays)
+    arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
+    fields, result = engine_states.sparse_run(engine, *arrays)
+    assert fields == (20, 4, 0.5, engine.n_quadrature, engine.schedule, engine.order, 1.0, 1e-10,
+                      engine.max_sweeps, engine.negative_precision, True, spec, engine.Vt,
+                      engine.d, engine.y, True)
+    assert result == expected and result.converged
+    for got, want in zip(arrays, expected_arrays):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cimported_linear_ep_runs_as_from_python(engine_states):
+    from fastep._epcore import linear_ep
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((15, 3))
+    y = np.sign(X @ np.array([1.0, -0.5, 0.25]) + 0.3 * rng.standard_normal(15))
+    spec = Probit().site_spec()
+    engine = linear_ep.LinearEP(X, y, np.zeros(3), np.eye(3), spec, tol=1e-10, refresh_every=2)
+    expected_arrays = np.zeros(15), np.zeros(15), np.empty(3), np.empty((3, 3))
+    expected = engine.run(*expected_arrays)
+    expected_evidence = engine.log_evidence(*expected_arrays)
+    arrays = np.zeros(15), np.zeros(15), np.empty(3), np.empty((3, 3))
+    fields, result, evidence = engine_states.linear_run(engine, *arrays)
+    assert fields == (engine.update_form, 1.0, 1e-10, engine.max_sweeps, 2,
+                      engine.negative_precision, engine.algorithm, engine.block_size, True, spec,
+                      engine.X, engine.y, engine.prior_mean, engine.prior_cov)
+    assert result == expected and result.converged
+    assert evidence == expected_evidence
+    for got, want in zip(arrays, expected_arrays):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("criterion", ["entropy", "info_gain"])
+def test_cimported_ivm_state_selects_as_from_python(engine_states, criterion):
+    from fastep._epcore import ivm
+    x = np.linspace(-3, 3, 15)
+    K = _rbf(x, x)
+    y = np.sign(np.sin(x) + 0.1)
+    spec = Probit().site_spec()
+
+    def column(j):
+        return K[:, j].copy()
+
+    def state():
+        return ivm.IVMState(y, spec, np.diag(K).copy(), 5, sigma2=0.01,
+                            criterion=ivm.CRITERIA[criterion])
+
+    expected, typed = state(), state()
+    chosen_expected = expected.select(4, column)
+    fields, chosen = engine_states.ivm_select(typed, 4, column)
+    np.testing.assert_array_equal(chosen, chosen_expected)
+    assert fields[:7] == (15, 5, 4, 0.01, ivm.CRITERIA[criterion], expected.n_deferred, spec)
+    for got, name in zip(fields[7:], ("post_var", "post_mean", "site_mean", "site_precision",
+                                      "is_active", "diag_k", "y")):
+        np.testing.assert_array_equal(got, getattr(expected, name))
+    for name in ("active", "chosen_score", "score_values", "M", "L"):
+        np.testing.assert_array_equal(getattr(typed, name), getattr(expected, name))

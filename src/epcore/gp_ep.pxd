@@ -14,7 +14,7 @@ State (all row-major, n = number of sites = size of the kernel matrix K):
 
 Every routine here is ``noexcept nogil`` and does no allocation.
 """
-from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.sites cimport SiteModel, SiteSpec
 from fastep._epcore._common cimport (SiteUpdateOptions, SweepStats, splitmix64_next,
                                     random_permutation)
 
@@ -69,3 +69,21 @@ from fastep._epcore.gp_factor cimport (
     gp_refactor, gp_refactor_marginals, gp_covariance_from_factor, gp_factor_only, gp_form_covariance,
     gp_log_z, gp_needs_stable_log_z, gp_log_z_stable, gp_log_z_stable_factored,
 )
+
+
+# --- the engine state (gp_ep.pyx: __init__, run) -------------------------------------
+cdef class DenseEP:
+    cdef readonly object K
+    cdef readonly object y
+    cdef readonly SiteSpec spec
+    cdef readonly int n
+    cdef readonly int schedule
+    cdef readonly int order
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int negative_precision
+    cdef readonly int block_size
+    cdef readonly int refactor_every
+    cdef readonly int output
+    cdef readonly bint validate

@@ -595,20 +595,6 @@ cdef class DenseEP:
     >>> result.converged
     True
     """
-    cdef readonly object K
-    cdef readonly object y
-    cdef readonly SiteSpec spec
-    cdef readonly int n
-    cdef readonly int schedule
-    cdef readonly int order
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
-    cdef readonly int negative_precision
-    cdef readonly int block_size
-    cdef readonly int refactor_every
-    cdef readonly int output
-    cdef readonly bint validate
 
     def __init__(self, K, y, SiteSpec spec not None, *, int schedule=SCHEDULE_BLOCKED,
                  int order=ORDER_FIXED, double damping=1.0, double tol=1e-8, int max_sweeps=100,

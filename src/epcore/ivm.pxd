@@ -21,7 +21,7 @@ Everything here is ``noexcept nogil`` and allocation free; the arrays are owned 
 ``IVMState`` (ivm.pyx).  The refinement of a fixed-size active set (ivm_refine.pxd) works on
 the same arrays.
 """
-from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.sites cimport SiteModel, SiteSpec
 
 
 cpdef enum IVMCriterion:
@@ -64,3 +64,31 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 
 cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
                      int point, const double* column, double* work) noexcept nogil
+
+
+# --- the engine state (ivm.pyx) ------------------------------------------------------------
+# ivm_refine.pxd cimports IVMArrays from this file, so KernelRows is cimported only here,
+# after IVMArrays is declared.
+from fastep._epcore.ivm_refine cimport KernelRows
+
+
+cdef class IVMState:
+    cdef IVMArrays a
+    cdef SiteSpec spec
+    cdef readonly double sigma2
+    cdef readonly int criterion
+    cdef unsigned long long rng_state
+    cdef const double* y_ptr
+    cdef double* work_ptr
+    cdef object _y, _diag, _M, _L, _var, _mean, _g, _nu, _score, _site_mean, _site_prec
+    cdef object _active, _is_active, _work, _chosen, _prod, _bound, _pending, _snap_var, _snap_mean
+    cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
+    cdef bint _lazy_moments                    # g, ν, ν ς of the _pending points not computed yet
+    cdef readonly int n_deferred               # points whose g, ν the last pass deferred
+    cdef readonly object post_var, post_mean, site_mean, site_precision, is_active, diag_k, y
+    cdef KernelRows _rows                      # refinement: cached K[I, :] (slot order)
+
+    cdef int _score_all(self) except -2
+    cdef void _fill_moments(self)
+    cdef void _fill_scores(self)
+    cdef _include(self, int point, col, bint record_score)

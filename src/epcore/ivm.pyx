@@ -626,20 +626,6 @@ cdef class IVMState:
     n_deferred: the number of inactive points whose g, ν the last scoring pass did not need
     (entropy with probit sites; computed when ``g``, ``nu`` or ``score_values`` are read).
     """
-    cdef IVMArrays a
-    cdef SiteSpec spec
-    cdef readonly double sigma2
-    cdef readonly int criterion
-    cdef unsigned long long rng_state
-    cdef const double* y_ptr
-    cdef double* work_ptr
-    cdef object _y, _diag, _M, _L, _var, _mean, _g, _nu, _score, _site_mean, _site_prec
-    cdef object _active, _is_active, _work, _chosen, _prod, _bound, _pending, _snap_var, _snap_mean
-    cdef bint _lazy_scores                     # score of inactive points held as ν ς in _prod
-    cdef bint _lazy_moments                    # g, ν, ν ς of the _pending points not computed yet
-    cdef readonly int n_deferred               # points whose g, ν the last pass deferred
-    cdef readonly object post_var, post_mean, site_mean, site_precision, is_active, diag_k, y
-    cdef KernelRows _rows                      # refinement: cached K[I, :] (slot order)
 
     def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
                  int criterion=CRITERION_ENTROPY, unsigned long long seed=0):

@@ -5,7 +5,7 @@ State: posterior covariance V (d x d, row-major, only the LOWER triangle is kept
 current during sweeps), posterior mean m (d), and per-site natural parameters
 site_precision[i] = 1/v_i and site_natural_mean[i] = m_i/v_i (Minka eqs 20-22).
 """
-from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.sites cimport SiteModel, SiteSpec
 
 
 from fastep._epcore._common cimport (
@@ -45,3 +45,21 @@ cdef int refresh_lower(const double* X, int n, int d, const double* site_precisi
                        const double* site_natural_mean, const double* prior_precision,
                        const double* prior_precision_mean, double* post_cov, double* post_mean,
                        double* scratch, int scratch_rows) noexcept nogil
+
+
+# --- the engine state (linear_ep.pyx: __init__, run, log_evidence) -------------------
+cdef class LinearEP:
+    cdef readonly object X
+    cdef readonly object y
+    cdef readonly object prior_mean
+    cdef readonly object prior_cov
+    cdef readonly SiteSpec spec
+    cdef readonly int update_form
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int refresh_every
+    cdef readonly int negative_precision
+    cdef readonly int algorithm
+    cdef readonly int block_size
+    cdef readonly bint validate

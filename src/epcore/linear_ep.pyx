@@ -534,20 +534,6 @@ cdef class LinearEP:
         (ValueError naming the argument). ``False`` is the one path for callers that
         validated them already (the estimators).
     """
-    cdef readonly object X
-    cdef readonly object y
-    cdef readonly object prior_mean
-    cdef readonly object prior_cov
-    cdef readonly SiteSpec spec
-    cdef readonly int update_form
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
-    cdef readonly int refresh_every
-    cdef readonly int negative_precision
-    cdef readonly int algorithm
-    cdef readonly int block_size
-    cdef readonly bint validate
 
     def __init__(self, X, y, prior_mean, prior_cov, SiteSpec spec not None, *,
                  int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,

@@ -11,9 +11,9 @@ State (row-major; n sites, m inducing inputs):
 * sites ``site_precision[i] = τ_i`` (>= 0, except in the Student-t engine of ``student_t_ep``),
   ``site_natural_mean[i] = ν_i`` on the projections g_i.
 """
-from fastep._epcore.sites cimport SiteModel
+from fastep._epcore.sites cimport SiteModel, SiteSpec
 from fastep._epcore._common cimport SiteUpdateOptions, SweepStats
-from fastep._epcore.power_ep cimport PowerRule
+from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature
 
 
 cpdef enum SparseSchedule:
@@ -55,3 +55,23 @@ cdef double sparse_log_z(const SiteModel* model, const PowerRule* rule, const do
                          int* bad_site) noexcept nogil
 
 cdef int scratch_rows(int n, int m) noexcept nogil
+
+
+# --- the engine state (sparse_ep.pyx: __init__, run) ---------------------------------
+cdef class SparseEP:
+    cdef readonly object Vt
+    cdef readonly object d
+    cdef readonly object y
+    cdef readonly SiteSpec spec
+    cdef readonly int n
+    cdef readonly int m
+    cdef readonly double power
+    cdef readonly int n_quadrature
+    cdef readonly int schedule
+    cdef readonly int order
+    cdef readonly double damping
+    cdef readonly double tol
+    cdef readonly int max_sweeps
+    cdef readonly int negative_precision
+    cdef readonly bint validate
+    cdef PowerQuadrature quadrature

@@ -570,22 +570,6 @@ cdef class SparseEP:
     >>> result.converged
     True
     """
-    cdef readonly object Vt
-    cdef readonly object d
-    cdef readonly object y
-    cdef readonly SiteSpec spec
-    cdef readonly int n
-    cdef readonly int m
-    cdef readonly double power
-    cdef readonly int n_quadrature
-    cdef readonly int schedule
-    cdef readonly int order
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
-    cdef readonly int negative_precision
-    cdef readonly bint validate
-    cdef PowerQuadrature quadrature
 
     def __init__(self, Vt, d, y, SiteSpec spec not None, *, double power=1.0,
                  int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
