@@ -564,7 +564,7 @@ cdef class SparseEP:
     >>> x = np.linspace(-2, 2, 30)[:, None]
     >>> z = np.linspace(-2, 2, 5)[:, None]
     >>> k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)
-    >>> Vt, d, _ = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
+    >>> _, Vt, d = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
     >>> engine = sparse_ep.SparseEP(Vt, d, np.sign(x[:, 0]) + 0.0, Probit().site_spec(), tol=1e-6)
     >>> result = engine.run(np.zeros(30), np.zeros(30), np.empty((5, 5)), np.empty(5))
     >>> result.converged
