@@ -81,6 +81,7 @@ def test_fixed_hyperparameters_multitask_equals_tasks_one_by_one():
     np.testing.assert_allclose(multi.predict(tasks[1][0][:3], task=1), preds[1])
 
 
+@pytest.mark.slow                  # minutes: two learnt multi-task fits
 def test_learnt_dependencies_and_independent_horseshoe():
     """learn_dependencies=False fixes P = 0 (C = I); learning P raises the evidence and makes
     the features of a group that is relevant in several tasks dependent (|C_ij| large: λ_j
@@ -248,6 +249,7 @@ def _issue_problem(seed, n=100, d=1000, relevant=20):
     return X, X @ w + 0.5 * rng.standard_normal(n), w
 
 
+@pytest.mark.slow
 def test_type2_ml_start_finds_the_sparse_evidence_peak():
     """On this draw L-BFGS-B started at σ² = 0.1 Var(y) stays where the signal is explained as
     noise (log evidence about -360, coefficient error 0.9). The default fit must end at least as
