@@ -184,6 +184,35 @@ def test_dask_scatters_each_array_once_and_collects_errors(client, monkeypatch):
         fit_many(grid, [(X, y)], client=client)
 
 
+def test_a_scatter_that_fails_as_a_worker_dies_is_retried(client, monkeypatch):
+    # The scheduler answers a scatter to a worker it has just removed with a KeyError naming it.
+    (X, y), = _datasets(1, seed=4)
+    original, failures = client.scatter, []
+
+    def dying_once(data, *args, **kwargs):
+        if not failures:
+            failures.append(data)
+            raise KeyError("tcp://127.0.0.1:1")
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(client, "scatter", dying_once)
+    est = fastep.LinearEPClassifier()
+    out = fit_many(est, [(X, y)], client=client)
+    assert len(failures) == 1
+    assert np.array_equal(out[0].predict_proba(X), fit_many(est, [(X, y)], n_jobs=1)[0].predict_proba(X))
+
+
+def test_a_scatter_that_always_fails_raises_its_error(client, monkeypatch):
+    (X, y), = _datasets(1, seed=4)
+
+    def broken(data, *args, **kwargs):
+        raise TypeError("cannot serialise")
+
+    monkeypatch.setattr(client, "scatter", broken)
+    with pytest.raises(TypeError, match="cannot serialise"):
+        fit_many(fastep.LinearEPClassifier(), [(X, y)], client=client)
+
+
 def _three_classes(n=150, seed=5):
     rng = np.random.default_rng(seed)
     centres = np.array([[0.0, 0.0], [2.5, 0.0], [0.0, 2.5]])

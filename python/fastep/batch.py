@@ -425,9 +425,14 @@ def _fit_on_cluster(client, tasks, on_error, progress):
                 try:
                     future = client.scatter(array, broadcast=False, hash=False)
                     break
-                except (OSError, distributed.comm.CommClosedError):
+                except Exception:              # noqa: BLE001 - see below
+                    # A worker that dies while the data goes to it fails the scatter with
+                    # whatever the scheduler hit first (a closed comm, an unknown worker's
+                    # KeyError); the next attempt goes to a live worker. An error of the array
+                    # itself repeats and is raised after the last attempt.
                     if attempt == CLUSTER_RETRIES:
                         raise
+                    time.sleep(0.2 * (attempt + 1))
             scattered[key] = (array, future)
         return scattered[key][1]
 
