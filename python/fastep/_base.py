@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
     from typing_extensions import Self
 
-    from ._typing import Callback
+    from ._typing import Callback, MeanStd
 
     _Fit = TypeVar("_Fit", bound=Callable[..., Any])
 
@@ -313,13 +313,40 @@ class ClassifierMixin(_TaskTagsMixin):
 
 
 class RegressorMixin(_TaskTagsMixin):
-    """``score``: the coefficient of determination R² of ``predict``, as scikit-learn's regressors."""
+    """``predict`` with an optional predictive standard deviation, and ``score``: the coefficient
+    of determination R² of ``predict``, as scikit-learn's regressors.
+
+    A regressor implements ``_predict_mean_std(X, return_std)``.
+    """
 
     _estimator_type = "regressor"
     _task_tags = ("regressor_tags", "RegressorTags")
 
-    if TYPE_CHECKING:
-        def predict(self, X: ArrayLike) -> NDArray[Any]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
+    @overload
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
+        """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+        return_std : bool, default False
+
+        Returns
+        -------
+        mean : ndarray (n_samples,)
+        std : ndarray (n_samples,), only with ``return_std``
+            The standard deviation of a new observation ``y`` at each row: the latent
+            function's (or the weights') uncertainty and the noise together.
+        """
+        return self._predict_mean_std(X, return_std)
+
+    def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
+        raise NotImplementedError
 
     def score(self, X: ArrayLike, y: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
         """Coefficient of determination ``R² = 1 - Σ w (y - ŷ)² / Σ w (y - ȳ)²`` of ``predict(X)``.

@@ -745,26 +745,8 @@ class GPRegressorMixin(RegressorMixin):
         kernel._validate_X(X, "X")
         return Gaussian(noise_variance=noise_variance), learn_noise, X, y, kernel
 
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
-        """Predictive mean of y (and its standard deviation, noise included, with ``return_std``).
-
-        Parameters
-        ----------
-        X : array-like (n_samples, n_features)
-        return_std : bool, default False
-
-        Returns
-        -------
-        mean : ndarray (n_samples,)
-        std : ndarray (n_samples,), only with ``return_std``
-            ``sqrt(σ*² + noise_variance_)``.
-        """
+    def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
+        # std = sqrt(σ*² + noise_variance_)
         mean, var = self.predict_latent(X)
         offset = self._output_offset()
         if offset:

@@ -576,13 +576,6 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     sigma2_: float = _fitted("_sigma2", first_task=True, scalar=True)
     log_evidence_: float = _fitted("_log_z", first_task=True, scalar=True)
 
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
-        """Predictive mean (and standard deviation of ``y``, including the noise, if ``return_std``)."""
+    def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
         check_is_fitted(self, "_coef")
         return self._predict_task(X, 0, return_std)

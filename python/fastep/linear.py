@@ -6,7 +6,7 @@ validates input, encodes labels, and exposes scikit-learn style estimators.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ._special import expit
@@ -361,14 +361,7 @@ class LinearEPRegressor(RegressorMixin, _LinearEPBase):
         self.noise_variance_ = likelihood.noise_variance
         return self
 
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
-        """Posterior predictive mean (and standard deviation including the noise if ``return_std``)."""
+    def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
         mean, var = self.predict_latent(X)
         if return_std:
             return mean, np.sqrt(var + self.noise_variance_)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -500,24 +500,16 @@ class _ChunkedClassifierMixin(_ChunkedPredictMixin):
 
 
 class _ChunkedRegressorMixin(_ChunkedPredictMixin):
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[False] = False) -> NDArray[np.float64]: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: Literal[True]) -> MeanStd: ...
-    @overload
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd: ...
-    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | MeanStd:
+    def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
         if _chunked.is_dask_array(X):
             if return_std:
                 both = self._map_chunks(X, "_mean_std_columns", 2, np.float64)
                 return both[:, 0], both[:, 1]
             return self._map_chunks(X, "predict", None, np.float64)
-        return super().predict(X, return_std=return_std)  # type: ignore[misc]  # the GP mixin's
+        return super()._predict_mean_std(X, return_std)  # type: ignore[misc]  # the GP mixin's
 
     def _mean_std_columns(self, X):
-        return np.column_stack(self.predict(X, return_std=True))
-
-    predict.__doc__ = GPRegressorMixin.predict.__doc__
+        return np.column_stack(self.predict(X, return_std=True))  # type: ignore[attr-defined]
 
 
 class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
