@@ -42,7 +42,7 @@ def error(model, X, y, Xt, yt):
 
 def main():
     from fastep import IVMClassifier, SparseGPClassifier
-    from fastep._defaults import median_inverse_width
+    from fastep._search.start import median_inverse_width
     from fastep.kernels import RBF
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -15,7 +15,7 @@ Every mode runs in its own process (so that its peak RSS is its own):
   (``SparseGPClassifier`` internals, BLAS with the process's default threads, 2 here);
 * ``dask``: a ``LocalCluster`` of 2 worker processes x 1 thread on 127.0.0.1; the chunks
   are made on the workers, each EP iteration is one map over the chunks and one m x m
-  reduction on the driver (``fastep._sparse_distributed``).
+  reduction on the driver (``fastep._sparse.distributed``).
 
 Per mode: the time of the projection (K(X, Z), Vt and the FITC diagonal), the median time
 of one EP iteration over ``--iterations`` iterations from zero sites (tol = 0, so none
@@ -67,7 +67,7 @@ def peak_rss_mb():
 def run_incore(n, m, rows, iterations, schedule):
     from fastep import SparseGPClassifier
     from fastep._epcore import sparse_ep as engine
-    from fastep._sparse_blocks import project_rows
+    from fastep._sparse.blocks import project_rows
     from fastep.kernels import RBF
     from fastep.likelihoods import Probit
 
@@ -113,7 +113,7 @@ def run_dask(n, m, rows, iterations):
     import distributed
 
     from fastep import SparseGPClassifier
-    from fastep import _sparse_distributed as chunked
+    from fastep._sparse import distributed as chunked
     from fastep.kernels import RBF
     from fastep.likelihoods import Probit
 

@@ -34,7 +34,7 @@ import tracemalloc
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from fastep import _horseshoe_parallel_ep as eng
+from fastep._horseshoe import parallel_ep as eng
 from fastep._epcore import horseshoe as core
 
 

@@ -1,7 +1,7 @@
 """Why horseshoe EP gets 'stuck' when C = ΔDΔ + ΔPPᵀΔ has a strong low-rank part: a diagnosis,
 not a fix (notes and measurements in benchmarks/horseshoe_shared_factor_notes.md).
 
-Notation (supplement eqs 5-13; fastep._horseshoe_parallel_ep.latent_marginals): u = √s(√a∘z + Uζ)
+Notation (supplement eqs 5-13; fastep._horseshoe.parallel_ep.latent_marginals): u = √s(√a∘z + Uζ)
 with z ~ N(0, I_d), ζ ~ N(0, I_m) (same for v with s = γ²). A u-site of precision π_j acts on
 ζ through c_j = sπ_j/(1 + s a_j π_j); the posterior precision of the shared factor ζ is
 M = I + Σ_j c_j U_jᵀU_j (m x m), and the cavity of u_j is proper iff 1 - c_j U_j M⁻¹ U_jᵀ > 0,
@@ -34,7 +34,7 @@ import warnings
 
 import numpy as np
 
-from fastep import _horseshoe_parallel_ep as eng
+from fastep._horseshoe import parallel_ep as eng
 from fastep._epcore import horseshoe as core
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 
 from fastep import HorseshoeRegression
-from fastep import _horseshoe_parallel_ep as eng
+from fastep._horseshoe import parallel_ep as eng
 
 TRUE_SIGMA2 = 0.25
 

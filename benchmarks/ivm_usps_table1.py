@@ -68,7 +68,7 @@ Every binary error but one is within 0.5 points of the paper's: MLP digit 0 is 0
 (22 test mistakes against the paper's 11; one test image is 0.05 points). The overall errors miss
 the 4.8 % target by 0.4-0.6 points.
 
-Before eq 34 was maximised in trust regions (``fastep._optimize.maximize_log_likelihood_trust_region``,
+Before eq 34 was maximised in trust regions (``fastep._search.optimize.maximize_log_likelihood_trust_region``,
 a fix for L-BFGS-B stalling at its start on the ordinal likelihood's widths; it also changes the path
 the probit bias and slope take), the same protocol gave (2026-11-22/23, load 2-9):
 

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_gpc_peers import benchmark_problem  # noqa: E402
 
 from fastep import GaussianProcessClassifier, SparseGPClassifier  # noqa: E402
-from fastep import _dense_problem as _dense  # noqa: E402
+from fastep._dense import problem as _dense  # noqa: E402
 from fastep.kernels import RBF  # noqa: E402
 
 

@@ -193,9 +193,9 @@ def test_parse_kernel_starts_from_the_data():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(50, 2)) * [1.0, 100.0]
     y = 3.0 + 2.0 * rng.normal(size=50)
-    gamma = fastep._defaults.median_inverse_width(X)
+    gamma = fastep._search.start.median_inverse_width(X)
     kernel = parse_kernel("rbf + bias + white", X, y, regression=True)
-    variance, offset = fastep._defaults.target_scale(y)
+    variance, offset = fastep._search.start.target_scale(y)
     assert repr(kernel) == repr(RBF(variance, gamma) + Bias(offset) + White(0.1 * variance))
     ard = parse_kernel("rbf-ard", X)
     assert isinstance(ard, RBFARD)

@@ -8,9 +8,9 @@ from scipy.spatial.distance import pdist
 
 import fastep
 from fastep import ConvergenceWarning
-from fastep._defaults import default_kernel, default_noise_variance, median_inverse_width
-from fastep._learning_checks import kernel_structure
-from fastep._optimize import maximize_log_likelihood
+from fastep._search.start import default_kernel, default_noise_variance, median_inverse_width
+from fastep._search.checks import kernel_structure
+from fastep._search.optimize import maximize_log_likelihood
 from fastep.kernels import RBF, Bias
 
 RAETSCH = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "raetsch_splits.npz")
@@ -211,7 +211,7 @@ def test_learning_that_ends_on_a_vanishing_or_degenerate_kernel_warns():
     """A classifier whose learnt kernel variance collapsed (the latent function is ~0, so every
     probability is ~0.5) is reported, although it moved away from a good start; the same kernel
     is not 'vanishing' without a latent scale (a regression target may be small)."""
-    from fastep._learning_checks import warn_if_kernel_stuck
+    from fastep._search.checks import warn_if_kernel_stuck
     X = np.random.default_rng(0).normal(size=(60, 4))
     start, collapsed = RBF(1.0, 0.1), RBF(1e-7, 0.1)
     assert kernel_structure(collapsed, X, latent_scale=1.0) == "vanishing"
@@ -308,7 +308,7 @@ def _mixed_units(n, seed):
 
 
 def test_input_scales_only_for_columns_of_mixed_units():
-    from fastep._defaults import input_scales
+    from fastep._search.start import input_scales
     rng = np.random.default_rng(0)
     X = rng.uniform(0, 1, size=(50, 4))
     assert input_scales(X) is None                                   # commensurate

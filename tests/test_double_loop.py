@@ -15,7 +15,7 @@ from scipy.integrate import IntegrationWarning
 from scipy.stats import multivariate_normal
 
 from fastep import ConvergenceWarning, GaussianProcessRegressor, StudentT
-from fastep import _double_loop_ep as double_loop
+from fastep._student_t import double_loop as double_loop
 from fastep._epcore import student_t_ep
 from fastep.kernels import RBF
 from fastep.reference import student_t_ep as ref_student_t
@@ -193,7 +193,7 @@ def test_estimator_falls_back_to_the_double_loop(seed, dof, scale):
 def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypatch):
     """Policy: a double loop that ends with an improper cavity (no energy) is not used; the fit
     keeps the stalled parallel run and says so with a ConvergenceWarning."""
-    import fastep._student_t_gp as student_t_gp
+    import fastep._student_t.problem as student_t_gp
 
     calls = []
 

@@ -85,7 +85,7 @@ def test_learning_survives_a_wild_first_optimiser_step():
     value, grad = clf.log_marginal_likelihood(clf.kernel_.theta, eval_gradient=True)
     # stationary by the library's own criterion (the search runs EP to 1e-2, so L-BFGS-B stops
     # within about 1e-4 of the evidence's peak)
-    from fastep._optimize import GRADIENT_WARN_RTOL
+    from fastep._search.optimize import GRADIENT_WARN_RTOL
     assert np.max(np.abs(grad)) < GRADIENT_WARN_RTOL * max(abs(value), 1.0)
 
 

@@ -1,9 +1,9 @@
-"""Horseshoe EP engine (fastep._horseshoe_parallel_ep) against dense linear algebra, its reference twin,
+"""Horseshoe EP engine (fastep._horseshoe.parallel_ep) against dense linear algebra, its reference twin,
 exact evidences by numerical integration and finite differences (supplement eqs 2-50)."""
 import numpy as np
 import pytest
 
-from fastep import _horseshoe_parallel_ep as eng
+from fastep._horseshoe import parallel_ep as eng
 from threadpoolctl import threadpool_limits
 
 from fastep.reference import horseshoe as ref

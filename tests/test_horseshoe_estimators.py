@@ -6,7 +6,7 @@ import pytest
 
 import fastep
 from fastep import ConvergenceWarning, HorseshoeRegression, MultiTaskHorseshoeRegression
-from fastep._horseshoe_search import maximize_in_trust_boxes
+from fastep._horseshoe.search import maximize_in_trust_boxes
 from fastep.exceptions import NotFittedError
 
 
@@ -256,7 +256,7 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     high as every point of a grid over σ² (the truth and 0.1 Var(y)) x ρ² (decades, each σ²
     walked from weak shrinkage with warm starts), with a coefficient error within 1.5x of EP at
     the true σ² and its best ρ², and without warnings."""
-    from fastep import _horseshoe_parallel_ep as eng
+    from fastep._horseshoe import parallel_ep as eng
     X, y, w = _issue_problem(seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
@@ -281,7 +281,7 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
 
 def test_type2_ml_never_evaluates_a_point_twice(monkeypatch):
     """Every EP evaluation of the search is at a new (σ², ρ², P, tol); repeats come from memory."""
-    import fastep._horseshoe_search as search
+    import fastep._horseshoe.search as search
     seen = []
     real = search.run_tasks
 

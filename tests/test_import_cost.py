@@ -38,7 +38,7 @@ def test_import_fastep_loads_only_its_own_modules():
 def test_version_and_first_use_still_work():
     code = ("import sys, fastep; v = fastep.__version__; assert isinstance(v, str) and v; "
             "assert 'scipy.optimize' not in sys.modules; "
-            "from fastep._optimize import maximize_log_likelihood; import numpy as np; "
+            "from fastep._search.optimize import maximize_log_likelihood; import numpy as np; "
             "theta, value = maximize_log_likelihood(lambda t: (-float(t @ t), -2 * t), np.ones(2), "
             "[(-5, 5), (-5, 5)])[:2]; assert 'scipy.optimize' in sys.modules; print(v)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -8,7 +8,7 @@ from scipy.special import ndtr
 
 from fastep import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
-from fastep._ivm_problem import _IVMProblem
+from fastep._ivm.problem import _IVMProblem
 from fastep.kernels import RBF, RBFARD, Bias, Linear, White
 from fastep.likelihoods import Gaussian, OrderedCategorical, Probit
 from fastep.reference import ivm as ref
@@ -98,7 +98,7 @@ def _selected_probit_problem():
 
 def test_kernel_step_of_algorithm_2_does_not_lower_eq32():
     X, y, kernel, problem, start = _selected_probit_problem()
-    from fastep._optimize import maximize_log_likelihood
+    from fastep._search.optimize import maximize_log_likelihood
     theta, best, _ = maximize_log_likelihood(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=50)
     assert best >= start
     assert best > start + 1e-3          # the starting kernel is not already optimal here
@@ -106,7 +106,7 @@ def test_kernel_step_of_algorithm_2_does_not_lower_eq32():
 
 def test_scg_reaches_the_optimum_of_a_quadratic_and_of_rosenbrock():
     from scipy.optimize import rosen, rosen_der
-    from fastep._optimize import maximize_log_likelihood_scg
+    from fastep._search.optimize import maximize_log_likelihood_scg
     rng = np.random.default_rng(0)
     A = rng.normal(size=(8, 8))
     A = A @ A.T + 0.5 * np.eye(8)
@@ -128,7 +128,7 @@ def test_scg_reaches_the_optimum_of_a_quadratic_and_of_rosenbrock():
 
 def test_scg_kernel_step_of_algorithm_2_does_not_lower_eq32():
     X, y, kernel, problem, start = _selected_probit_problem()
-    from fastep._optimize import maximize_log_likelihood, maximize_log_likelihood_scg
+    from fastep._search.optimize import maximize_log_likelihood, maximize_log_likelihood_scg
     theta, best, _ = maximize_log_likelihood_scg(problem.kernel_objective, kernel.theta, kernel.bounds, maxiter=200,
                                                  xtol=1e-8, ftol=1e-10)
     assert best > start + 1e-3 and best == pytest.approx(problem.kernel_objective(theta)[0], rel=1e-12)
@@ -359,7 +359,7 @@ def test_algorithm2_noise_step_reaches_the_maximiser_of_eq34_on_the_ordinal_toy(
 
 
 def test_trust_region_maximiser_confines_the_first_trial_and_grows_to_a_distant_maximiser():
-    from fastep._optimize import maximize_log_likelihood_trust_region
+    from fastep._search.optimize import maximize_log_likelihood_trust_region
     # A sum of N = 1000 quadratic terms with finite bounds: the gradient at the start is
     # about 6e4, and plain L-BFGS-B would try the whole of it as its first step.
     centre = np.array([30.0, -25.0])
@@ -379,7 +379,7 @@ def test_trust_region_maximiser_confines_the_first_trial_and_grows_to_a_distant_
 
 
 def test_trust_region_maximiser_without_a_finite_maximiser_stops_at_the_bound_and_never_loses_ground():
-    from fastep._optimize import maximize_log_likelihood_trust_region
+    from fastep._search.optimize import maximize_log_likelihood_trust_region
     bounds = np.array([[-50.0, 50.0], [-1.0, 1.0]])
     theta, value, _ = maximize_log_likelihood_trust_region(lambda t: (float(t[0]), np.array([1.0, 0.0])),
                                                            np.zeros(2), bounds, maxiter=100)

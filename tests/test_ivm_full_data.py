@@ -92,7 +92,7 @@ def test_learning_raises_the_objective_and_records_it_per_round():
     stages = [h["stage"] for h in history]
     assert set(stages) == {"full data"} and 1 <= len(stages) <= 3
     if len(stages) < 3:         # stopped early: the last round moved no parameter by 1 % or more
-        from fastep._ivm_problem import _ROUND_TOL
+        from fastep._ivm.problem import _ROUND_TOL
         assert model._problems[0].last_step < _ROUND_TOL
     evidence = [h["log_evidence"] for h in history]
     fixed = IVMClassifier(start, active_set_size=30, optimizer=None).fit(X, y)

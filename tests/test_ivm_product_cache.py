@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-import fastep._ivm_problem as ivm_problem
+import fastep._ivm.problem as ivm_problem
 import fastep.ivm as fivm
 from fastep import IVMClassifier
 from fastep.kernels import MLP, RBF, RBFARD, Bias, Linear, White

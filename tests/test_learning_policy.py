@@ -1,6 +1,6 @@
 """The GP estimators' learning policy: the MAP-II objective, its search coordinates and stopping rule.
 
-- the hyperprior (fastep.hyperpriors) and the search coordinates (fastep._learning.SearchSpace):
+- the hyperprior (fastep.hyperpriors) and the search coordinates (fastep._search.space.SearchSpace):
   densities, round trips and gradients against finite differences;
 - the returned point is stationary for the documented objective (finite differences at it), on a
   separable and on an overlapping data set;
@@ -15,8 +15,8 @@ import pytest
 from scipy.optimize import minimize
 
 from fastep import (GaussianProcessClassifier, GaussianProcessRegressor, SparseGPClassifier, SparseGPRegressor)
-from fastep import _dense_problem as _dense
-from fastep._learning import GAIN_TOL, SearchSpace
+from fastep._dense import problem as _dense
+from fastep._search.space import GAIN_TOL, SearchSpace
 from fastep.hyperpriors import DEFAULT_SCALE, LogNormal, check_hyperprior
 from fastep.kernels import RBF, Bias, RBFARD
 

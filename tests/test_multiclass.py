@@ -10,7 +10,7 @@ from scipy.stats import norm
 
 from fastep import GaussianProcessClassifier, load, save
 from fastep._epcore import multiclass_ep
-from fastep._multiclass_gp import MultinomialEP, MultinomialGPProblem, MultinomialPosterior, _outer_sites
+from fastep._dense.multiclass import MultinomialEP, MultinomialGPProblem, MultinomialPosterior, _outer_sites
 from fastep.kernels import RBF, Bias
 from fastep.reference import multiclass_ep as ref
 

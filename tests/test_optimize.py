@@ -1,7 +1,7 @@
-"""fastep._optimize.maximize_log_likelihood: L-BFGS-B with a trust-region fallback for runs that stall at their start."""
+"""fastep._search.optimize.maximize_log_likelihood: L-BFGS-B with a trust-region fallback for runs that stall at their start."""
 import numpy as np
 
-from fastep._optimize import maximize_log_likelihood
+from fastep._search.optimize import maximize_log_likelihood
 
 
 def _sum_over_points(n=200, centre=(1.0, -2.0), finite_within=5.0):
@@ -75,7 +75,7 @@ REL = "CONVERGENCE: RELATIVE REDUCTION OF F <= FACTR*EPSMCH"
 
 
 def test_stopped_short_only_for_relative_reduction_stops_far_from_stationarity():
-    from fastep._optimize import _stopped_short
+    from fastep._search.optimize import _stopped_short
     bounds = np.array([[-1.0, 1.0], [-np.inf, np.inf]])
     assert _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 0.5], REL), bounds)
     assert not _stopped_short(_lbfgsb_result([0.0, 0.0], [0.0, 1e-4], REL), bounds)        # stationary enough

@@ -1,4 +1,4 @@
-"""Sparse EP over row chunks (fastep._sparse_distributed): the map-reduce form of the parallel schedule.
+"""Sparse EP over row chunks (fastep._sparse.distributed): the map-reduce form of the parallel schedule.
 
 Oracles: the reference twin of the chunk step (fastep.reference.sparse_ep.parallel_chunk_step),
 the in-core compiled engine with schedule=SPARSE_PARALLEL (same iterates, same fixed point),
@@ -17,8 +17,8 @@ da = pytest.importorskip("dask.array", reason="the dask extra is not installed")
 distributed = pytest.importorskip("distributed", reason="the dask extra is not installed")
 
 from fastep import Logistic, Probit, SparseGPClassifier, SparseGPRegressor
-from fastep import _sparse_distributed as chunked
-from fastep._defaults import default_kernel
+from fastep._sparse import distributed as chunked
+from fastep._search.start import default_kernel
 from fastep._epcore import sparse_ep as engine
 from fastep.kernels import RBF
 from fastep.likelihoods import Gaussian

@@ -1,6 +1,6 @@
 """The double-loop fallback of sparse fractional EP with Student-t sites (FITC / DTC).
 
-fastep._double_loop_ep.run_sparse_double_loop_ep solves its inner problem by Newton-CG on the
+fastep._student_t.double_loop.run_sparse_double_loop_ep solves its inner problem by Newton-CG on the
 low-rank representation. Checks: the compiled posterior of sites of any sign against the
 reference; where sparse parallel fractional EP stalls, the double loop reaches a fixed point by
 the reference's quadrature test with the reference's energy, never lowering the energy; its
@@ -16,7 +16,7 @@ import pytest
 from scipy.integrate import IntegrationWarning
 
 from fastep import ConvergenceWarning, SparseGPRegressor, StudentT
-from fastep import _double_loop_ep as double_loop
+from fastep._student_t import double_loop as double_loop
 from fastep._epcore import sparse_ep, student_t_ep
 from fastep.kernels import RBF
 from fastep.reference import sparse_ep as ref_sparse
@@ -223,7 +223,7 @@ def test_estimator_falls_back_to_the_double_loop(approximation, m, seed, dof, sc
 def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypatch):
     """Policy, as for the dense regressor: a double loop that ends with an improper cavity is
     not used; the fit keeps the stalled parallel run and warns."""
-    import fastep._sparse_problem as sparse_module
+    import fastep._sparse.problem as sparse_module
 
     calls = []
 

@@ -387,7 +387,7 @@ def _rings(n, seed):
 
 
 def test_auto_grows_m_while_the_evidence_per_point_gains_and_keeps_the_best():
-    from fastep._inducing import GROWTH_TOL
+    from fastep._sparse.inducing import GROWTH_TOL
     X, y = _rings(800, 0)
     clf = SparseGPClassifier(random_state=0).fit(X, y)
     history = clf.growth_history_

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 
 from fastep import MultiTaskHorseshoeRegression
-from fastep import _horseshoe_parallel_ep as eng
+from fastep._horseshoe import parallel_ep as eng
 from fastep._epcore import horseshoe as core
 
 

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 
 from fastep import ConvergenceWarning, GaussianProcessClassifier, StudentT
-from fastep._double_loop_ep import run_double_loop_ep, run_sparse_double_loop_ep
+from fastep._student_t.double_loop import run_double_loop_ep, run_sparse_double_loop_ep
 from fastep._epcore import student_t_ep, sparse_ep
 from fastep.kernels import RBF
 

@@ -126,7 +126,7 @@ class SparseGPClassifierEvidence(_OneThread):
 
 
 class SparseEPChunked(_OneThread):
-    """The map-reduce form of the parallel schedule (``fastep._sparse_distributed``) run in
+    """The map-reduce form of the parallel schedule (``fastep._sparse.distributed``) run in
     process over row chunks (``LocalChunks``; asv does not host a Dask cluster, which
     ``benchmarks/distributed_sparse.py`` measures): one iteration (map over the chunks + the
     m x m reduction) and a full run, against one iteration of the in-core parallel engine."""
@@ -135,7 +135,7 @@ class SparseEPChunked(_OneThread):
     timeout = 900
 
     def setup(self, n, m, n_chunks):
-        from fastep import _sparse_distributed as chunked
+        from fastep._sparse import distributed as chunked
         self._limit()
         self.chunked = chunked
         X, y, Z = _problem(n, m)

@@ -33,13 +33,13 @@ from scipy.linalg import solve_triangular
 from . import _validation as v
 from ._constraints import Boolean, Choice, Custom, Integer, Interval, Positive, Seed
 from ._base import BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, one_vs_rest_proba
-from ._defaults import default_kernel, default_noise_variance
-from ._learning_checks import warn_if_kernel_stuck
+from ._search.start import default_kernel, default_noise_variance
+from ._search.checks import warn_if_kernel_stuck
 from ._prediction import BatchedPredictor
 from .progress import StopRequested, quiet
 from ._linalg import matmul
-from ._learning import Search, search_space_of
-from ._optimize import maximize_log_likelihood
+from ._search.space import Search, search_space_of
+from ._search.optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import Kernel
 from .kernels._distances import reuse_training_distances
@@ -96,7 +96,7 @@ class Hyperparameters:
 
     Attributes
     ----------
-    space : fastep._learning.SearchSpace
+    space : fastep._search.space.SearchSpace
         The coordinates the search moves (logs of the positive parameters).
     """
 
@@ -243,9 +243,9 @@ class SiteProblem:
 
         Maximises ``log Z(θ) + log p(θ)`` (the EP log marginal likelihood and the log density of
         ``hyper.hyperprior``; ``log Z`` alone without one) with L-BFGS-B in the coordinates of
-        :class:`fastep._learning.SearchSpace` (:func:`fastep._optimize.maximize_log_likelihood`,
+        :class:`fastep._search.space.SearchSpace` (:func:`fastep._search.optimize.maximize_log_likelihood`,
         ``n_restarts`` extra starts seeded by ``seed``), stopping where the model stops
-        changing (:mod:`fastep._learning`); a point where EP or a factorisation fails counts
+        changing (:mod:`fastep._search.space`); a point where EP or a factorisation fails counts
         as ``-inf``. During the search EP runs to ``search_tol`` when that is looser than
         ``tol``; the final run at the best point, warm from that point's sites, runs to ``tol``.
         Sets ``log_objective`` (the maximised objective at the result). Warns with
@@ -376,7 +376,7 @@ HYPERPRIOR_DOC = """hyperprior : 'auto', None or fastep.hyperpriors.LogNormal, d
         (:mod:`fastep.hyperpriors`). None: type-II maximum likelihood (``log Z`` alone). The
         search moves the logarithms of the positive parameters and ends at an accepted L-BFGS-B
         step that raised the objective by less than 1e-5 per training point where a further
-        Newton step would gain less than that too (:mod:`fastep._learning`), or where L-BFGS-B
+        Newton step would gain less than that too (:mod:`fastep._search.space`), or where L-BFGS-B
         converges."""
 
 #: The fitted attributes of the search, as the GP estimators' docstrings give them.
@@ -422,14 +422,14 @@ def check_kernel(kernel):
 
 
 def check_noise_variance(noise_variance):
-    """``noise_variance``: None (var(y) / 10, :func:`fastep._defaults.default_noise_variance`)
+    """``noise_variance``: None (var(y) / 10, :func:`fastep._search.start.default_noise_variance`)
     or a positive float."""
     return None if noise_variance is None else v.check_positive(noise_variance, "noise_variance")
 
 
 def start_kernel(kernel, X, y=None, *, regression=False, bias=True):
     """The kernel type-II ML starts from: ``kernel`` when given, else the data-aware default
-    of :func:`fastep._defaults.default_kernel` on X (validated) and real targets y."""
+    of :func:`fastep._search.start.default_kernel` on X (validated) and real targets y."""
     if kernel is not None:
         return kernel
     return default_kernel(X, y, regression=regression, bias=bias)

@@ -208,7 +208,7 @@ def parse_kernel(spec: str, X: NDArray[np.float64], y: NDArray[np.float64] | Non
     RBF(variance=2.0, inverse_width=0.5) + White(variance=0.1)
     """
     from . import kernels
-    from ._defaults import median_inverse_width, target_scale
+    from ._search.start import median_inverse_width, target_scale
 
     variance, offset = target_scale(y) if regression else (1.0, 1.0)
     terms: list[Kernel] = []

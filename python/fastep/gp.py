@@ -3,7 +3,7 @@
 The compiled engine :mod:`fastep._epcore.gp_ep` runs the EP sweeps on the n×n
 kernel matrix; this module holds the estimators (options, validation, one problem per
 class, prediction); one problem's EP runs, evidence gradient and prediction state live in
-:mod:`fastep._dense_problem`, the hyperparameter search in :mod:`fastep._gp_base`.
+:mod:`fastep._dense.problem`, the hyperparameter search in :mod:`fastep._gp_base`.
 
 Prediction (R&W Alg. 3.6): with ``s = sqrt(site_precision)``,
 ``B = I + S^½ K S^½ = L Lᵀ`` and ``b = (K + S⁻¹)⁻¹ S⁻¹ ν = ν − s ⊙ B⁻¹(s ⊙ K ν)``,
@@ -31,10 +31,10 @@ from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, M
                        GPRegressorMixin, Hyperparameters, check_classifier_likelihood, check_kernel,
                        check_noise_model, ep_option_constraints, start_kernel)
 from ._constraints import Integer, validate_params
-from ._defaults import default_noise_variance
-from ._dense_problem import DenseGPProblem
-from ._multiclass_gp import MultinomialGPProblem
-from ._student_t_gp import StudentTGPProblem
+from ._search.start import default_noise_variance
+from ._dense.problem import DenseGPProblem
+from ._dense.multiclass import MultinomialGPProblem
+from ._student_t.problem import StudentTGPProblem
 from .likelihoods import Gaussian, Probit, StudentT
 from .progress import CALLBACK_DOC
 from .batch import map_in_order

@@ -12,17 +12,17 @@ diagonal with ``diag C = 1``) is shared by all tasks: features with correlated `
 ``v`` tend to be relevant or irrelevant together, and ``P`` is learnt from all tasks.
 
 Inference is parallel EP with damping (supplement §1; engine in
-:mod:`fastep._horseshoe_parallel_ep`, per-feature quadratures compiled in
+:mod:`fastep._horseshoe.parallel_ep`, per-feature quadratures compiled in
 :mod:`fastep._epcore.horseshoe`), the evidence is eq (27) and the hyperparameters
 (``σ_t²``, ``ρ²``, ``P``) maximise it with L-BFGS-B using the exact gradients of eqs
 (33)-(50), started from the best point of a coarse search over ``(σ², ρ²)`` (parameter
-``rho2``; :mod:`fastep._horseshoe_search`), every EP evaluation warm-started from the
+``rho2``; :mod:`fastep._horseshoe.search`), every EP evaluation warm-started from the
 sites of the nearest point evaluated before and none repeated. ``γ²`` is held fixed: the prior of ``w`` depends on ``ρ`` and ``γ`` only through
 ``ρ/γ``, and so does the EP evidence (its gradient satisfies
 ``ρ² ∂/∂ρ² + γ² ∂/∂γ² = 0`` at every fixed point), so learning both would only move along a
 flat ridge.
 
-Numerical policies (details in :func:`fastep._horseshoe_parallel_ep.run_task_ep`): negative
+Numerical policies (details in :func:`fastep._horseshoe.parallel_ep.run_task_ep`): negative
 u- and v-site precisions are accepted; negative w-site precisions are kept ``>= -0.1/η_j``
 (``negative_precision='clip'``, ``η_j`` the cavity variance) or left free (``'allow'``);
 a damped step that would make the posterior or a cavity improper is halved, and if that
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
-from . import _horseshoe_parallel_ep as _eng
+from ._horseshoe import parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
-from ._horseshoe_search import EvidenceSearch, run_tasks
+from ._horseshoe.search import EvidenceSearch, run_tasks
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
 
@@ -363,7 +363,7 @@ _PARAMETERS_DOC = fill_doc("""learn_dependencies : bool, default True
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
         (exact EP, but it can diverge when many features are ambiguous; see
-        :func:`fastep._horseshoe_parallel_ep.run_task_ep`). Where a site is clipped the evidence
+        :func:`fastep._horseshoe.parallel_ep.run_task_ep`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
         EP step ``ε_k = max(damping · damping_decay^k, floor)`` at iteration ``k``

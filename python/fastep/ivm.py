@@ -33,7 +33,7 @@ Each of ``n_iterations`` outer rounds
    rounds after a round that moved no parameter by more than 0.01 on the search's log scale: the
    selection depends on the parameters alone, so the next round would repeat it.
    Exact gradients, O(n d²) time per EP sweep and O(n d) memory; the search and its
-   stopping rule are those of the dense and sparse GP estimators (:mod:`fastep._learning`),
+   stopping rule are those of the dense and sparse GP estimators (:mod:`fastep._search.space`),
    and each round's EP starts from the previous round's sites (they live on the n training
    points, not on Z). This is the EP approximation of the marginal likelihood that Seeger's
    notes point to for model selection: every training point, not only the active ones,
@@ -60,7 +60,7 @@ Each of ``n_iterations`` outer rounds
    bias are learnt with the kernel instead (``IVMRegressor``): its spherical sites
    depend on them directly, and eq 32 is then the exact evidence of the active set.
    With L-BFGS-B, eq 34 is maximised in box trust regions
-   (:func:`fastep._optimize.maximize_log_likelihood_trust_region`, initial half-width 1
+   (:func:`fastep._search.optimize.maximize_log_likelihood_trust_region`, initial half-width 1
    in the unconstrained parameters, doubled while the optimum lies on the box's face):
    the likelihood parameters all have finite bounds, and L-BFGS-B would otherwise try the
    whole gradient of the N-term sum as its first step and stall at its start. The active
@@ -76,7 +76,7 @@ With ``'active_set'``, each optimisation runs at most ``max_optimizer_iter`` L-B
 iterations (a fixed budget per round, like the toolbox's fixed number of scaled-conjugate-
 gradient iterations); stopping at that budget is expected and not reported as a
 convergence failure. ``optimizer='SCG'`` uses the paper's optimiser instead
-(scaled conjugate gradients as in Netlab, :func:`fastep._optimize.maximize_log_likelihood_scg`).
+(scaled conjugate gradients as in Netlab, :func:`fastep._search.optimize.maximize_log_likelihood_scg`).
 A final selection at the learnt parameters gives the fitted model. With
 ``optimizer=None`` (or ``n_iterations=0``) only that selection is made.
 
@@ -104,10 +104,10 @@ from ._epcore import ivm as _engine
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, check_classifier_likelihood, check_kernel, check_optimizer,
                        stack_problems, start_kernel)
-from ._ivm_problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
+from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
-from ._optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
+from ._search.optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
 from .exceptions import ConvergenceWarning
 from ._memory import check_memory, concurrent_problems, format_bytes, ivm_bytes
@@ -191,7 +191,7 @@ class _IVMBase(GPEstimator):
     refinement_: dict[str, Any] | list[dict[str, Any] | None] | None
 
     def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
-        """An :class:`~fastep._ivm_problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
+        """An :class:`~fastep._ivm.problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
         return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options["d"], options["criterion"],
                            options["seed"], refine=options["refine"], **kwargs)
 
@@ -254,7 +254,7 @@ class _IVMBase(GPEstimator):
         """Maximise eq 32 or eq 34 with the chosen optimiser and budget.
 
         ``trust_radius`` (used for eq 34) confines L-BFGS-B to box trust regions of that
-        initial half-width (:func:`fastep._optimize.maximize_log_likelihood_trust_region`);
+        initial half-width (:func:`fastep._search.optimize.maximize_log_likelihood_trust_region`);
         SCG ignores it (its steps are scaled by a curvature estimate and shrink after
         failures already).
         """

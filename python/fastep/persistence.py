@@ -69,11 +69,35 @@ def _class_table():
         for value in list(vars(module).values()):
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 table[f"{name}.{value.__qualname__}"] = value
+    for old_module, new_module in _MOVED_MODULES.items():
+        prefix = new_module + "."
+        for name in [name for name in table if name.startswith(prefix)]:
+            table.setdefault(old_module + "." + name[len(prefix):], table[name])
     for old_name, new_name in _MOVED_CLASSES.items():
         if new_name in table:
             table.setdefault(old_name, table[new_name])
     return table
 
+
+#: Modules that moved into a package of their model family: a file naming a class of the old
+#: module loads it from the new one.
+_MOVED_MODULES = {
+    "fastep._dense_problem": "fastep._dense.problem",
+    "fastep._multiclass_gp": "fastep._dense.multiclass",
+    "fastep._student_t_gp": "fastep._student_t.problem",
+    "fastep._double_loop_ep": "fastep._student_t.double_loop",
+    "fastep._sparse_problem": "fastep._sparse.problem",
+    "fastep._sparse_blocks": "fastep._sparse.blocks",
+    "fastep._sparse_distributed": "fastep._sparse.distributed",
+    "fastep._inducing": "fastep._sparse.inducing",
+    "fastep._ivm_problem": "fastep._ivm.problem",
+    "fastep._horseshoe_parallel_ep": "fastep._horseshoe.parallel_ep",
+    "fastep._horseshoe_search": "fastep._horseshoe.search",
+    "fastep._learning": "fastep._search.space",
+    "fastep._learning_checks": "fastep._search.checks",
+    "fastep._optimize": "fastep._search.optimize",
+    "fastep._defaults": "fastep._search.start",
+}
 
 #: Classes that moved to another module since files were first written: a file naming the old
 #: place loads the class from the new one.
@@ -81,10 +105,10 @@ _MOVED_CLASSES = {
     "fastep._progress.Progress": "fastep.progress.Progress",
     "fastep._progress.ProgressRecord": "fastep.progress.ProgressRecord",
     "fastep._progress.StopRequested": "fastep.progress.StopRequested",
-    "fastep.gp._BinaryGPEP": "fastep._dense_problem.DenseGPProblem",
-    "fastep.ivm._IVMProblem": "fastep._ivm_problem._IVMProblem",
-    "fastep.sparse._BinarySparseEP": "fastep._sparse_problem._BinarySparseEP",
-    "fastep.sparse._StudentTSparseEP": "fastep._sparse_problem._StudentTSparseEP",
+    "fastep.gp._BinaryGPEP": "fastep._dense.problem.DenseGPProblem",
+    "fastep.ivm._IVMProblem": "fastep._ivm.problem._IVMProblem",
+    "fastep.sparse._BinarySparseEP": "fastep._sparse.problem._BinarySparseEP",
+    "fastep.sparse._StudentTSparseEP": "fastep._sparse.problem._StudentTSparseEP",
 }
 
 

@@ -18,7 +18,7 @@ bound, slide "EP variants").
 
 Evidence gradient
 -----------------
-Exact, O(nm²), from the sites at the EP fixed point: :mod:`fastep._sparse_problem`.
+Exact, O(nm²), from the sites at the EP fixed point: :mod:`fastep._sparse.problem`.
 
 Prediction (O(m) for the mean, O(m²) for the variance per test point)
 --------------------------------------------------------------------
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _sparse_distributed as _chunked
+from ._sparse import distributed as _chunked
 from . import _validation as v
 from ._epcore import sparse_ep as _engine
 from ._epcore.power_ep import power_moments_array
@@ -47,11 +47,11 @@ from ._gp_base import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
                        ep_option_constraints, stack_problems, start_kernel)
 from ._constraints import Boolean, Choice, Integer, Interval, validate_params
-from ._defaults import default_noise_variance, sample_rows
+from ._search.start import default_noise_variance, sample_rows
 from .progress import CALLBACK_DOC
-from ._inducing import auto_sizes, grow_inducing, kmeans_plus_plus
+from ._sparse.inducing import auto_sizes, grow_inducing, kmeans_plus_plus
 from ._memory import check_memory, concurrent_problems, fits_in_memory, format_bytes, sparse_gp_bytes
-from ._sparse_problem import _BinarySparseEP, _StudentTSparseEP
+from ._sparse.problem import _BinarySparseEP, _StudentTSparseEP
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -263,7 +263,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _fit_chunked(self, X, y, client, kernel, likelihood, options, learn_likelihood, classifier):
         """Fit on a row-chunked dask array by the map-reduce form of the parallel schedule
-        (:mod:`fastep._sparse_distributed`); returns the fitted problems."""
+        (:mod:`fastep._sparse.distributed`); returns the fitted problems."""
         caller = f"{type(self).__name__}.fit"
         if options["schedule"] != _engine.SPARSE_PARALLEL:
             raise ValueError(f"{caller} on a dask array runs the parallel EP schedule: set "

@@ -1,7 +1,7 @@
 """Reference nested EP for the multinomial probit likelihood, and the dense outer posterior.
 
 Plain numpy, written for clarity: the independent check of :mod:`fastep._epcore.multiclass_ep`
-and of the O(c n³) posterior algebra in :mod:`fastep._multiclass_gp` (Riihimäki, Jylänki &
+and of the O(c n³) posterior algebra in :mod:`fastep._dense.multiclass` (Riihimäki, Jylänki &
 Vehtari, "Nested expectation propagation for Gaussian process classification with a
 multinomial probit likelihood", JMLR 2013). Never imports the compiled core.
 

@@ -71,7 +71,7 @@ At a fixed point only the explicit dependence on the prior counts.  With ``T = d
     ∂ log Z = ½ aᵀ ∂Q a - ½ tr(M ∂Q) + Σ_n c_n (∂K_nn - ∂Q_nn),
     ∂Q = ∂K_nm K_mm⁻¹ K_mn + K_nm K_mm⁻¹ ∂K_mn - K_nm K_mm⁻¹ ∂K_mm K_mm⁻¹ K_mn.
 
-Double loop (Student-t, :func:`fastep._double_loop_ep.run_sparse_double_loop_ep`)
+Double loop (Student-t, :func:`fastep._student_t.double_loop.run_sparse_double_loop_ep`)
 --------------------------------------------------------------------------------
 Its inner objective and gradient with an explicit A and quadrature moments
 (:func:`robust_double_loop_inner_objective`) and the fixed-point test of its result

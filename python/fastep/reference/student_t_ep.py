@@ -22,7 +22,7 @@ Evidence (the fractional EP energy)::
 with ``Ψ(τ, ν) = ½ log 2π - ½ log τ + ν²/(2τ)`` (the log normaliser of a Gaussian in natural
 parameters) and the first term ``-½ log|I + K T| + ½ νᵀΣν``.
 
-Double loop (:mod:`fastep._double_loop_ep`; Heskes & Zoeter 2002): its inner objective
+Double loop (:mod:`fastep._student_t.double_loop`; Heskes & Zoeter 2002): its inner objective
 ``J(a; θ)`` and gradient written out with explicit inverses and quadrature moments
 (:func:`double_loop_inner_objective`), and the fixed-point test of its result
 (:func:`fixed_point_residual`): plain checks of the library's Newton iterations, which are too

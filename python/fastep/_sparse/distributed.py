@@ -10,10 +10,10 @@ schedule of :mod:`fastep._epcore.sparse_ep` is
 * **map**, on every row chunk (``sparse_ep._parallel_chunk_step``): marginals from
   ``(R, μ_w)``, the chunk's evidence terms, the damped site update, the chunk's m x m and
   m-vector sums;
-* **reduce**, on the driver (:func:`fastep._sparse_blocks.posterior_from_sums`): add the
+* **reduce**, on the driver (:func:`fastep._sparse.blocks.posterior_from_sums`): add the
   sums and the identity, factorise, solve.
 
-The evidence gradient is two more such passes (:mod:`fastep._sparse_blocks`).  A chunk keeps
+The evidence gradient is two more such passes (:mod:`fastep._sparse.blocks`).  A chunk keeps
 its rows of X, its targets, its projections ``Vt`` and FITC diagonal and its sites where
 they are; only m x m matrices and m-vectors travel.  The driver never holds an array of
 length n.  Iterates, convergence test and sweep counts are those of the in-core engine, so
@@ -27,11 +27,11 @@ import copy
 
 import numpy as np
 
-from . import _validation as v
-from ._epcore import sparse_ep as _engine
-from ._epcore._common import SweepDriver, SweepResult
-from ._gp_base import SiteProblem
-from ._sparse_blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
+from .. import _validation as v
+from .._epcore import sparse_ep as _engine
+from .._epcore._common import SweepDriver, SweepResult
+from .._gp_base import SiteProblem
+from .._sparse.blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, posterior_from_sums, project_rows,
                              times_inverse_a)
 
@@ -141,7 +141,7 @@ def chunk_rollback(chunk):
 
 
 def chunk_gradient_first(chunk, L, likelihood, options, learn_likelihood):
-    """First gradient pass (:func:`fastep._sparse_blocks.gradient_first_sums`) on the chunk."""
+    """First gradient pass (:func:`fastep._sparse.blocks.gradient_first_sums`) on the chunk."""
     P, Ua, lik, a, c = gradient_first_sums(L, chunk.Vt, chunk.d, chunk.y, chunk.site_precision,
                                            chunk.site_natural_mean, chunk.g_mean, chunk.g_var,
                                            likelihood, options, learn_likelihood)
@@ -151,7 +151,7 @@ def chunk_gradient_first(chunk, L, likelihood, options, learn_likelihood):
 
 
 def chunk_gradient_second(chunk, kernel, Z, L, Ua, PA, learn_inducing):
-    """Second gradient pass (:func:`fastep._sparse_blocks.gradient_second_sums`); the chunk's
+    """Second gradient pass (:func:`fastep._sparse.blocks.gradient_second_sums`); the chunk's
     ``a`` and ``c`` are dropped."""
     new = chunk.replace(a=None, c=None)
     new.summary = gradient_second_sums(kernel, Z, chunk.X, L, chunk.Vt, chunk.site_precision, chunk.a,

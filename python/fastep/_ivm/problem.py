@@ -18,16 +18,16 @@ import warnings
 import numpy as np
 from scipy.linalg import lapack
 
-from ._epcore import ivm as _engine
-from ._epcore import sparse_ep as _sparse_engine
-from ._epcore.ivm_refine import ExchangeResult, RefineResult
-from ._gp_base import DensePredictor, GPClassifierMixin, Hyperparameters
-from ._learning_checks import kernel_structure, warn_if_kernel_stuck
-from ._linalg import cholesky_lower, matmul
-from .progress import StopRequested
-from .exceptions import ConvergenceWarning
-from .kernels import ColumnProductCache
-from .likelihoods import Gaussian
+from .._epcore import ivm as _engine
+from .._epcore import sparse_ep as _sparse_engine
+from .._epcore.ivm_refine import ExchangeResult, RefineResult
+from .._gp_base import DensePredictor, GPClassifierMixin, Hyperparameters
+from .._search.checks import kernel_structure, warn_if_kernel_stuck
+from .._linalg import cholesky_lower, matmul
+from ..progress import StopRequested
+from ..exceptions import ConvergenceWarning
+from ..kernels import ColumnProductCache
+from ..likelihoods import Gaussian
 
 #: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
 #: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
@@ -262,7 +262,7 @@ class _IVMProblem:
         previous active inputs) are its warm start (``warm``). ``options`` are the sparse
         engine's; ``X``: the training inputs when the problem no longer holds them.
         """
-        from ._sparse_problem import _BinarySparseEP
+        from .._sparse.problem import _BinarySparseEP
         X = self.X if X is None else X
         Z = np.ascontiguousarray(X[self.active])
         diag = self.kernel._unchecked_diag(Z)
@@ -494,6 +494,6 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
 
 def _ignores_inputs(classifier, kernel, X):
     """Whether, for a classifier, the latent function under ``kernel`` is ≈ constant on the
-    likelihood's scale (``'vanishing'`` in :func:`fastep._learning_checks.kernel_structure`).
+    likelihood's scale (``'vanishing'`` in :func:`fastep._search.checks.kernel_structure`).
     A short length-scale (``'diagonal'`` there) is not counted: near neighbours still interact."""
     return classifier and kernel_structure(kernel, X, latent_scale=1.0) == "vanishing"

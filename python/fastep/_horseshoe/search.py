@@ -22,10 +22,10 @@ import warnings
 
 import numpy as np
 
-from . import _horseshoe_parallel_ep as _eng
-from ._optimize import GRADIENT_WARN_RTOL, _LBFGSB_FTOL, _projected_gradient_size, maximize_log_likelihood
-from .exceptions import ConvergenceWarning
-from .progress import StopRequested, quiet
+from .._horseshoe import parallel_ep as _eng
+from .._search.optimize import GRADIENT_WARN_RTOL, _LBFGSB_FTOL, _projected_gradient_size, maximize_log_likelihood
+from ..exceptions import ConvergenceWarning
+from ..progress import StopRequested, quiet
 
 __all__ = ["EvidenceSearch", "maximize_in_trust_boxes", "run_tasks"]
 
@@ -60,7 +60,7 @@ def run_tasks(tasks, sigma2, rho2, gamma2, cf, starts, ep_options, *, tol=None, 
     """EP for every task; returns ``(results, sites)``, or ``None`` where EP cannot be used.
 
     ``starts[t]`` holds the sites to start task ``t`` from (copied, never modified) or
-    ``None`` for the cold start (:func:`fastep._horseshoe_parallel_ep.initial_sites`). A warm
+    ``None`` for the cold start (:func:`fastep._horseshoe.parallel_ep.initial_sites`). A warm
     start that is invalid here, or whose EP gets 'stuck', is retried from the cold start; one
     whose EP runs into ``max_iter`` with a residual above ``ACCEPT_RESIDUAL`` returns ``None``
     (a cold start would cost as much again and rarely converges where a nearby fixed point
@@ -107,14 +107,14 @@ class EvidenceSearch:
 
     Parameters
     ----------
-    tasks : list of fastep._horseshoe_parallel_ep.Task
+    tasks : list of fastep._horseshoe.parallel_ep.Task
     gamma2 : float
     D : ndarray (d,)
     P : ndarray (d, m)
         ``P`` at the start (and throughout when ``learn_P`` is False).
     learn_P : bool
     ep_options : dict
-        Keyword arguments of :func:`fastep._horseshoe_parallel_ep.run_task_ep` (``tol`` included).
+        Keyword arguments of :func:`fastep._horseshoe.parallel_ep.run_task_ep` (``tol`` included).
     max_opt_iter : int
         L-BFGS-B iterations over all rounds.
     progress : fastep.progress.Progress, optional
@@ -344,7 +344,7 @@ def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_opt_iter, *, s
     ``GRADIENT_WARN_RTOL · max(|value|, 1)``); when the budget of ``max_opt_iter`` iterations
     is spent (warns); or when the box has been halved below 1/64 of its size (warns that EP
     does not converge around the point reached). ``ftol`` is passed to L-BFGS-B
-    (:func:`fastep._optimize.maximize_log_likelihood`).
+    (:func:`fastep._search.optimize.maximize_log_likelihood`).
     """
     theta = np.asarray(theta0, dtype=float)
     budget = int(max_opt_iter)

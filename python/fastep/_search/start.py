@@ -29,8 +29,8 @@ targets give unit variances.
 """
 import numpy as np
 
-from .kernels import RBF, RBFARD, Bias
-from .kernels._distances import _centre, _sqdist_centred
+from ..kernels import RBF, RBFARD, Bias
+from ..kernels._distances import _centre, _sqdist_centred
 
 __all__ = ["median_inverse_width", "default_kernel", "input_scales", "COMMENSURATE_RATIO", "default_noise_variance", "target_scale", "sample_rows",
            "SAMPLE_ROWS"]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._linalg import matmul
+from .._linalg import matmul
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

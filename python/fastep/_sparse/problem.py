@@ -35,14 +35,14 @@ variance, in closed form).
 """
 import numpy as np
 
-from ._epcore import sparse_ep as _engine
-from ._epcore import student_t_ep as _student_t_engine
-from ._gp_base import SiteProblem
-from .progress import sweep_callback_of
-from ._sparse_blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
+from .._epcore import sparse_ep as _engine
+from .._epcore import student_t_ep as _student_t_engine
+from .._gp_base import SiteProblem
+from ..progress import sweep_callback_of
+from .._sparse.blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
-from ._double_loop_ep import run_sparse_double_loop_ep
-from ._student_t_gp import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
+from .._student_t.double_loop import run_sparse_double_loop_ep
+from .._student_t.problem import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 
 #: The arrays one sparse EP run updates, in the order of :meth:`_BinarySparseEP._run_arrays`.
 _RUN_ARRAYS = ("tau", "nu", "R", "w_mean", "g_mean", "g_var")
@@ -153,7 +153,7 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     (:class:`fastep._epcore.student_t_ep.SparseStudentTEP`); the evidence gradient is the
     sparse one (its formulas hold for sites of any sign). A run that stalls or does not
     converge continues with the sparse double loop
-    (:func:`fastep._double_loop_ep.run_sparse_double_loop_ep`) from its last sites, except
+    (:func:`fastep._student_t.double_loop.run_sparse_double_loop_ep`) from its last sites, except
     during the type-II ML search (:class:`RejectStuckDuringSearch`)."""
 
     algorithm = "sparse fractional EP"

@@ -27,11 +27,11 @@ fractions of a nat along flat directions, each at the price of a full EP run.
 import warnings
 
 import numpy as np
-from ._special import expit
+from .._special import expit
 
-from ._linalg import inner
-from .progress import StopRequested
-from .exceptions import ConvergenceWarning
+from .._linalg import inner
+from ..progress import StopRequested
+from ..exceptions import ConvergenceWarning
 
 __all__ = ["SearchSpace", "Search", "GAIN_TOL"]
 

@@ -22,12 +22,12 @@ import contextlib
 import numpy as np
 from scipy.linalg import cho_factor
 
-from ._double_loop_ep import run_double_loop_ep
-from ._epcore import student_t_ep as _engine
-from ._gp_base import SiteProblem
-from ._prediction import BatchedPredictor
-from ._linalg import inner, matmul
-from .progress import sweep_callback_of
+from .._student_t.double_loop import run_double_loop_ep
+from .._epcore import student_t_ep as _engine
+from .._gp_base import SiteProblem
+from .._prediction import BatchedPredictor
+from .._linalg import inner, matmul
+from ..progress import sweep_callback_of
 
 __all__ = ["StudentTGPProblem"]
 
@@ -142,7 +142,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
 
     ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options. A run of
     parallel fractional EP that stalls or does not converge continues with the double-loop
-    algorithm (:mod:`fastep._double_loop_ep`) from its last sites, except during the type-II
+    algorithm (:mod:`fastep._student_t.double_loop`) from its last sites, except during the type-II
     ML search, where a stalled run is a failed evaluation (:class:`RejectStuckDuringSearch`).
     """
 

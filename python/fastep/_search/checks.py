@@ -10,8 +10,8 @@ import warnings
 
 import numpy as np
 
-from ._defaults import median_inverse_width, sample_rows
-from .exceptions import ConvergenceWarning
+from .._search.start import median_inverse_width, sample_rows
+from ..exceptions import ConvergenceWarning
 
 __all__ = ["kernel_structure", "warn_if_kernel_stuck"]
 

@@ -27,15 +27,15 @@ class probabilities by inner EP on the predictive (normalised over the classes).
 import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
-from ._epcore import multiclass_ep as _nested
-from ._epcore._common import SweepDriver
-from ._epcore.gp_ep import _check_kernel_matrix
-from ._gp_base import SiteProblem
-from ._prediction import PREDICT_BATCH
-from ._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
+from .._epcore import multiclass_ep as _nested
+from .._epcore._common import SweepDriver
+from .._epcore.gp_ep import _check_kernel_matrix
+from .._gp_base import SiteProblem
+from .._prediction import PREDICT_BATCH
+from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
-from .progress import sweep_callback_of
-from ._student_t_gp import dense_kernel_matrix
+from ..progress import sweep_callback_of
+from .._student_t.problem import dense_kernel_matrix
 
 __all__ = ["MultinomialEP", "MultinomialGPProblem"]
 
@@ -358,7 +358,7 @@ class MultinomialGPProblem(SiteProblem):
     #: L-BFGS-B's line searches stall on the inconsistent values.
     search_tol = None
     #: L-BFGS-B's relative-reduction tolerance of the search (the evidence-per-point rule of
-    #: :mod:`fastep._learning` usually stops it first).
+    #: :mod:`fastep._search.space` usually stops it first).
     search_ftol = 1e-5
 
     def __init__(self, kernel, X, labels, n_classes, options):

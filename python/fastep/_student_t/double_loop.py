@@ -60,11 +60,11 @@ approximation it gives is not.
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
-from ._epcore import student_t_ep as _engine
-from ._epcore import sparse_ep as _sparse_engine
-from ._epcore._common import SweepDriver, SweepResult
-from ._epcore.student_t_sites import student_t_moments_array
-from ._linalg import inner, matmul
+from .._epcore import student_t_ep as _engine
+from .._epcore import sparse_ep as _sparse_engine
+from .._epcore._common import SweepDriver, SweepResult
+from .._epcore.student_t_sites import student_t_moments_array
+from .._linalg import inner, matmul
 
 __all__ = ["run_double_loop_ep", "run_sparse_double_loop_ep"]
 
@@ -449,7 +449,7 @@ def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mea
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._double_loop_ep import run_double_loop_ep
+    >>> from fastep._student_t.double_loop import run_double_loop_ep
     >>> x = np.linspace(0, 1, 8)
     >>> K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-6 * np.eye(8)
     >>> y = np.sin(3 * x); y[2] = 4.0
@@ -523,7 +523,7 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._double_loop_ep import run_sparse_double_loop_ep
+    >>> from fastep._student_t.double_loop import run_sparse_double_loop_ep
     >>> from fastep._epcore.sparse_ep import sparse_projection
     >>> x, z = np.linspace(0, 1, 12), np.linspace(0, 1, 4)
     >>> k = lambda a, b: np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / 0.3 ** 2)

@@ -5,8 +5,8 @@ import warnings
 
 import numpy as np
 
-from ._linalg import inner
-from .exceptions import ConvergenceWarning
+from .._linalg import inner
+from ..exceptions import ConvergenceWarning
 
 __all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "maximize_log_likelihood_scg"]
 

@@ -3,17 +3,17 @@
 The projections, the evidence gradient and the predictive of :mod:`fastep.sparse` only ever
 need one block of training rows at a time plus an m x m (or m x n_features) global state.
 This module holds those per-block computations, so that the in-core estimator (blocks of one
-array, for bounded temporaries) and the distributed one (:mod:`fastep._sparse_distributed`,
+array, for bounded temporaries) and the distributed one (:mod:`fastep._sparse.distributed`,
 blocks on Dask workers) run the same code.  Equations in :mod:`fastep.sparse` ("Evidence
 gradient", "Prediction").
 """
 import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
-from ._epcore import sparse_ep as _engine
-from ._epcore.power_ep import power_moments_array
-from ._linalg import inner, matmul
-from ._prediction import BatchedPredictor
+from .._epcore import sparse_ep as _engine
+from .._epcore.power_ep import power_moments_array
+from .._linalg import inner, matmul
+from .._prediction import BatchedPredictor
 
 #: Elements of the n x m temporaries computed per block (K(X, Z), the gradient's G).
 BLOCK_ELEMENTS = 1 << 21

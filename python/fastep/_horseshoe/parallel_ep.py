@@ -36,8 +36,8 @@ import numpy as np
 import scipy.linalg as sla
 from scipy.linalg import blas as _blas
 
-from ._epcore import horseshoe as _core
-from ._linalg import gram, inner, matmul
+from .._epcore import horseshoe as _core
+from .._linalg import gram, inner, matmul
 
 __all__ = ["Task", "CorrelationFactors", "w_marginals", "latent_marginals", "run_task_ep",
            "initial_sites", "predictive_variance"]

@@ -21,10 +21,10 @@ predictive variances.
 import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
-from ._epcore import gp_ep as _engine
-from ._gp_base import DensePredictor, SiteProblem
-from ._linalg import inner, matmul, symmetrize_from_lower
-from .progress import sweep_callback_of
+from .._epcore import gp_ep as _engine
+from .._gp_base import DensePredictor, SiteProblem
+from .._linalg import inner, matmul, symmetrize_from_lower
+from ..progress import sweep_callback_of
 
 __all__ = ["DenseGPProblem"]
 
