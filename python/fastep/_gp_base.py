@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from ._typing import MeanStd
 
-__all__ = ["GPEstimator", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
+__all__ = ["GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
 
 
@@ -550,17 +550,17 @@ class GPEstimator(BaseEstimator):
         return np.column_stack([m for m, _ in out]), np.column_stack([s for _, s in out])
 
 
-class EPEvidenceMixin:
-    """``log_marginal_likelihood`` of the estimators whose problems are :class:`SiteProblem`."""
+class LogMarginalLikelihoodMixin:
+    """``log_marginal_likelihood(theta, eval_gradient)`` of the GP estimators, summed over their
+    problems (one per class one-vs-rest).
+
+    An estimator supplies the evidence of one problem at ``theta``
+    (``_problem_log_marginal_likelihood``) and, optionally, the check of its fitted value
+    (``_fitted_log_marginal_likelihood``).
+    """
 
     _problems: list[Any]
-    log_marginal_likelihood_value_: float
-    log_hyperposterior_value_: float
-    n_evaluations_: int | NDArray[np.int_]
-    site_precision_: NDArray[np.float64]
-    site_natural_mean_: NDArray[np.float64]
-    n_sweeps_: int | NDArray[np.int_]
-    converged_: bool
+    log_marginal_likelihood_value_: float | None
 
     @overload
     def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False
@@ -578,6 +578,11 @@ class EPEvidenceMixin:
                                 ) -> float | tuple[float, NDArray[np.float64]]:
         """EP log marginal likelihood (and its gradient) at ``theta``.
 
+        The evidence of the model the estimator fits: for the dense and sparse GP estimators,
+        of their EP approximation on the training data; for the IVM estimators, the full-data
+        objective: the sparse model on all training points with the fitted active inputs as
+        inducing inputs (EP-FITC), ``K_mm``'s jitter at its fitted value.
+
         Parameters
         ----------
         theta : array-like or None, default None
@@ -585,8 +590,9 @@ class EPEvidenceMixin:
             likelihood's learnt parameters (``learn_likelihood``, or log σ² with
             ``learn_noise``; :meth:`fastep.likelihoods.Likelihood.theta_names` gives their
             coordinates); then, for the sparse models with ``learn_inducing``,
-            ``inducing_inputs_.ravel()``. None returns the fitted value. One-vs-rest: the
-            same ``theta`` for every class, and the sum over the classes is returned.
+            ``inducing_inputs_.ravel()``. None returns the fitted value
+            (``log_marginal_likelihood_value_``). One-vs-rest: the same ``theta`` for every
+            class, and the sum over the classes is returned.
         eval_gradient : bool, default False
             Also return the gradient with respect to ``theta`` (exact at the EP fixed point).
 
@@ -599,11 +605,30 @@ class EPEvidenceMixin:
         if theta is None:
             if eval_gradient:
                 raise ValueError("eval_gradient=True requires theta")
-            return self.log_marginal_likelihood_value_
-        values = [p.log_ml_at(p.hyperparameters, theta, eval_gradient) for p in self._problems]
+            return self._fitted_log_marginal_likelihood()
+        values = [self._problem_log_marginal_likelihood(p, theta, eval_gradient) for p in self._problems]
         if eval_gradient:
             return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
         return float(sum(values))
+
+    def _fitted_log_marginal_likelihood(self) -> float:
+        return self.log_marginal_likelihood_value_  # type: ignore[return-value]
+
+    def _problem_log_marginal_likelihood(self, problem, theta, eval_gradient):
+        return problem.log_ml_at(problem.hyperparameters, theta, eval_gradient)
+
+
+class EPEvidenceMixin(LogMarginalLikelihoodMixin):
+    """``log_marginal_likelihood`` and ``log_hyperposterior`` of the estimators whose problems
+    are :class:`SiteProblem`, and the fitted attributes of their EP runs."""
+
+    log_marginal_likelihood_value_: float
+    log_hyperposterior_value_: float
+    n_evaluations_: int | NDArray[np.int_]
+    site_precision_: NDArray[np.float64]
+    site_natural_mean_: NDArray[np.float64]
+    n_sweeps_: int | NDArray[np.int_]
+    converged_: bool
 
     @overload
     def log_hyperposterior(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False

@@ -320,7 +320,9 @@ class _HorseshoeBase(BaseEstimator):
         return mean, np.sqrt(var + self._sigma2[t])
 
 
-_PARAMETERS_DOC = fill_doc("""learn_dependencies : bool, default True
+_PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
+        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
+    learn_dependencies : bool, default True
         False fixes ``P = 0`` (then ``C = I`` whatever ``D``): independent horseshoes.
     learn_hyperparameters : bool, default True
         Learn ``σ_t²``, ``ρ²`` (and ``P`` when learning dependencies) by type-II maximum
@@ -378,7 +380,7 @@ _PARAMETERS_DOC = fill_doc("""learn_dependencies : bool, default True
         EP iterations per task and hyperparameter setting.
     max_opt_iter : int, default 100
         L-BFGS-B iterations.
-    %CALLBACK%""", CALLBACK=CALLBACK_DOC)
+    %CALLBACK%"""
 
 _REFERENCES_DOC = """References
     ----------
@@ -402,8 +404,6 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
 
     Parameters
     ----------
-    n_components : int, default 2
-        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
     %PARAMETERS%
 
     Attributes
@@ -445,6 +445,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
     [0, 1, 2]
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="MultiTaskHorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        N_COMPONENTS="2", CALLBACK=CALLBACK_DOC,
         REFERENCES=_REFERENCES_DOC)
 
     sigma2: float | ArrayLike | None
@@ -515,8 +516,6 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
 
     Parameters
     ----------
-    n_components : int, default 0
-        Columns ``m`` of ``P`` (``m < d``). Ignored when ``learn_dependencies=False``.
     %PARAMETERS%
 
     Attributes
@@ -542,6 +541,7 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     >>> bool(model.score(X, y) > 0.9)
     True
     """, EXAMPLES=EXAMPLES_DOC, ESTIMATOR="HorseshoeRegression", PARAMETERS=_PARAMETERS_DOC,
+        N_COMPONENTS="0", CALLBACK=CALLBACK_DOC,
         REFERENCES=_REFERENCES_DOC)
 
     sigma2: float | None

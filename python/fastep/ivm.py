@@ -94,16 +94,16 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _validation as v
-from ._base import EXAMPLES_DOC, ClassifierMixin, check_is_fitted, fill_doc, records_feature_names
+from ._base import EXAMPLES_DOC, ClassifierMixin, fill_doc, records_feature_names
 from ._epcore import ivm as _engine
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
-                       GPEstimator, GPRegressorMixin, check_classifier_likelihood, check_kernel, check_optimizer,
-                       stack_problems, start_kernel)
+                       GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin, check_classifier_likelihood,
+                       check_kernel, check_optimizer, stack_problems, start_kernel)
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
@@ -166,7 +166,7 @@ def select_active_set(X: NDArray[np.float64], y: NDArray[np.float64], kernel: Ke
     return problem.active
 
 
-class _IVMBase(GPEstimator):
+class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
     """Options, problems and fitted-state handling shared by the IVM estimators."""
 
     active_set_size: int | None
@@ -267,52 +267,16 @@ class _IVMBase(GPEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)
             return maximize_log_likelihood(objective, theta0, bounds, maxiter=options["max_iter"])
 
-    @overload
-    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: Literal[False] = False
-                                ) -> float: ...
-    @overload
-    def log_marginal_likelihood(self, theta: ArrayLike | None, eval_gradient: Literal[True]
-                                ) -> tuple[float, NDArray[np.float64]]: ...
-    @overload
-    def log_marginal_likelihood(self, theta: ArrayLike | None = None, *, eval_gradient: Literal[True]
-                                ) -> tuple[float, NDArray[np.float64]]: ...
-    @overload
-    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
-                                ) -> float | tuple[float, NDArray[np.float64]]: ...
-    def log_marginal_likelihood(self, theta: ArrayLike | None = None, eval_gradient: bool = False
-                                ) -> float | tuple[float, NDArray[np.float64]]:
-        """The full-data objective: the EP evidence of the sparse model on all training points
-        with the fitted active inputs as inducing inputs (EP-FITC), at ``theta``.
+    def _fitted_log_marginal_likelihood(self) -> float:
+        if self.log_marginal_likelihood_value_ is None:
+            raise ValueError("no full-data objective was computed in fit (kernel_objective='active_set' "
+                             "or no learning); pass theta, e.g. kernel_.theta")
+        return self.log_marginal_likelihood_value_
 
-        Parameters
-        ----------
-        theta : array-like or None, default None
-            The kernel's unconstrained parameters (``kernel_.theta``), followed by those of the
-            likelihood when they were learnt with it (``learn_likelihood``, or log σ² for the
-            regressor with ``learn_noise``). None returns ``log_marginal_likelihood_value_``.
-            One-vs-rest: the same ``theta`` for every class, summed over the classes.
-        eval_gradient : bool, default False
-            Also return the gradient with respect to ``theta`` (exact at the EP fixed point).
-
-        Returns
-        -------
-        float, or (float, ndarray) with ``eval_gradient``
-            EP runs from zero sites at ``theta``, with the fitted active set as Z and K_mm's
-            jitter at its fitted value; the fitted state is left unchanged.
-        """
-        check_is_fitted(self, "_problems")
-        if theta is None:
-            if eval_gradient:
-                raise ValueError("eval_gradient=True requires theta")
-            if self.log_marginal_likelihood_value_ is None:
-                raise ValueError("no full-data objective was computed in fit (kernel_objective='active_set' "
-                                 "or no learning); pass theta, e.g. kernel_.theta")
-            return self.log_marginal_likelihood_value_
+    def _problem_log_marginal_likelihood(self, problem, theta, eval_gradient):
+        # EP from zero sites on all training points, Z = the fitted active inputs
         options = dict(_FULL_DATA_EP, seed=0, progress=None)
-        values = [p.full_data_evidence_at(self.X_train_, theta, eval_gradient, options) for p in self._problems]
-        if eval_gradient:
-            return float(sum(val for val, _ in values)), np.sum([g for _, g in values], axis=0)
-        return float(sum(values))
+        return problem.full_data_evidence_at(self.X_train_, theta, eval_gradient, options)
 
     def _set_common(self, X, problems, histories, options):
         """The fitted attributes shared by the estimators (after the stop warning of ``fit``)."""

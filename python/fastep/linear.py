@@ -35,7 +35,21 @@ _NEGATIVE_POLICIES = {
 }
 
 
-class _LinearEPBase(BaseEstimator):
+class WeightSpacePosterior:
+    """The fitted attributes every weight-space EP estimator has: the Gaussian posterior over
+    the weights, the EP sites and the evidence (:class:`LinearEPClassifier`,
+    :class:`LinearEPRegressor`, :class:`fastep.RankKEP`)."""
+
+    posterior_mean_: NDArray[np.float64]
+    posterior_cov_: NDArray[np.float64]
+    site_precision_: NDArray[np.float64]
+    site_natural_mean_: NDArray[np.float64]
+    log_evidence_: float
+    n_sweeps_: int
+    converged_: bool
+
+
+class _LinearEPBase(WeightSpacePosterior, BaseEstimator):
     """Shared fitting machinery: prior handling, the engine call, fitted attributes."""
 
     # constructor parameters
@@ -49,14 +63,7 @@ class _LinearEPBase(BaseEstimator):
     negative_precision: Literal["clip", "skip", "allow"]
     fit_intercept: bool
     intercept_prior_var: float
-    # fitted attributes
-    posterior_mean_: NDArray[np.float64]
-    posterior_cov_: NDArray[np.float64]
-    site_precision_: NDArray[np.float64]
-    site_natural_mean_: NDArray[np.float64]
-    log_evidence_: float
-    n_sweeps_: int
-    converged_: bool
+    # fitted attributes (and those of WeightSpacePosterior)
     n_skipped_updates_: int
     n_clipped_updates_: int
     n_features_in_: int

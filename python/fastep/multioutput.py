@@ -21,6 +21,7 @@ from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
 from .exceptions import ConvergenceWarning
 from .likelihoods import Likelihood
+from .linear import WeightSpacePosterior
 from .progress import CALLBACK_DOC
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _check_spd(mat: NDArray[np.float64], name: str) -> NDArray[np.float64]:
     return mat
 
 
-class RankKEP(BaseEstimator):
+class RankKEP(WeightSpacePosterior, BaseEstimator):
     __doc__ = fill_doc("""Gaussian EP over weights with rank-k (k-output) likelihood factors.
 
     Parameters
@@ -135,13 +136,6 @@ class RankKEP(BaseEstimator):
     tol: float
     max_sweeps: int
     refresh_every: int
-    posterior_mean_: NDArray[np.float64]
-    posterior_cov_: NDArray[np.float64]
-    site_precision_: NDArray[np.float64]
-    site_natural_mean_: NDArray[np.float64]
-    log_evidence_: float
-    n_sweeps_: int
-    converged_: bool
     n_skipped_: int
 
     def __init__(self, likelihood: str | Likelihood | SiteSpec | RankKLikelihood = 'gaussian', *,

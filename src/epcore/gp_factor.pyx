@@ -52,7 +52,7 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
     cdef Py_ssize_t i, j, k
     cdef Py_ssize_t nn = n
     cdef bint any_positive = False
-    cdef double si, acc
+    cdef double si
     cdef double* row
     cdef const double* krow
     cdef int info
@@ -72,15 +72,10 @@ cdef int gp_refactor(const double* K, int n, const double* site_precision,
             for i in range(nn):
                 dcopy(<int>(i + 1), K + i * nn, 1, post_cov + i * nn, 1)
         return 0
-    # B (lower triangle) in post_cov, then its Cholesky factor
-    _fill_b_lower(K, n, sqrt_prec, post_cov)
-    info = potrf(LOWER, n, post_cov, n)
+    # L = chol(B) in post_cov
+    info = _factor_b(K, n, sqrt_prec, post_cov, log_chol_diag_sum)
     if info != 0:
         return info
-    acc = 0.0
-    for i in range(nn):
-        acc += log(post_cov[i * nn + i])
-    log_chol_diag_sum[0] = acc
     # V = L⁻¹ diag(s) K in work
     for i in range(nn):
         si = sqrt_prec[i]
@@ -131,6 +126,23 @@ cdef void _fill_b_lower(const double* K, int n, const double* sqrt_prec, double*
         for j in range(i):
             row[j] = si * krow[j] * sqrt_prec[j]
         row[i] = 1.0 + si * si * krow[i]
+
+
+cdef int _factor_b(const double* K, int n, const double* sqrt_prec, double* out,
+                   double* log_chol_diag_sum) noexcept nogil:
+    """L = chol(B), B = I + S^½ K S^½, into the lower triangle of ``out`` (row-major n x n);
+    Σ log L_ii (= ½ log|B|) into ``log_chol_diag_sum`` unless it is NULL. Returns potrf's info."""
+    cdef Py_ssize_t i, nn = n
+    cdef double acc = 0.0
+    cdef int info
+    _fill_b_lower(K, n, sqrt_prec, out)
+    info = potrf(LOWER, n, out, n)
+    if info != 0 or log_chol_diag_sum == NULL:
+        return info
+    for i in range(nn):
+        acc += log(out[i * nn + i])
+    log_chol_diag_sum[0] = acc
+    return 0
 
 
 cdef void _sqrt_precisions(int n, const double* site_precision, double* sqrt_prec) noexcept nogil:
@@ -188,14 +200,9 @@ cdef int gp_refactor_marginals(const double* K, int n, const double* site_precis
     cdef const double* krow
     cdef int info
     _sqrt_precisions(n, site_precision, sqrt_prec)
-    _fill_b_lower(K, n, sqrt_prec, post_cov)
-    info = potrf(LOWER, n, post_cov, n)
+    info = _factor_b(K, n, sqrt_prec, post_cov, log_chol_diag_sum)
     if info != 0:
         return info
-    acc = 0.0
-    for i in range(nn):
-        acc += log(post_cov[i * nn + i])
-    log_chol_diag_sum[0] = acc
     # b = diag(B⁻¹): column norms² of L⁻¹ (rows k >= i of column i)
     info = _inverse_factor_diag(n, post_cov, work, post_diag)
     if info != 0:                      # impossible after a successful potrf
@@ -269,8 +276,7 @@ cdef int gp_factor_only(const double* K, int n, const double* site_precision, do
                         double* sqrt_prec) noexcept nogil:
     """L = chol(B) into the lower triangle of ``post_cov`` (``potrf``); potrf's info."""
     _sqrt_precisions(n, site_precision, sqrt_prec)
-    _fill_b_lower(K, n, sqrt_prec, post_cov)
-    return potrf(LOWER, n, post_cov, n)
+    return _factor_b(K, n, sqrt_prec, post_cov, NULL)
 
 
 cdef double gp_log_z(const SiteModel* model, const double* y, int n,
@@ -371,8 +377,7 @@ cdef double gp_log_z_stable(const SiteModel* model, const double* y, int n, cons
     cdef int info
     bad_site[0] = -1
     _sqrt_precisions(n, site_precision, vec)
-    _fill_b_lower(K, n, vec, work)
-    info = potrf(LOWER, n, work, n)
+    info = _factor_b(K, n, vec, work, NULL)
     if info != 0:
         bad_site[0] = -2
         return NAN

@@ -498,11 +498,8 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
         Projections (rows ``v_i``), from :func:`fastep._epcore.sparse_ep.sparse_projection`.
     d : ndarray (n,)
         FITC's ``K_ii - Q_ii`` (zeros for DTC).
-    y : ndarray (n,)
-    dof, scale : float > 0
-        Student-t ν and σ.
-    power : float in (0, 1]
-        The fraction η.
+    y, dof, scale, power
+        As :func:`run_double_loop_ep`.
     site_precision, site_natural_mean : ndarray (n,)
         Start sites (any sign, proper posterior), updated in place to the final sites.
     post_factor, post_w_mean : ndarray (m, m), (m,)
