@@ -52,7 +52,7 @@ def _parallel(K, y, dof, scale, power=0.5):
 STALLING = [(0, 10.0, 0.01), (2, 1.5, 0.01)]
 
 
-@pytest.mark.parametrize("seed, dof, scale", STALLING)
+@pytest.mark.parametrize("seed, dof, scale", [STALLING[0], pytest.param(*STALLING[1], marks=pytest.mark.slow)])
 def test_converges_to_a_fixed_point_where_parallel_ep_stalls(seed, dof, scale):
     x, y = _outlier_data(seed)
     K = _rbf(x)
@@ -81,6 +81,7 @@ def test_converges_to_a_fixed_point_where_parallel_ep_stalls(seed, dof, scale):
     assert np.any(tau < 0)                                 # the outliers' sites
 
 
+@pytest.mark.slow
 def test_inner_solution_is_the_minimum_of_the_reference_objective():
     x, y = _outlier_data(2, n=40)
     K = _rbf(x)

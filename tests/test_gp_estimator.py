@@ -46,6 +46,7 @@ def test_benchmark_log_marginal_likelihood(schedule, n, expected):
     assert abs(clf.log_marginal_likelihood_value_ - expected) < 1e-5 * max(1.0, abs(expected)) + 5e-5
 
 
+@pytest.mark.slow
 def test_benchmark_log_marginal_likelihood_n2000():
     X, y = benchmark_problem(2000)
     clf = GaussianProcessClassifier(unit_rbf(), optimizer=None, tol=1e-8).fit(X, y)

@@ -44,6 +44,7 @@ def test_single_task_recovers_sparse_coefficients_and_predicts():
     np.testing.assert_allclose(s[0] ** 2, model.coef_var_[5] + model.sigma2_, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_multitask_with_one_task_equals_single_task():
     X, y, _ = sparse_task(30, 40, seed=2)
     options = dict(max_opt_iter=10, n_components=2, random_state=0)
@@ -58,6 +59,7 @@ def test_multitask_with_one_task_equals_single_task():
     assert multi.sigma2_[0] == single.sigma2_ and multi.rho2_ == single.rho2_
 
 
+@pytest.mark.slow
 def test_fixed_hyperparameters_multitask_equals_tasks_one_by_one():
     """Given σ², ρ², γ², P the tasks' posteriors are independent: tasks of different sizes
     fitted together equal each fitted alone."""
@@ -279,6 +281,7 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     assert model.sigma2_ < 0.01 * np.var(y)
 
 
+@pytest.mark.slow
 def test_type2_ml_never_evaluates_a_point_twice(monkeypatch):
     """Every EP evaluation of the search is at a new (σ², ρ², P, tol); repeats come from memory."""
     import fastep._horseshoe.search as search

@@ -126,6 +126,7 @@ def test_scg_reaches_the_optimum_of_a_quadratic_and_of_rosenbrock():
     np.testing.assert_allclose(theta, [1.0, 2.0])
 
 
+@pytest.mark.slow
 def test_scg_kernel_step_of_algorithm_2_does_not_lower_eq32():
     X, y, kernel, problem, start = _selected_probit_problem()
     from fastep._search.optimize import maximize_log_likelihood, maximize_log_likelihood_scg

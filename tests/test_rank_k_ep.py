@@ -339,6 +339,7 @@ def brute_force_moments(y, h, Lam, log_lik):
     return np.log(Z), Li @ (mean - h), Li - Li @ C @ Li
 
 
+@pytest.mark.slow
 def test_gaussian_product_quadrature_vs_dblquad():
     h, Lam = CORRELATED_CAVITY
     y = np.array([0.9, -1.1])
@@ -358,7 +359,7 @@ def test_gaussian_product_quadrature_vs_dblquad():
     np.testing.assert_allclose(B_r, B_c, atol=1e-10)
 
 
-@pytest.mark.parametrize("y", [(1.0, -1.0), (1.0, 1.0)])
+@pytest.mark.parametrize("y", [(1.0, -1.0), pytest.param((1.0, 1.0), marks=pytest.mark.slow)])
 def test_probit_product_quadrature_vs_dblquad(y):
     h, Lam = CORRELATED_CAVITY
     y = np.array(y)

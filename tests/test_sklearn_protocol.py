@@ -44,7 +44,23 @@ ESTIMATORS = [
 ]
 
 
-@parametrize_with_checks(ESTIMATORS)
+def _mark_repeats_slow(parametrization):
+    """``parametrize_with_checks``' cases, with the training checks' repeats on read-only
+    memory maps and float32 copies marked slow: the support-matrix environments run each
+    training check once, the default environment all of them."""
+    argnames, cases = parametrization.args
+    ids = parametrization.kwargs["ids"]
+    params = []
+    for case in cases:
+        values, marks = (tuple(case.values), list(case.marks)) if hasattr(case, "marks") else (case, [])
+        name = ids(values[1])
+        if name.startswith(("check_classifiers_train(", "check_regressors_train(")) and "readonly_memmap=True" in name:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(*values, marks=marks))
+    return pytest.mark.parametrize(argnames, params, ids=ids)
+
+
+@_mark_repeats_slow(parametrize_with_checks(ESTIMATORS))
 def test_scikit_learn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastep.ConvergenceWarning)

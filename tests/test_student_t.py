@@ -133,7 +133,7 @@ def _run(K, y, dof, scale, power, **kwargs):
     return info, tau, nu, out, cov
 
 
-@pytest.mark.parametrize("power", [1.0, 0.5])
+@pytest.mark.parametrize("power", [1.0, pytest.param(0.5, marks=pytest.mark.slow)])
 def test_engine_matches_reference_sweep_by_sweep(power):
     _, y, K = _problem()
     for n_sweeps in (1, 3, 8):

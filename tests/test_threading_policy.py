@@ -74,6 +74,13 @@ CASES = {
 }
 
 
+# The longest fits run in the default environment only (`-m "not slow"` elsewhere); the others
+# cover every compiled engine family (dense, sparse, IVM selection, weight space, rank-k).
+_SLOW_CASES = {"HorseshoeRegression", "MultiTaskHorseshoeRegression", "IVMRegressor", "IVMOrdinalRegressor",
+               "LinearEPClassifier"}
+_CASE_PARAMS = [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name for name in CASES]
+
+
 def _fit(name, seed=0):
     make, data, (n, d) = CASES[name]
     X, y = data(n, d, seed)
@@ -101,7 +108,7 @@ def _outputs(model, X):
     return out
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", _CASE_PARAMS)
 def test_concurrent_fits_are_bitwise_identical_to_a_serial_fit(name):
     serial = _outputs(*_fit(name))
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -116,7 +123,7 @@ def _blas_threads():
     return {info["filepath"]: info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", _CASE_PARAMS)
 def test_a_fit_leaves_the_thread_counts_other_threads_see_unchanged(name):
     before = _blas_threads()
     assert before, "no BLAS library found by threadpoolctl"
