@@ -252,6 +252,7 @@ class SiteProblem:
         :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
         progress = self.options.get("progress") or quiet()
+        self.n_coarse_evaluations = 0
         if optimizer is not None and hyper.size and not progress.stopped:
             search = Search(self, hyper, warm_start, progress)
             rng = np.random.default_rng(seed)
@@ -259,13 +260,15 @@ class SiteProblem:
             if self.search_tol is not None and self.search_tol > final_options["tol"]:
                 self.options = dict(final_options, tol=self.search_tol)
             X = getattr(self, "X", None)
+            start, scale = hyper.space.u_start, 1.0
             try:
+                start, scale = self._coarse_search_start(hyper, warm_start, progress)
                 with reuse_training_distances(X) if isinstance(X, np.ndarray) else contextlib.nullcontext():
-                    u, _, _ = maximize_log_likelihood(search, hyper.space.u_start, hyper.space.bounds,
+                    u, _, _ = maximize_log_likelihood(search, start, hyper.space.bounds,
                                                       n_restarts=n_restarts, rng=rng, stacklevel=5,
-                                                      ftol=self.search_ftol, stop_rule=search)
+                                                      ftol=self.search_ftol, stop_rule=search, scale=scale)
             except StopRequested:
-                u = search.best_u if search.best_u is not None else hyper.space.u_start
+                u = search.best_u if search.best_u is not None else start
             finally:
                 self.options = final_options
             if search.best_u is not None and np.array_equal(u, search.best_u):
@@ -295,6 +298,44 @@ class SiteProblem:
                 "Increase max_sweeps, use damping < 1, or check the model.",
                 ConvergenceWarning, stacklevel=5)
         return self
+
+    #: Length of the full search's first step after a coarse stage (:meth:`_coarse_search_start`)
+    coarse_step = 0.25
+
+    def _coarse_subset(self):
+        """Indices of the subset of :meth:`_coarse_search_start` (None: no coarse stage)."""
+        return None
+
+    def _subproblem(self, index):
+        """The same problem on the training points ``index`` (for :meth:`_coarse_search_start`)."""
+        raise NotImplementedError
+
+    def _coarse_search_start(self, hyper, warm_start, progress):
+        """Where the full search starts: the end of the same search on a subset of the points.
+
+        When :meth:`_coarse_subset` names m of the n points, the search runs first on them, its
+        objective ``log Z_m(θ) + (m/n) log p(θ)`` an estimate of ``m/n`` times the full one, with
+        the same start, hyperprior centre and stopping rule; the full search starts at its result
+        (its own objective, its own stopping rule: the learnt θ is a stationary point of the full
+        objective), with a first step of length ``coarse_step`` instead of 1. Returns the start and
+        the scale of the first step (:func:`~fastep._search.optimize.maximize_log_likelihood`):
+        the start of ``hyper`` and 1 without a coarse stage.
+        """
+        index = self._coarse_subset()
+        if index is None:
+            return hyper.space.u_start, 1.0
+        sub = self._subproblem(index)
+        search = Search(sub, hyper, warm_start, progress, prior_weight=index.size / self.n_points)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                with reuse_training_distances(sub.X):
+                    u, _, _ = maximize_log_likelihood(search, hyper.space.u_start, hyper.space.bounds,
+                                                      check_gradient=False, ftol=sub.search_ftol,
+                                                      stop_rule=search)
+        finally:
+            self.n_coarse_evaluations = search.count
+        return u, self.coarse_step
 
     # -- what the search needs from a problem ------------------------------------------------
     @property
@@ -376,8 +417,10 @@ HYPERPRIOR_DOC = """hyperprior : 'auto', None or fastep.hyperpriors.LogNormal, d
         (:mod:`fastep.hyperpriors`). None: type-II maximum likelihood (``log Z`` alone). The
         search moves the logarithms of the positive parameters and ends at an accepted L-BFGS-B
         step that raised the objective by less than 1e-5 per training point where a further
-        Newton step would gain less than that too (:mod:`fastep._search.space`), or where L-BFGS-B
-        converges."""
+        Newton step would gain less than that too, or that moved no log-parameter by more than
+        1e-3; after five evaluations in a row that did not raise its best value by 1e-5 per point
+        (or two in a row within 1e-3 of the one before), at that best point; or where L-BFGS-B
+        converges (:mod:`fastep._search.space`)."""
 
 #: The fitted attributes of the search, as the GP estimators' docstrings give them.
 LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float
@@ -385,7 +428,8 @@ LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float
         ``log_marginal_likelihood_value_`` plus the hyperprior's log density (equal to it with
         ``hyperprior=None`` or ``optimizer=None``; summed over one-vs-rest problems).
     n_evaluations_ : int or ndarray (n_classes,)
-        Evidence evaluations of the search (0 with ``optimizer=None``)."""
+        Evidence evaluations of the search on all training points (0 with ``optimizer=None``;
+        the multinomial model's search on a subset first is not counted)."""
 
 #: The final EP runs' attributes (:meth:`GPEstimator._set_ep_summary`), as the docstrings give them.
 EP_RUN_ATTRIBUTES = """n_sweeps_ : int or ndarray (n_classes,)

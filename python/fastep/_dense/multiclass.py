@@ -371,6 +371,29 @@ class MultinomialGPProblem(SiteProblem):
         self.site_natural_mean = np.zeros((n_classes, n))
         self.learn_likelihood = False
 
+    #: The search first runs on this fraction of the training points (stratified by class; every
+    #: outer iteration there costs this fraction cubed) when there are more than
+    #: ``coarse_search_above`` of them.
+    coarse_fraction = 1.0 / 3.0
+    coarse_search_above = 300
+
+    def _coarse_subset(self):
+        n = self.X.shape[0]
+        if n <= self.coarse_search_above:
+            return None
+        rng = np.random.default_rng(0)
+        parts = []
+        for j in range(self.n_classes):
+            members = np.flatnonzero(self.y == j)
+            take = max(1, int(np.ceil(self.coarse_fraction * members.size)))
+            parts.append(rng.choice(members, take, replace=False))
+        return np.sort(np.concatenate(parts))
+
+    def _subproblem(self, index):
+        sub = MultinomialGPProblem(self.kernel, self.X[index], self.y[index], self.n_classes, self.options)
+        sub.estimator_name, sub.latent_scale = self.estimator_name, self.latent_scale
+        return sub
+
     def _run_once(self, prior, likelihood, warm):
         opts = self.options
         n, c = self.X.shape[0], self.n_classes

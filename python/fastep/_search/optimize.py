@@ -8,12 +8,12 @@ import numpy as np
 from .._linalg import inner
 from ..exceptions import ConvergenceWarning
 
-__all__ = ["maximize_log_likelihood", "maximize_log_likelihood_trust_region", "maximize_log_likelihood_scg"]
+__all__ = ["SearchStop", "maximize_log_likelihood", "maximize_log_likelihood_trust_region", "maximize_log_likelihood_scg"]
 
 
 def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None, restart_scale=1.0,
                             maxiter=200, stall_fallback=True, check_gradient=True, stacklevel=3, ftol=None,
-                            stop_rule=None):
+                            stop_rule=None, scale=1.0):
     """Maximise ``objective(theta) -> (value, gradient)`` with L-BFGS-B from ``theta0`` and restarts.
 
     Each start runs L-BFGS-B. A run *stalls* when the value at its result is not above the
@@ -72,6 +72,11 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         evaluated); when it returns True the start ends there, its result is that iterate
         (no fallback search follows and no gradient check is made: the caller's rule says
         the model has stopped changing).
+    scale : float, default 1.0
+        L-BFGS-B moves ``theta / scale``: its first trial step (length 1 when a variable is
+        unbounded) has length ``scale`` in ``theta``. Later steps follow its curvature pairs,
+        which the scaling does not change. Callers that start near the optimum (e.g. where a
+        search on a subset of the data ended) pass the distance they expect to it.
 
     Returns
     -------
@@ -90,12 +95,16 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
     bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
     scipy_bounds = [(None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi)
                     for lo, hi in bounds]
+    scale = float(scale)
+    scaled_bounds = scipy_bounds if scale == 1.0 else [
+        (None if lo is None else lo / scale, None if hi is None else hi / scale) for lo, hi in scipy_bounds]
     n_evals = [0]
     first = []                      # (value, gradient) of the first evaluation of each run
     seen = {}                       # theta bytes -> gradient, for the check of the result
     values = {}                     # theta bytes -> objective value
 
-    def negated(theta):
+    def negated(x):
+        theta = x * scale if scale != 1.0 else x
         n_evals[0] += 1
         value, grad = objective(theta)
         if not first:
@@ -105,12 +114,14 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         key = np.asarray(theta, dtype=float).tobytes()
         seen[key] = np.array(grad, dtype=float)
         values[key] = float(value)
-        return -value, -np.asarray(grad, dtype=float)
+        return -value, -scale * np.asarray(grad, dtype=float)
 
     callback = None
     if stop_rule is not None:
         def callback(xk):
             xk = np.asarray(xk, dtype=float)
+            if scale != 1.0:
+                xk = xk * scale
             if xk.tobytes() in values and stop_rule.accept(xk):
                 raise _RuleStop(xk)
 
@@ -127,24 +138,31 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
         if stop_rule is not None:
             stop_rule.restart()
         try:
-            res = minimize(negated, start, jac=True, method="L-BFGS-B", bounds=scipy_bounds, callback=callback,
+            res = minimize(negated, start / scale if scale != 1.0 else start, jac=True, method="L-BFGS-B",
+                           bounds=scaled_bounds, callback=callback,
                            options={"maxiter": maxiter} if ftol is None else {"maxiter": maxiter, "ftol": ftol})
+            if scale != 1.0:
+                res.x, res.jac = res.x * scale, res.jac / scale
         except _RuleStop as stop:
-            found = (-values[stop.theta.tobytes()], stop.theta.copy(), None)
+            value = stop.value if stop.value is not None else values[stop.theta.tobytes()]
+            found = (-float(value), stop.theta.copy(), None)
             stopped_by_rule.add(stop.theta.tobytes())
             if best is None or found[0] < best[0]:
                 best = found
             continue
         found = (float(res.fun), np.asarray(res.x, dtype=float), res)
+        fallback = None
         if stall_fallback and first and _stalled(first[0], float(-res.fun), start, bounds):
-            theta, value, evals = maximize_log_likelihood_trust_region(objective, start, bounds,
-                                                                       maxiter=maxiter)
-            n_evals[0] += evals
-            if value > -found[0]:
-                found = (-value, theta, None)
+            fallback = (start, maxiter)
         elif stall_fallback and _stopped_short(res, bounds) and maxiter - int(res.nit) > 0:
-            theta, value, evals = maximize_log_likelihood_trust_region(
-                objective, found[1], bounds, maxiter=maxiter - int(res.nit))
+            fallback = (found[1], maxiter - int(res.nit))
+        if fallback is not None:
+            try:
+                theta, value, evals = maximize_log_likelihood_trust_region(objective, fallback[0], bounds,
+                                                                           maxiter=fallback[1])
+            except _RuleStop as stop:       # the objective's own rule ended the fallback
+                theta, value, evals = stop.theta.copy(), float(stop.value), 0
+                stopped_by_rule.add(theta.tobytes())
             n_evals[0] += evals
             if value > -found[0]:
                 found = (-value, theta, None)
@@ -166,11 +184,19 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
 
 
 class _RuleStop(Exception):
-    """Raised from L-BFGS-B's callback when the caller's stopping rule holds."""
+    """Raised from L-BFGS-B's callback when the caller's stopping rule holds, or by the objective
+    itself (:class:`SearchStop`)."""
 
-    def __init__(self, theta):
+    def __init__(self, theta, value=None):
         super().__init__("stopping rule")
         self.theta = theta
+        self.value = value
+
+
+class SearchStop(_RuleStop):
+    """``SearchStop(theta, value)``, raised by an objective to end the L-BFGS-B run at ``theta``, a
+    point it evaluated to ``value`` (the caller's stopping rule holds inside a line search): the
+    run's result is that point, as when ``stop_rule.accept`` returns True."""
 
 
 #: Relative size of the projected gradient (per unit of the log evidence's magnitude) above which

@@ -20,8 +20,17 @@ the search ends at an accepted L-BFGS-B iterate when
   (the hyperprior's ``1/scale²`` per log-parameter, or 1 without one): a short step where the
   objective still climbs, as a poor line search takes, does not count,
 
-or when L-BFGS-B converges on its own. A gain of 1e-5 nats per point moves no prediction that
-matters; L-BFGS-B's own relative-reduction test (about 2e-9 of the objective) keeps buying such
+or when the objective rose by less than ``GAIN_TOL`` per point along a step that moved no
+coordinate by more than ``STEP_TOL`` (1e-3: a relative change of 0.1 % of every positive
+hyperparameter; near the optimum the gradient is of the size of the EP run's own error, and
+the measured curvature of such short steps is noise); or, at any evaluation, when it is the
+``SHORT_TRIALS``-th in a row within ``STEP_TOL`` of the point evaluated before it (the search
+moves below the scale at which the EP evidence and its gradient are consistent), or the
+``PATIENCE``-th in a row that did not raise the best objective by ``GAIN_TOL`` per point (line
+searches on an evidence whose gradient carries the EP run's error), ending at the best point
+evaluated; or when L-BFGS-B converges on its own. A gain of 1e-5 nats per point
+moves no prediction that matters; L-BFGS-B's own relative-reduction test (about 2e-9 of the
+objective) keeps buying such
 fractions of a nat along flat directions, each at the price of a full EP run.
 """
 import warnings
@@ -31,12 +40,23 @@ from .._special import expit
 
 from .._linalg import inner
 from ..progress import StopRequested
+from .optimize import SearchStop
 from ..exceptions import ConvergenceWarning
 
-__all__ = ["SearchSpace", "Search", "GAIN_TOL"]
+__all__ = ["SearchSpace", "Search", "GAIN_TOL", "STEP_TOL"]
 
 #: Largest rise of the objective per training point between accepted iterates at which it may stop.
 GAIN_TOL = 1e-5
+#: Largest change of any search coordinate (a relative change of the positive hyperparameters)
+#: between accepted iterates at which the search stops when the objective gained < ``GAIN_TOL``
+#: per point too: steps that small are L-BFGS-B chasing the EP run's own error in the gradient.
+STEP_TOL = 1e-3
+#: Evaluations in a row that did not raise the run's best objective by ``GAIN_TOL`` per point at
+#: which the search ends at that best point.
+PATIENCE = 5
+#: Consecutive new points each within ``STEP_TOL`` of the point evaluated before it (a search
+#: moving below the scale the objective resolves) at which the search ends at its best point.
+SHORT_TRIALS = 2
 #: Bound of the kernel's log coordinates (e^±700 is a normal float).
 _LOG_BOUND = 700.0
 
@@ -130,9 +150,12 @@ class Search:
     warm : bool
         Warm-start each evaluation's EP from the sites of the previous one.
     progress : reporter
+    prior_weight : float, default 1.0
+        Factor on the hyperprior's log density: a search on a subset of m of the n training
+        points weighs it by m / n, so that its objective estimates m / n times the full one.
     """
 
-    def __init__(self, problem, hyper, warm, progress):
+    def __init__(self, problem, hyper, warm, progress, prior_weight=1.0):
         self.problem = problem
         self.hyper = hyper
         self.space = hyper.space
@@ -145,8 +168,13 @@ class Search:
         self.best_sites = None
         self.count = 0
         self.accepted = None             # (u, objective, gradient) at the last accepted iterate
+        self.last_u = None               # the point evaluated last
+        self.short_trials = 0            # consecutive new points within STEP_TOL of the one before
+        self.run_best = (-np.inf, None)  # the best (objective, u) of this run (start)
+        self.stale = 0                   # evaluations since this run's best rose by GAIN_TOL per point
         self.n_points = max(int(problem.n_points), 1)
-        self.reference_curvature = 1.0 if hyperprior is None else hyperprior.curvature()
+        self.prior_weight = float(prior_weight)
+        self.reference_curvature = 1.0 if hyperprior is None else self.prior_weight * hyperprior.curvature()
 
     def __call__(self, u):
         key = np.asarray(u, dtype=float).tobytes()
@@ -170,8 +198,8 @@ class Search:
         self.count += 1
         if np.isfinite(log_z):
             prior, prior_grad = self.space.log_prior(self.hyperprior, np.asarray(u, dtype=float))
-            value = log_z + prior
-            grad = self.space.gradient_to_search(theta, grad_theta) + prior_grad
+            value = log_z + self.prior_weight * prior
+            grad = self.space.gradient_to_search(theta, grad_theta) + self.prior_weight * prior_grad
         else:
             value, grad = -np.inf, np.zeros_like(theta)
         gain = value - self.best_value if np.isfinite(self.best_value) else np.nan
@@ -181,6 +209,20 @@ class Search:
         self.cache[key] = (value, grad)
         if not self.progress.report("type-II ML", self.count, value, gain):
             raise StopRequested
+        u = np.asarray(u, dtype=float)
+        if self.last_u is not None and np.max(np.abs(u - self.last_u)) < STEP_TOL:
+            self.short_trials += 1
+        else:
+            self.short_trials = 0
+        self.last_u = u.copy()
+        if value > self.run_best[0] + GAIN_TOL * self.n_points or not np.isfinite(self.run_best[0]):
+            self.stale = 0
+        else:
+            self.stale += 1
+        if value > self.run_best[0]:
+            self.run_best = (value, u.copy())
+        if (self.short_trials >= SHORT_TRIALS or self.stale >= PATIENCE) and np.isfinite(self.run_best[0]):
+            raise SearchStop(self.run_best[1].copy(), self.run_best[0])
         return value, grad.copy()
 
     def accept(self, u):
@@ -201,9 +243,13 @@ class Search:
         # small too, at the curvature the objective showed along the last step, but no more than
         # the curvature known in every direction (the hyperprior's 1/scale², else 1 per log-unit)
         step, change = u - previous[0], grad - previous[2]
+        if np.max(np.abs(step)) < STEP_TOL:
+            return True
         curvature = min(-inner(step, change) / max(inner(step, step), 1e-300), self.reference_curvature)
         return curvature > 0.0 and inner(grad, grad) / (2.0 * curvature) < tolerance
 
     def restart(self):
         """A new start of the search: the stopping rule compares iterates of one run only."""
-        self.accepted = None
+        self.accepted = self.last_u = None
+        self.short_trials = self.stale = 0
+        self.run_best = (-np.inf, None)
