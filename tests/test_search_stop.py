@@ -86,7 +86,6 @@ def test_a_noisy_evidence_ends_the_search_at_its_best_point(monkeypatch):
     assert ended_after <= 30
     # the rules that ended it: without them the same search runs on
     monkeypatch.setattr(search_space, "PATIENCE", 10 ** 9)
-    monkeypatch.setattr(search_space, "SHORT_TRIALS", 10 ** 9)
     with pytest.warns(ConvergenceWarning):           # L-BFGS-B's line search fails on the noise
         longer, _, _ = _noisy_search(noise=0.3)
     assert longer.count > ended_after + 10

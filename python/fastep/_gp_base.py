@@ -418,9 +418,8 @@ HYPERPRIOR_DOC = """hyperprior : 'auto', None or fastep.hyperpriors.LogNormal, d
         search moves the logarithms of the positive parameters and ends at an accepted L-BFGS-B
         step that raised the objective by less than 1e-5 per training point where a further
         Newton step would gain less than that too, or that moved no log-parameter by more than
-        1e-3; after five evaluations in a row that did not raise its best value by 1e-5 per point
-        (or two in a row within 1e-3 of the one before), at that best point; or where L-BFGS-B
-        converges (:mod:`fastep._search.space`)."""
+        1e-3; after five evaluations in a row within one L-BFGS-B iteration that did not raise
+        its best value by 1e-5 per point, at that best point; or where L-BFGS-B converges (:mod:`fastep._search.space`)."""
 
 #: The fitted attributes of the search, as the GP estimators' docstrings give them.
 LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float

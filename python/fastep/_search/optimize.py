@@ -147,15 +147,27 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             value = stop.value if stop.value is not None else values[stop.theta.tobytes()]
             found = (-float(value), stop.theta.copy(), None)
             stopped_by_rule.add(stop.theta.tobytes())
-            if best is None or found[0] < best[0]:
-                best = found
-            continue
-        found = (float(res.fun), np.asarray(res.x, dtype=float), res)
-        fallback = None
-        if stall_fallback and first and _stalled(first[0], float(-res.fun), start, bounds):
-            fallback = (start, maxiter)
-        elif stall_fallback and _stopped_short(res, bounds) and maxiter - int(res.nit) > 0:
-            fallback = (found[1], maxiter - int(res.nit))
+            gradient = seen.get(stop.theta.tobytes())
+            if not (isinstance(stop, SearchStop) and stall_fallback and gradient is not None
+                    and _projected_gradient_size(stop.theta, gradient, bounds) > _LATE_STALL_PGTOL):
+                if best is None or found[0] < best[0]:
+                    best = found
+                continue
+            # the objective ended a run whose line searches made no progress at a point far from
+            # stationary: as for an L-BFGS-B stop there, continue in trust regions (with the
+            # objective's rule given a new window)
+            res = None
+            if hasattr(stop_rule, "resume"):
+                stop_rule.resume()
+        if res is None:
+            fallback = (found[1], maxiter)
+        else:
+            found = (float(res.fun), np.asarray(res.x, dtype=float), res)
+            fallback = None
+            if stall_fallback and first and _stalled(first[0], float(-res.fun), start, bounds):
+                fallback = (start, maxiter)
+            elif stall_fallback and _stopped_short(res, bounds) and maxiter - int(res.nit) > 0:
+                fallback = (found[1], maxiter - int(res.nit))
         if fallback is not None:
             try:
                 theta, value, evals = maximize_log_likelihood_trust_region(objective, fallback[0], bounds,

@@ -24,11 +24,12 @@ or when the objective rose by less than ``GAIN_TOL`` per point along a step that
 coordinate by more than ``STEP_TOL`` (1e-3: a relative change of 0.1 % of every positive
 hyperparameter; near the optimum the gradient is of the size of the EP run's own error, and
 the measured curvature of such short steps is noise); or, at any evaluation, when it is the
-``SHORT_TRIALS``-th in a row within ``STEP_TOL`` of the point evaluated before it (the search
-moves below the scale at which the EP evidence and its gradient are consistent), or the
-``PATIENCE``-th in a row that did not raise the best objective by ``GAIN_TOL`` per point (line
-searches on an evidence whose gradient carries the EP run's error), ending at the best point
-evaluated; or when L-BFGS-B converges on its own. A gain of 1e-5 nats per point
+``PATIENCE``-th since the last accepted iterate, and in a row, that did not raise the best
+objective of the run by ``GAIN_TOL`` per point (line searches that fail on an evidence whose
+gradient carries the EP run's own error), ending at
+that best point (where the gradient there is far from zero, the optimiser continues in trust
+regions, :func:`~fastep._search.optimize.maximize_log_likelihood`); or when L-BFGS-B converges
+on its own. A gain of 1e-5 nats per point
 moves no prediction that matters; L-BFGS-B's own relative-reduction test (about 2e-9 of the
 objective) keeps buying such
 fractions of a nat along flat directions, each at the price of a full EP run.
@@ -51,12 +52,9 @@ GAIN_TOL = 1e-5
 #: between accepted iterates at which the search stops when the objective gained < ``GAIN_TOL``
 #: per point too: steps that small are L-BFGS-B chasing the EP run's own error in the gradient.
 STEP_TOL = 1e-3
-#: Evaluations in a row that did not raise the run's best objective by ``GAIN_TOL`` per point at
-#: which the search ends at that best point.
+#: Evaluations in a row, since the last accepted iterate, that did not raise the run's best
+#: objective by ``GAIN_TOL`` per point, at which the search ends at that best point.
 PATIENCE = 5
-#: Consecutive new points each within ``STEP_TOL`` of the point evaluated before it (a search
-#: moving below the scale the objective resolves) at which the search ends at its best point.
-SHORT_TRIALS = 2
 #: Bound of the kernel's log coordinates (e^±700 is a normal float).
 _LOG_BOUND = 700.0
 
@@ -168,8 +166,6 @@ class Search:
         self.best_sites = None
         self.count = 0
         self.accepted = None             # (u, objective, gradient) at the last accepted iterate
-        self.last_u = None               # the point evaluated last
-        self.short_trials = 0            # consecutive new points within STEP_TOL of the one before
         self.run_best = (-np.inf, None)  # the best (objective, u) of this run (start)
         self.stale = 0                   # evaluations since this run's best rose by GAIN_TOL per point
         self.n_points = max(int(problem.n_points), 1)
@@ -210,18 +206,13 @@ class Search:
         if not self.progress.report("type-II ML", self.count, value, gain):
             raise StopRequested
         u = np.asarray(u, dtype=float)
-        if self.last_u is not None and np.max(np.abs(u - self.last_u)) < STEP_TOL:
-            self.short_trials += 1
-        else:
-            self.short_trials = 0
-        self.last_u = u.copy()
         if value > self.run_best[0] + GAIN_TOL * self.n_points or not np.isfinite(self.run_best[0]):
             self.stale = 0
         else:
             self.stale += 1
         if value > self.run_best[0]:
             self.run_best = (value, u.copy())
-        if (self.short_trials >= SHORT_TRIALS or self.stale >= PATIENCE) and np.isfinite(self.run_best[0]):
+        if self.stale >= PATIENCE and np.isfinite(self.run_best[0]):
             raise SearchStop(self.run_best[1].copy(), self.run_best[0])
         return value, grad.copy()
 
@@ -233,6 +224,7 @@ class Search:
             return False
         value, grad = entry
         previous, self.accepted = self.accepted, (u.copy(), value, grad)
+        self.stale = 0                   # PATIENCE counts the evaluations between accepted iterates
         if previous is None:
             return False
         tolerance = GAIN_TOL * self.n_points
@@ -243,13 +235,18 @@ class Search:
         # small too, at the curvature the objective showed along the last step, but no more than
         # the curvature known in every direction (the hyperprior's 1/scale², else 1 per log-unit)
         step, change = u - previous[0], grad - previous[2]
-        if np.max(np.abs(step)) < STEP_TOL:
+        if 0.0 < np.max(np.abs(step)) < STEP_TOL:      # (no step at all: a failed line search, not a stop)
             return True
         curvature = min(-inner(step, change) / max(inner(step, step), 1e-300), self.reference_curvature)
         return curvature > 0.0 and inner(grad, grad) / (2.0 * curvature) < tolerance
 
+    def resume(self):
+        """The optimiser continues this run another way (a fallback search): ``PATIENCE`` counts
+        afresh from here."""
+        self.stale = 0
+
     def restart(self):
         """A new start of the search: the stopping rule compares iterates of one run only."""
-        self.accepted = self.last_u = None
-        self.short_trials = self.stale = 0
+        self.accepted = None
+        self.stale = 0
         self.run_best = (-np.inf, None)
