@@ -317,7 +317,9 @@ class SiteProblem:
         objective ``log Z_m(θ) + (m/n) log p(θ)`` an estimate of ``m/n`` times the full one, with
         the same start, hyperprior centre and stopping rule; the full search starts at its result
         (its own objective, its own stopping rule: the learnt θ is a stationary point of the full
-        objective), with a first step of length ``coarse_step`` instead of 1. Returns the start and
+        objective), with a first step of length ``coarse_step`` instead of 1 and, with
+        ``warm_start``, its first EP run from the subset's sites on those points
+        (:meth:`_seed_sites`). Returns the start and
         the scale of the first step (:func:`~fastep._search.optimize.maximize_log_likelihood`):
         the start of ``hyper`` and 1 without a coarse stage.
         """
@@ -335,7 +337,13 @@ class SiteProblem:
                                                       stop_rule=search)
         finally:
             self.n_coarse_evaluations = search.count
+        if warm_start and search.best_sites is not None:
+            self._seed_sites(index, search.best_sites)
         return u, self.coarse_step
+
+    def _seed_sites(self, index, sites):
+        """Start the full search's first EP run from the subset's ``sites`` (from :meth:`sites` of
+        the subproblem) on the points ``index`` (the others as they are); by default not at all."""
 
     # -- what the search needs from a problem ------------------------------------------------
     @property

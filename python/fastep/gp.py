@@ -224,8 +224,8 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         Above 300 training points its hyperparameter search first runs on a third of them
         (drawn per class with a fixed seed, the hyperprior's weight scaled by the same third,
         each nested EP iteration 27 times cheaper) and the search on all points starts where
-        that one ends, with a first step of length 0.25 in the log-parameters; the learnt
-        point is a stationary point of the objective on all points.
+        that one ends, from its sites on those points, with a first step of length 0.25 in the
+        log-parameters; the learnt point is a stationary point of the objective on all points.
     %N_JOBS%
 
     Attributes

@@ -394,6 +394,10 @@ class MultinomialGPProblem(SiteProblem):
         sub.estimator_name, sub.latent_scale = self.estimator_name, self.latent_scale
         return sub
 
+    def _seed_sites(self, index, sites):
+        self.inner_precision[index] = sites[0]
+        self.inner_natural_mean[index] = sites[1]
+
     def _run_once(self, prior, likelihood, warm):
         opts = self.options
         n, c = self.X.shape[0], self.n_classes
