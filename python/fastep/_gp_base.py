@@ -319,9 +319,9 @@ class SiteProblem:
         (its own objective, its own stopping rule: the learnt θ is a stationary point of the full
         objective), with a first step of length ``coarse_step`` instead of 1 and, with
         ``warm_start``, its first EP run from the subset's sites on those points
-        (:meth:`_seed_sites`). Returns the start and
-        the scale of the first step (:func:`~fastep._search.optimize.maximize_log_likelihood`):
-        the start of ``hyper`` and 1 without a coarse stage.
+        (:meth:`_seed_sites`). Returns the start and the scale of the first step
+        (:func:`~fastep._search.optimize.maximize_log_likelihood`): the start of ``hyper`` and 1
+        without a coarse stage.
         """
         index = self._coarse_subset()
         if index is None:
@@ -427,7 +427,8 @@ HYPERPRIOR_DOC = """hyperprior : 'auto', None or fastep.hyperpriors.LogNormal, d
         step that raised the objective by less than 1e-5 per training point where a further
         Newton step would gain less than that too, or that moved no log-parameter by more than
         1e-3; after five evaluations in a row within one L-BFGS-B iteration that did not raise
-        its best value by 1e-5 per point, at that best point; or where L-BFGS-B converges (:mod:`fastep._search.space`)."""
+        its best value by 1e-5 per point, at that best point; or where L-BFGS-B converges
+        (:mod:`fastep._search.space`)."""
 
 #: The fitted attributes of the search, as the GP estimators' docstrings give them.
 LEARNING_ATTRIBUTES = """log_hyperposterior_value_ : float

@@ -26,13 +26,12 @@ hyperparameter; near the optimum the gradient is of the size of the EP run's own
 the measured curvature of such short steps is noise); or, at any evaluation, when it is the
 ``PATIENCE``-th since the last accepted iterate, and in a row, that did not raise the best
 objective of the run by ``GAIN_TOL`` per point (line searches that fail on an evidence whose
-gradient carries the EP run's own error), ending at
-that best point (where the gradient there is far from zero, the optimiser continues in trust
-regions, :func:`~fastep._search.optimize.maximize_log_likelihood`); or when L-BFGS-B converges
-on its own. A gain of 1e-5 nats per point
-moves no prediction that matters; L-BFGS-B's own relative-reduction test (about 2e-9 of the
-objective) keeps buying such
-fractions of a nat along flat directions, each at the price of a full EP run.
+gradient carries the EP run's own error), ending at that best point (where the gradient there
+is far from zero, the optimiser continues in trust regions,
+:func:`~fastep._search.optimize.maximize_log_likelihood`); or when L-BFGS-B converges on its
+own. A gain of 1e-5 nats per point moves no prediction that matters; L-BFGS-B's own
+relative-reduction test (about 2e-9 of the objective) keeps buying such fractions of a nat
+along flat directions, each at the price of a full EP run.
 """
 import warnings
 
@@ -44,7 +43,7 @@ from ..progress import StopRequested
 from .optimize import SearchStop
 from ..exceptions import ConvergenceWarning
 
-__all__ = ["SearchSpace", "Search", "GAIN_TOL", "STEP_TOL"]
+__all__ = ["SearchSpace", "Search", "GAIN_TOL", "STEP_TOL", "PATIENCE"]
 
 #: Largest rise of the objective per training point between accepted iterates at which it may stop.
 GAIN_TOL = 1e-5
