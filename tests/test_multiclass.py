@@ -207,6 +207,28 @@ def test_state_class_runs_the_problem_bitwise_and_checks_its_inputs():
         MultinomialEP(K, labels, 3, damping=0.0)
 
 
+def test_adaptive_damping_ends_the_oscillation_of_undamped_updates_at_the_same_fixed_point():
+    X, y = _toy(n=60, c=3, seed=4)
+    labels = y.astype(np.int32)
+    K = np.ascontiguousarray(RBF(100.0, 0.8)(X))      # a large variance: the parallel updates overshoot
+    K.flat[:: K.shape[0] + 1] += 1e-6
+
+    def run(damping, adaptive):
+        engine = MultinomialEP(K, labels, 3, damping=damping, adaptive_damping=adaptive, tol=1e-9,
+                               max_sweeps=300)
+        return engine, engine.run()
+
+    _, undamped = run(1.0, False)
+    assert not undamped.converged
+    fixed, fixed_result = run(0.5, False)
+    for start in (1.0, 0.9):
+        adaptive, result = run(start, True)
+        assert result.converged and result.n_sweeps < 300
+        assert result.log_z == pytest.approx(fixed_result.log_z, abs=1e-6)
+        np.testing.assert_allclose(adaptive.pi, fixed.pi, atol=1e-5)
+        np.testing.assert_allclose(adaptive.posterior.mean, fixed.posterior.mean, atol=1e-5)
+
+
 def test_multinomial_rejects_other_likelihoods_and_bad_choices():
     from fastep import Logistic, Probit
     X, y = _toy(n=30)

@@ -7,8 +7,9 @@
   few evaluations after its last gain of ``GAIN_TOL`` per point, at its best point; with the
   rules that end it switched off, the same search spends many more evaluations;
 - the multinomial GP classifier's search starts where a search on a third of the points ends
-  (``n_coarse_evaluations``), deterministically, at a point where the full objective is
-  stationary to the search's tolerance.
+  (``n_coarse_evaluations``), deterministically; the search on all points ends when an
+  accepted step no longer moves the training class probabilities (``PREDICTION_TOL``), with
+  predictions close to those at the stationary point the search reaches without that rule.
 """
 import numpy as np
 import pytest
@@ -100,8 +101,9 @@ def _three_blobs(n_per_class, seed):
     return X[order], y[order]
 
 
-def test_the_multinomial_search_starts_where_a_search_on_a_subset_ends():
+def test_the_multinomial_search_starts_where_a_search_on_a_subset_ends(monkeypatch):
     X, y = _three_blobs(110, seed=5)                     # 330 points: above the coarse stage's threshold
+    X_test, _ = _three_blobs(100, seed=6)
     model = GaussianProcessClassifier(multi_class="multinomial").fit(X, y)
     (problem,) = model._problems
     assert problem.n_coarse_evaluations > 0
@@ -109,14 +111,24 @@ def test_the_multinomial_search_starts_where_a_search_on_a_subset_ends():
     again = GaussianProcessClassifier(multi_class="multinomial").fit(X, y)
     np.testing.assert_array_equal(again.kernel_.theta, model.kernel_.theta)
     assert again.log_hyperposterior_value_ == model.log_hyperposterior_value_
+    # the refinement stop: without it the search on all points runs on to a stationary point
+    # of the full objective, and the predictions there differ by less than PREDICTION_TOL
+    tolerance = search_space.PREDICTION_TOL
+    monkeypatch.setattr(search_space, "PREDICTION_TOL", 0.0)
+    stationary = GaussianProcessClassifier(multi_class="multinomial").fit(X, y)
+    assert stationary.n_evaluations_ > model.n_evaluations_
+    assert stationary.log_hyperposterior_value_ >= model.log_hyperposterior_value_ - 1e-6
+    for points in (X, X_test):
+        difference = np.abs(model.predict_proba(points) - stationary.predict_proba(points))
+        assert difference.max() < tolerance
     # the full objective is stationary there to the search's tolerance: a Newton step on a
     # finite-difference Hessian of its analytic gradient (in log coordinates) gains little
-    theta = model.kernel_.theta
-    space = search_space.SearchSpace(model.kernel_, [], 0, theta, model.kernel_.bounds)
+    theta = stationary.kernel_.theta
+    space = search_space.SearchSpace(stationary.kernel_, [], 0, theta, stationary.kernel_.bounds)
 
     def grad_u(u):
         t = space.from_search(u)
-        return space.gradient_to_search(t, model.log_hyperposterior(t, eval_gradient=True)[1])
+        return space.gradient_to_search(t, stationary.log_hyperposterior(t, eval_gradient=True)[1])
 
     u = space.to_search(theta)
     g = grad_u(u)

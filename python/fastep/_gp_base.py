@@ -263,6 +263,7 @@ class SiteProblem:
             start, scale = hyper.space.u_start, 1.0
             try:
                 start, scale = self._coarse_search_start(hyper, warm_start, progress)
+                search.refining = self.n_coarse_evaluations > 0
                 with reuse_training_distances(X) if isinstance(X, np.ndarray) else contextlib.nullcontext():
                     u, _, _ = maximize_log_likelihood(search, start, hyper.space.bounds,
                                                       n_restarts=n_restarts, rng=rng, stacklevel=5,
@@ -316,8 +317,8 @@ class SiteProblem:
         When :meth:`_coarse_subset` names m of the n points, the search runs first on them, its
         objective ``log Z_m(θ) + (m/n) log p(θ)`` an estimate of ``m/n`` times the full one, with
         the same start, hyperprior centre and stopping rule; the full search starts at its result
-        (its own objective, its own stopping rule: the learnt θ is a stationary point of the full
-        objective), with a first step of length ``coarse_step`` instead of 1 and, with
+        (its own objective, its own stopping rules, and the refinement stop of
+        :class:`~fastep._search.space.Search`), with a first step of length ``coarse_step`` instead of 1 and, with
         ``warm_start``, its first EP run from the subset's sites on those points
         (:meth:`_seed_sites`). Returns the start and the scale of the first step
         (:func:`~fastep._search.optimize.maximize_log_likelihood`): the start of ``hyper`` and 1
@@ -340,6 +341,12 @@ class SiteProblem:
         if warm_start and search.best_sites is not None:
             self._seed_sites(index, search.best_sites)
         return u, self.coarse_step
+
+    def training_probabilities(self):
+        """Predictive class probabilities of the training points under the last EP run, for the
+        refinement stop of :class:`~fastep._search.space.Search` (None: the problem has none and
+        that rule does not act)."""
+        return None
 
     def _seed_sites(self, index, sites):
         """Start the full search's first EP run from the subset's ``sites`` (from :meth:`sites` of

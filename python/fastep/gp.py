@@ -33,7 +33,7 @@ from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, M
 from ._constraints import Integer, validate_params
 from ._search.start import default_noise_variance
 from ._dense.problem import DenseGPProblem
-from ._dense.multiclass import MultinomialGPProblem
+from ._dense.multiclass import ADAPTIVE_DAMPING_START, MultinomialGPProblem
 from ._student_t.problem import StudentTGPProblem
 from .likelihoods import Gaussian, Probit, StudentT
 from .progress import CALLBACK_DOC
@@ -216,8 +216,10 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
     multi_class : {'one_vs_rest', 'multinomial'}, default 'one_vs_rest'
         'one_vs_rest': one binary GP per class (two classes: one binary GP). 'multinomial': the
         multinomial probit model by nested EP (any number of classes >= 2; the likelihood must be
-        the default probit, ``learn_likelihood`` False). It runs damped parallel EP (``damping``
-        None: 0.5); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
+        the default probit, ``learn_likelihood`` False). It runs damped parallel EP; ``damping``
+        None starts every run at 0.9 and multiplies it by 0.7 whenever an iteration's largest
+        site change exceeds the previous one's, down to 0.25 (the fixed point is the same as
+        with any fixed damping); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
         model with the same kernel. ``decision_function`` then returns the latent means (n, c)
         (two classes: the predictive log-odds of ``classes_[1]``, as the binary classifiers).
@@ -225,7 +227,11 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         (drawn per class with a fixed seed, the hyperprior's weight scaled by the same third,
         each nested EP iteration 27 times cheaper) and the search on all points starts where
         that one ends, from its sites on those points, with a first step of length 0.25 in the
-        log-parameters; the learnt point is a stationary point of the objective on all points.
+        log-parameters. That search ends by the rules of every search or, earlier, at an
+        accepted step that moved no training class probability by more than 0.02 and raised the
+        objective by less than 1e-3 per point: the model has stopped changing, and the
+        predictions are those of the stationary point of the objective on all points to about
+        that tolerance.
     %N_JOBS%
 
     Attributes
@@ -306,7 +312,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
                                  f"likelihood at its default and learn_likelihood=False (got {self.likelihood!r}, "
                                  f"learn_likelihood={self.learn_likelihood!r})")
             if self.damping is None:
-                options["damping"] = 0.5
+                options["damping"], options["adaptive_damping"] = ADAPTIVE_DAMPING_START, True
         X, y = v.check_X_y(X, y)
         classes, targets = v.encode_one_vs_rest_labels(y)
         self._check_memory(X, len(targets), classes.shape[0] if self.multi_class == "multinomial" else 0)

@@ -37,9 +37,15 @@ from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse
 from ..progress import sweep_callback_of
 from .._student_t.problem import dense_kernel_matrix
 
-__all__ = ["MultinomialEP", "MultinomialGPProblem"]
+__all__ = ["MultinomialEP", "MultinomialGPProblem", "class_probabilities"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
+#: First damping of the estimators' outer iterations (``damping=None``), with adaptive damping.
+ADAPTIVE_DAMPING_START = 0.9
+#: Factor on the damping after an outer iteration whose largest site change grew (adaptive damping).
+DAMPING_SHRINK = 0.7
+#: Smallest damping of adaptive damping.
+MIN_DAMPING = 0.25
 
 
 def _outer_sites(labels, inner_precision, inner_natural_mean):
@@ -191,14 +197,19 @@ class MultinomialPredictor:
         return mean, np.diagonal(cov, axis1=1, axis2=2).copy()
 
     def predict_proba(self, X):
-        mean, cov = self.latent_full(X)
-        c = mean.shape[1]
-        cov = cov + 1e-12 * np.maximum(1.0, np.abs(cov).max()) * np.eye(c)
-        log_p = _nested.nested_log_probabilities(np.ascontiguousarray(mean), np.ascontiguousarray(cov))
-        if not np.all(np.isfinite(log_p)):
-            raise FloatingPointError("the class probabilities could not be computed (inner EP failed)")
-        p = np.exp(log_p - log_p.max(axis=1, keepdims=True))
-        return p / p.sum(axis=1, keepdims=True)
+        return class_probabilities(*self.latent_full(X))
+
+
+def class_probabilities(mean, cov):
+    """Class probabilities (m, c) of latent marginals ``mean`` (m, c) and ``cov`` (m, c, c): the
+    multinomial probit integral by inner EP, normalised over the classes."""
+    c = mean.shape[1]
+    cov = cov + 1e-12 * np.maximum(1.0, np.abs(cov).max()) * np.eye(c)
+    log_p = _nested.nested_log_probabilities(np.ascontiguousarray(mean), np.ascontiguousarray(cov))
+    if not np.all(np.isfinite(log_p)):
+        raise FloatingPointError("the class probabilities could not be computed (inner EP failed)")
+    p = np.exp(log_p - log_p.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
 
 
 class MultinomialEP:
@@ -227,7 +238,15 @@ class MultinomialEP:
         The inner sites ``α̃``, ``β̃`` (column ``labels[i]`` unused, 0), updated in place by
         :meth:`run`; zeros (a cold start) when omitted.
     damping : float in (0, 1]
-        Fraction of every inner site change applied per outer iteration.
+        Fraction of every inner site change applied per outer iteration (the first one's, with
+        ``adaptive_damping``).
+    adaptive_damping : bool, default False
+        Shrink the damping during the run: whenever an iteration's largest relative site change
+        exceeds the previous iteration's (the parallel updates overshoot), the fraction is
+        multiplied by ``DAMPING_SHRINK``, down to ``MIN_DAMPING``. A run starts at ``damping``
+        again. The fixed point does not depend on the damping; a large first fraction saves
+        iterations where the updates do not overshoot, the shrinking ends the oscillation where
+        they do.
     tol : float >= 0
         Convergence threshold on the relative site change and the change of log Z
         (:class:`~fastep._epcore._common.SweepDriver`).
@@ -239,7 +258,7 @@ class MultinomialEP:
     """
 
     def __init__(self, K, labels, n_classes, inner_precision=None, inner_natural_mean=None, *,
-                 damping=1.0, tol=1e-8, max_sweeps=100, validate=True):
+                 damping=1.0, adaptive_damping=False, tol=1e-8, max_sweeps=100, validate=True):
         if validate:
             _check_nested_ep(K, labels, n_classes, inner_precision, inner_natural_mean, damping, tol,
                              max_sweeps)
@@ -251,6 +270,7 @@ class MultinomialEP:
         self.K, self.labels, self.n_classes = K, labels, n_classes
         self.inner_precision, self.inner_natural_mean = inner_precision, inner_natural_mean
         self.damping, self.tol, self.max_sweeps = damping, tol, max_sweeps
+        self.adaptive_damping = bool(adaptive_damping)
         self.pi = self.nu = self.posterior = None
 
     def _evidence(self, post, pi, nu):
@@ -295,15 +315,19 @@ class MultinomialEP:
         driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback)
         driver.set_log_z(log_z)
         sweep = 0
+        damping, previous_change = self.damping, np.inf
         while sweep < driver.max_sweeps:
             sweep += 1
             old_alpha, old_beta = alpha.copy(), beta.copy()
             _, status = _nested.nested_site_updates(labels, cavity[0], cavity[1], alpha, beta,
-                                                    n_inner_sweeps=1, damping=self.damping)
+                                                    n_inner_sweeps=1, damping=damping)
             scale_a = np.maximum(1.0, np.abs(old_alpha))
             scale_b = np.maximum(1.0, np.abs(old_beta))
             max_change = float(max(np.max(np.abs(alpha - old_alpha) / scale_a),
                                    np.max(np.abs(beta - old_beta) / scale_b)))
+            if self.adaptive_damping and max_change > previous_change:
+                damping = max(MIN_DAMPING, damping * DAMPING_SHRINK)
+            previous_change = max_change
             pi, nu = _outer_sites(labels, alpha, beta)
             post = MultinomialPosterior(K, pi, nu)
             new_log_z, n_failed, cavity = self._evidence(post, pi, nu)
@@ -370,6 +394,7 @@ class MultinomialGPProblem(SiteProblem):
         self.site_precision = np.zeros((n_classes, n))
         self.site_natural_mean = np.zeros((n_classes, n))
         self.learn_likelihood = False
+        self._training_marginals = None
 
     #: The search first runs on this fraction of the training points (stratified by class; every
     #: outer iteration there costs this fraction cubed) when there are more than
@@ -403,7 +428,8 @@ class MultinomialGPProblem(SiteProblem):
         n, c = self.X.shape[0], self.n_classes
         engine = MultinomialEP(prior, self.y, c, self.inner_precision.copy() if warm else np.zeros((n, c)),
                                self.inner_natural_mean.copy() if warm else np.zeros((n, c)),
-                               damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+                               damping=opts["damping"], adaptive_damping=opts.get("adaptive_damping", False),
+                               tol=opts["tol"], max_sweeps=opts["max_sweeps"],
                                validate=False)
         info = engine.run(sweep_callback=sweep_callback_of(opts))
         return {"alpha": engine.inner_precision, "beta": engine.inner_natural_mean, "pi": engine.pi,
@@ -421,6 +447,7 @@ class MultinomialGPProblem(SiteProblem):
         self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
         self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
         post, info = state["post"], state["info"]
+        self._training_marginals = None if keep else (post.mean, post.cov)   # for the search only
         grad = None
         if gradient:
             R = post.diagonal_blocks_of_inverse()
@@ -434,6 +461,10 @@ class MultinomialGPProblem(SiteProblem):
 
     def _has_sites(self):
         return bool(np.any(self.inner_precision))
+
+    def training_probabilities(self):
+        """Class probabilities (n, c) of the training points under the last EP run's posterior."""
+        return class_probabilities(*self._training_marginals)
 
     def sites(self):
         return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean

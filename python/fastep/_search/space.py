@@ -29,7 +29,12 @@ objective of the run by ``GAIN_TOL`` per point (line searches that fail on an ev
 gradient carries the EP run's own error), ending at that best point (where the gradient there
 is far from zero, the optimiser continues in trust regions,
 :func:`~fastep._search.optimize.maximize_log_likelihood`); or when L-BFGS-B converges on its
-own. A gain of 1e-5 nats per point moves no prediction that matters; L-BFGS-B's own
+own. A search that continues one on a subset of the points (``refining``, for problems that
+report their training class probabilities) also ends at an accepted iterate where, since the
+start or the previous accepted iterate, no training class probability moved by more than
+``PREDICTION_TOL`` (0.02) and the objective rose by less than ``REFINE_GAIN_TOL`` (1e-3) per
+point: the subset's search found the model, and the steps on all points no longer change it.
+A gain of 1e-5 nats per point moves no prediction that matters; L-BFGS-B's own
 relative-reduction test (about 2e-9 of the objective) keeps buying such fractions of a nat
 along flat directions, each at the price of a full EP run.
 """
@@ -43,7 +48,7 @@ from ..progress import StopRequested
 from .optimize import SearchStop
 from ..exceptions import ConvergenceWarning
 
-__all__ = ["SearchSpace", "Search", "GAIN_TOL", "STEP_TOL", "PATIENCE"]
+__all__ = ["SearchSpace", "Search", "GAIN_TOL", "STEP_TOL", "PATIENCE", "PREDICTION_TOL", "REFINE_GAIN_TOL"]
 
 #: Largest rise of the objective per training point between accepted iterates at which it may stop.
 GAIN_TOL = 1e-5
@@ -54,6 +59,11 @@ STEP_TOL = 1e-3
 #: Evaluations in a row, since the last accepted iterate, that did not raise the run's best
 #: objective by ``GAIN_TOL`` per point, at which the search ends at that best point.
 PATIENCE = 5
+#: Largest change of any training class probability along an accepted step at which a refining
+#: search (one that starts where a search on a subset ended) stops.
+PREDICTION_TOL = 0.02
+#: Largest rise of the objective per training point along that step at which it stops.
+REFINE_GAIN_TOL = 1e-3
 #: Bound of the kernel's log coordinates (e^±700 is a normal float).
 _LOG_BOUND = 700.0
 
@@ -170,6 +180,11 @@ class Search:
         self.n_points = max(int(problem.n_points), 1)
         self.prior_weight = float(prior_weight)
         self.reference_curvature = 1.0 if hyperprior is None else self.prior_weight * hyperprior.curvature()
+        #: Whether the refinement stop acts (set by the caller for a search that continues one on
+        #: a subset of the points).
+        self.refining = False
+        self.probabilities = {}          # u bytes -> training class probabilities (refining only)
+        self.refine_base = None          # (objective, probabilities) at the start or last accepted iterate
 
     def __call__(self, u):
         key = np.asarray(u, dtype=float).tobytes()
@@ -202,6 +217,12 @@ class Search:
             self.best_value, self.best_u = value, np.array(u, dtype=float)
             self.best_sites = problem.sites()
         self.cache[key] = (value, grad)
+        if self.refining and np.isfinite(value):
+            probabilities = problem.training_probabilities()
+            if probabilities is not None:
+                self.probabilities[key] = probabilities
+                if self.refine_base is None:
+                    self.refine_base = (value, probabilities)
         if not self.progress.report("type-II ML", self.count, value, gain):
             raise StopRequested
         u = np.asarray(u, dtype=float)
@@ -224,6 +245,8 @@ class Search:
         value, grad = entry
         previous, self.accepted = self.accepted, (u.copy(), value, grad)
         self.stale = 0                   # PATIENCE counts the evaluations between accepted iterates
+        if self.refining and self._refined(u, value):
+            return True
         if previous is None:
             return False
         tolerance = GAIN_TOL * self.n_points
@@ -239,6 +262,15 @@ class Search:
         curvature = min(-inner(step, change) / max(inner(step, step), 1e-300), self.reference_curvature)
         return curvature > 0.0 and inner(grad, grad) / (2.0 * curvature) < tolerance
 
+    def _refined(self, u, value):
+        """The refinement stop at the accepted iterate ``u`` (module docstring)."""
+        probabilities = self.probabilities.get(u.tobytes())
+        base, self.refine_base = self.refine_base, (value, probabilities)
+        if base is None or base[1] is None or probabilities is None:
+            return False
+        return (value - base[0] < REFINE_GAIN_TOL * self.n_points
+                and float(np.max(np.abs(probabilities - base[1]))) < PREDICTION_TOL)
+
     def resume(self):
         """The optimiser continues this run another way (a fallback search): ``PATIENCE`` counts
         afresh from here."""
@@ -249,3 +281,4 @@ class Search:
         self.accepted = None
         self.stale = 0
         self.run_best = (-np.inf, None)
+        self.refine_base = None
