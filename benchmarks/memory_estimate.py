@@ -50,7 +50,7 @@ make = {
     "student_t learnt": (lambda: fastep.GaussianProcessRegressor(likelihood="student_t"), f,
                          lambda: _memory.student_t_gp_bytes(n, learning=True)),
     "sparse": (lambda: fastep.SparseGPClassifier(n_inducing=width, optimizer=None), yb,
-               lambda: _memory.sparse_gp_bytes(n, width, learning=False)),
+               lambda: _memory.sparse_gp_bytes(n, width, learning=False, kmeans=False)),
     "sparse learnt": (lambda: fastep.SparseGPClassifier(n_inducing=width), yb,
                       lambda: _memory.sparse_gp_bytes(n, width, learning=True)),
     "ivm": (lambda: fastep.IVMClassifier(active_set_size=width, optimizer=None), yb,

@@ -190,7 +190,7 @@ def test_learning_improves_the_evidence_and_moves_the_inducing_inputs():
 
 @pytest.mark.parametrize("learn_likelihood", [False, True])
 def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_likelihood):
-    """Fixed inducing inputs, a log-RBF kernel (and the probit's bias and log slope): every
+    """Fixed (k-means++) inducing inputs, a log-RBF kernel (and the probit's bias and log slope): every
     variable is boxed, so L-BFGS-B's first trial is the whole O(n) gradient; alone it stopped
     at the start for two of these 20 toys (the trial's evidence is -inf). The optimiser's
     trust-region fallback must move every fit off its start. Others stopped on L-BFGS-B's
@@ -200,7 +200,7 @@ def test_learning_with_every_parameter_boxed_leaves_no_start_unlearnt(learn_like
     for seed in range(20):
         X, y, _ = toy(200, seed)
         kernel = RBF(transforms={"variance": "log", "inverse_width": "log"})
-        clf = SparseGPClassifier(kernel, Probit(), n_inducing=10, learn_inducing=False,
+        clf = SparseGPClassifier(kernel, Probit(), n_inducing=10, inducing_init="kmeans++", learn_inducing=False,
                                  learn_likelihood=learn_likelihood, hyperprior=None).fit(X, y)
         lik0 = Probit().theta if learn_likelihood else []
         start = clf.log_marginal_likelihood(np.r_[kernel.theta, lik0])
@@ -325,7 +325,7 @@ def test_n_inducing_above_n_samples_is_clipped_to_every_training_input(init):
     ({"inducing_init": np.zeros((3, 3))}, X_BAD, ValueError, "inducing_init must have 2 columns"),
     ({"inducing_init": np.zeros((21, 2))}, X_BAD, ValueError, "inducing_init must have at most"),
     ({"inducing_init": np.array([[0.0, np.nan]])}, X_BAD, ValueError, "inducing_init must be finite"),
-    ({"inducing_init": "grid"}, X_BAD, ValueError, r"inducing_init must be one of \['ivm', 'kmeans\+\+', 'random'\]"),
+    ({"inducing_init": "grid"}, X_BAD, ValueError, r"inducing_init must be one of \['auto', 'ivm', 'kmeans\+\+', 'random'\]"),
     ({"inducing_init": "ivm", "n_inducing": 0}, X_BAD, ValueError, "n_inducing must be >= 1"),
     ({"inducing_init": "ivm", "n_inducing": None}, X_BAD, TypeError, "n_inducing must be an integer"),
     ({"approximation": "vfe"}, X_BAD, ValueError, "approximation must be one of"),
@@ -420,6 +420,19 @@ def test_auto_growth_with_other_initialisations_and_one_vs_rest(init):
         # every inducing input is a training input (random subset / IVM selection)
         assert np.all(np.min(((Z[:, None, :] - X[None, :, :]) ** 2).sum(-1), axis=1) == 0.0)
     assert clf.score(X, y) > 0.7
+
+
+def test_auto_initialisation_is_the_ivm_selection_for_a_classifier_and_kmeans_for_a_regressor():
+    X, y, _ = toy(120, seed=3)
+    default = SparseGPClassifier(n_inducing=20, optimizer=None, random_state=0).fit(X, y)
+    ivm = SparseGPClassifier(n_inducing=20, inducing_init="ivm", optimizer=None, random_state=0).fit(X, y)
+    kmeans = SparseGPClassifier(n_inducing=20, inducing_init="kmeans++", optimizer=None, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(default.inducing_inputs_, ivm.inducing_inputs_)
+    assert not np.array_equal(default.inducing_inputs_, kmeans.inducing_inputs_)
+    f = np.sin(X[:, 0]) + 0.1 * np.random.default_rng(0).normal(size=X.shape[0])
+    regressor = SparseGPRegressor(n_inducing=20, optimizer=None, random_state=0).fit(X, f)
+    reference = SparseGPRegressor(n_inducing=20, inducing_init="kmeans++", optimizer=None, random_state=0).fit(X, f)
+    np.testing.assert_array_equal(regressor.inducing_inputs_, reference.inducing_inputs_)
 
 
 def test_auto_regressor_and_bad_n_inducing():

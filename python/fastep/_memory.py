@@ -217,6 +217,9 @@ def student_t_gp_bytes(n, *, learning):
 #: engine's work; learning adds one ∂K(X, Z)/∂θ_j at a time and the gradient's temporaries
 #: (measured).
 SPARSE_ARRAYS_FIXED = 3.0
+#: The same when the inducing inputs are not k-means++'s (whose Lloyd steps hold an n×m
+#: distance matrix beside the fit's arrays): the IVM's selection or explicit inputs (measured).
+SPARSE_ARRAYS_FIXED_NO_KMEANS = 2.0
 SPARSE_ARRAYS_LEARNING = 10.5
 #: d×n float64 arrays of an IVM fit: the selection's M with fixed hyperparameters; learning on
 #: all n points (``kernel_objective='full_data'``) runs the sparse engine with the active set as
@@ -230,11 +233,15 @@ def _per_row_bytes(n, width, arrays, base, n_problems, n_concurrent):
     return int(base + concurrent * arrays * 8.0 * float(n) * float(width))
 
 
-def sparse_gp_bytes(n, m, *, learning, n_problems=1, n_concurrent=1):
+def sparse_gp_bytes(n, m, *, learning, n_problems=1, n_concurrent=1, kmeans=True):
     """Estimated peak working memory, in bytes, of a sparse GP fit on ``n`` rows with ``m``
-    inducing inputs: O(n m), ``n_problems`` (one-vs-rest) fitted ``n_concurrent`` at a time."""
-    arrays = SPARSE_ARRAYS_LEARNING if learning else SPARSE_ARRAYS_FIXED
-    # its choice of inducing inputs (k-means++) and the engine's start add a fixed amount
+    inducing inputs: O(n m), ``n_problems`` (one-vs-rest) fitted ``n_concurrent`` at a time;
+    ``kmeans``: the inducing inputs are chosen by k-means++."""
+    if learning:
+        arrays = SPARSE_ARRAYS_LEARNING
+    else:
+        arrays = SPARSE_ARRAYS_FIXED if kmeans else SPARSE_ARRAYS_FIXED_NO_KMEANS
+    # its choice of inducing inputs and the engine's start add a fixed amount
     return _per_row_bytes(n, m, arrays, BASE_BYTES_LEARNING, n_problems, n_concurrent)
 
 

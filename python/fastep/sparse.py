@@ -72,7 +72,7 @@ _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARS
 _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
 _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
-_INDUCING_INITS = ("kmeans++", "random", "ivm")
+_INDUCING_INITS = ("auto", "kmeans++", "random", "ivm")
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
@@ -85,11 +85,13 @@ def _check_likelihood_learnable_with_power(likelihood, power):
 
 
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
+    #: What ``inducing_init='auto'`` means in core: the IVM's selection (True) or k-means++.
+    _informative_selection = False
     """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
     n_inducing: int | Literal["auto"]
     approximation: Literal["fitc", "dtc"]
-    inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike
+    inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike
     learn_inducing: bool
     schedule: Literal["sequential", "parallel"]
     order: Literal["fixed", "random"]
@@ -148,6 +150,15 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         v.check_int(self.n_inducing, "n_inducing", minimum=1)
         return False
 
+    def _resolved_init(self, executor=None):
+        """``inducing_init`` with ``'auto'`` resolved (in core without ``executor``); None for an array."""
+        init = self.inducing_init
+        if not isinstance(init, str):
+            return None
+        if init == "auto":
+            return "ivm" if self._informative_selection and executor is None else "kmeans++"
+        return init
+
     def _inducing_inputs(self, X, options, kernel, likelihood, targets, executor=None, m=None):
         """Initial inducing inputs from ``inducing_init`` / ``n_inducing`` (validated), one array per
         problem of ``targets`` (the same array except for ``'ivm'``, which selects per problem).
@@ -159,6 +170,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         init = self.inducing_init
         if isinstance(init, str):
             v.check_choice(init, "inducing_init", _INDUCING_INITS)
+            init = self._resolved_init(executor)
             if m is None:
                 m = auto_sizes(n)[0] if self._grows() else min(v.check_int(self.n_inducing, "n_inducing",
                                                                                 minimum=1), n)
@@ -222,7 +234,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     def _memory_estimate(self, n, m, n_problems):
         """Peak working memory of fitting ``n_problems`` problems on n rows at m inducing inputs."""
         return sparse_gp_bytes(n, m, learning=self.optimizer is not None, n_problems=n_problems,
-                               n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)))
+                               n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
+                               kmeans=self._resolved_init() == "kmeans++")
 
     def _check_memory(self, n, m, n_problems, options):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before an in-core fit at m inducing
@@ -350,10 +363,14 @@ _POWER_EP = """Power-EP α (slide "EP variants"): 1 is plain EP; α -> 0 approac
     with ``n_quadrature`` nodes."""
 
 _COMMON_PARAMS = fill_doc(
-    """inducing_init : {'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'kmeans++'
-        Seeded k-means++ (seeding plus 10 Lloyd steps, :func:`kmeans_plus_plus`), a seeded
+    """inducing_init : {'auto', 'kmeans++', 'random', 'ivm'} or array-like (m, n_features), default 'auto'
+        ``'auto'``: ``'ivm'`` for a classifier fitted in core, ``'kmeans++'`` for a regressor
+        and on a dask array (the cluster's rows are not selected from one by one). Otherwise
+        seeded k-means++ (seeding plus 10 Lloyd steps, :func:`kmeans_plus_plus`), a seeded
         random subset of the training inputs, the active set of an IVM selection, or explicit
-        inducing inputs (then ``n_inducing`` is ignored). ``'ivm'`` takes the m training
+        inducing inputs (then ``n_inducing`` is ignored). For classification the points near
+        the decision boundary carry the evidence, and the selection finds them where k-means++
+        spreads its inputs over the whole input space. ``'ivm'`` takes the m training
         inputs that the Informative Vector Machine includes greedily
         (:func:`fastep.ivm.select_active_set`: Algorithm 1, each inclusion maximising the
         entropy reduction of the ADF posterior, eq 26) under the estimator's initial kernel
@@ -363,7 +380,7 @@ _COMMON_PARAMS = fill_doc(
         diagonal on X.
     learn_inducing : bool, default False
         Also learn the inducing inputs by type-II ML (exact gradient; ``m · n_features`` more
-        parameters). Off by default: the k-means++ inputs already cover the data, and learning
+        parameters). Off by default: the chosen inputs already cover the data, and learning
         them costs many more optimiser iterations (hundreds at m = 50 on a 2-D toy of
         n = 2000, for a similar test error) and scales with the input dimension.
     schedule : {'sequential', 'parallel'}, default 'sequential'
@@ -569,6 +586,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         CLASSIFIER_ATTRIBUTES=CLASSIFIER_ATTRIBUTES, COMMON_ATTRIBUTES=_COMMON_ATTRIBUTES,
         REFERENCES=_REFERENCES)
 
+    _informative_selection = True
     likelihood: Probit | Step | Logistic | None
     power: float
     learn_likelihood: bool
@@ -578,7 +596,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
 
     def __init__(self, kernel: Kernel | None = None, likelihood: Probit | Step | Logistic | None = None, *,
                  n_inducing: int | Literal["auto"] = "auto", approximation: Literal["fitc", "dtc"] = "fitc",
-                 power: float = 1.0, inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike = "kmeans++",
+                 power: float = 1.0, inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike = "auto",
                  learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
                  order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
                  max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
@@ -711,7 +729,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  likelihood: Literal["gaussian", "student_t"] | Gaussian | StudentT | None = None,
                  learn_noise: bool = True, n_inducing: int | Literal["auto"] = "auto",
                  approximation: Literal["fitc", "dtc"] = "fitc", power: float | None = None,
-                 inducing_init: Literal["kmeans++", "random", "ivm"] | ArrayLike = "kmeans++",
+                 inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike = "auto",
                  learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
                  order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
                  max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
