@@ -463,8 +463,12 @@ class MultinomialGPProblem(SiteProblem):
         return bool(np.any(self.inner_precision))
 
     def training_probabilities(self):
-        """Class probabilities (n, c) of the training points under the last EP run's posterior."""
-        return class_probabilities(*self._training_marginals)
+        """Class probabilities (n, c) of the training points under the last EP run's posterior
+        (None where inner EP fails on a marginal: the refinement stop then waits for another step)."""
+        try:
+            return class_probabilities(*self._training_marginals)
+        except FloatingPointError:
+            return None
 
     def sites(self):
         return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean
