@@ -32,8 +32,8 @@ model, target, estimate = {
               _memory.dense_gp_bytes(n, learning=False)),
     "student_t": (fastep.GaussianProcessRegressor(likelihood="student_t", optimizer=None), f,
                   _memory.student_t_gp_bytes(n, learning=False)),
-    "sparse": (fastep.SparseGPClassifier(n_inducing=width, optimizer=None, max_sweeps=3), y,
-               _memory.sparse_gp_bytes(n, width, learning=False, kmeans=False)),
+    "sparse": (fastep.SparseGPClassifier(n_inducing=width, inducing_init="kmeans++", optimizer=None, max_sweeps=3), y,
+               _memory.sparse_gp_bytes(n, width, learning=False)),
     "ivm": (fastep.IVMClassifier(active_set_size=width, optimizer=None), y,
             _memory.ivm_bytes(n, width, learning=False)),
 }[model_name]
