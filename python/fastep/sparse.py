@@ -85,9 +85,10 @@ def _check_likelihood_learnable_with_power(likelihood, power):
 
 
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
+    """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
+
     #: What ``inducing_init='auto'`` means in core: the IVM's selection (True) or k-means++.
     _informative_selection = False
-    """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
     n_inducing: int | Literal["auto"]
     approximation: Literal["fitc", "dtc"]
