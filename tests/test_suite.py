@@ -1,0 +1,123 @@
+"""The suite's own contract: the estimator registry is complete, the per-test timeout is active,
+and the default run leaves the marked tiers out."""
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import fastep
+from conftest import TIERS
+from support import ESTIMATORS, configured, estimator_names, public_estimator_classes
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_the_registry_holds_exactly_the_public_estimators():
+    public = public_estimator_classes()
+    assert public, "fastep.__all__ exports no estimator"
+    assert {name: spec.cls for name, spec in ESTIMATORS.items()} == public
+
+
+def test_every_public_name_with_fit_is_an_estimator_class():
+    # the registry's reference list: a function or an instance with `fit` would slip past it
+    fitting = [name for name in fastep.__all__ if hasattr(getattr(fastep, name), "fit")]
+    assert all(inspect.isclass(getattr(fastep, name)) for name in fitting)
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_each_registered_configuration_fits_its_problem(name):
+    spec = ESTIMATORS[name]
+    X, y = spec.data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastep.ConvergenceWarning)
+        model = spec.make().fit(X, y)
+    fitted = [key for key in vars(model) if key.endswith("_") and not key.startswith("_")]
+    assert fitted, f"{name} has no fitted attribute after fit"
+    if spec.fit_shape == "Xy":
+        assert np.all(np.isfinite(np.asarray(model.predict(X), dtype=float)))
+
+
+def test_registry_helpers_refuse_unknown_names_and_bare_exclusions():
+    with pytest.raises(KeyError, match="NoSuchEstimator"):
+        estimator_names(exclude={"NoSuchEstimator": "a typo"})
+    with pytest.raises(ValueError, match="reason"):
+        estimator_names(exclude={"RankKEP": ""})
+    with pytest.raises(KeyError, match="NoSuchEstimator"):
+        configured({"NoSuchEstimator": {}})
+    cases = configured({"IVMClassifier": {"active_set_size": 7}}, exclude={"RankKEP": "3-D inputs"},
+                       variants={"GPC-multinomial": ("GaussianProcessClassifier", {"multi_class": "multinomial"})})
+    assert "RankKEP" not in cases and set(cases) == (set(ESTIMATORS) - {"RankKEP"}) | {"GPC-multinomial"}
+    assert cases["IVMClassifier"]().active_set_size == 7
+    assert cases["IVMClassifier"]().n_iterations == ESTIMATORS["IVMClassifier"].params["n_iterations"]
+    assert cases["GPC-multinomial"]().multi_class == "multinomial"
+
+
+def _pytest(tmp_path, *args, env=None):
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
+               "--rootdir", str(ROOT), *args]
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_the_timeout_plugin_is_configured_for_this_run(request):
+    assert request.config.pluginmanager.hasplugin("timeout"), "pytest-timeout is not installed"
+    assert 0 < float(request.config.getini("timeout")) <= 900
+
+
+def test_a_hanging_test_is_stopped_by_the_timeout_and_named(tmp_path):
+    (tmp_path / "test_hangs.py").write_text(textwrap.dedent("""
+        import time
+
+        def test_waits_for_an_event_that_never_comes():
+            while True:
+                time.sleep(0.05)
+
+        def test_after_the_hang():
+            assert True
+    """))
+    # the project's configuration, with the limit shortened so the check takes seconds
+    out = _pytest(tmp_path, "test_hangs.py", "-o", "timeout=2", "-q")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Timeout" in out.stdout and "test_waits_for_an_event_that_never_comes" in out.stdout
+    assert "1 failed, 1 passed" in out.stdout           # the run went on after the hang
+
+
+def test_the_default_run_leaves_the_tiers_out_and_all_tiers_runs_them(tmp_path):
+    module = ROOT / "tests" / "test_suite.py"
+    default = _pytest(tmp_path, str(module), "--collect-only", "-q")
+    everything = _pytest(tmp_path, str(module), "--collect-only", "-q", "--all-tiers")
+    only = _pytest(tmp_path, str(module), "--collect-only", "-q", "-m", "soak")
+    for out in (default, everything, only):
+        assert out.returncode == 0, out.stdout + out.stderr
+    marked = "test_suite.py::test_a_test_marked_with_a_tier_is_left_out_by_default"
+    assert marked not in default.stdout and marked in everything.stdout and marked in only.stdout
+    assert "test_the_registry_holds_exactly_the_public_estimators" in default.stdout
+    assert "test_the_registry_holds_exactly_the_public_estimators" not in only.stdout
+
+
+@pytest.mark.soak
+def test_a_test_marked_with_a_tier_is_left_out_by_default():
+    # collected by the test above; running it checks that every tier is declared
+    assert set(TIERS) >= {"slow", "fuzz", "soak", "cluster", "typing", "downstream", "docs", "data"}
+
+
+def test_missing_data_skips_by_default_and_fails_when_required(tmp_path):
+    (tmp_path / "test_needs_data.py").write_text(textwrap.dedent("""
+        from support import shared_data
+
+        def test_reads_a_file_that_is_not_there():
+            shared_data("no-such-file.npz")
+    """))
+    tests = str(ROOT / "tests")
+    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+           "FASTEP_DATA_DIR": str(tmp_path)}
+    skipped = _pytest(tmp_path, "test_needs_data.py", "-q", env={**env, "FASTEP_REQUIRE_DATA": ""})
+    required = _pytest(tmp_path, "test_needs_data.py", "-q", env={**env, "FASTEP_REQUIRE_DATA": "1"})
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout + skipped.stderr
+    assert required.returncode == 1 and "FASTEP_REQUIRE_DATA" in required.stdout, required.stdout
