@@ -1,5 +1,4 @@
 """Data-aware defaults: kernel=None learns on badly scaled inputs; a degenerate start warns."""
-import os
 import warnings
 
 import numpy as np
@@ -12,8 +11,8 @@ from fastep._search.start import default_kernel, default_noise_variance, median_
 from fastep._search.checks import kernel_structure
 from fastep._search.optimize import maximize_log_likelihood
 from fastep.kernels import RBF, Bias
+from support import shared_data
 
-RAETSCH = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "raetsch_splits.npz")
 
 
 # ---- the median heuristic ---------------------------------------------------------------------
@@ -275,14 +274,14 @@ def test_ivm_that_ends_on_a_kernel_ignoring_the_inputs_keeps_the_last_kernel_tha
     assert model.kernel_.theta == pytest.approx(RBF(2.0, 0.5).theta)
 
 
-@pytest.mark.skipif(not os.path.exists(RAETSCH), reason="../shared/data/raetsch_splits.npz not present")
+@pytest.mark.data
 def test_ivm_default_on_german_split_6_does_not_collapse():
     """The split where Algorithm 2's active-set evidence (eq 32) walked to a latent function that
     ignores the inputs (64 % test error); that kernel step is undone with a warning and the fit is
     as good as the data-aware start's (25.3 %). The full-data objective (the default) does not
     walk there at all."""
     from fastep import IVMClassifier
-    with np.load(RAETSCH) as f:
+    with np.load(shared_data("raetsch_splits.npz")) as f:
         X, y, Xt, yt = (f[f"german_{part}_6"] for part in ("Xtr", "ytr", "Xte", "yte"))
     with pytest.warns(ConvergenceWarning, match="latent function is ≈ constant across the training inputs"):
         model = IVMClassifier(active_set_size=200, kernel_objective="active_set").fit(X, y)

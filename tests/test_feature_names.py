@@ -7,6 +7,7 @@ import pytest
 
 import fastep
 from fastep.kernels import RBF
+from support import ESTIMATORS as REGISTRY, configured
 
 pd = pytest.importorskip("pandas")
 
@@ -19,26 +20,27 @@ def _data(n=40, seed=0):
     return X, y_class, y_real
 
 
-ESTIMATORS = {
-    "GaussianProcessClassifier": (lambda: fastep.GaussianProcessClassifier(optimizer=None), "class"),
-    "GaussianProcessRegressor": (lambda: fastep.GaussianProcessRegressor(optimizer=None), "real"),
-    "SparseGPClassifier": (lambda: fastep.SparseGPClassifier(n_inducing=8, optimizer=None, random_state=0), "class"),
-    "SparseGPRegressor": (lambda: fastep.SparseGPRegressor(n_inducing=8, optimizer=None, random_state=0), "real"),
-    "IVMClassifier": (lambda: fastep.IVMClassifier(RBF(1.0, 0.5), active_set_size=10, n_iterations=0), "class"),
-    "IVMRegressor": (lambda: fastep.IVMRegressor(active_set_size=10, n_iterations=0), "real"),
-    "LinearEPClassifier": (lambda: fastep.LinearEPClassifier(), "class"),
-    "LinearEPRegressor": (lambda: fastep.LinearEPRegressor(), "real"),
-    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(max_opt_iter=2), "real"),
-}
+# every registered estimator at fixed hyperparameters (the names are the point, not the fit)
+ESTIMATORS = configured({
+    "GaussianProcessClassifier": {"optimizer": None},
+    "GaussianProcessRegressor": {"optimizer": None},
+    "SparseGPClassifier": {"optimizer": None},
+    "SparseGPRegressor": {"optimizer": None},
+    "IVMClassifier": {"kernel": RBF(1.0, 0.5), "n_iterations": 0},
+    "IVMRegressor": {"n_iterations": 0},
+    "IVMOrdinalRegressor": {"n_iterations": 0},
+    "HorseshoeRegression": {"max_opt_iter": 2},
+}, exclude={"MultiTaskHorseshoeRegression": "fits a list of per-task arrays, not one table of named columns",
+            "RankKEP": "fits X of shape (n, k, d), not a table of named columns"})
 COLUMNS = ["height", "weight", "age"]
 
 
 def _fit(name, X, seed=0):
-    make, kind = ESTIMATORS[name]
     _, y_class, y_real = _data(seed=seed)
+    y = {"binary": y_class, "regression": y_real, "ordinal": np.digitize(y_real, [-0.5, 0.5])}[REGISTRY[name].task]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastep.ConvergenceWarning)
-        return make().fit(X, y_class if kind == "class" else y_real)
+        return ESTIMATORS[name]().fit(X, y)
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)

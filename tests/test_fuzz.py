@@ -1,4 +1,4 @@
-"""Fuzzed inputs across every estimator, kernel and likelihood (issue 17, part 1).
+"""Fuzzed inputs across every estimator, kernel and likelihood.
 
 Each generated case either fits, with finite predictions, or raises ``ValueError`` /
 ``TypeError`` whose message names the argument at fault; a failed ``fit`` leaves a previously
@@ -26,30 +26,38 @@ import fastep
 from fastep import ConvergenceWarning
 from fastep.exceptions import DataConversionWarning
 from fastep.kernels import RBF
+from support import ESTIMATORS as REGISTRY, configured
 
-# large fuzz budgets: left out of the support-matrix runs (-m 'not slow')
-pytestmark = pytest.mark.slow
+# large fuzz budgets: their own tier (conftest.TIERS)
+pytestmark = pytest.mark.fuzz
 
-CLASSIFIERS = {
-    "GaussianProcessClassifier": lambda: fastep.GaussianProcessClassifier(),
-    "GaussianProcessClassifier-multinomial": lambda: fastep.GaussianProcessClassifier(multi_class="multinomial"),
-    "SparseGPClassifier": lambda: fastep.SparseGPClassifier(n_inducing=5, random_state=0),
-    "IVMClassifier": lambda: fastep.IVMClassifier(active_set_size=5, n_iterations=1, max_optimizer_iter=10),
-    "LinearEPClassifier": lambda: fastep.LinearEPClassifier(fit_intercept=True),
-}
-REGRESSORS = {
-    "GaussianProcessRegressor": lambda: fastep.GaussianProcessRegressor(),
-    "GaussianProcessRegressor-student_t": lambda: fastep.GaussianProcessRegressor(likelihood="student_t"),
-    "SparseGPRegressor": lambda: fastep.SparseGPRegressor(n_inducing=5, random_state=0),
-    "SparseGPRegressor-student_t": lambda: fastep.SparseGPRegressor(n_inducing=5, likelihood="student_t",
-                                                                    random_state=0),
-    "IVMRegressor": lambda: fastep.IVMRegressor(active_set_size=5, n_iterations=1, max_optimizer_iter=10),
-    "LinearEPRegressor": lambda: fastep.LinearEPRegressor(fit_intercept=True),
-    "HorseshoeRegression": lambda: fastep.HorseshoeRegression(max_opt_iter=3, max_iter=200),
-}
-ORDINAL = {"IVMOrdinalRegressor": lambda: fastep.IVMOrdinalRegressor(active_set_size=5, n_iterations=1,
-                                                                      max_optimizer_iter=10)}
-ALL = {**CLASSIFIERS, **REGRESSORS, **ORDINAL}
+# every registered estimator that fits a table X with targets y, at small sizes, plus the
+# variants that take another engine (multinomial, Student-t)
+ALL = configured({
+    "GaussianProcessClassifier": {},
+    "SparseGPClassifier": {"n_inducing": 5},
+    "IVMClassifier": {"active_set_size": 5, "max_optimizer_iter": 10},
+    "LinearEPClassifier": {"fit_intercept": True},
+    "SparseGPRegressor": {"n_inducing": 5},
+    "IVMRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
+    "LinearEPRegressor": {"fit_intercept": True},
+    "HorseshoeRegression": {"max_opt_iter": 3, "max_iter": 200},
+    "IVMOrdinalRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
+}, variants={
+    "GaussianProcessClassifier-multinomial": ("GaussianProcessClassifier", {"multi_class": "multinomial"}),
+    "GaussianProcessRegressor-student_t": ("GaussianProcessRegressor", {"likelihood": "student_t"}),
+    "SparseGPRegressor-student_t": ("SparseGPRegressor", {"n_inducing": 5, "likelihood": "student_t"}),
+}, exclude={"MultiTaskHorseshoeRegression": "fits lists of per-task arrays: test_multi_task_horseshoe_bad_inputs",
+            "RankKEP": "fits X of shape (n, k, d): test_rank_k_ep_bad_inputs"})
+
+
+def _task(case):
+    return REGISTRY[case.split("-")[0]].task
+
+
+CLASSIFIERS = {case: make for case, make in ALL.items() if _task(case) == "binary"}
+REGRESSORS = {case: make for case, make in ALL.items() if _task(case) == "regression"}
+ORDINAL = {case: make for case, make in ALL.items() if _task(case) == "ordinal"}
 
 # what a clear error names: the argument (X, y, a parameter) or what was wrong with it
 NAMES = re.compile(r"\b(X|y|Xs|ys|kernel|likelihood|jitter|classes?|labels?|samples?|features?|column|"

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import integrate, stats
-from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep._epcore import gp_ep as engine
@@ -21,11 +20,8 @@ SEQ, PAR, BLK = engine.SCHEDULE_SEQUENTIAL, engine.SCHEDULE_PARALLEL, engine.SCH
 FIXED, RANDOM, ENTROPY = engine.ORDER_FIXED, engine.ORDER_RANDOM, engine.ORDER_ENTROPY
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    # Small sequential BLAS calls: one thread is fastest and keeps the file quick on busy machines.
-    with threadpool_limits(1, "blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 # --------------------------------------------------------------------------------------------

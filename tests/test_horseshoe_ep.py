@@ -4,18 +4,12 @@ import numpy as np
 import pytest
 
 from fastep._horseshoe import parallel_ep as eng
-from threadpoolctl import threadpool_limits
 
 from fastep.reference import horseshoe as ref
 
 
-@pytest.fixture(autouse=True)
-def one_blas_thread():
-    """These problems are tiny (d <= 20): run them on one BLAS thread, the switch the README
-    gives users for many small fits. Threaded OpenBLAS made each small triangular solve ~15x
-    slower on a loaded two-core machine."""
-    with threadpool_limits(1, user_api="blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def problem(n, d, m, seed, noise=0.4):

@@ -1,5 +1,4 @@
 """IVM estimators: Algorithm 2 objectives and gradients, prediction, one-vs-rest, ordinal, bad input."""
-import pathlib
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from fastep._ivm.problem import _IVMProblem
 from fastep.kernels import RBF, RBFARD, Bias, Linear, White
 from fastep.likelihoods import Gaussian, OrderedCategorical, Probit
 from fastep.reference import ivm as ref
+from support import shared_data
 
 
 def _toy(n=150, seed=0):
@@ -215,17 +215,13 @@ def test_eq34_increases_without_bound_in_the_probit_slope_when_every_point_is_cl
     assert values[-1] < values.max()
 
 
-USPS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "usps.npz"
-
-
+@pytest.mark.data
 @pytest.mark.parametrize("white, slope", [(5e-4, 112.0), (2.5e-8, 7400.0)])
 def test_selection_state_at_usps_scale_equals_the_dense_posterior_given_the_sites(white, slope):
     # Parameters of the kind Algorithm 2 reaches on USPS: a near-step probit and almost no
     # White noise, on 256-dimensional inputs. The engine's mu and diag(Sigma) at every training
     # point, and the test latents, must equal the dense formulas from the d sites.
-    if not USPS.is_file():
-        pytest.skip(f"{USPS} not available")
-    with np.load(USPS) as data:
+    with np.load(shared_data("usps.npz")) as data:
         X = 2.0 * data["X_train"][:1500] - 1.0
         y = np.where(data["y_train"][:1500] == 3, 1.0, -1.0)
         Xt = 2.0 * data["X_test"][:300] - 1.0

@@ -22,7 +22,6 @@ agreement below to ~1e-13):
 * selection: the entropy criterion (eq 26; the toolbox uses log2, which does not
   change the argmax), first maximum among the inactive points.
 """
-import pathlib
 
 import numpy as np
 import pytest
@@ -30,14 +29,12 @@ import pytest
 from fastep._epcore import ivm as engine
 from fastep.kernels import RBF, Bias, Linear, White
 from fastep.likelihoods import Gaussian, Probit
+from support import shared_data
 
-DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ivm_reference"
 
 
 def _load(name):
-    path = DATA / f"testIvm{name}.mat"
-    if not path.is_file():
-        pytest.skip(f"{path} not available")
+    path = shared_data(f"ivm_reference/testIvm{name}.mat")
     from scipy.io import loadmat
     return loadmat(str(path), squeeze_me=True, struct_as_record=False)
 

@@ -13,7 +13,6 @@ import warnings
 import numpy as np
 import pytest
 from scipy.linalg import cho_solve, cholesky
-from threadpoolctl import threadpool_limits
 
 from fastep import ConvergenceWarning, IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
@@ -28,12 +27,8 @@ from test_ivm_engine import _problem
 KINDS = ["probit", "gaussian", "ordinal"]
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    # The twins make many small LAPACK calls; with two OpenBLAS threads on a busy 2-core
-    # machine a 30 x 30 triangular solve took 8 ms instead of 50 µs.
-    with threadpool_limits(1, "blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def _selected(kind, n, d, seed, sigma2=0.0):

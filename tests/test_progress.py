@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fastep
+from support import ESTIMATORS as REGISTRY
 from fastep import ConvergenceWarning, ProgressRecord
 from fastep._epcore import gp_ep, linear_ep, sparse_ep
 from fastep._epcore.rank_k_ep import RankKLikelihood, run_rank_k_ep
@@ -22,26 +23,23 @@ def _data(seed=0, n=80):
 
 
 def _estimators():
+    """Every registered estimator with its problem: ``{name: (class, parameters, X, y)}``."""
     X, yb, yr = _data()
     rng = np.random.default_rng(1)
     Xk = rng.normal(size=(60, 2, 3))
     Yk = Xk @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=(60, 2))
-    return {
-        "GaussianProcessClassifier": (fastep.GaussianProcessClassifier, {}, X, yb),
-        "GaussianProcessRegressor": (fastep.GaussianProcessRegressor, {}, X, yr),
-        "SparseGPClassifier": (fastep.SparseGPClassifier, {"n_inducing": 10}, X, yb),
-        "SparseGPRegressor": (fastep.SparseGPRegressor, {"n_inducing": 10}, X, yr),
-        "IVMClassifier": (fastep.IVMClassifier, {"active_set_size": 20, "n_iterations": 2}, X, yb),
-        "IVMRegressor": (fastep.IVMRegressor, {"active_set_size": 20, "n_iterations": 2}, X, yr),
-        "IVMOrdinalRegressor": (fastep.IVMOrdinalRegressor, {"active_set_size": 20, "n_iterations": 1}, X,
-                                np.digitize(yr, [-0.5, 0.5])),
-        "LinearEPClassifier": (fastep.LinearEPClassifier, {}, X, yb),
-        "LinearEPRegressor": (fastep.LinearEPRegressor, {}, X, yr),
-        "HorseshoeRegression": (fastep.HorseshoeRegression, {"max_opt_iter": 5}, X, yr),
-        "MultiTaskHorseshoeRegression": (fastep.MultiTaskHorseshoeRegression, {"max_opt_iter": 3},
-                                         [X[:40], X[40:]], [yr[:40], yr[40:]]),
-        "RankKEP": (fastep.RankKEP, {"noise_cov": 0.01 * np.eye(2)}, Xk, Yk),
+    data = {"binary": (X, yb), "regression": (X, yr), "ordinal": (X, np.digitize(yr, [-0.5, 0.5])),
+            "multitask": ([X[:40], X[40:]], [yr[:40], yr[40:]]), "rank_k": (Xk, Yk)}
+    overrides = {
+        "SparseGPClassifier": {"n_inducing": 10},
+        "SparseGPRegressor": {"n_inducing": 10},
+        "IVMClassifier": {"active_set_size": 20, "n_iterations": 2},
+        "IVMRegressor": {"active_set_size": 20, "n_iterations": 2},
+        "IVMOrdinalRegressor": {"active_set_size": 20, "n_iterations": 1},
+        "HorseshoeRegression": {"max_opt_iter": 5},
     }
+    return {name: (spec.cls, {**spec.params, **overrides.get(name, {})}, *data[spec.task])
+            for name, spec in REGISTRY.items()}
 
 
 ESTIMATORS = _estimators()

@@ -1,4 +1,4 @@
-"""Soak (issue 17, part 2): a few hundred small fits of every estimator in one process leave no
+"""Soak: a few hundred small fits of every estimator in one process leave no
 memory growth, file descriptors or threads behind (the 10 000-fit run is
 ``benchmarks/soak.py``)."""
 import gc
@@ -12,9 +12,10 @@ import pytest
 import fastep
 from fastep.batch import fit_many
 from fastep.kernels import RBF
+from support import ESTIMATORS as REGISTRY, configured
 
-# a long soak: left out of the support-matrix runs (-m 'not slow')
-pytestmark = pytest.mark.slow
+# a long soak: its own tier (conftest.TIERS)
+pytestmark = pytest.mark.soak
 
 FITS = 150
 RSS_LIMIT_MB = 20.0
@@ -39,25 +40,20 @@ def _problem(seed, kind):
     return X, X[:, 0] - X[:, 1] + 0.1 * rng.normal(size=30)
 
 
-ESTIMATORS = {
-    "GaussianProcessClassifier": (lambda: fastep.GaussianProcessClassifier(), "classifier"),
-    "GaussianProcessRegressor": (lambda: fastep.GaussianProcessRegressor(), "regressor"),
-    "SparseGPClassifier": (lambda: fastep.SparseGPClassifier(n_inducing=8), "classifier"),
-    "SparseGPRegressor": (lambda: fastep.SparseGPRegressor(n_inducing=8), "regressor"),
-    "IVMClassifier": (lambda: fastep.IVMClassifier(active_set_size=10, n_iterations=1), "classifier"),
-    "IVMRegressor": (lambda: fastep.IVMRegressor(active_set_size=10, n_iterations=1), "regressor"),
-    "IVMOrdinalRegressor": (lambda: fastep.IVMOrdinalRegressor(active_set_size=10, n_iterations=1), "ordinal"),
-    "LinearEPClassifier": (lambda: fastep.LinearEPClassifier(), "classifier"),
-    "LinearEPRegressor": (lambda: fastep.LinearEPRegressor(), "regressor"),
-    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(learn_hyperparameters=False), "regressor"),
-}
+# every registered estimator, at its registry configuration with the learning kept short
+ESTIMATORS = configured({
+    "IVMClassifier": {"active_set_size": 10, "n_iterations": 1},
+    "HorseshoeRegression": {"learn_hyperparameters": False},
+    "MultiTaskHorseshoeRegression": {"learn_hyperparameters": False},
+})
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_repeated_fits_leak_nothing(name):
-    make, kind = ESTIMATORS[name]
-    data = [_problem(seed, kind) for seed in range(10)]
+    make, spec = ESTIMATORS[name], REGISTRY[name]
+    kind = {"binary": "classifier", "ordinal": "ordinal", "regression": "regressor"}.get(spec.task)
+    data = [_problem(seed, kind) if kind else spec.data(seed=seed, n=30) for seed in range(10)]
 
     def fits(count):
         with warnings.catch_warnings():
@@ -65,7 +61,10 @@ def test_repeated_fits_leak_nothing(name):
             for i in range(count):
                 X, y = data[i % len(data)]
                 model = make().fit(X, y)
-                model.predict(X)
+                if spec.fit_shape == "Xy":
+                    model.predict(X)
+                elif spec.fit_shape == "tasks":
+                    model.predict(X[0], task=0)
                 del model
 
     fits(20)                                   # warm-up: caches, allocator pools, lazy imports

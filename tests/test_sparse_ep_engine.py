@@ -8,7 +8,6 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep._epcore import gp_ep as dense_engine
@@ -21,10 +20,8 @@ from fastep.reference import sparse_ep as ref
 SEQ, PAR = engine.SPARSE_SEQUENTIAL, engine.SPARSE_PARALLEL
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    with threadpool_limits(1, "blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def problem(n, m, seed, inducing="random", variance=1.3, inverse_width=0.8):

@@ -5,7 +5,6 @@ import warnings
 import numpy as np
 import pytest
 from scipy.optimize import minimize
-from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep import ConvergenceWarning, SparseGPClassifier, SparseGPRegressor
@@ -16,10 +15,8 @@ from fastep.sparse import kmeans_plus_plus
 from test_kernels_sparse_gradients import NoSparseGradients  # a user kernel with only K and its diagonal
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    with threadpool_limits(1, "blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def toy(n, seed=0, classes=2):

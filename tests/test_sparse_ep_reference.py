@@ -5,7 +5,6 @@ n x n prior covariance, and the closed-form FITC / DTC / power-EP / VFE regressi
 """
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import fastep
 from fastep._epcore import gp_ep as dense_engine
@@ -15,10 +14,8 @@ from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    with threadpool_limits(1, "blas"):
-        yield
+# the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def problem(n, m, seed, inducing="random", variance=1.3, inverse_width=0.8):

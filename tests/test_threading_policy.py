@@ -12,6 +12,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import fastep
+from support import ESTIMATORS as REGISTRY
 from fastep.kernels import RBF
 
 
@@ -79,6 +80,10 @@ CASES = {
 _SLOW_CASES = {"HorseshoeRegression", "MultiTaskHorseshoeRegression", "IVMRegressor", "IVMOrdinalRegressor",
                "LinearEPClassifier"}
 _CASE_PARAMS = [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name for name in CASES]
+
+
+def test_every_registered_estimator_has_a_threading_case():
+    assert {case.split("-")[0] for case in CASES} == set(REGISTRY)
 
 
 def _fit(name, seed=0):
