@@ -2,9 +2,10 @@
 
 Tiers
     ``python -m pytest tests`` runs the default tier: every module's correctness checks.
-    Tests marked with one of :data:`TIERS` are left out of it; ``--all-tiers`` runs the union
-    (what CI runs), and ``-m <expression>`` selects by marker as usual (``-m fuzz``: that tier
-    alone; ``-m "not slow"``: everything but it), in place of the default selection.
+    Tests marked with one of :data:`TIERS` are left out of it; ``--tiered`` runs exactly those
+    (CI runs the default tier, then ``--tiered``: the union is every test), ``--all-tiers``
+    runs everything in one go, and ``-m <expression>`` selects by marker as usual (``-m fuzz``:
+    that tier alone), in place of the default selection.
 
 Hypothesis
     Profile ``dev`` (the default): random draws; a failure prints the blob that reproduces it
@@ -46,6 +47,8 @@ def pytest_addoption(parser):
     parser.addoption("--all-tiers", action="store_true", default=False,
                      help="run every tier (the default run leaves out tests marked "
                           + ", ".join(TIERS) + ")")
+    parser.addoption("--tiered", action="store_true", default=False,
+                     help="run only the tests marked with a tier (" + ", ".join(TIERS) + ")")
 
 
 def pytest_configure(config):
@@ -56,9 +59,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--all-tiers") or config.getoption("markexpr"):
         return
+    tiered = config.getoption("--tiered")
     selected, deselected = [], []
     for item in items:
-        (deselected if any(item.get_closest_marker(m) for m in TIERS) else selected).append(item)
+        in_a_tier = any(item.get_closest_marker(m) for m in TIERS)
+        (selected if in_a_tier == tiered else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected

@@ -153,6 +153,7 @@ def client():
     cluster.close()
 
 
+@pytest.mark.cluster
 def test_dask_cluster_fits_equal_the_thread_pool_fits(client):
     datasets = _datasets(5, seed=3)
     est = fastep.GaussianProcessClassifier(RBF())
@@ -163,6 +164,7 @@ def test_dask_cluster_fits_equal_the_thread_pool_fits(client):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.cluster
 def test_dask_scatters_each_array_once_and_collects_errors(client, monkeypatch):
     (X, y), = _datasets(1, seed=4)
     calls = []
@@ -184,6 +186,7 @@ def test_dask_scatters_each_array_once_and_collects_errors(client, monkeypatch):
         fit_many(grid, [(X, y)], client=client)
 
 
+@pytest.mark.cluster
 def test_a_scatter_that_fails_as_a_worker_dies_is_retried(client, monkeypatch):
     # The scheduler answers a scatter to a worker it has just removed with a KeyError naming it.
     (X, y), = _datasets(1, seed=4)
@@ -202,6 +205,7 @@ def test_a_scatter_that_fails_as_a_worker_dies_is_retried(client, monkeypatch):
     assert np.array_equal(out[0].predict_proba(X), fit_many(est, [(X, y)], n_jobs=1)[0].predict_proba(X))
 
 
+@pytest.mark.cluster
 def test_a_scatter_that_always_fails_raises_its_error(client, monkeypatch):
     (X, y), = _datasets(1, seed=4)
 
@@ -306,6 +310,7 @@ def _fit_many_while_killing(client, on_error):
     return box
 
 
+@pytest.mark.cluster
 def test_a_worker_killed_mid_fit_is_retried_and_no_fit_is_lost(client):
     box = _fit_many_while_killing(client, on_error="raise")
     assert "error" not in box, box.get("error")
@@ -316,6 +321,7 @@ def test_a_worker_killed_mid_fit_is_retried_and_no_fit_is_lost(client):
         assert np.array_equal(a, b)                # every model complete: the killed fit ran again elsewhere
 
 
+@pytest.mark.cluster
 def test_a_worker_killed_once_too_often_is_that_fits_failure():
     distributed = pytest.importorskip("distributed")
     import dask

@@ -22,6 +22,7 @@ def test_get_include_holds_the_pxd_files():
         assert os.path.isfile(os.path.join(include, "fastep", "_epcore", name)), name
 
 
+@pytest.mark.downstream
 def test_downstream_cython_can_cimport_the_kernels(tmp_path):
     # site-packages for a normal install, the meson build folder's include/ for an editable one
     package_root = fastep.get_include()
@@ -45,6 +46,7 @@ def test_downstream_cython_can_cimport_the_kernels(tmp_path):
     assert (tmp_path / "out.c").stat().st_size > 0
 
 
+@pytest.mark.downstream
 def test_downstream_cython_can_cimport_the_ivm_engine(tmp_path):
     # ivm_refine.pxd cimports ivm.pxd: both must be installed beside each other
     package_root = fastep.get_include()
@@ -67,6 +69,7 @@ def test_downstream_cython_can_cimport_the_ivm_engine(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.downstream
 def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
     package_root = fastep.get_include()
     src = tmp_path / "downstream_student_t.pyx"
@@ -177,10 +180,12 @@ def _rbf(a, b):
     return np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2)
 
 
+@pytest.mark.downstream
 def test_downstream_cython_can_cimport_the_engine_states(engine_states_c):
     assert engine_states_c.stat().st_size > 0
 
 
+@pytest.mark.downstream
 def test_cimported_dense_ep_runs_as_from_python(engine_states):
     from fastep._epcore import gp_ep
     x = np.linspace(-2, 2, 12)
@@ -201,6 +206,7 @@ def test_cimported_dense_ep_runs_as_from_python(engine_states):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.downstream
 def test_cimported_sparse_ep_runs_as_from_python(engine_states):
     from fastep._epcore import sparse_ep
     x, z = np.linspace(-2, 2, 20), np.linspace(-2, 2, 4)
@@ -220,6 +226,7 @@ def test_cimported_sparse_ep_runs_as_from_python(engine_states):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.downstream
 def test_cimported_linear_ep_runs_as_from_python(engine_states):
     from fastep._epcore import linear_ep
     rng = np.random.default_rng(0)
@@ -241,6 +248,7 @@ def test_cimported_linear_ep_runs_as_from_python(engine_states):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.downstream
 @pytest.mark.parametrize("criterion", ["entropy", "info_gain"])
 def test_cimported_ivm_state_selects_as_from_python(engine_states, criterion):
     from fastep._epcore import ivm

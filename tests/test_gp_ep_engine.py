@@ -679,6 +679,7 @@ def _pxd_include_dir():
     pytest.skip("gp_ep.pxd not found next to the compiled module")
 
 
+@pytest.mark.downstream
 def test_downstream_cython_can_cimport_gp_ep(tmp_path):
     import subprocess
     import sys

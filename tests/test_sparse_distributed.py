@@ -26,10 +26,6 @@ from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
 from fastep.sparse import _BinarySparseEP
 
-# a real Dask LocalCluster: left out of the support-matrix runs (-m 'not slow')
-pytestmark = pytest.mark.slow
-
-
 def _data(n, seed, classes=2, dim=2):
     rng = np.random.default_rng(seed)
     X = rng.uniform(-2, 2, size=(n, dim))
@@ -224,6 +220,7 @@ def _n_length_arrays(obj, n, seen=None):
     return found
 
 
+@pytest.mark.cluster
 def test_dask_fit_equals_the_in_core_parallel_fit(client):
     X, y, _ = _data(900, seed=7)
     labels = np.where(y > 0, "yes", "no")
@@ -265,6 +262,7 @@ def test_dask_fit_equals_the_in_core_parallel_fit(client):
     assert _n_length_arrays(remote, 900) == []
 
 
+@pytest.mark.cluster
 def test_dask_type_ii_ml_learns_what_the_in_core_fit_learns(client):
     X, _, y = _data(600, seed=9)
     kw = dict(schedule="parallel", n_inducing=10, random_state=0, learn_inducing=False, tol=1e-9)
@@ -285,6 +283,7 @@ def test_dask_type_ii_ml_learns_what_the_in_core_fit_learns(client):
     np.testing.assert_allclose(s2.compute(), s1, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cluster
 def test_dask_auto_inducing_grows_as_the_in_core_fit_does(client):
     # n <= the k-means++ sample: every size's inputs are the in-core ones, so the growth matches
     X, _, y = _data(300, seed=13)
@@ -300,6 +299,7 @@ def test_dask_auto_inducing_grows_as_the_in_core_fit_does(client):
                                rtol=1e-6)
 
 
+@pytest.mark.cluster
 def test_a_dask_fitted_model_saves_loads_and_predicts(client, tmp_path):
     import fastep
     X, y, _ = _data(600, seed=11)
@@ -317,6 +317,7 @@ def test_a_dask_fitted_model_saves_loads_and_predicts(client, tmp_path):
         remote.log_marginal_likelihood_value_, rel=1e-8)          # the original still has its cluster
 
 
+@pytest.mark.cluster
 def test_dask_one_vs_rest(client):
     X, y, _ = _data(450, seed=11, classes=3)
     kw = dict(schedule="parallel", n_inducing=8, random_state=1, optimizer=None, inducing_init="random")
@@ -330,6 +331,7 @@ def test_dask_one_vs_rest(client):
                                incore.predict_proba(X), rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.cluster
 def test_dask_input_errors(client):
     X, y, _ = _data(200, seed=12)
     Xd, yd = _dask(X, y, 50)

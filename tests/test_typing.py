@@ -61,6 +61,7 @@ def test_the_package_ships_its_py_typed_marker():
     assert (PACKAGE / "py.typed").is_file()
 
 
+@pytest.mark.typing
 def test_a_downstream_script_type_checks_in_strict_mode(tmp_path):
     status, output = _mypy(tmp_path, DOWNSTREAM)
     assert status == 0, f"mypy --strict rejects {DOWNSTREAM.name}:\n{output}"
@@ -94,6 +95,7 @@ fastep.IVMClassifier().fit(X)  # E: call-arg
 '''
 
 
+@pytest.mark.typing
 def test_mypy_sees_real_types_and_rejects_misuse(tmp_path):
     script = tmp_path / "misuse.py"
     script.write_text(textwrap.dedent(MISUSE))
