@@ -124,3 +124,12 @@ def test_missing_data_skips_by_default_and_fails_when_required(tmp_path):
     required = _pytest(tmp_path, "test_needs_data.py", "-q", env={**env, "FASTEP_REQUIRE_DATA": "1"})
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout + skipped.stderr
     assert required.returncode == 1 and "FASTEP_REQUIRE_DATA" in required.stdout, required.stdout
+
+
+def test_the_support_matrix_runs_the_default_and_downstream_tiers():
+    # .ci/support-matrix names the tiers it leaves out in a marker expression: keep it in step
+    # with conftest.TIERS (a tier added there and not here would run in the matrix)
+    script = (ROOT / ".ci" / "support-matrix").read_text()
+    line = next(line for line in script.splitlines() if line.startswith("default_and_downstream=("))
+    left_out = line.split('"not (', 1)[1].split(')"', 1)[0].split(" or ")
+    assert set(left_out) == set(TIERS) - {"downstream"}
