@@ -47,8 +47,10 @@ def records_feature_names(fit: _Fit) -> _Fit:
     return fit_recording_names  # type: ignore[return-value]  # same signature as ``fit``
 
 
-#: ``%NAME%`` alone on its line (indentation, name) or inside a line (name).
-_PLACEHOLDER = re.compile(r"^([ ]*)%([A-Z][A-Z0-9_]*)%[ ]*$|%([A-Z][A-Z0-9_]*)%", flags=re.M)
+#: A ``%NAME%`` placeholder: alone on its line (but for spaces) it stands for a block of lines,
+#: inside a line for one line of text. The pattern starts with its literal ``%``, which the regex
+#: engine finds quickly (the docstrings are templated when fastep is imported).
+_PLACEHOLDER = re.compile(r"%([A-Z][A-Z0-9_]*)%")
 _BODY_INDENT = "    "
 
 
@@ -112,21 +114,35 @@ def fill_doc(template: str, **sections: str) -> str:
             out.append(line[len(_BODY_INDENT):])
         return out
 
-    def fill(match):
-        indent, block_name, inline_name = match.groups()
-        if block_name:
-            return "\n".join(indent + line if line.strip() else "" for line in lines(block_name))
-        found = lines(inline_name)
-        if len(found) > 1:
-            raise ValueError(f"docstring section {inline_name} has several lines: its placeholder must "
-                             "stand alone on its line")
-        return found[0]
+    def fill(doc):
+        out, done = [], 0
+        for match in _PLACEHOLDER.finditer(doc):
+            name, (start, end) = match[1], match.span()
+            line_start = doc.rfind("\n", 0, start) + 1
+            line_end = doc.find("\n", end)
+            line_end = len(doc) if line_end < 0 else line_end
+            indent = doc[line_start:start]
+            if line_start >= done and not indent.strip(" ") and not doc[end:line_end].strip(" "):
+                # alone on its line: the line (with its trailing spaces) becomes the block
+                out.append(doc[done:line_start])
+                out.append("\n".join(indent + line if line.strip() else "" for line in lines(name)))
+                done = line_end
+            else:
+                found = lines(name)
+                if len(found) > 1:
+                    raise ValueError(f"docstring section {name} has several lines: its placeholder must "
+                                     "stand alone on its line")
+                out.append(doc[done:start])
+                out.append(found[0])
+                done = end
+        out.append(doc[done:])
+        return "".join(out)
 
     doc = template
     for _ in range(len(sections) + 1):                  # each round fills one level of nesting
         if not _PLACEHOLDER.search(doc):
             break
-        doc = _PLACEHOLDER.sub(fill, doc)
+        doc = fill(doc)
     if _PLACEHOLDER.search(doc):
         raise ValueError("docstring sections hold each other's placeholders in a cycle")
     if unused:
