@@ -30,6 +30,9 @@ save, load
     Store a fitted estimator in one ``.npz`` file and read it back, without pickle.
 get_include
     Directory for Cython's ``-I`` so that downstream code can ``cimport fastep._epcore.sites`` etc.
+show_versions
+    Print the versions of fastep, Python, numpy, scipy, the BLAS and the optional extras (for bug
+    reports; ``fastep info`` on the command line).
 """
 from typing import TYPE_CHECKING
 
@@ -53,16 +56,25 @@ __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
     "SparseGPClassifier", "SparseGPRegressor",
-    "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load", "ProgressRecord",
+    "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load", "ProgressRecord", "show_versions",
 ]
 
 
 if TYPE_CHECKING:
+    from ._show_versions import show_versions
+
     __version__: str
 else:
     def __getattr__(name):
-        # The version is read from the installed metadata on first access, not at import.
+        # The version is read from the installed metadata on first access, not at import;
+        # show_versions is imported on first use.
         if name == "__version__":
             from ._version import version
             return version()
+        if name == "show_versions":
+            from ._show_versions import show_versions
+            return show_versions
         raise AttributeError(f"module 'fastep' has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(set(globals()) | set(__all__))
