@@ -1,4 +1,5 @@
-"""``fastep fit / predict / evaluate / info`` run as a user runs them: through subprocess, on files."""
+"""``fastep fit / predict / evaluate / info`` run as a user runs them: through subprocess, on files;
+``fastep info`` without a file reports the installation."""
 import csv
 import io
 import os
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import fastep
+from fastep._search.start import median_inverse_width, target_scale
 from fastep.cli import parse_kernel
 from fastep.kernels import RBF, RBFARD, Bias, White
 
@@ -193,12 +195,49 @@ def test_parse_kernel_starts_from_the_data():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(50, 2)) * [1.0, 100.0]
     y = 3.0 + 2.0 * rng.normal(size=50)
-    gamma = fastep._search.start.median_inverse_width(X)
+    gamma = median_inverse_width(X)
     kernel = parse_kernel("rbf + bias + white", X, y, regression=True)
-    variance, offset = fastep._search.start.target_scale(y)
+    variance, offset = target_scale(y)
     assert repr(kernel) == repr(RBF(variance, gamma) + Bias(offset) + White(0.1 * variance))
     ard = parse_kernel("rbf-ard", X)
     assert isinstance(ard, RBFARD)
     scales = ard.get_params()["scales"]
     assert scales[0] / scales[1] == pytest.approx(100.0, rel=0.5)
     assert repr(parse_kernel("RBF(variance=2, inverse_width=0.5)", X)) == repr(RBF(2.0, 0.5))
+
+
+def test_info_without_a_model_reports_the_installation(tmp_path):
+    import numpy
+    import scipy
+    import threadpoolctl
+
+    res = run("info", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert f"fastep: {fastep.__version__}" in out
+    assert f"numpy: {numpy.__version__}" in out and f"scipy: {scipy.__version__}" in out
+    assert f"threadpoolctl: {threadpoolctl.__version__}" in out
+    assert f"executable: {sys.executable}" in out
+    assert "internal_api: " in out and "num_threads: " in out and "filepath: " in out
+    blas = [lib for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and any(f"internal_api: {lib['internal_api']}" in out for lib in blas)
+    assert "Optional extras:" in out
+    for name, extra in (("dask", "dask"), ("distributed", "dask"), ("matplotlib", "plot"), ("tqdm", "progress"),
+                        ("sphinx", "docs"), ("numpydoc", "docs"), ("pandas", "test"), ("scikit-learn", "test")):
+        line = next((line for line in out.splitlines() if line.strip().startswith(f"{name}: ")), None)
+        assert line is not None, f"{name} missing from:\n{out}"
+        assert line.rstrip().endswith(f"fastep[{extra}]")
+    assert "usage" not in out
+    # the same report from Python
+    same = subprocess.run([sys.executable, "-c", "import fastep; fastep.show_versions()"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[:12] == out.splitlines()[:12]     # fastep, system and dependencies
+
+
+def test_info_help_names_both_uses(tmp_path):
+    res = run("info", "--help", cwd=tmp_path)
+    assert res.returncode == 0
+    assert "[model]" in res.stdout and "Without: the versions of fastep" in " ".join(res.stdout.split())
+    top = run("--help", cwd=tmp_path)
+    assert "describe a saved model, or (without MODEL) this installation" in " ".join(top.stdout.split())

@@ -1,7 +1,8 @@
 """Command-line interface (also ``python -m fastep``).
 
 ``fastep fit``, ``fastep predict``, ``fastep evaluate``, ``fastep info`` fit and use models on the
-user's own files (CSV with a header row, or ``.npz`` with ``X`` and ``y``); ``fastep demo`` runs
+user's own files (CSV with a header row, or ``.npz`` with ``X`` and ``y``); ``fastep info`` without
+a model file prints the installation's versions (:func:`fastep.show_versions`); ``fastep demo`` runs
 the built-in toy problem. ``fastep <command> --help`` describes each.
 """
 from __future__ import annotations
@@ -16,12 +17,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._version import version as _fastep_version
-from .gp import GaussianProcessClassifier, GaussianProcessRegressor
-from .horseshoe import HorseshoeRegression
-from .ivm import IVMClassifier, IVMRegressor
-from .linear import LinearEPClassifier, LinearEPRegressor
-from .persistence import load, read_metadata, save
-from .sparse import SparseGPClassifier, SparseGPRegressor
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -91,7 +86,10 @@ def demo(n_train: int = 500, n_test: int = 500, grid: int = 12, seed: int = 0, o
     ['gp_fixed', 'gp_learnt', 'ivm', 'linear']
     """
     from .datasets import make_ivm_toy_classification
+    from .gp import GaussianProcessClassifier
+    from .ivm import IVMClassifier
     from .likelihoods import Probit
+    from .linear import LinearEPClassifier
 
     # Draw one pool of at least 1000 points so that smaller runs are subsets of the default problem.
     n_pool = max(1000, n_train + n_test)
@@ -158,17 +156,18 @@ def demo(n_train: int = 500, n_test: int = 500, grid: int = 12, seed: int = 0, o
     return models
 
 
-#: ``--model`` names: (estimator class, task)
+#: ``--model`` names: (fastep module, estimator class, task); the module is imported by the fit
+#: (``fastep info`` and ``--help`` stay quick).
 MODELS = {
-    "gpc": (GaussianProcessClassifier, "classification"),
-    "gpr": (GaussianProcessRegressor, "regression"),
-    "sparse-gpc": (SparseGPClassifier, "classification"),
-    "sparse-gpr": (SparseGPRegressor, "regression"),
-    "ivm": (IVMClassifier, "classification"),
-    "ivm-regression": (IVMRegressor, "regression"),
-    "linear": (LinearEPClassifier, "classification"),
-    "linear-regression": (LinearEPRegressor, "regression"),
-    "horseshoe": (HorseshoeRegression, "regression"),
+    "gpc": ("gp", "GaussianProcessClassifier", "classification"),
+    "gpr": ("gp", "GaussianProcessRegressor", "regression"),
+    "sparse-gpc": ("sparse", "SparseGPClassifier", "classification"),
+    "sparse-gpr": ("sparse", "SparseGPRegressor", "regression"),
+    "ivm": ("ivm", "IVMClassifier", "classification"),
+    "ivm-regression": ("ivm", "IVMRegressor", "regression"),
+    "linear": ("linear", "LinearEPClassifier", "classification"),
+    "linear-regression": ("linear", "LinearEPRegressor", "regression"),
+    "horseshoe": ("horseshoe", "HorseshoeRegression", "regression"),
 }
 _KERNEL_TERMS = ("rbf", "rbf-ard", "linear", "linear-ard", "mlp", "bias", "white")
 
@@ -262,7 +261,9 @@ def parse_kernel(spec: str, X: NDArray[np.float64], y: NDArray[np.float64] | Non
 
 
 def _estimator(args, X, y):
-    cls, task = MODELS[args.model]
+    from importlib import import_module
+    module, name, task = MODELS[args.model]
+    cls = getattr(import_module(f"fastep.{module}"), name)
     params = {}
     if args.kernel is not None:
         if args.model.startswith(("linear", "horseshoe")):
@@ -291,11 +292,12 @@ def _read(path, **kwargs):
 
 def _fit(args, err):
     from ._tabular import parse_labels
+    from .persistence import save
     from .progress import ProgressBar
 
     features = args.features.split(",") if args.features else None
     table = _read(args.data, target=args.target, features=features)
-    task = MODELS[args.model][1]
+    task = MODELS[args.model][2]
     y = parse_labels(table.y, regression=task == "regression")
     if task == "classification" and np.unique(y).shape[0] < 2:
         raise UsageError(f"{args.data}: the target column {table.target_name!r} has a single class "
@@ -322,6 +324,7 @@ def _fit(args, err):
 
 
 def _load(path):
+    from .persistence import load, read_metadata
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such model file")
     with warnings.catch_warnings():
@@ -394,6 +397,11 @@ def _evaluate(args, out):
 
 
 def _info(args, out):
+    if args.model is None:
+        from ._show_versions import show_versions
+        show_versions(file=out)
+        return 0
+    from .persistence import read_metadata
     if not os.path.exists(args.model):
         raise UsageError(f"{args.model}: no such model file")
     meta = read_metadata(args.model)
@@ -482,8 +490,13 @@ def _parser():
     p_eval.add_argument("data")
     p_eval.add_argument("--target", help="target column (default: the one the model was fitted to)")
 
-    p_info = sub.add_parser("info", help="describe a saved model")
-    p_info.add_argument("model")
+    p_info = sub.add_parser("info", help="describe a saved model, or (without MODEL) this installation",
+                            description="With MODEL: the saved model's estimator, kernel, likelihood, evidence, "
+                                        "features, target, training and versions. Without: the versions of "
+                                        "fastep, Python, numpy, scipy and threadpoolctl, the BLAS and OpenMP "
+                                        "libraries loaded and the optional extras installed (as "
+                                        "fastep.show_versions() prints them; paste it into a bug report).")
+    p_info.add_argument("model", nargs="?", help="a model file written by fastep fit or fastep.save")
     return parser
 
 
