@@ -33,6 +33,10 @@ get_include
 show_versions
     Print the versions of fastep, Python, numpy, scipy, the BLAS and the optional extras (for bug
     reports; ``fastep info`` on the command line).
+
+``import fastep`` loads the kernels, likelihoods, hyperpriors, persistence and progress modules;
+each estimator's module (with its compiled engine) is imported on first use of the estimator,
+``from fastep import GaussianProcessClassifier`` or ``fastep.GaussianProcessClassifier``.
 """
 from typing import TYPE_CHECKING
 
@@ -40,12 +44,6 @@ from . import hyperpriors, kernels, likelihoods
 from ._include import get_include
 from .exceptions import ConvergenceWarning, MemoryLimitError, NotFittedError
 from .likelihoods import Gaussian, Logistic, OrderedCategorical, Probit, Step, StudentT
-from .gp import GaussianProcessClassifier, GaussianProcessRegressor
-from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
-from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
-from .linear import LinearEPClassifier, LinearEPRegressor
-from .sparse import SparseGPClassifier, SparseGPRegressor
-from .multioutput import RankKEP
 from .persistence import load, save
 from .progress import ProgressRecord
 
@@ -59,21 +57,44 @@ __all__ = [
     "HorseshoeRegression", "MultiTaskHorseshoeRegression", "save", "load", "ProgressRecord", "show_versions",
 ]
 
+#: Names imported from their module on first access: {name: module}.
+_LAZY = {
+    "GaussianProcessClassifier": "gp", "GaussianProcessRegressor": "gp",
+    "HorseshoeRegression": "horseshoe", "MultiTaskHorseshoeRegression": "horseshoe",
+    "IVMClassifier": "ivm", "IVMOrdinalRegressor": "ivm", "IVMRegressor": "ivm",
+    "LinearEPClassifier": "linear", "LinearEPRegressor": "linear",
+    "SparseGPClassifier": "sparse", "SparseGPRegressor": "sparse",
+    "RankKEP": "multioutput",
+    "show_versions": "_show_versions",
+}
+#: Public submodules that ``fastep.<name>`` imports on first access.
+_SUBMODULES = ("batch", "cli", "datasets", "gp", "horseshoe", "ivm", "linear", "multioutput", "plotting",
+               "reference", "sparse")
 
 if TYPE_CHECKING:
     from ._show_versions import show_versions
+    from .gp import GaussianProcessClassifier, GaussianProcessRegressor
+    from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
+    from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
+    from .linear import LinearEPClassifier, LinearEPRegressor
+    from .multioutput import RankKEP
+    from .sparse import SparseGPClassifier, SparseGPRegressor
 
     __version__: str
 else:
     def __getattr__(name):
-        # The version is read from the installed metadata on first access, not at import;
-        # show_versions is imported on first use.
+        # The version is read from the installed metadata on first access, not at import; the
+        # estimators' modules are imported on first use.
         if name == "__version__":
             from ._version import version
             return version()
-        if name == "show_versions":
-            from ._show_versions import show_versions
-            return show_versions
+        from importlib import import_module
+        if name in _LAZY:
+            value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+            globals()[name] = value
+            return value
+        if name in _SUBMODULES:
+            return import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'fastep' has no attribute {name!r}")
 
     def __dir__():

@@ -59,9 +59,18 @@ _TAG = "__fastep__"                          # key of a tagged node in the state
 
 # -- the classes a file may name ----------------------------------------------------------------
 
+#: The modules of the public estimators: ``import fastep`` leaves them to first use; reading a
+#: model file imports them (and with them every module whose classes a file may name).
+_ESTIMATOR_MODULES = ("fastep.gp", "fastep.sparse", "fastep.ivm", "fastep.linear", "fastep.horseshoe",
+                      "fastep.multioutput")
+
+
 def _class_table():
     """``{qualified name: class}`` for every class defined in fastep's own modules."""
     import sys
+    from importlib import import_module
+    for module_name in _ESTIMATOR_MODULES:
+        import_module(module_name)
     table = {}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "fastep" or name.startswith("fastep.")):
