@@ -1,5 +1,8 @@
 """The documentation's examples run as written: every ``.. code-block:: python`` and ``.. plot::``
-body of each page, in order, in a fresh interpreter per page (a page may configure logging)."""
+body of each page, in order, in a fresh interpreter per page (a page may configure logging).
+
+The pages without such a block are named in :data:`PAGES_WITHOUT_EXAMPLES` and checked to be
+exactly those, and no page holds Python in a form the runner would not execute."""
 import pathlib
 import re
 import subprocess
@@ -10,6 +13,27 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.rglob("*.rst")) if DOCS.exists() else []
+
+#: Pages with no Python example (the API reference generated from the docstrings, whose
+#: examples ``test_docstrings.py`` runs; tables; the table of contents).
+PAGES_WITHOUT_EXAMPLES = {"api.rst", "guide/choosing.rst", "implemented.rst", "index.rst", "policies.rst"}
+
+#: Python the runner would not execute: doctest prompts, other code directives, ``code-block``
+#: with another name for Python (or none: Sphinx's default highlighting), an indented
+#: ``code-block:: python`` or ``plot::`` (the runner reads them at the start of a line), and
+#: ``::`` literal blocks that start like Python.
+_UNRUN_PYTHON = re.compile(
+    r"^[ \t]*>>>\s"
+    r"|^[ \t]*\.\. (code|sourcecode)::[ \t]*(py|python3?|pycon|ipython3?|default)?[ \t]*$"
+    r"|^[ \t]*\.\. code-block::[ \t]*(py|python3|pycon|ipython3?|default)?[ \t]*$"
+    r"|^[ \t]*\.\. (doctest|testcode|testsetup|ipython|jupyter-execute)::"
+    r"|^[ \t]+\.\. (code-block:: python|plot::)[ \t]*$"
+    r"|^(?![ \t]*\.\. )[^\n]*::[ \t]*\n(?:[ \t]*\n)+[ \t]+(?:import |from \S+ import |>>> )",
+    flags=re.M)
+
+
+def _name(page):
+    return page.relative_to(DOCS).as_posix()
 
 
 def _blocks(text):
@@ -39,12 +63,29 @@ def test_the_docs_are_found():
     assert sum(len(_blocks(p.read_text(encoding="utf-8"))) for p in PAGES) >= 15
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+EXAMPLE_PAGES = [p for p in PAGES if _blocks(p.read_text(encoding="utf-8"))]
+
+
+def test_the_pages_without_examples_are_the_expected_ones():
+    if not DOCS.exists():
+        pytest.skip("docs/ is not beside the tests (an installed test tree)")
+    without = {_name(p) for p in PAGES if p not in EXAMPLE_PAGES}
+    assert without == PAGES_WITHOUT_EXAMPLES, (
+        f"pages without examples now: {sorted(without)}; expected {sorted(PAGES_WITHOUT_EXAMPLES)}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[_name(p) for p in PAGES])
+def test_no_python_in_a_form_the_runner_skips(page):
+    text = page.read_text(encoding="utf-8")
+    found = [match.group(0).strip() for match in _UNRUN_PYTHON.finditer(text)]
+    assert not found, f"{_name(page)}: Python the examples test would not run: {found}"
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=[_name(p) for p in EXAMPLE_PAGES])
 def test_page_examples_run(page, tmp_path):
     text = page.read_text(encoding="utf-8")
     blocks = _blocks(text)
-    if not blocks:
-        return
+    assert blocks
     if ".. plot::" in text or "matplotlib" in text:
         pytest.importorskip("matplotlib")         # the plot extra (a test extra too)
         script = ["import matplotlib", "matplotlib.use('Agg')", "import matplotlib.pyplot as plt"]

@@ -1,5 +1,7 @@
 """Every public class and function has a docstring a user can read: numpydoc sections, an
-example, and the example runs as written (doctest)."""
+example, and the example runs as written (doctest). The public warnings and exceptions have no
+examples to run: theirs is a docstring of their own whose one-line summary says what they
+mean, with the attributes they carry documented."""
 import doctest
 import inspect
 import re
@@ -10,6 +12,7 @@ import pytest
 import fastep
 import fastep.batch
 import fastep.cli
+import fastep.exceptions
 import fastep.hyperpriors
 import fastep.kernels
 import fastep.likelihoods
@@ -23,8 +26,8 @@ _ESTIMATOR_METHODS = ("fit", "predict", "predict_proba", "predict_latent", "deci
 
 def _public_objects():
     seen = {}
-    for module in (fastep, fastep.batch, fastep.hyperpriors, fastep.kernels, fastep.likelihoods, fastep.persistence, fastep.plotting,
-                   fastep.progress, fastep.cli):
+    for module in (fastep, fastep.batch, fastep.exceptions, fastep.hyperpriors, fastep.kernels, fastep.likelihoods,
+                   fastep.persistence, fastep.plotting, fastep.progress, fastep.cli):
         for name in module.__all__:
             obj = getattr(module, name)
             if inspect.isclass(obj) or inspect.isfunction(obj):
@@ -32,7 +35,15 @@ def _public_objects():
     return dict(sorted(seen.items()))
 
 
+def _is_exception(obj):
+    return inspect.isclass(obj) and issubclass(obj, BaseException)
+
+
 PUBLIC = _public_objects()
+#: the public warnings and errors: checked by test_exception_has_a_summary_and_documents_what_it_carries
+EXCEPTIONS = {k: v for k, v in PUBLIC.items() if _is_exception(v)}
+#: everything else: numpydoc sections and an example that runs
+DOCUMENTED = {k: v for k, v in PUBLIC.items() if not _is_exception(v)}
 ESTIMATORS = {k: v for k, v in PUBLIC.items() if inspect.isclass(v) and hasattr(v, "fit")}
 
 
@@ -48,14 +59,40 @@ def test_the_public_surface_is_found():
     assert any("RBF" in k for k in PUBLIC) and any("Probit" in k for k in PUBLIC)
 
 
-@pytest.mark.parametrize("name", list(PUBLIC))
+def test_the_exceptions_are_exactly_the_expected_ones():
+    """The classes held to the exception checks instead of the numpydoc and example checks."""
+    assert set(EXCEPTIONS) == {"fastep.exceptions.ConvergenceWarning", "fastep.exceptions.DataConversionWarning",
+                               "fastep.exceptions.MemoryLimitError", "fastep.exceptions.NotFittedError"}
+
+
+@pytest.mark.parametrize("name", list(EXCEPTIONS))
+def test_exception_has_a_summary_and_documents_what_it_carries(name):
+    cls = EXCEPTIONS[name]
+    doc = cls.__doc__                              # a class's own (None if it has none: not inherited)
+    assert doc and len(doc.strip()) > 40, f"{name} has no docstring"
+    lines = inspect.cleandoc(doc).splitlines()
+    summary = lines[0]
+    assert summary.endswith(".") and (len(lines) == 1 or not lines[1].strip()), (
+        f"{name}: the first line is not a one-line summary: {summary!r}")
+    base_summaries = {(inspect.getdoc(base) or "").split("\n", 1)[0] for base in cls.__mro__[1:]}
+    assert summary not in base_summaries, f"{name} repeats its base's summary: {summary!r}"
+    # what an instance carries beyond the message: its annotated attributes and the keyword
+    # arguments of its own __init__, each documented under Attributes
+    carried = {a for a in inspect.get_annotations(cls) if not a.startswith("_")}
+    if "__init__" in vars(cls):
+        carried |= {p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY}
+    if carried:
+        assert "Attributes" in _sections(doc), f"{name}: no Attributes section for {sorted(carried)}"
+        documented = set(re.findall(r"^(\w+) :", inspect.cleandoc(doc), flags=re.M))
+        assert carried <= documented, f"{name}: attributes not documented: {sorted(carried - documented)}"
+
+
+@pytest.mark.parametrize("name", list(DOCUMENTED))
 def test_public_object_has_a_numpydoc_docstring(name):
-    obj = PUBLIC[name]
+    obj = DOCUMENTED[name]
     doc = obj.__doc__
     assert doc and len(doc.strip()) > 40, f"{name} has no docstring"
     sections = _sections(doc)
-    if inspect.isclass(obj) and issubclass(obj, Warning | Exception):
-        return
     params = [p for p in inspect.signature(obj).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if params:
@@ -78,13 +115,11 @@ def test_estimator_documents_attributes_references_and_methods(name):
             assert doc and doc.strip(), f"{name}.{method} has no docstring"
 
 
-@pytest.mark.parametrize("name", list(PUBLIC))
+@pytest.mark.parametrize("name", list(DOCUMENTED))
 def test_docstring_examples_run_as_written(name):
-    obj = PUBLIC[name]
+    obj = DOCUMENTED[name]
     finder = doctest.DocTestFinder(recurse=False)
     tests = [t for t in finder.find(obj, name, globs={"np": np}) if t.examples]
-    if inspect.isclass(obj) and issubclass(obj, Warning | Exception):
-        return
     assert tests, f"{name}: no runnable example"
     if name.startswith("fastep.plotting."):
         pytest.importorskip("matplotlib")         # the plot extra's examples draw
