@@ -81,6 +81,7 @@ def test_no_python_in_a_form_the_runner_skips(page):
     assert not found, f"{_name(page)}: Python the examples test would not run: {found}"
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=[_name(p) for p in EXAMPLE_PAGES])
 def test_page_examples_run(page, tmp_path):
     text = page.read_text(encoding="utf-8")

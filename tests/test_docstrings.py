@@ -115,6 +115,7 @@ def test_estimator_documents_attributes_references_and_methods(name):
             assert doc and doc.strip(), f"{name}.{method} has no docstring"
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("name", list(DOCUMENTED))
 def test_docstring_examples_run_as_written(name):
     obj = DOCUMENTED[name]
