@@ -133,3 +133,23 @@ def test_the_support_matrix_runs_the_default_and_downstream_tiers():
     line = next(line for line in script.splitlines() if line.startswith("default_and_downstream=("))
     left_out = line.split('"not (', 1)[1].split(')"', 1)[0].split(" or ")
     assert set(left_out) == set(TIERS) - {"downstream"}
+
+
+def test_the_ci_profile_derandomises_hypothesis_and_prints_the_blob(tmp_path):
+    (tmp_path / "test_draws.py").write_text(textwrap.dedent("""
+        from hypothesis import given, settings, strategies as st
+
+        @settings(max_examples=5, deadline=None)      # as the suite's property tests declare theirs
+        @given(st.integers())
+        def test_draws(x):
+            pass
+
+        def test_report():
+            used = test_draws._hypothesis_internal_use_settings
+            print("SETTINGS", used.derandomize, used.print_blob)
+    """))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    dev = _pytest(tmp_path, "test_draws.py", "-q", "-s", "-p", "conftest", env=env)
+    ci = _pytest(tmp_path, "test_draws.py", "-q", "-s", "-p", "conftest", "--hypothesis-profile=ci", env=env)
+    assert "SETTINGS False True" in dev.stdout, dev.stdout + dev.stderr
+    assert "SETTINGS True True" in ci.stdout, ci.stdout + ci.stderr
