@@ -52,8 +52,9 @@ def test_smallest_parameters():
     assert run_once.parameters(Flat) == (0.5,)
 
 
-# The engine benchmarks: seconds in all, so every CI run exercises their setup and bodies.
-CHEAP = ["bench_gp_ep", "bench_sparse_ep", "bench_linear_ep", "bench_sites"]
+# The engine benchmarks: seconds in all, so every run exercises their setup and bodies (the dense
+# engine's, the longest, in the slow tier; CI also runs the whole asv suite once).
+CHEAP = [pytest.param("bench_gp_ep", marks=pytest.mark.slow), "bench_sparse_ep", "bench_linear_ep", "bench_sites"]
 
 
 @pytest.mark.parametrize("module_name", CHEAP)

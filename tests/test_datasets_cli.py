@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from fastep.cli import demo, main
@@ -37,6 +38,7 @@ def test_ivm_toy_latent_is_a_gp_sample_with_the_right_correlation():
     assert r_far < r_close - 0.3
 
 
+@pytest.mark.slow
 def test_demo_runs_and_reports_accuracy_evidence_time():
     out = io.StringIO()
     models = demo(n_train=200, n_test=200, out=out)

@@ -328,7 +328,8 @@ def test_default_start_is_the_same_model_for_any_rescaling_of_mixed_unit_columns
     np.testing.assert_allclose(k_raw(X), k_scaled(X * c), rtol=1e-10, atol=1e-14)
 
 
-@pytest.mark.parametrize("make", [fastep.GaussianProcessClassifier, fastep.SparseGPClassifier, fastep.IVMClassifier],
+@pytest.mark.parametrize("make", [fastep.GaussianProcessClassifier, fastep.SparseGPClassifier,
+                                  pytest.param(fastep.IVMClassifier, marks=pytest.mark.slow)],
                          ids=["gpc", "sparse-gpc", "ivm"])
 def test_raw_and_standardised_mixed_unit_inputs_give_the_same_accuracy(make):
     X, y = _mixed_units(250, 1)

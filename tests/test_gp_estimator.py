@@ -72,6 +72,7 @@ def test_learning_is_independent_of_transform_and_warm_start():
     assert abs(a.log_marginal_likelihood_value_ - (-47.6334)) < 1e-3
 
 
+@pytest.mark.slow
 def test_learning_survives_a_wild_first_optimiser_step():
     """L-BFGS-B's first (unit) step from RBF(1, 1) on the IVM toy lands at variance ~e^26,
     inverse width ~e^39; EP warm-started from the old sites fails there and must be retried

@@ -101,6 +101,7 @@ def _three_blobs(n_per_class, seed):
     return X[order], y[order]
 
 
+@pytest.mark.slow
 def test_the_multinomial_search_starts_where_a_search_on_a_subset_ends(monkeypatch):
     X, y = _three_blobs(110, seed=5)                     # 330 points: above the coarse stage's threshold
     X_test, _ = _three_blobs(100, seed=6)

@@ -44,8 +44,8 @@ def test_every_estimator_with_a_scikit_learn_fit_is_checked():
 
 def _mark_repeats_slow(parametrization):
     """``parametrize_with_checks``' cases, with the training checks' repeats on read-only
-    memory maps and float32 copies marked slow: the support-matrix environments run each
-    training check once, the default environment all of them."""
+    memory maps and float32 copies, and every check of the multinomial variant, in the slow
+    tier: the default tier runs every check on each default-constructed estimator once."""
     argnames, cases = parametrization.args
     ids = parametrization.kwargs["ids"]
     params = []
@@ -54,6 +54,8 @@ def _mark_repeats_slow(parametrization):
         name = ids(values[1])
         if name.startswith(("check_classifiers_train(", "check_regressors_train(")) and "readonly_memmap=True" in name:
             marks.append(pytest.mark.slow)
+        elif isinstance(values[0], fastep.GaussianProcessClassifier) and values[0].multi_class == "multinomial":
+            marks.append(pytest.mark.slow)       # nested EP in each of the checks' fits: the longest variant
         params.append(pytest.param(*values, marks=marks))
     return pytest.mark.parametrize(argnames, params, ids=ids)
 

@@ -224,6 +224,7 @@ def _data(n=120, seed=1, fraction=0.1):
     return X, y, bad, X_test, np.sin(2 * X_test[:, 0])
 
 
+@pytest.mark.slow
 def test_robust_fit_on_outliers_is_close_to_the_clean_fit():
     X, y, y_bad, X_test, f_test = _data()
 

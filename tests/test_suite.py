@@ -30,7 +30,9 @@ def test_every_public_name_with_fit_is_an_estimator_class():
     assert all(inspect.isclass(getattr(fastep, name)) for name in fitting)
 
 
-@pytest.mark.parametrize("name", list(ESTIMATORS))
+# the horseshoe searches are the longest of these fits: slow tier
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if "Horseshoe" in name else name
+                                  for name in ESTIMATORS])
 def test_each_registered_configuration_fits_its_problem(name):
     spec = ESTIMATORS[name]
     X, y = spec.data()

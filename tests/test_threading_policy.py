@@ -75,11 +75,18 @@ CASES = {
 }
 
 
-# The longest fits run in the default environment only (`-m "not slow"` elsewhere); the others
-# cover every compiled engine family (dense, sparse, IVM selection, weight space, rank-k).
+# The longest fits are in the slow tier; the default tier keeps, for each check, a case of every
+# compiled engine family (dense, sparse, IVM selection, weight space, rank-k).
 _SLOW_CASES = {"HorseshoeRegression", "MultiTaskHorseshoeRegression", "IVMRegressor", "IVMOrdinalRegressor",
                "LinearEPClassifier"}
-_CASE_PARAMS = [pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name for name in CASES]
+# four fits in three threads at once: the dense GP's learning fits are the longest of them
+_SLOW_CONCURRENT = _SLOW_CASES | {"GaussianProcessClassifier", "GaussianProcessClassifier-3"}
+# the fits watched by a second thread: the IVM classifier and the linear regressor at these sizes
+_SLOW_COUNTS = _SLOW_CASES | {"IVMClassifier", "LinearEPRegressor"}
+
+
+def _case_params(slow):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in CASES]
 
 
 def test_every_registered_estimator_has_a_threading_case():
@@ -113,7 +120,7 @@ def _outputs(model, X):
     return out
 
 
-@pytest.mark.parametrize("name", _CASE_PARAMS)
+@pytest.mark.parametrize("name", _case_params(_SLOW_CONCURRENT))
 def test_concurrent_fits_are_bitwise_identical_to_a_serial_fit(name):
     serial = _outputs(*_fit(name))
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -128,7 +135,7 @@ def _blas_threads():
     return {info["filepath"]: info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
 
 
-@pytest.mark.parametrize("name", _CASE_PARAMS)
+@pytest.mark.parametrize("name", _case_params(_SLOW_COUNTS))
 def test_a_fit_leaves_the_thread_counts_other_threads_see_unchanged(name):
     before = _blas_threads()
     assert before, "no BLAS library found by threadpoolctl"
