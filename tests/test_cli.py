@@ -116,7 +116,8 @@ def test_other_classifiers(files, model, extra):
         assert loaded.active_set_.shape == (40,)
 
 
-@pytest.mark.parametrize("model", ["gpr", "sparse-gpr", "linear-regression", "horseshoe", "ivm-regression"])
+@pytest.mark.parametrize("model", ["gpr", "linear-regression"] + [pytest.param(m, marks=pytest.mark.slow)
+                                                   for m in ("sparse-gpr", "horseshoe", "ivm-regression")])
 def test_regressors_from_csv_and_npz(files, model):
     root, X, _, target = files
     fit = run("fit", "train.csv", "--target", "value", "--features", "age,income,ratio", "--model", model,

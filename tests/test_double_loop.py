@@ -167,6 +167,7 @@ def test_callback_stops_and_bad_arguments_are_rejected():
         double_loop.run_double_loop_ep(K, y, 4.0, 0.1, 0.5, np.full(20, -1e6), np.zeros(20), *_outputs(20))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, dof, scale", STALLING[:1])
 def test_estimator_falls_back_to_the_double_loop(seed, dof, scale):
     x, y = _outlier_data(seed)

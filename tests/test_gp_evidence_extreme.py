@@ -74,6 +74,7 @@ def _problem(n=50, seed=0, jitter=1e-6):
     return X, K, y
 
 
+@pytest.mark.slow
 def test_n50_evidence_matches_high_precision_at_huge_precisions():
     X, K, y = _problem()
     n = len(y)

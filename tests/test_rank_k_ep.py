@@ -377,6 +377,7 @@ def test_probit_product_quadrature_vs_dblquad(y):
     np.testing.assert_allclose(B_r, B_c, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_logistic_gh_product_quadrature_vs_dblquad():
     h, Lam = CORRELATED_CAVITY
     y = np.array([-1.0, 1.0])

@@ -28,11 +28,12 @@ from support import ESTIMATORS as REGISTRY  # noqa: E402
 # Every estimator as a user first meets it (default-constructed), plus the variants that take
 # another engine path; the checks fit each a few dozen times on tiny data sets (some with fewer
 # rows than any default size, e.g. n_inducing, must clip).
-ESTIMATORS = [spec.cls() for spec in REGISTRY.values() if spec.fit_shape == "Xy"] + [
+VARIANTS = [
     fastep.GaussianProcessClassifier(multi_class="multinomial"),
     fastep.GaussianProcessRegressor(likelihood="student_t"),
     fastep.SparseGPRegressor(likelihood="student_t"),
 ]
+ESTIMATORS = [spec.cls() for spec in REGISTRY.values() if spec.fit_shape == "Xy"] + VARIANTS
 # the registered estimators that scikit-learn's checks cannot drive (their fit takes other shapes)
 NOT_CHECKED = {spec.name for spec in REGISTRY.values() if spec.fit_shape != "Xy"}
 
@@ -44,7 +45,7 @@ def test_every_estimator_with_a_scikit_learn_fit_is_checked():
 
 def _mark_repeats_slow(parametrization):
     """``parametrize_with_checks``' cases, with the training checks' repeats on read-only
-    memory maps and float32 copies, and every check of the multinomial variant, in the slow
+    memory maps and float32 copies, and every check of the variants (multinomial, Student-t), in the slow
     tier: the default tier runs every check on each default-constructed estimator once."""
     argnames, cases = parametrization.args
     ids = parametrization.kwargs["ids"]
@@ -54,8 +55,8 @@ def _mark_repeats_slow(parametrization):
         name = ids(values[1])
         if name.startswith(("check_classifiers_train(", "check_regressors_train(")) and "readonly_memmap=True" in name:
             marks.append(pytest.mark.slow)
-        elif isinstance(values[0], fastep.GaussianProcessClassifier) and values[0].multi_class == "multinomial":
-            marks.append(pytest.mark.slow)       # nested EP in each of the checks' fits: the longest variant
+        elif repr(values[0]) in {repr(variant) for variant in VARIANTS}:
+            marks.append(pytest.mark.slow)       # the variants (nested EP, Student-t) have the longest fits
         params.append(pytest.param(*values, marks=marks))
     return pytest.mark.parametrize(argnames, params, ids=ids)
 

@@ -201,6 +201,7 @@ def _estimator(approximation, m, dof, scale):
                              learn_inducing=False, jitter=1e-8, tol=1e-6, max_sweeps=500)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("approximation, m, seed, dof, scale", STALLING[:1])
 def test_estimator_falls_back_to_the_double_loop(approximation, m, seed, dof, scale):
     x, y = _outlier_data(seed)
@@ -244,6 +245,7 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
     assert np.all(np.isfinite(est.site_precision_)) and np.all(np.isfinite(est.predict(x[:5, None])))
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_n():
     # O(nm): no n x n array (n = 2000: one would be 32 MB); peak traced memory stays within a
     # small multiple of the size of Vt

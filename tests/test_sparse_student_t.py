@@ -194,7 +194,7 @@ def test_sparse_student_t_model_round_trips_through_save_and_load(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")    # the reference's quad, at roundoff
-@pytest.mark.parametrize("power", [0.5, 1.0])
+@pytest.mark.parametrize("power", [pytest.param(0.5, marks=pytest.mark.slow), 1.0])
 def test_engine_matches_the_reference_sweep_by_sweep_on_a_fitc_prior(power):
     from fastep.reference import sparse_ep as ref
     x, y = _outlier_data(n=16, seed=3)

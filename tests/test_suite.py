@@ -90,6 +90,7 @@ def test_a_hanging_test_is_stopped_by_the_timeout_and_named(tmp_path):
     assert "1 failed, 1 passed" in out.stdout           # the run went on after the hang
 
 
+@pytest.mark.slow
 def test_the_default_run_leaves_the_tiers_out_and_all_tiers_runs_them(tmp_path):
     module = ROOT / "tests" / "test_suite.py"
     default = _pytest(tmp_path, str(module), "--collect-only", "-q")
@@ -137,6 +138,7 @@ def test_the_support_matrix_runs_the_default_and_downstream_tiers():
     assert set(left_out) == set(TIERS) - {"downstream"}
 
 
+@pytest.mark.slow
 def test_the_ci_profile_derandomises_hypothesis_and_prints_the_blob(tmp_path):
     (tmp_path / "test_draws.py").write_text(textwrap.dedent("""
         from hypothesis import given, settings, strategies as st

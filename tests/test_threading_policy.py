@@ -80,7 +80,7 @@ CASES = {
 _SLOW_CASES = {"HorseshoeRegression", "MultiTaskHorseshoeRegression", "IVMRegressor", "IVMOrdinalRegressor",
                "LinearEPClassifier"}
 # four fits in three threads at once: the dense GP's learning fits are the longest of them
-_SLOW_CONCURRENT = _SLOW_CASES | {"GaussianProcessClassifier", "GaussianProcessClassifier-3"}
+_SLOW_CONCURRENT = _SLOW_CASES | {"GaussianProcessClassifier", "GaussianProcessClassifier-3", "IVMClassifier"}
 # the fits watched by a second thread: the IVM classifier and the linear regressor at these sizes
 _SLOW_COUNTS = _SLOW_CASES | {"IVMClassifier", "LinearEPRegressor"}
 
