@@ -63,8 +63,9 @@ def test_registry_helpers_refuse_unknown_names_and_bare_exclusions():
 def _pytest(tmp_path, *args, env=None):
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
                "--rootdir", str(ROOT), *args]
+    # the child gets the options given here only (CI's PYTEST_ADDOPTS would choose its profile)
     return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, "PYTEST_ADDOPTS": "", **(env or {})})
 
 
 def test_the_timeout_plugin_is_configured_for_this_run(request):
