@@ -232,14 +232,18 @@ def latent_marginals(P, D, scale2, pi):
         R = np.linalg.cholesky(M)
     except np.linalg.LinAlgError:
         return {"ok": False}
-    T = sla.solve_triangular(R, Lmat.T, lower=True)     # R⁻¹ Lᵀ  (m x d)
+    # R⁻¹ Lᵀ (m x d); with no shared factor (m = 0) it is empty, which older scipy's
+    # solve_triangular refuses
+    T = sla.solve_triangular(R, Lmat.T, lower=True) if m else np.zeros((0, Lmat.shape[0]))
     var = G + np.sum(T * T, axis=0)
     log_z = -0.5 * np.sum(np.log(g)) - 2.0 * 0.5 * np.sum(np.log(np.diag(R)))
     # d/d scale2 of -½ log|I + scale2 C Π| = -tr(V Π)/(2 scale2)
     grad_scale2 = -np.sum(var * pi) / (2.0 * scale2)
     # d/dP: with W = Π - Π V Π, ∂/∂P = -scale2 Δ W Δ P + diag(δ² V_jj π_j) P
     Z = (pi * delta)[:, None] * P                          # Π Δ P
-    VZ = G[:, None] * Z + Lmat @ sla.cho_solve((R, True), Lmat.T @ Z)   # V Π Δ P
+    VZ = G[:, None] * Z                                    # V Π Δ P
+    if m:
+        VZ = VZ + Lmat @ sla.cho_solve((R, True), Lmat.T @ Z)
     WDP = Z - pi[:, None] * VZ                             # W Δ P
     grad_P = -scale2 * delta[:, None] * WDP + (delta ** 2 * var * pi)[:, None] * P
     return {"ok": True, "var": var, "log_z": log_z, "grad_scale2": grad_scale2, "grad_P": grad_P}
