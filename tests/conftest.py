@@ -37,7 +37,9 @@ TIERS = {
     "data": "fits on the real data sets beside the repository",
 }
 
-settings.register_profile("dev", print_blob=True)
+# explicit derandomize=False: hypothesis loads its own "ci" profile (derandomised) when it sees a
+# CI environment variable, and a profile registered without it would inherit that
+settings.register_profile("dev", derandomize=False, print_blob=True)
 settings.register_profile("ci", derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("dev")
