@@ -564,8 +564,9 @@ class GPEstimator(BaseEstimator):
         self.log_hyperposterior_value_ = float(sum(getattr(p, "log_objective", p.log_ml) for p in problems))
         self.n_evaluations_ = (getattr(problems[0], "n_evaluations", 0) if len(problems) == 1
                                else np.array([getattr(p, "n_evaluations", 0) for p in problems]))
-        self.site_precision_ = stack_problems([p.site_precision for p in problems])
-        self.site_natural_mean_ = stack_problems([p.site_natural_mean for p in problems])
+        tied = any(p.site_precision is None for p in problems)     # minibatch EP with tied sites
+        self.site_precision_ = None if tied else stack_problems([p.site_precision for p in problems])
+        self.site_natural_mean_ = None if tied else stack_problems([p.site_natural_mean for p in problems])
         self.n_sweeps_ = (problems[0].info.n_sweeps if len(problems) == 1
                           else np.array([p.info.n_sweeps for p in problems]))
         self.converged_ = all(bool(p.info.converged) for p in problems)

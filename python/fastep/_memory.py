@@ -245,6 +245,18 @@ def sparse_gp_bytes(n, m, *, learning, n_problems=1, n_concurrent=1, kmeans=True
     return _per_row_bytes(n, m, arrays, BASE_BYTES_LEARNING, n_problems, n_concurrent)
 
 
+def minibatch_sparse_bytes(n, m, *, batch_size, n_features, n_problems=1, n_concurrent=1,
+                           per_point_sites=False, chunk_rows=1 << 16):
+    """Estimated peak working memory, in bytes, of a minibatch sparse GP fit (no n × m array):
+    the targets (n floats per problem), per-point sites if kept (2n floats), one chunk of rows
+    read at a time, the minibatch's batch × m temporaries (about 8 of them while the evidence
+    gradient is formed) and the m × m state (about 8 matrices)."""
+    concurrent = max(1, min(n_concurrent, n_problems))
+    per_problem = 8.0 * (n * (3 if per_point_sites else 1) + 8 * batch_size * m + 8 * m * m)
+    chunk = 8.0 * min(n, chunk_rows) * (n_features + 1)
+    return int(BASE_BYTES_LEARNING + chunk + concurrent * per_problem)
+
+
 def ivm_bytes(n, d, *, learning, n_problems=1, n_concurrent=1):
     """Estimated peak working memory, in bytes, of an IVM fit on ``n`` rows with active sets of
     ``d`` points: O(n d); ``learning``: the kernel is learnt on all n points."""

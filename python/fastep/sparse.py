@@ -47,11 +47,13 @@ from ._gp_base import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC,
                        check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
                        ep_option_constraints, stack_problems, start_kernel)
 from ._constraints import Boolean, Choice, Integer, Interval, validate_params
-from ._search.start import default_noise_variance, sample_rows
+from ._search.start import default_ard_kernel, default_noise_variance, sample_rows
 from .progress import CALLBACK_DOC
 from ._sparse.inducing import auto_sizes, grow_inducing, kmeans_plus_plus
-from ._memory import check_memory, concurrent_problems, fits_in_memory, format_bytes, sparse_gp_bytes
+from ._memory import (check_memory, concurrent_problems, fits_in_memory, format_bytes, minibatch_sparse_bytes,
+                      sparse_gp_bytes)
 from ._sparse.problem import _BinarySparseEP, _StudentTSparseEP
+from ._sparse import stochastic as _minibatch
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -73,6 +75,17 @@ _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
 _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
 _INDUCING_INITS = ("auto", "kmeans++", "random", "ivm")
+_LEARNING_MODES = ("auto", "full-batch", "minibatch")
+#: ``learning='auto'`` learns from minibatches from this many training rows on.
+MINIBATCH_MIN_ROWS = 50_000
+#: m of ``n_inducing='auto'`` when learning from minibatches (no growth: each size would be a new fit).
+MINIBATCH_INDUCING = 256
+#: Points of a window of the minibatch stopping rule: at least this many, and 50 per inducing input.
+MINIBATCH_WINDOW = 20_000
+#: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
+MINIBATCH_SITE_WINDOW = 5_000
+#: Windows without a significant improvement after which minibatch learning stops.
+MINIBATCH_PATIENCE = 3
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
@@ -94,6 +107,11 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     approximation: Literal["fitc", "dtc"]
     inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike
     learn_inducing: bool
+    learning: Literal["auto", "full-batch", "minibatch"]
+    batch_size: int
+    learning_rate: float
+    max_epochs: int
+    sites: Literal["tied", "per-point"]
     schedule: Literal["sequential", "parallel"]
     order: Literal["fixed", "random"]
     damping: float | None
@@ -115,7 +133,11 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
                                   approximation=Choice(_APPROXIMATIONS),
                                   power=Interval(0.0, 1.0, low_inclusive=False, allow_none=True),
-                                  n_quadrature=Integer(1, 256), learn_inducing=Boolean())
+                                  n_quadrature=Integer(1, 256), learn_inducing=Boolean(),
+                                  learning=Choice(_LEARNING_MODES), batch_size=Integer(1),
+                                  max_epochs=Integer(1), learning_rate=Interval(0.0, np.inf, low_inclusive=False,
+                                                                                finite=True),
+                                  sites=Choice(_minibatch.SITE_MODES))
 
     def _engine_options(self):
         p = validate_params(self, self._parameter_constraints)
@@ -127,7 +149,30 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 "negative_precision": _POLICIES[self.negative_precision], "jitter": p["jitter"],
                 "approximation": self.approximation, "power": 1.0 if p["power"] is None else float(p["power"]),
                 "n_quadrature": p["n_quadrature"], "hyperprior": p["hyperprior"],
-                "progress": self._new_progress()}
+                "progress": self._new_progress(), "learning": p["learning"], "batch_size": p["batch_size"],
+                "max_epochs": p["max_epochs"], "learning_rate": float(p["learning_rate"]), "sites": p["sites"],
+                "patience": MINIBATCH_PATIENCE}
+
+    def _learns_from_minibatches(self, n, options, likelihood):
+        """Whether this fit learns from minibatches: ``learning='minibatch'``, or ``'auto'`` from
+        ``MINIBATCH_MIN_ROWS`` rows on; sets ``options['minibatch']`` (and the window)."""
+        mode = options["learning"]
+        if isinstance(likelihood, StudentT) or (isinstance(likelihood, str) and likelihood == "student_t"):
+            if mode == "minibatch":
+                raise ValueError("learning='minibatch' is not available with a Student-t likelihood (its "
+                                 "fractional EP sites may be negative); use learning='full-batch'")
+            mode = "full-batch"
+        minibatch = mode == "minibatch" or (mode == "auto" and n >= MINIBATCH_MIN_ROWS)
+        options["minibatch"] = minibatch
+        return minibatch
+
+    def _minibatch_start(self, kernel, X, y=None, regression=False):
+        """The start kernel of a minibatch fit: the one given, else ARD (:func:`default_ard_kernel`)
+        on a seeded sample of the rows."""
+        if kernel is not None:
+            return kernel
+        sample = np.asarray(X[sample_rows(X.shape[0])], dtype=np.float64)
+        return default_ard_kernel(sample, y, regression=regression)
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):
         """The kernel must provide the sparse derivatives the optimiser will need (tried on one row of X)."""
@@ -172,6 +217,11 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         if isinstance(init, str):
             v.check_choice(init, "inducing_init", _INDUCING_INITS)
             init = self._resolved_init(executor)
+            if m is None and options.get("minibatch"):
+                m = min(n, MINIBATCH_INDUCING) if self._grows() else min(
+                    v.check_int(self.n_inducing, "n_inducing", minimum=1), n)
+                if init == "ivm" and isinstance(self.inducing_init, str) and self.inducing_init == "auto":
+                    init = "kmeans++"          # no O(m² n) selection over every row
             if m is None:
                 m = auto_sizes(n)[0] if self._grows() else min(v.check_int(self.n_inducing, "n_inducing",
                                                                                 minimum=1), n)
@@ -188,10 +238,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 Z = (np.ascontiguousarray(X[index]) if executor is None
                      else _chunked.take_rows(executor, X, index))
             else:
+                sample = _chunked.KMEANS_SAMPLE_ROWS
                 if executor is not None:
-                    sample = _chunked.KMEANS_SAMPLE_ROWS
                     X = _chunked.take_rows(executor, X, np.arange(n) if n <= sample
                                            else np.sort(rng.choice(n, size=sample, replace=False)))
+                elif options.get("minibatch") and n > sample:
+                    X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False))], dtype=np.float64)
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
             return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
@@ -205,6 +257,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
         with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`)."""
+        if options.get("minibatch"):
+            return self._fit_minibatch(X, y, Z, kernel, likelihood, options, learn_likelihood)
         problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
 
         def make_problem(Z):
@@ -232,7 +286,27 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                              options.get("progress"),
                              fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)))
 
-    def _memory_estimate(self, n, m, n_problems):
+    def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
+        """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`)."""
+        n, m = X.shape[0], Z.shape[0]
+        options = dict(options, window=min(n, max(MINIBATCH_WINDOW, 50 * m)),
+                       site_window=min(n, max(MINIBATCH_SITE_WINDOW, 20 * m)))
+        hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
+                                extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
+        fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, _minibatch.RowSource(X, y), options, hyper,
+                                          learn=self.optimizer is not None)
+        fitted.estimator_name = type(self).__name__
+        return fitted
+
+    def _memory_estimate(self, n, m, n_problems, options=None):
+        if options is not None and options.get("minibatch"):
+            return minibatch_sparse_bytes(n, m, batch_size=options["batch_size"], n_features=options["n_features"],
+                                          n_problems=n_problems,
+                                          n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
+                                          per_point_sites=options["sites"] == "per-point")
+        return self._full_batch_memory_estimate(n, m, n_problems)
+
+    def _full_batch_memory_estimate(self, n, m, n_problems):
         """Peak working memory of fitting ``n_problems`` problems on n rows at m inducing inputs."""
         return sparse_gp_bytes(n, m, learning=self.optimizer is not None, n_problems=n_problems,
                                n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
@@ -242,6 +316,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before an in-core fit at m inducing
         inputs that cannot fit in memory; ``options`` keeps ``n_problems`` for the growth."""
         options["n_problems"] = n_problems
+        if options.get("minibatch"):
+            check_memory(self._memory_estimate(n, m, n_problems, options),
+                         f"{type(self).__name__}.fit from minibatches on n = {n} rows with m = {m} inducing inputs",
+                         "Use fewer inducing inputs (n_inducing), a smaller batch_size or fewer concurrent "
+                         "problems (n_jobs)")
+            return
         check_memory(self._memory_estimate(n, m, n_problems),
                      f"{type(self).__name__}.fit on n = {n} rows with m = {m} inducing inputs (O(n m) "
                      f"memory: {format_bytes(8 * n * m)} per n×m array)",
@@ -335,6 +415,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         self.n_inducing_ = sizes[0] if len(problems) == 1 else np.array(sizes)
         growth = [getattr(p, "growth", None) for p in problems]
         self.growth_history_ = growth[0] if len(problems) == 1 else growth
+        self.learning_ = "minibatch" if isinstance(problems[0], _minibatch.MinibatchSparseFit) else "full-batch"
         self._set_ep_summary(problems)
 
 
@@ -414,6 +495,30 @@ _COMMON_PARAMS = fill_doc(
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm start
         that fails is retried from zero sites).
+    learning : {'auto', 'full-batch', 'minibatch'}, default 'auto'
+        How the hyperparameters are learnt. ``'full-batch'``: L-BFGS-B on the exact EP
+        evidence, every evaluation EP over all n points (O(nm) memory). ``'minibatch'``:
+        minibatch EP with tied sites (stochastic EP; Li, Hernández-Lobato and Turner 2015)
+        interleaved with Adam steps on an unbiased minibatch estimate of the evidence
+        gradient (Hernández-Lobato and Hernández-Lobato 2016), O(m² + n) memory, no n × m
+        array; learning stops when the running leave-one-out log loss stops improving
+        (module :mod:`fastep._sparse.stochastic`). With ``kernel=None`` the minibatch mode
+        starts from an RBF with a learnt relevance per input (:class:`~fastep.kernels.RBFARD`),
+        which sets irrelevant inputs aside, and ``n_inducing='auto'`` is m = 256 chosen by
+        k-means++ on a seeded sample of 100 000 rows. ``'auto'``: minibatch from
+        ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
+        full-batch. ``X`` may then be a ``numpy.memmap``: it is read in chunks of 65 536 rows,
+        each chunk once per pass. Not for a dask ``X``.
+    batch_size : int >= 1, default 512
+        Points per minibatch (``learning='minibatch'``).
+    learning_rate : float > 0, default 0.03
+        Adam's step in the search coordinates (logs of the positive hyperparameters)
+        (``learning='minibatch'``).
+    max_epochs : int >= 1, default 20
+        Passes over the data after which minibatch learning stops in any case.
+    sites : {'tied', 'per-point'}, default 'tied'
+        Minibatch EP's sites: one tied site for all points (O(m²) memory) or one per point
+        (O(n) memory; with one minibatch of all the data, full-batch EP's parallel schedule).
     %CALLBACK%""", HYPERPRIOR=HYPERPRIOR_DOC, CALLBACK=CALLBACK_DOC)
 
 _COMMON_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
@@ -423,12 +528,17 @@ _COMMON_ATTRIBUTES = fill_doc("""log_marginal_likelihood_value_ : float
         different sizes for different classes).
     n_inducing_ : int or ndarray (n_classes,)
         m, the number of inducing inputs of the fitted model.
+    learning_ : {'full-batch', 'minibatch'}
+        How the model was learnt (``learning``). A minibatch fit's
+        ``log_marginal_likelihood_value_`` is an estimate from a seeded sample of 20 000 rows,
+        ``n_sweeps_`` counts passes over the data and ``n_evaluations_`` hyperparameter steps.
     growth_history_ : list of dict or None (a list of them per class one-vs-rest)
         ``n_inducing='auto'``: one record per size tried (n_inducing, log_marginal_likelihood,
         n_evaluations); None otherwise.
     %LEARNING%
-    site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples)
-        The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`).
+    site_precision_, site_natural_mean_ : ndarray (n_samples,) or (n_classes, n_samples), or None
+        The EP sites on the projections of u (:mod:`fastep._epcore.sparse_ep`); None for a
+        minibatch fit with tied sites.
     %EP_RUN%
     n_features_in_ : int
         Number of features seen in ``fit``.""", LEARNING=LEARNING_ATTRIBUTES, EP_RUN=EP_RUN_ATTRIBUTES)
@@ -604,7 +714,10 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  learn_likelihood: bool = False, jitter: float = 1e-6, random_state: int | None = None,
                  warm_start: bool = True, n_jobs: int | None = None,
-                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 hyperprior: Hyperprior = "auto",
+                 learning: Literal["auto", "full-batch", "minibatch"] = "auto", batch_size: int = 512,
+                 learning_rate: float = 0.03, max_epochs: int = 20,
+                 sites: Literal["tied", "per-point"] = "tied", verbose: int = 0,
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
 
@@ -635,7 +748,11 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                                                      learn_likelihood, classifier=True)
         else:
             X, y = v.check_X_y(X, y)
-            kernel = start_kernel(kernel, X)
+            if self._learns_from_minibatches(X.shape[0], options, likelihood):
+                kernel = self._minibatch_start(kernel, X)
+                options["n_features"] = X.shape[1]
+            else:
+                kernel = start_kernel(kernel, X)
             kernel._validate_X(X, "X")
             classes, targets = v.encode_one_vs_rest_labels(y)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
@@ -736,7 +853,10 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  jitter: float = 1e-6, random_state: int | None = None, warm_start: bool = True,
-                 hyperprior: Hyperprior = "auto", verbose: int = 0,
+                 hyperprior: Hyperprior = "auto",
+                 learning: Literal["auto", "full-batch", "minibatch"] = "auto", batch_size: int = 512,
+                 learning_rate: float = 0.03, max_epochs: int = 20,
+                 sites: Literal["tied", "per-point"] = "tied", verbose: int = 0,
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
 
@@ -779,7 +899,11 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
                                                classifier=False)
         else:
-            gaussian, _, X, y, kernel = self._check_regression_inputs(X, y, kernel)
+            gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
+            if self._learns_from_minibatches(X.shape[0], options, noise):
+                start = self._minibatch_start(kernel, X, y, regression=True)
+                options["n_features"] = X.shape[1]
+            kernel = start
             if isinstance(noise, Gaussian):
                 gaussian = noise                   # the likelihood given (``likelihood`` above)
             if noise == "student_t":

@@ -160,6 +160,28 @@ def default_kernel(X, y=None, *, regression=False, bias=True):
     return kernel + Bias(offset) if bias else kernel
 
 
+def default_ard_kernel(X, y=None, *, regression=False, bias=True):
+    """The starting kernel of minibatch learning at ``kernel=None``: an RBF with one learnt
+    relevance per input (ARD), so that learning can set irrelevant inputs aside.
+
+    ``RBFARD(α, v, γ)`` with every relevance ``α_c = ½ s_c / max(s)`` (``s``: the per-column
+    scales of :func:`input_scales` for inputs of mixed units, else ones) and ``γ`` the median
+    heuristic on the inputs so scaled: at the start it is the isotropic default of
+    :func:`default_kernel`, and each relevance can then grow or shrink. Variance and bias as
+    :func:`default_kernel`.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    base = input_scales(X)
+    base = np.ones(X.shape[1]) if base is None else base
+    scales = 0.5 * base / np.max(base)
+    gamma = median_inverse_width(X * np.sqrt(scales))
+    if not regression:
+        return RBFARD(scales, 1.0, gamma)
+    variance, offset = target_scale(y)
+    kernel = RBFARD(scales, variance, gamma)
+    return kernel + Bias(offset) if bias else kernel
+
+
 def default_noise_variance(y):
     """Starting noise variance for ``noise_variance=None``: var(y) / 10 (1/10 if y is constant).
 
