@@ -337,6 +337,8 @@ def test_dask_input_errors(client):
     Xd, yd = _dask(X, y, 50)
     with pytest.raises(ValueError, match="schedule='parallel'"):
         SparseGPClassifier(n_inducing=5).fit(Xd, yd, client=client)
+    with pytest.raises(ValueError, match="learning='auto' or 'full-batch'"):
+        SparseGPClassifier(schedule="parallel", n_inducing=5, learning="minibatch").fit(Xd, yd, client=client)
     with pytest.raises(ValueError, match="inducing_init='ivm'"):
         SparseGPClassifier(schedule="parallel", n_inducing=5, inducing_init="ivm").fit(Xd, yd, client=client)
     with pytest.raises(TypeError, match="dask.array"):

@@ -359,6 +359,10 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         """Fit on a row-chunked dask array by the map-reduce form of the parallel schedule
         (:mod:`fastep._sparse.distributed`); returns the fitted problems."""
         caller = f"{type(self).__name__}.fit"
+        if options["learning"] == "minibatch":
+            raise ValueError(f"{caller} on a dask array learns from the full-batch evidence: set "
+                             "learning='auto' or 'full-batch' (minibatch learning reads in-core arrays and "
+                             "numpy.memmap files)")
         if options["schedule"] != _engine.SPARSE_PARALLEL:
             raise ValueError(f"{caller} on a dask array runs the parallel EP schedule: set "
                              "schedule='parallel' (the sequential schedule visits one site at a time)")
