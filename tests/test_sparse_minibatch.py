@@ -1,7 +1,9 @@
 """Minibatch sparse EP (fastep._sparse.stochastic): equality with full-batch EP, the reference
 twin of the tied update and of the gradient estimate, unbiasedness of the stochastic evidence
 gradient, and the estimators' minibatch mode (determinism, memmap input, the 'auto' rule)."""
-import warnings
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -213,3 +215,46 @@ def test_minibatch_regression_learns_the_noise_variance():
     assert 0.02 < reg.noise_variance_ < 0.08, reg.noise_variance_
     Xt = rng.uniform(-3, 3, size=(500, 2))
     assert np.sqrt(np.mean((reg.predict(Xt) - np.sin(Xt[:, 0])) ** 2)) < 0.15
+
+
+_UNDER_LIMIT = """
+import json, resource, sys, numpy as np, fastep
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+n, m = 300_000, 256
+rng = np.random.default_rng(0)
+X = rng.uniform(-3, 3, size=(n, 3))
+y = (np.sin(1.5 * X[:, 0]) + 0.3 * rng.normal(size=n) > 0).astype(int)
+resource.setrlimit(resource.RLIMIT_AS, (3 * 1024 ** 3, 3 * 1024 ** 3))
+out = {}
+try:
+    fastep.SparseGPClassifier(learning="full-batch", n_inducing=m, inducing_init="kmeans++").fit(X, y)
+except fastep.MemoryLimitError as error:
+    out["full_batch"] = [error.estimate, error.limit]
+with open("/proc/self/clear_refs", "w") as f:      # the peak (VmHWM) from here on is the minibatch fit's
+    f.write("5")
+before = status("VmRSS")
+clf = fastep.SparseGPClassifier(learning="minibatch", n_inducing=m, max_epochs=1, random_state=0).fit(X, y)
+out["added"] = status("VmHWM") - before
+out["accuracy"] = float(np.mean(clf.predict(X[:5000]) == y[:5000]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS, /proc/self/status and clear_refs")
+def test_a_minibatch_fit_runs_where_the_n_by_m_projection_does_not_fit():
+    out = subprocess.run([sys.executable, "-c", _UNDER_LIMIT], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    estimate, limit = record["full_batch"]          # full-batch learning is refused under the limit
+    assert estimate > limit
+    # the minibatch fit's peak adds less than half of one n x m array (614 MB here)
+    assert record["added"] < 0.5 * 300_000 * 256 * 8, record
+    assert record["accuracy"] > 0.8, record

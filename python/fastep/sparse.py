@@ -82,6 +82,8 @@ MINIBATCH_MIN_ROWS = 50_000
 MINIBATCH_INDUCING = 256
 #: Points of a window of the minibatch stopping rule: at least this many, and 50 per inducing input.
 MINIBATCH_WINDOW = 20_000
+#: Rows of the seeded sample k-means++ chooses the inducing inputs from in a minibatch fit (at least 50 per input).
+MINIBATCH_KMEANS_ROWS = 20_000
 #: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
 MINIBATCH_SITE_WINDOW = 5_000
 #: Windows without a significant improvement after which minibatch learning stops.
@@ -242,8 +244,11 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 if executor is not None:
                     X = _chunked.take_rows(executor, X, np.arange(n) if n <= sample
                                            else np.sort(rng.choice(n, size=sample, replace=False)))
-                elif options.get("minibatch") and n > sample:
-                    X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False))], dtype=np.float64)
+                elif options.get("minibatch"):
+                    # k-means++ over a sample whose rows x m distances stay small beside the data
+                    sample = max(MINIBATCH_KMEANS_ROWS, 50 * m)
+                    if n > sample:
+                        X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False))], dtype=np.float64)
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
             return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
@@ -509,7 +514,7 @@ _COMMON_PARAMS = fill_doc(
         (module :mod:`fastep._sparse.stochastic`). With ``kernel=None`` the minibatch mode
         starts from an RBF with a learnt relevance per input (:class:`~fastep.kernels.RBFARD`),
         which sets irrelevant inputs aside, and ``n_inducing='auto'`` is m = 256 chosen by
-        k-means++ on a seeded sample of 100 000 rows. ``'auto'``: minibatch from
+        k-means++ on a seeded sample of max(20 000, 50 m) rows. ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
         full-batch. ``X`` may then be a ``numpy.memmap``: it is read in chunks of 65 536 rows,
         each chunk once per pass. Not for a dask ``X``.

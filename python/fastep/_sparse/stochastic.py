@@ -68,11 +68,12 @@ of :class:`fastep._gp_base.Hyperparameters`: logs of the positive parameters) ta
 Stopping rule
 -------------
 Before a minibatch updates the sites, its points' EP predictive ``log ∫ t_i(f) N(f; μ_i, s_i +
-d_i) df`` at their cavities (a leave-one-out predictive of the current model) is recorded.
-Every ``window`` points the mean of these log losses is compared with the best window so far:
-learning stops when ``patience`` windows in a row have not improved it by more than the
-standard error of a window's mean (the model's own noise level), or after ``max_epochs``
-passes.  The windows of the warm-up (site updates before the first hyperparameter step) do
+d_i) df`` at their cavities (a leave-one-out predictive of the current model) is recorded,
+and every ``window`` points their mean log loss and its standard error.  Learning stops when
+the mean over the last ``patience`` windows is not lower than the mean over the ``patience``
+windows before them by more than the standard error of that difference (the model's own
+noise level: the loss no longer falls faster than its noise), or after ``max_epochs``
+passes.  The model of the best window is returned.  The windows of the warm-up (site updates before the first hyperparameter step) do
 not count.
 """
 from __future__ import annotations
@@ -379,12 +380,19 @@ class MinibatchSparseEP:
 class StoppingRule:
     """The model-based stopping rule of minibatch learning (module docstring, "Stopping rule").
 
+    Window means of the log loss are compared in blocks of ``patience`` windows: learning
+    stops when the last block's mean is not below the block before it by more than the
+    standard error of their difference (from the windows' own standard errors), that is when
+    the loss no longer falls faster than its noise.  Comparing blocks rather than single
+    windows lets a slow, steady descent (an improvement per window below a window's noise)
+    continue.
+
     Parameters
     ----------
     window : int
         Points per window of log losses.
     patience : int
-        Windows in a row without a significant improvement after which learning stops.
+        Windows per block.
     """
 
     def __init__(self, window, patience):
@@ -393,7 +401,6 @@ class StoppingRule:
         self._count = 0
         self.best = np.inf
         self.history = []          # (points seen, window mean log loss, its standard error)
-        self.stale = 0
         self.improved = False      # whether the last window was the best so far
 
     def add(self, log_predictive, seen):
@@ -409,16 +416,18 @@ class StoppingRule:
         se = float(np.std(losses) / np.sqrt(max(losses.size, 1)))
         self.history.append((int(seen), mean, se))
         self.improved = mean < self.best
-        if mean < self.best - se:
-            self.stale = 0
-        else:
-            self.stale += 1
         self.best = min(self.best, mean)
         return mean, se
 
     @property
     def done(self):
-        return self.stale >= self.patience
+        p = self.patience
+        if len(self.history) < 2 * p:
+            return False
+        recent, before = self.history[-p:], self.history[-2 * p:-p]
+        drop = np.mean([h[1] for h in before]) - np.mean([h[1] for h in recent])
+        se = np.sqrt(sum(h[2] ** 2 for h in recent + before)) / p
+        return drop <= se
 
 
 def learn_minibatch(state, hyper, source, *, batch_size, learning_rate, window, patience, max_epochs,
@@ -508,6 +517,29 @@ def learn_minibatch(state, hyper, source, *, batch_size, learning_rate, window, 
             state.Z = Z
         state.restore(best[1])
     return {"n_epochs": epoch, "n_steps": steps, "n_points": seen, "stopped": stopped, "history": rule.history}
+
+
+#: Points of the final pass of site updates at the learnt hyperparameters (all n when fewer).
+POLISH_ROWS = 100_000
+
+
+def polish_sites(state, source, batch_size, rng, rows=POLISH_ROWS):
+    """Site updates at fixed hyperparameters over ``min(n, rows)`` points, the tied site
+    becoming the running average of their sites, the learnt site counting as ``window`` points
+    (``ε = |B| / (window + points so far)``): the learnt model's sites averaged over many more
+    points than the learning window holds.  Per-point sites take one damped pass instead.
+    Returns the mean log predictive density of the points visited."""
+    seen, total = 0, 0.0
+    rows = min(state.n, int(rows))
+    for X, y, index in epoch_batches(source, batch_size, rng):
+        size = X.shape[0]
+        step = size / (state.window + seen + size) if state.sites == "tied" else None
+        out = state.update(X, y, index, step=step)
+        seen += size
+        total += float(np.sum(out["log_predictive"]))
+        if seen >= rows:
+            break
+    return total / max(seen, 1)
 
 
 #: Rows of the seeded sample on which a minibatch fit's evidence is estimated.
@@ -624,5 +656,6 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
                              learning_rate=options["learning_rate"], window=options["window"],
                              patience=options["patience"], max_epochs=options["max_epochs"], learn=learn,
                              rng=rng, progress=options.get("progress"))
+    polish_sites(state, source, options["batch_size"], rng)
     log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
     return MinibatchSparseFit(state, hyperparameters, result, log_ml, se, options, source.n)

@@ -1,0 +1,116 @@
+"""Minibatch learning of the sparse GP classifier on the synthetic binary problem, beside GPflow's SVGP.
+
+Each model is fitted in its own process (its peak RSS is its own) on ``n`` training points of
+:mod:`synthetic_binary` (10 inputs, 6 irrelevant; Bayes error and log loss known) and scored on
+10⁴ test points. fastep runs default-constructed (``SparseGPClassifier()``: minibatch learning
+from 50 000 rows on, ARD start kernel, m = 256). The peer, GPflow's ``SVGP`` (ARD RBF, Bernoulli
+probit likelihood, M inducing inputs by k-means++ on the same sample size, Adam on minibatches of
+512, whitened), runs in the benchmark environment given by ``--peer-python`` (it needs
+``gpflow`` and ``tensorflow-cpu``); it records its test log loss every 200 steps, so its time to
+fastep's test log loss can be read off.
+
+Usage::
+
+    python benchmarks/minibatch_learning.py --sizes 1e5 1e6 [--peer-python /work/benchvenv/bin/python]
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import synthetic_binary as sb  # noqa: E402
+
+
+def _scores(p1, yt):
+    p1 = np.clip(p1, 1e-12, 1 - 1e-12)
+    return float(np.mean((p1 > 0.5) != (yt == 1))), float(-np.mean(np.where(yt == 1, np.log(p1), np.log1p(-p1))))
+
+
+def child_fastep(n):
+    from fastep import SparseGPClassifier
+    X, y = sb.make(n)
+    Xt, yt = sb.test_set()
+    start = time.perf_counter()
+    clf = SparseGPClassifier().fit(X, y)
+    fit = time.perf_counter() - start
+    err, ll = _scores(clf.predict_proba(Xt)[:, 1], yt)
+    return {"fit": fit, "error": err, "log_loss": ll, "learning": clf.learning_, "m": int(clf.n_inducing_),
+            "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_)}
+
+
+def child_svgp(n, m=200, batch=512, max_steps=20000):
+    import gpflow
+    import tensorflow as tf
+    from scipy.cluster.vq import kmeans2
+    X, y = sb.make(n)
+    Xt, yt = sb.test_set()
+    rng = np.random.default_rng(0)
+    sample = X[rng.choice(n, size=min(n, 100_000), replace=False)]
+    Z, _ = kmeans2(sample, m, minit="++", seed=0)
+    kernel = gpflow.kernels.SquaredExponential(lengthscales=np.ones(X.shape[1]))
+    model = gpflow.models.SVGP(kernel, gpflow.likelihoods.Bernoulli(), Z, num_data=n, whiten=True)
+    data = tf.data.Dataset.from_tensor_slices((X, y[:, None].astype(np.float64))).repeat().shuffle(10_000, seed=0)
+    batches = iter(data.batch(batch))
+    loss = model.training_loss_closure(batches, compile=True)
+    opt = tf.optimizers.Adam(0.01)
+    trace, start = [], time.perf_counter()
+    best = np.inf
+    for step in range(1, max_steps + 1):
+        opt.minimize(loss, model.trainable_variables)
+        if step % 200 == 0:
+            elapsed = time.perf_counter() - start
+            p1 = model.predict_y(Xt)[0].numpy().ravel()
+            err, ll = _scores(p1, yt)
+            trace.append((step, elapsed, err, ll))
+            if ll < best - 1e-3:
+                best = ll
+            elif len(trace) > 10 and min(t[3] for t in trace[-5:]) > best - 1e-3:
+                break                                   # five checks without a better test log loss
+    best_row = min(trace, key=lambda t: t[3])
+    return {"fit": best_row[1], "error": best_row[2], "log_loss": best_row[3], "trace": trace}
+
+
+def run(kind, n, python):
+    proc = subprocess.run([python, __file__, "--child", kind, str(n)], capture_output=True, text=True)
+    line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        print(f"{kind} n={n}: failed\n{proc.stderr[-3000:]}")
+        return None
+    return json.loads(line[0][len("RESULT "):])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5])
+    parser.add_argument("--peer-python", default=None)
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    if args.child:
+        kind, n = args.child[0], int(float(args.child[1]))
+        out = child_fastep(n) if kind == "fastep" else child_svgp(n)
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print("RESULT " + json.dumps(out))
+        return
+    err, ll = sb.bayes(*sb.test_set())
+    print(f"Bayes: error {100 * err:.2f} %, log loss {ll:.4f}")
+    for n in map(int, args.sizes):
+        rows = [("fastep SparseGPClassifier()", run("fastep", n, sys.executable))]
+        if args.peer_python:
+            rows.append(("GPflow SVGP (M=200, Adam, 512)", run("svgp", n, args.peer_python)))
+        for name, r in rows:
+            if r is not None:
+                print(f"n={n:>8}  {name:34s} fit {r['fit']:7.1f} s  error {100 * r['error']:5.2f} %  "
+                      f"log loss {r['log_loss']:.4f}  peak RSS {r['peak_rss_mb']:.0f} MB  "
+                      + (f"({r['learning']}, m={r['m']}, {r['epochs']} passes, {r['steps']} steps)"
+                         if "learning" in r else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
