@@ -80,8 +80,10 @@ _LEARNING_MODES = ("auto", "full-batch", "minibatch")
 MINIBATCH_MIN_ROWS = 50_000
 #: m of ``n_inducing='auto'`` when learning from minibatches (no growth: each size would be a new fit).
 MINIBATCH_INDUCING = 256
-#: Points of a window of the minibatch stopping rule: at least this many, and 50 per inducing input.
+#: Points of a window of the minibatch stopping rule: at least this many, 50 per inducing input and
+#: n / 20 up to ``MINIBATCH_MAX_WINDOW`` (a larger window sees a slow descent of the loss above its noise).
 MINIBATCH_WINDOW = 20_000
+MINIBATCH_MAX_WINDOW = 100_000
 #: Rows of the seeded sample k-means++ chooses the inducing inputs from in a minibatch fit (at least 50 per input).
 MINIBATCH_KMEANS_ROWS = 20_000
 #: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
@@ -294,7 +296,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`)."""
         n, m = X.shape[0], Z.shape[0]
-        options = dict(options, window=min(n, max(MINIBATCH_WINDOW, 50 * m)),
+        window = max(MINIBATCH_WINDOW, 50 * m, min(n // 20, MINIBATCH_MAX_WINDOW))
+        options = dict(options, window=min(n, window),
                        site_window=min(n, max(MINIBATCH_SITE_WINDOW, 20 * m)))
         hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
                                 extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
