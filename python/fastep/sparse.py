@@ -84,6 +84,9 @@ MINIBATCH_INDUCING = 256
 #: n / 20 up to ``MINIBATCH_MAX_WINDOW`` (a larger window sees a slow descent of the loss above its noise).
 MINIBATCH_WINDOW = 20_000
 MINIBATCH_MAX_WINDOW = 100_000
+#: Inputs up to which a minibatch fit's default kernel learns one relevance per input (ARD): each
+#: relevance costs a batch x m derivative per step, and images' pixels are not inputs to set aside one by one.
+MINIBATCH_ARD_MAX_FEATURES = 32
 #: Rows of the seeded sample k-means++ chooses the inducing inputs from in a minibatch fit (at least 50 per input).
 MINIBATCH_KMEANS_ROWS = 20_000
 #: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
@@ -172,10 +175,13 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _minibatch_start(self, kernel, X, y=None, regression=False):
         """The start kernel of a minibatch fit: the one given, else ARD (:func:`default_ard_kernel`)
-        on a seeded sample of the rows."""
+        on a seeded sample of the rows up to ``MINIBATCH_ARD_MAX_FEATURES`` inputs, the isotropic
+        default above."""
         if kernel is not None:
             return kernel
         sample = np.asarray(X[sample_rows(X.shape[0])], dtype=np.float64)
+        if X.shape[1] > MINIBATCH_ARD_MAX_FEATURES:
+            return start_kernel(None, sample, y, regression=regression)
         return default_ard_kernel(sample, y, regression=regression)
 
     def _check_kernel_gradients(self, kernel, X, learn_inducing):
@@ -516,7 +522,7 @@ _COMMON_PARAMS = fill_doc(
         array; learning stops when the running leave-one-out log loss stops improving
         (module :mod:`fastep._sparse.stochastic`). With ``kernel=None`` the minibatch mode
         starts from an RBF with a learnt relevance per input (:class:`~fastep.kernels.RBFARD`),
-        which sets irrelevant inputs aside, and ``n_inducing='auto'`` is m = 256 chosen by
+        which sets irrelevant inputs aside (up to 32 inputs; the isotropic default above), and ``n_inducing='auto'`` is m = 256 chosen by
         k-means++ on a seeded sample of max(20 000, 50 m) rows. ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
         full-batch. ``X`` may then be a ``numpy.memmap``: it is read in chunks of 65 536 rows,
