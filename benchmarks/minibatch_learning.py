@@ -12,6 +12,7 @@ fastep's test log loss can be read off.
 Usage::
 
     python benchmarks/minibatch_learning.py --sizes 1e5 1e6 [--peer-python /work/benchvenv/bin/python]
+    python benchmarks/minibatch_learning.py --sizes 1e7 --memmap     # X read from a memmap file
 """
 import argparse
 import json
@@ -40,6 +41,23 @@ def child_fastep(n):
     start = time.perf_counter()
     clf = SparseGPClassifier().fit(X, y)
     fit = time.perf_counter() - start
+    err, ll = _scores(clf.predict_proba(Xt)[:, 1], yt)
+    return {"fit": fit, "error": err, "log_loss": ll, "learning": clf.learning_, "m": int(clf.n_inducing_),
+            "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_)}
+
+
+def child_fastep_memmap(n):
+    """The default fit on a ``numpy.memmap`` of n rows written to a temporary file (read in chunks)."""
+    import tempfile
+
+    from fastep import SparseGPClassifier
+    with tempfile.TemporaryDirectory() as tmp:
+        X, y = sb.make_memmap(os.path.join(tmp, "X.npy"), n)
+        Xt, yt = sb.test_set()
+        start = time.perf_counter()
+        clf = SparseGPClassifier().fit(X, y)
+        fit = time.perf_counter() - start
+        del X
     err, ll = _scores(clf.predict_proba(Xt)[:, 1], yt)
     return {"fit": fit, "error": err, "log_loss": ll, "learning": clf.learning_, "m": int(clf.n_inducing_),
             "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_)}
@@ -90,18 +108,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e5])
     parser.add_argument("--peer-python", default=None)
+    parser.add_argument("--memmap", action="store_true", help="fastep reads X from a numpy.memmap")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         kind, n = args.child[0], int(float(args.child[1]))
-        out = child_fastep(n) if kind == "fastep" else child_svgp(n)
+        out = {"fastep": child_fastep, "memmap": child_fastep_memmap, "svgp": child_svgp}[kind](n)
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print("RESULT " + json.dumps(out))
         return
     err, ll = sb.bayes(*sb.test_set())
     print(f"Bayes: error {100 * err:.2f} %, log loss {ll:.4f}")
     for n in map(int, args.sizes):
-        rows = [("fastep SparseGPClassifier()", run("fastep", n, sys.executable))]
+        rows = [("fastep SparseGPClassifier()" + (" on a memmap" if args.memmap else ""),
+                 run("memmap" if args.memmap else "fastep", n, sys.executable))]
         if args.peer_python:
             rows.append(("GPflow SVGP (M=200, Adam, 512)", run("svgp", n, args.peer_python)))
         for name, r in rows:
