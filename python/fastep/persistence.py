@@ -20,7 +20,8 @@ Loading never imports or calls anything the file names: a class must be one of f
 rebuilt by setting the saved attributes on ``cls.__new__(cls)`` (or, for the compiled site
 model ``SiteSpec``, by calling it with the saved numbers and arrays). A file that is not a
 fastep model, comes from an unknown format version, fails its checksum (truncated, modified),
-or names anything else raises ``ValueError``.
+or names anything else raises ``ValueError``. An estimator from a file written by an earlier
+release gets the constructor parameters added since then at their defaults.
 
 Floats are stored exactly (JSON floats as Python writes them, ``repr`` round-trip; arrays
 byte for byte), so a loaded model predicts bitwise identically to the one saved.
@@ -289,8 +290,20 @@ class _Decoder:
                 value.__setstate__(state)
             else:
                 value.__dict__.update(state)
+            if isinstance(value, BaseEstimator):
+                _add_new_parameters(value)
         self.objects[node["id"]] = value
         return value
+
+
+def _add_new_parameters(estimator):
+    """Constructor parameters that a file written by an earlier release does not hold take their
+    defaults (the file's model was fitted before they existed; a refit uses this release's defaults)."""
+    import inspect
+    signature = inspect.signature(type(estimator).__init__)
+    for name in type(estimator)._param_names():
+        if name not in vars(estimator):
+            setattr(estimator, name, signature.parameters[name].default)
 
 
 def _hashable(key):

@@ -83,7 +83,7 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
-from .._linalg import matmul
+from .._linalg import inner, matmul
 from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums, likelihood_gradient
 
 #: Rows read from the data source at a time (a memmap or a dask array is read chunk by chunk).
@@ -550,7 +550,7 @@ def _log_normaliser(R, w):
     """``Φ = -log|R| + ½ wᵀ A w`` of ``N(w; A⁻¹b, A⁻¹)`` in natural form (without the 2π term),
     with ``A = Rᵀ R`` and ``w = A⁻¹ b``."""
     Rw = matmul(R, w)
-    return float(-np.sum(np.log(np.diag(R))) + 0.5 * np.dot(Rw, Rw))
+    return float(-np.sum(np.log(np.diag(R))) + 0.5 * inner(Rw, Rw))
 
 
 def log_evidence_estimate(state, source, rng, rows=EVIDENCE_SAMPLE_ROWS):
