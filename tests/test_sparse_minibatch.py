@@ -258,3 +258,21 @@ def test_a_minibatch_fit_runs_where_the_n_by_m_projection_does_not_fit():
     # the minibatch fit's peak adds less than half of one n x m array (614 MB here)
     assert record["added"] < 0.5 * 300_000 * 256 * 8, record
     assert record["accuracy"] > 0.8, record
+
+
+def test_progress_records_each_window_and_a_callback_can_stop_the_fit():
+    X, y = _two_moons(6000)
+    records = []
+
+    def callback(record):
+        records.append(record)
+        return len([r for r in records if r.stage == "minibatch"]) < 2
+
+    with pytest.warns(fastep.ConvergenceWarning, match="stopped by the callback"):
+        clf = _minibatch_classifier(callback=callback).fit(X, y)
+    windows = [r for r in records if r.stage == "minibatch"]
+    assert len(windows) == 2                     # nothing reported after the stop
+    assert [r.iteration for r in windows] == [1, 2]
+    assert all(np.isfinite(r.log_evidence) and r.change > 0 for r in windows)
+    assert clf._problems[0].info.stopped == "callback"
+    assert np.all(np.isfinite(clf.predict_proba(X[:10])))
