@@ -91,8 +91,8 @@ MINIBATCH_ARD_MAX_FEATURES = 32
 MINIBATCH_KMEANS_ROWS = 20_000
 #: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
 MINIBATCH_SITE_WINDOW = 5_000
-#: Windows without a significant improvement after which minibatch learning stops.
-MINIBATCH_PATIENCE = 3
+#: Windows per block of the minibatch stopping rule (the last block against the one before it).
+MINIBATCH_PATIENCE = 6
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
