@@ -177,6 +177,9 @@ def test_minibatch_learning_learns_a_good_model_and_sets_irrelevant_inputs_aside
     assert np.mean(clf.predict(Xt) == yt) > 0.85
     assert clf.site_precision_ is None                 # tied sites: no per-point state
     assert np.isfinite(clf.log_marginal_likelihood_value_)
+    assert clf.log_marginal_likelihood() == clf.log_marginal_likelihood_value_
+    with pytest.raises(NotImplementedError, match="learning='full-batch'"):
+        clf.log_marginal_likelihood(clf.kernel_.theta)
 
 
 def test_minibatch_fits_are_deterministic_and_read_a_memmap_as_an_array(tmp_path):

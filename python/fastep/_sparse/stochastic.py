@@ -640,6 +640,14 @@ class MinibatchSparseFit:
     def latent(self, Xs):
         return self.predictor.latent(Xs)
 
+    def log_ml_at(self, hyperparameters, theta, eval_gradient):
+        """The evidence at another θ needs EP over the training data, which a minibatch fit does not keep."""
+        raise NotImplementedError(
+            f"{getattr(self, 'estimator_name', 'the estimator')}.log_marginal_likelihood(theta) evaluates EP over "
+            "the training data, which a fit learnt from minibatches does not keep; refit with "
+            "learning='full-batch' for the evidence at other hyperparameters (log_marginal_likelihood() "
+            "without theta gives the fitted estimate)")
+
 
 def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn):
     """Learn one sparse problem from minibatches (:func:`learn_minibatch`) and estimate its
