@@ -222,13 +222,10 @@ def test_minibatch_regression_learns_the_noise_variance():
 
 _UNDER_LIMIT = """
 import json, resource, sys, numpy as np, fastep
+from fastep._memory import _proc_kilobytes
 
 def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
+    return _proc_kilobytes("/proc/self/status", field)
 
 n, m = 300_000, 256
 rng = np.random.default_rng(0)
