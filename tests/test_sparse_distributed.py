@@ -337,8 +337,8 @@ def test_dask_input_errors(client):
     Xd, yd = _dask(X, y, 50)
     with pytest.raises(ValueError, match="schedule='parallel'"):
         SparseGPClassifier(n_inducing=5).fit(Xd, yd, client=client)
-    with pytest.raises(ValueError, match="learning='auto' or 'full-batch'"):
-        SparseGPClassifier(schedule="parallel", n_inducing=5, learning="minibatch").fit(Xd, yd, client=client)
+    with pytest.raises(ValueError, match="inducing_init='ivm'"):
+        SparseGPClassifier(n_inducing=5, inducing_init="ivm", learning="minibatch").fit(Xd, yd, client=client)
     with pytest.raises(ValueError, match="inducing_init='ivm'"):
         SparseGPClassifier(schedule="parallel", n_inducing=5, inducing_init="ivm").fit(Xd, yd, client=client)
     with pytest.raises(TypeError, match="dask.array"):
@@ -356,6 +356,38 @@ def test_dask_input_errors(client):
     fitted = SparseGPClassifier(schedule="parallel", n_inducing=5, optimizer=None).fit(Xd, yd, client=client)
     with pytest.raises(ValueError, match="features"):
         fitted.predict(da.ones((10, 3), chunks=5))
+
+
+@pytest.mark.cluster
+def test_minibatch_fits_from_memory_a_memmap_and_a_dask_array_are_the_same(client, tmp_path, monkeypatch):
+    """Minibatch learning reads a dask X a chunk at a time to the driver: for one random_state
+    the batches, and so every step and the fitted model, are those of the in-core fit (bitwise).
+    With learning='auto' a dask X learns from minibatches from the same number of rows on."""
+    import fastep.sparse as sparse_module
+
+    X, y, t = _data(2500, seed=21, dim=3)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    kw = dict(n_inducing=10, batch_size=200, max_epochs=2, random_state=3)
+    monkeypatch.setattr(sparse_module, "MINIBATCH_MIN_ROWS", 2000)
+    incore = SparseGPClassifier(**kw).fit(X, y)
+    memmap = SparseGPClassifier(**kw).fit(np.load(path, mmap_mode="r"), y)
+    remote = SparseGPClassifier(**kw).fit(*_dask(X, y, 600), client=client)
+    assert incore.learning_ == memmap.learning_ == remote.learning_ == "minibatch"
+    Xt, _, _ = _data(100, seed=22, dim=3)
+    for other in (memmap, remote):
+        assert np.array_equal(other.kernel_.theta, incore.kernel_.theta)
+        assert np.array_equal(other.inducing_inputs_, incore.inducing_inputs_)
+        assert np.array_equal(other.predict_proba(Xt), incore.predict_proba(Xt))
+    reg = SparseGPRegressor(learning="minibatch", **kw)
+    a = reg.fit(X, t).predict(Xt, return_std=True)
+    b = SparseGPRegressor(learning="minibatch", **kw).fit(*_dask(X, t, 600), client=client)
+    assert b.learning_ == "minibatch"
+    assert np.array_equal(b.predict(Xt, return_std=True), a)
+    bad = X.copy()
+    bad[1700, 2] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        SparseGPClassifier(**kw).fit(*_dask(bad, y, 600), client=client)
 
 
 def test_dask_fit_without_dask_names_the_extra():

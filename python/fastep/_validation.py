@@ -100,6 +100,11 @@ def check_X_y(X: Any, y: Any, *, y_numeric: bool = False) -> tuple[NDArray[np.fl
     (float64 if ``y_numeric``, otherwise as given, for label encoding).
     """
     X = as_float_matrix(X, "X")
+    return X, check_y(y, X.shape[0], y_numeric=y_numeric)
+
+
+def check_y(y: Any, n_samples: int, *, y_numeric: bool = False) -> NDArray[Any]:
+    """Validate a target vector of ``n_samples`` entries (the y half of :func:`check_X_y`)."""
     if y is None:
         raise ValueError("this estimator requires y to be passed, but the target y is None")
     y_arr = np.asarray(y)
@@ -109,9 +114,9 @@ def check_X_y(X: Any, y: Any, *, y_numeric: bool = False) -> tuple[NDArray[np.fl
         y_arr = y_arr[:, 0]
     if y_arr.ndim != 1:
         raise ValueError(f"y must be a 1-D array of length n_samples, got shape {y_arr.shape}")
-    if y_arr.shape[0] != X.shape[0]:
+    if y_arr.shape[0] != n_samples:
         raise ValueError(
-            f"X and y have inconsistent numbers of samples: X has {X.shape[0]} rows, y has {y_arr.shape[0]} entries")
+            f"X and y have inconsistent numbers of samples: X has {n_samples} rows, y has {y_arr.shape[0]} entries")
     if y_numeric:
         y_arr = as_float_vector(y_arr, "y")
     elif y_arr.dtype.kind == "f":
@@ -119,7 +124,7 @@ def check_X_y(X: Any, y: Any, *, y_numeric: bool = False) -> tuple[NDArray[np.fl
     elif y_arr.dtype == object:
         if any(v is None or (isinstance(v, float) and not np.isfinite(v)) for v in y_arr):
             raise ValueError("y must not contain None or non-finite labels")
-    return X, y_arr
+    return y_arr
 
 
 def feature_names(X: Any, name: str = "X") -> NDArray[np.object_] | None:

@@ -173,6 +173,23 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         options["minibatch"] = minibatch
         return minibatch
 
+    def _dask_learns_from_minibatches(self, X, options, likelihood):
+        """Whether a fit on a dask ``X`` learns from minibatches read to the driver (else it runs
+        the map-reduce full-batch schedule on the cluster)."""
+        n = X.shape[0] if _chunked.is_dask_array(X) and len(X.shape) == 2 else 0
+        if options["learning"] == "full-batch" or n == 0:
+            return False
+        return self._learns_from_minibatches(n, dict(options), likelihood)
+
+    def _driver_rows(self, X, y, client, y_numeric=False):
+        """``(rows of the dask X read on demand, y validated in core)`` for minibatch learning."""
+        caller = f"{type(self).__name__}.fit"
+        if isinstance(self.inducing_init, str) and self.inducing_init == "ivm":
+            raise ValueError(f"inducing_init='ivm' is not available for a dask array in {caller}; use "
+                             "'kmeans++', 'random' or explicit inducing inputs")
+        X, y = _chunked.driver_rows(X, y, client, caller)
+        return X, v.check_y(y, X.shape[0], y_numeric=y_numeric)
+
     def _minibatch_start(self, kernel, X, y=None, regression=False):
         """The start kernel of a minibatch fit: the one given, else ARD (:func:`default_ard_kernel`)
         on a seeded sample of the rows up to ``MINIBATCH_ARD_MAX_FEATURES`` inputs, the isotropic
@@ -255,8 +272,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 elif options.get("minibatch"):
                     # k-means++ over a sample whose rows x m distances stay small beside the data
                     sample = max(MINIBATCH_KMEANS_ROWS, 50 * m)
-                    if n > sample:
-                        X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False))], dtype=np.float64)
+                    X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False)) if n > sample
+                                     else np.arange(n)], dtype=np.float64)
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
             return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
@@ -373,10 +390,6 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         """Fit on a row-chunked dask array by the map-reduce form of the parallel schedule
         (:mod:`fastep._sparse.distributed`); returns the fitted problems."""
         caller = f"{type(self).__name__}.fit"
-        if options["learning"] == "minibatch":
-            raise ValueError(f"{caller} on a dask array learns from the full-batch evidence: set "
-                             "learning='auto' or 'full-batch' (minibatch learning reads in-core arrays and "
-                             "numpy.memmap files)")
         if options["schedule"] != _engine.SPARSE_PARALLEL:
             raise ValueError(f"{caller} on a dask array runs the parallel EP schedule: set "
                              "schedule='parallel' (the sequential schedule visits one site at a time)")
@@ -525,8 +538,11 @@ _COMMON_PARAMS = fill_doc(
         which sets irrelevant inputs aside (up to 32 inputs; the isotropic default above), and ``n_inducing='auto'`` is m = 256 chosen by
         k-means++ on a seeded sample of max(20 000, 50 m) rows. ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
-        full-batch. ``X`` may then be a ``numpy.memmap``: it is read in chunks of 65 536 rows,
-        each chunk once per pass. Not for a dask ``X``.
+        full-batch (the same rule for a dask ``X``). ``X`` may then be a ``numpy.memmap`` or a
+        dask array: it is read in chunks of 65 536 rows, each chunk once per pass (a dask
+        array's chunks are computed on its cluster, the next while the current one is used,
+        and the updates run on the driver, which holds O(m²) plus one chunk); for one
+        ``random_state`` the three give the same fit.
     batch_size : int >= 1, default 512
         Points per minibatch (``learning='minibatch'``).
     learning_rate : float > 0, default 0.03
@@ -746,8 +762,10 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         Parameters
         ----------
         X : array-like (n_samples, n_features), or dask.array.Array
-            A dask array (chunked by rows) is fitted where its chunks live, on the workers of
-            a Dask cluster, by the map-reduce form of the parallel schedule: each chunk keeps
+            A dask array (chunked by rows) that learns from minibatches (``learning``) is read
+            a chunk at a time to this process. Otherwise it is fitted where its chunks live,
+            on the workers of a Dask cluster, by the map-reduce form of the parallel schedule:
+            each chunk keeps
             its rows of K(X, Z), its FITC diagonal and its sites; every EP iteration sends
             the m x m posterior to the chunks and sums their m x m contributions, and so do
             the evidence and its gradient. Needs ``schedule='parallel'`` and the ``dask``
@@ -761,17 +779,21 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         self._check_fit_options(options, kernel, likelihood, learn_likelihood)
-        if client is not None or _chunked.is_dask_array(X):
+        on_cluster = client is not None or _chunked.is_dask_array(X)
+        if on_cluster and not self._dask_learns_from_minibatches(X, options, likelihood):
             classes, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options,
                                                      learn_likelihood, classifier=True)
         else:
-            X, y = v.check_X_y(X, y)
+            if on_cluster:
+                X, y = self._driver_rows(X, y, client)
+            else:
+                X, y = v.check_X_y(X, y)
             if self._learns_from_minibatches(X.shape[0], options, likelihood):
                 kernel = self._minibatch_start(kernel, X)
                 options["n_features"] = X.shape[1]
             else:
                 kernel = start_kernel(kernel, X)
-            kernel._validate_X(X, "X")
+            kernel._validate_X(X[:1], "X")        # X itself is validated above (a dask X as it is read)
             classes, targets = v.encode_one_vs_rest_labels(y)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
             Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
@@ -910,14 +932,25 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         self._check_fit_options(options, kernel, likelihood, learn_noise)
-        if client is not None or _chunked.is_dask_array(X):
-            if student_t:
-                raise ValueError("the Student-t likelihood is fitted in core only: a dask X (or a client) "
-                                 "needs likelihood=None (Gaussian noise)")
+        on_cluster = client is not None or _chunked.is_dask_array(X)
+        if on_cluster and student_t:
+            raise ValueError("the Student-t likelihood is fitted in core only: a dask X (or a client) "
+                             "needs likelihood=None (Gaussian noise)")
+        if on_cluster and not self._dask_learns_from_minibatches(X, options, likelihood):
             _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
                                                classifier=False)
         else:
-            gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
+            if on_cluster:
+                # rows read from the cluster as learning needs them; the start as in core, from y
+                # and a sample of the rows
+                X, y = self._driver_rows(X, y, client, y_numeric=True)
+                gaussian = Gaussian(noise_variance=default_noise_variance(y) if noise_variance is None
+                                    else noise_variance)
+                if kernel is not None:
+                    kernel._validate_X(X[:1], "X")
+                start = kernel
+            else:
+                gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
             if self._learns_from_minibatches(X.shape[0], options, noise):
                 start = self._minibatch_start(kernel, X, y, regression=True)
                 options["n_features"] = X.shape[1]

@@ -483,6 +483,76 @@ def load_dask_data(X, y, client, kernel, classifier, caller):
     return executor, chunks, list(X.chunks[0]), X
 
 
+class DriverRows:
+    """Rows of a dask array ``X`` (n, d) fetched to the driver on request, for minibatch learning.
+
+    Indexing with a slice or a sorted integer array computes those rows on ``client`` and
+    returns them as a float64 numpy array (a ``ValueError`` if they hold NaN or infinity);
+    nothing else of X is held. :meth:`prefetch` starts
+    computing a row range so that the next read finds it ready.
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, X, client):
+        self.X, self.client = X, client
+        self.shape = tuple(int(s) for s in X.shape)
+        self._pending = {}
+
+    def __len__(self):
+        return self.shape[0]
+
+    def prefetch(self, start, stop):
+        if (start, stop) not in self._pending:
+            self._pending[(start, stop)] = self.client.compute(self.X[start:stop])
+
+    def __getitem__(self, key):
+        future = None
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            future = self._pending.pop((start, stop), None) if step == 1 else None
+        elif not isinstance(key, tuple):
+            key = np.asarray(key)
+        if future is None:
+            future = self.client.compute(self.X[key])
+        rows = np.ascontiguousarray(future.result(), dtype=np.float64)
+        if not np.all(np.isfinite(rows)):
+            raise ValueError("X must not contain NaN or infinity (found in rows read from the dask array)")
+        return rows
+
+
+def driver_rows(X, y, client, caller):
+    """Validate dask arrays ``X`` (n, d) and ``y`` (n,) for minibatch learning on the driver.
+
+    Returns ``(DriverRows over X, y as a numpy array)``: y (n values) is computed on the
+    driver (and left for the caller to validate), X stays on the cluster and is read in row
+    ranges (its finiteness is checked as each range is read).
+    """
+    da, distributed = import_dask(caller)
+    if not is_dask_array(X):
+        raise TypeError(f"{caller} with client= needs X as a dask.array.Array of shape (n_samples, "
+                        f"n_features), chunked by rows; got {type(X).__name__}")
+    if client is None:
+        try:
+            client = distributed.default_client()
+        except ValueError:
+            raise ValueError(f"{caller} on a dask array needs a Dask client: pass client= or create a "
+                             "dask.distributed.Client first") from None
+    if not isinstance(client, distributed.Client):
+        raise TypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
+    if X.ndim != 2:
+        raise ValueError(f"X must be a 2-D array (n_samples, n_features), got shape {X.shape}")
+    if any(np.isnan(c) for c in X.chunks[0]):
+        raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first")
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"X must have at least 1 row and 1 column, got shape {X.shape}")
+    if y is None:
+        raise ValueError("this estimator requires y to be passed, but the target y is None")
+    y = np.asarray(client.compute(y).result() if is_dask_array(y) else y)
+    return DriverRows(X, client), y
+
+
 def take_rows(executor, X, index):
     """Rows ``index`` (sorted, unique) of the dask array X, as a numpy array on the driver."""
     return np.ascontiguousarray(executor.client.compute(X[np.asarray(index)]).result(), dtype=np.float64)

@@ -94,7 +94,9 @@ SITE_MODES = ("tied", "per-point")
 
 class RowSource:
     """Rows of ``(X, y)`` read a chunk at a time: an in-core array, a ``numpy.memmap`` or any
-    array that supports row slicing (a dask array's rows are computed per chunk).
+    array that supports row slicing (a dask array through
+    :class:`fastep._sparse.distributed.DriverRows`, which computes each chunk on the cluster
+    while the previous one is used).
 
     ``y`` is held in memory (n floats); ``X`` is read ``chunk_rows`` rows at a time, each
     chunk once per pass.
@@ -108,17 +110,24 @@ class RowSource:
         self.chunks = [(s, min(s + self.chunk_rows, self.n)) for s in range(0, self.n, self.chunk_rows)]
 
     def read(self, start, stop):
-        X = self.X[start:stop]
-        if hasattr(X, "compute"):
-            X = X.compute()
-        return np.ascontiguousarray(X, dtype=np.float64), self.y[start:stop]
+        """Rows ``start:stop`` as float64 arrays."""
+        return np.ascontiguousarray(self.X[start:stop], dtype=np.float64), self.y[start:stop]
+
+    def prefetch(self, start, stop):
+        """Start reading rows ``start:stop`` (a source on a cluster computes them meanwhile)."""
+        prefetch = getattr(self.X, "prefetch", None)
+        if prefetch is not None:
+            prefetch(start, stop)
 
 
 def epoch_batches(source, batch_size, rng):
     """One pass over ``source`` in minibatches: ``(X_B, y_B, index_B)``, chunks in a random order
     and rows in a random order within each chunk (deterministic for ``rng``'s state)."""
-    for c in rng.permutation(len(source.chunks)):
+    order_of_chunks = rng.permutation(len(source.chunks))
+    for k, c in enumerate(order_of_chunks):
         start, stop = source.chunks[c]
+        if k + 1 < order_of_chunks.size:
+            source.prefetch(*source.chunks[order_of_chunks[k + 1]])
         X, y = source.read(start, stop)
         order = rng.permutation(stop - start)
         for s in range(0, order.shape[0], batch_size):
