@@ -105,6 +105,9 @@ from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N
                        GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin, check_classifier_likelihood,
                        check_kernel, check_optimizer, stack_problems, start_kernel)
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
+from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_BATCH_SIZE, MINIBATCH_LEARNING_RATE,
+                                 MINIBATCH_MAX_EPOCHS, MINIBATCH_MIN_ROWS)
+from ._search.start import default_ard_kernel, sample_rows
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
 from ._search.optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
@@ -127,6 +130,7 @@ if TYPE_CHECKING:
 __all__ = ["IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "select_active_set"]
 
 _KERNEL_OBJECTIVES = ("full_data", "active_set")
+_LEARNING_MODES = ("auto", "full-batch", "minibatch")
 #: d when ``active_set_size=None``, at most n_samples (the size of the paper's experiments on real data).
 _DEFAULT_ACTIVE_SET_SIZE = 200
 
@@ -180,6 +184,7 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
     exchange_tol: float
     max_exchanges: int | None
     kernel_objective: Literal["full_data", "active_set"]
+    learning: Literal["auto", "full-batch", "minibatch"]
     hyperprior: Hyperprior
     X_train_: NDArray[np.float64]
     active_set_: NDArray[np.intp]
@@ -197,7 +202,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
 
     def _check_memory(self, n, options, n_problems=1):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
-        learning = options["n_iterations"] > 0 and options["kernel_objective"] == "full_data"
+        learning = (options["n_iterations"] > 0 and options["kernel_objective"] == "full_data"
+                    and not options["minibatch"])       # minibatch learning holds no n x d projection
         d = options["d"]
         check_memory(ivm_bytes(n, d, learning=learning, n_problems=n_problems,
                                n_concurrent=concurrent_problems(getattr(self, "n_jobs", None))),
@@ -238,15 +244,27 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         if objective == "full_data" and self.optimizer == "SCG":
             raise ValueError("optimizer='SCG' maximises the active set's eq 32: use it with "
                              "kernel_objective='active_set' (the full-data objective is learnt with 'L-BFGS-B')")
+        learning = v.check_choice(self.learning, "learning", _LEARNING_MODES)
+        if learning == "minibatch" and objective != "full_data":
+            raise ValueError("learning='minibatch' learns the full-data objective: use it with "
+                             "kernel_objective='full_data'")
+        minibatch = objective == "full_data" and (
+            learning == "minibatch" or (learning == "auto" and n_samples >= MINIBATCH_MIN_ROWS))
         full_data = dict(_FULL_DATA_EP, seed=seed, progress=progress, estimator_name=type(self).__name__,
-                         latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None)
+                         latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None,
+                         batch_size=MINIBATCH_BATCH_SIZE, learning_rate=MINIBATCH_LEARNING_RATE,
+                         max_epochs=MINIBATCH_MAX_EPOCHS)
         if kernel is None:
-            kernel = start_kernel(given, X)
+            if minibatch and given is None and X.shape[1] <= MINIBATCH_ARD_MAX_FEATURES:
+                # as the sparse GP's minibatch default: one learnt relevance per input
+                kernel = default_ard_kernel(X[sample_rows(n_samples)], None)
+            else:
+                kernel = start_kernel(given, X)
             kernel._validate_X(X, "X")
         return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
                 "n_iterations": n_iterations if self.optimizer is not None else 0,
                 "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer,
-                "kernel_objective": objective, "full_data": full_data,
+                "kernel_objective": objective, "full_data": full_data, "minibatch": minibatch,
                 "hyperprior": check_hyperprior(self.hyperprior)}
 
     @staticmethod
@@ -291,6 +309,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         evidence = [p.log_evidence for p in problems]
         self.log_marginal_likelihood_value_ = None if None in evidence else float(sum(evidence))
         self.history_ = histories[0] if binary else histories
+        self.learning_ = ("minibatch" if options["minibatch"] else "full-batch") if (
+            options["n_iterations"] > 0 and options["kernel_objective"] == "full_data") else None
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
     def __setstate__(self, state):
@@ -323,6 +343,16 @@ _COMMON_DOC = """active_set_size : int or None, default None
         paper's eq 32, the approximate likelihood of the d active points alone, then eq 34
         for the likelihood parameters (the paper's protocol; also the only objective
         ``optimizer='SCG'`` maximises).
+    learning : {'auto', 'full-batch', 'minibatch'}, default 'auto'
+        How each round learns the full-data objective. ``'full-batch'``: L-BFGS-B on its
+        exact evidence and gradient, every evaluation EP over all n points (O(n d) memory).
+        ``'minibatch'``: stochastic EP with one tied site and Adam steps on a minibatch
+        estimate of the evidence gradient, as :class:`~fastep.SparseGPClassifier` learns from
+        minibatches (batches of 512, step 0.03, at most 20 passes, stopped when the running
+        leave-one-out log loss stops improving; O(d²) memory beyond the selection's); the
+        fitted evidence is then an estimate from a sample of rows, and Algorithm 2 stops after
+        a round that moved no parameter by more than 0.1 on the log scale. ``'auto'``:
+        minibatch from 50 000 training rows on. Needs ``kernel_objective='full_data'``.
     %HYPERPRIOR%
         Used by ``kernel_objective='full_data'``.
     max_optimizer_iter : int, default 100
@@ -376,6 +406,9 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         Algorithm 2 progress: iteration, stage ('full data'; or 'kernel' and 'noise' for eq 32
         and eq 34), log_likelihood (eq 32), n_active, elapsed (seconds), and for the full-data
         objective log_evidence (its evidence at the end of that round).
+    learning_ : {'full-batch', 'minibatch'} or None
+        How the full-data objective was learnt (``learning``); None without it
+        (``kernel_objective='active_set'``, or no learning).
     refinement_ : dict or None (a list one-vs-rest)
         Reports of the refinement after the final selection, by stage as run: 'ep' and
         'ep_after_exchange' (the EP sweeps, :class:`~fastep._epcore.ivm_refine.RefineResult`),
@@ -467,6 +500,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
                  verbose: int = 0, refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
                  exchange_tol: float = 1e-6, max_exchanges: int | None = None, n_jobs: int | None = None,
                  kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 learning: Literal["auto", "full-batch", "minibatch"] = "auto",
                  hyperprior: Hyperprior = "auto",
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
@@ -578,6 +612,7 @@ class IVMRegressor(GPRegressorMixin, _IVMBase):
                  refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
                  exchange_tol: float = 1e-6, max_exchanges: int | None = None,
                  kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 learning: Literal["auto", "full-batch", "minibatch"] = "auto",
                  hyperprior: Hyperprior = "auto",
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
@@ -658,6 +693,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
                  refine_sweeps: int = 0, exchange: Literal["greedy", "random"] | None = None,
                  exchange_tol: float = 1e-6, max_exchanges: int | None = None,
                  kernel_objective: Literal["full_data", "active_set"] = "full_data",
+                 learning: Literal["auto", "full-batch", "minibatch"] = "auto",
                  hyperprior: Hyperprior = "auto",
                  callback: Callback = None) -> None:
         self._set_init_params(locals())

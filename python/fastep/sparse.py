@@ -54,6 +54,7 @@ from ._memory import (check_memory, concurrent_problems, fits_in_memory, format_
                       sparse_gp_bytes)
 from ._sparse.problem import _BinarySparseEP, _StudentTSparseEP
 from ._sparse import stochastic as _minibatch
+from ._sparse.stochastic import MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_MIN_ROWS, MINIBATCH_PATIENCE, minibatch_windows
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -76,23 +77,10 @@ _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
 _INDUCING_INITS = ("auto", "kmeans++", "random", "ivm")
 _LEARNING_MODES = ("auto", "full-batch", "minibatch")
-#: ``learning='auto'`` learns from minibatches from this many training rows on.
-MINIBATCH_MIN_ROWS = 50_000
 #: m of ``n_inducing='auto'`` when learning from minibatches (no growth: each size would be a new fit).
 MINIBATCH_INDUCING = 256
-#: Points of a window of the minibatch stopping rule: at least this many, 50 per inducing input and
-#: n / 20 up to ``MINIBATCH_MAX_WINDOW`` (a larger window sees a slow descent of the loss above its noise).
-MINIBATCH_WINDOW = 20_000
-MINIBATCH_MAX_WINDOW = 100_000
-#: Inputs up to which a minibatch fit's default kernel learns one relevance per input (ARD): each
-#: relevance costs a batch x m derivative per step, and images' pixels are not inputs to set aside one by one.
-MINIBATCH_ARD_MAX_FEATURES = 32
 #: Rows of the seeded sample k-means++ chooses the inducing inputs from in a minibatch fit (at least 50 per input).
 MINIBATCH_KMEANS_ROWS = 20_000
-#: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
-MINIBATCH_SITE_WINDOW = 5_000
-#: Windows per block of the minibatch stopping rule (the last block against the one before it).
-MINIBATCH_PATIENCE = 6
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
@@ -318,10 +306,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
     def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
         """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`)."""
-        n, m = X.shape[0], Z.shape[0]
-        window = max(MINIBATCH_WINDOW, 50 * m, min(n // 20, MINIBATCH_MAX_WINDOW))
-        options = dict(options, window=min(n, window),
-                       site_window=min(n, max(MINIBATCH_SITE_WINDOW, 20 * m)))
+        window, site_window = minibatch_windows(X.shape[0], Z.shape[0])
+        options = dict(options, window=window, site_window=site_window)
         hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
                                 extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
         fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, _minibatch.RowSource(X, y), options, hyper,

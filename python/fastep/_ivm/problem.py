@@ -28,6 +28,7 @@ from ..progress import StopRequested
 from ..exceptions import ConvergenceWarning
 from ..kernels import ColumnProductCache
 from ..likelihoods import Gaussian
+from .._sparse.stochastic import MINIBATCH_PATIENCE, minibatch_windows
 
 #: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
 #: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
@@ -41,6 +42,9 @@ _FULL_DATA_SEARCH_TOL = 1e-4
 #: search's coordinates (logs of the positive parameters): the next round would reselect the same
 #: active set (the selection depends on the parameters alone) and repeat it.
 _ROUND_TOL = 1e-2
+#: The same rule when each round learns from minibatches: the stochastic steps leave every
+#: round some movement, so a round that moved no parameter by more than 10 % ends Algorithm 2.
+_MINIBATCH_ROUND_TOL = 1e-1
 #: K_mm's jitter in the full-data objective, relative to the mean prior variance of the active points.
 _FULL_DATA_JITTER = 1e-6
 # Initial half-width of the L-BFGS-B trust box for the noise parameters (eq 34), in their
@@ -297,6 +301,37 @@ class _IVMProblem:
         self.full_data_sites = sparse.sites()
         return sparse
 
+    def minibatch_options(self, options):
+        """The options of minibatch learning of the full-data objective at the current active set
+        (the sparse estimators' minibatch defaults, :mod:`fastep._sparse.stochastic`)."""
+        Z = np.ascontiguousarray(self.X[self.active])
+        jitter = _FULL_DATA_JITTER * float(np.mean(self.kernel._unchecked_diag(Z)))
+        window, site_window = minibatch_windows(self.X.shape[0], Z.shape[0])
+        return Z, dict(options, jitter=jitter, sites="tied", window=window, site_window=site_window,
+                       patience=MINIBATCH_PATIENCE)
+
+    def learn_minibatch(self, options, learn_likelihood, hyperprior, learn=True):
+        """The full-data objective learnt from minibatches (stochastic EP with Adam steps on the
+        evidence gradient, :func:`fastep._sparse.stochastic.fit_minibatch`), Z fixed at the
+        active inputs; ``learn=False``: the sites only, at the current parameters. Returns the
+        :class:`~fastep._sparse.stochastic.MinibatchSparseFit` (its ``log_ml`` the estimated
+        evidence)."""
+        from .._sparse import stochastic
+        start_kernel, start_likelihood = self.prior_centre
+        self.hyperparameters = Hyperparameters(start_kernel, start_likelihood, learn_likelihood,
+                                               hyperprior=hyperprior)
+        hyper, space = self.hyperparameters, self.hyperparameters.space
+        u_start = space.to_search(hyper.pack(self.kernel, self.likelihood))
+        Z, mb_options = self.minibatch_options(options)
+        fitted = stochastic.fit_minibatch(self.kernel, self.likelihood, Z,
+                                          stochastic.RowSource(self.X, self.y - self.offset), mb_options, hyper,
+                                          learn=learn)
+        end = space.to_search(hyper.pack(fitted.kernel, fitted.likelihood))
+        self.last_step = float(np.max(np.abs(end - u_start), initial=0.0))
+        self.kernel, self.likelihood = fitted.kernel, fitted.likelihood
+        self.full_data_sites = None
+        return fitted
+
     def full_data_evidence(self, options):
         """The full-data objective at the current kernel, likelihood and active set (one EP run,
         warm from the last round's sites); sets ``log_evidence``."""
@@ -416,20 +451,25 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
             return best["theta"]
 
     full_data = options["kernel_objective"] == "full_data"
+    minibatch = full_data and options.get("minibatch", False)
     for iteration in range(1, options["n_iterations"] + 1):
         if progress.stopped:
             break
         problem.select()
         if full_data:
             problem.state = None                # the O(d n) selection state is rebuilt by the next selection
-            sparse = problem.learn_full_data(options["full_data"], learn_noise or problem.joint_noise,
-                                             options["hyperprior"])
+            if minibatch:
+                sparse = problem.learn_minibatch(options["full_data"], learn_noise or problem.joint_noise,
+                                                 options["hyperprior"])
+            else:
+                sparse = problem.learn_full_data(options["full_data"], learn_noise or problem.joint_noise,
+                                                 options["hyperprior"])
             problem.log_evidence = sparse.log_ml
             if not report(iteration, "full data"):
                 break
             if not _ignores_inputs(classifier, problem.kernel, problem.X):
                 last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
-            if problem.last_step < _ROUND_TOL:
+            if problem.last_step < (_MINIBATCH_ROUND_TOL if minibatch else _ROUND_TOL):
                 break                           # the next selection and search would repeat this round
             continue
         theta0, bounds = problem.kernel_theta()
@@ -479,7 +519,12 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     problem.select()
     problem.log_evidence = None
     if full_data and options["n_iterations"] > 0:
-        problem.full_data_evidence(options["full_data"])
+        if minibatch:
+            # the sites at the final active set and parameters, from minibatches, and their evidence
+            problem.log_evidence = problem.learn_minibatch(options["full_data"], False, options["hyperprior"],
+                                                           learn=False).log_ml
+        else:
+            problem.full_data_evidence(options["full_data"])
     elif problem.hyperparameters is None:
         problem.hyperparameters = Hyperparameters(problem.kernel, problem.likelihood, False)
     for message in problem.refinement_warnings():

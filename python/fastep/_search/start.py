@@ -164,17 +164,21 @@ def default_ard_kernel(X, y=None, *, regression=False, bias=True):
     """The starting kernel of minibatch learning at ``kernel=None``: an RBF with one learnt
     relevance per input (ARD), so that learning can set irrelevant inputs aside.
 
-    ``RBFARD(α, v, γ)`` with every relevance ``α_c = ½ s_c / max(s)`` (``s``: the per-column
-    scales of :func:`input_scales` for inputs of mixed units, else ones) and ``γ`` the median
-    heuristic on the inputs so scaled: at the start it is the isotropic default of
-    :func:`default_kernel`, and each relevance can then grow or shrink. Variance and bias as
-    :func:`default_kernel`.
+    ``RBFARD(α, v, γ)`` (``k = v exp(-γ/2 Σ_c α_c (x_c - x'_c)²)``) with every relevance
+    ``α_c = ½ s_c / max(s)`` (``s``: the per-column scales of :func:`input_scales` for inputs
+    of mixed units, else ones) and ``γ = 1 / median_c var(√α_c x_c)``: each input's
+    length-scale ``(γ α_c)^(-1/2)`` starts at about its standard deviation, as for one input
+    alone (not the isotropic median heuristic over all inputs, whose length-scale grows with
+    the number of inputs and starts every input far smoother than its own variation: learning
+    then tends to set relevant inputs aside too). Each relevance can then grow or shrink.
+    Variance and bias as :func:`default_kernel`.
     """
     X = np.asarray(X, dtype=np.float64)
     base = input_scales(X)
     base = np.ones(X.shape[1]) if base is None else base
     scales = 0.5 * base / np.max(base)
-    gamma = median_inverse_width(X * np.sqrt(scales))
+    spread = float(np.median(np.var(X * np.sqrt(scales), axis=0))) if X.shape[0] > 1 else 0.0
+    gamma = 1.0 / spread if np.isfinite(spread) and spread > 0.0 else median_inverse_width(X * np.sqrt(scales))
     if not regression:
         return RBFARD(scales, 1.0, gamma)
     variance, offset = target_scale(y)

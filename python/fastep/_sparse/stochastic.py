@@ -90,6 +90,31 @@ from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums, l
 CHUNK_ROWS = 1 << 16
 
 SITE_MODES = ("tied", "per-point")
+#: ``learning='auto'`` learns from minibatches from this many training rows on.
+MINIBATCH_MIN_ROWS = 50_000
+#: Inputs up to which a minibatch fit's default kernel learns one relevance per input (ARD): each
+#: relevance costs a batch x m derivative per step, and images' pixels are not inputs to set aside one by one.
+MINIBATCH_ARD_MAX_FEATURES = 32
+#: The estimators' defaults of ``batch_size``, ``learning_rate`` and ``max_epochs``.
+MINIBATCH_BATCH_SIZE = 512
+MINIBATCH_LEARNING_RATE = 0.03
+MINIBATCH_MAX_EPOCHS = 20
+
+#: Points of a window of the minibatch stopping rule: at least this many, 50 per inducing input and
+#: n / 20 up to ``MINIBATCH_MAX_WINDOW`` (a larger window sees a slow descent of the loss above its noise).
+MINIBATCH_WINDOW = 20_000
+MINIBATCH_MAX_WINDOW = 100_000
+#: Points a tied site averages over (``ε = batch_size / window``): at least this many, and 20 per inducing input.
+MINIBATCH_SITE_WINDOW = 5_000
+#: Windows per block of the minibatch stopping rule (the last block against the one before it).
+MINIBATCH_PATIENCE = 6
+
+
+def minibatch_windows(n, m):
+    """``(window, site_window)`` of a minibatch fit on n rows with m inducing inputs: the
+    stopping rule's window and the points a tied site averages over (both at most n)."""
+    window = max(MINIBATCH_WINDOW, 50 * m, min(n // 20, MINIBATCH_MAX_WINDOW))
+    return min(n, window), min(n, max(MINIBATCH_SITE_WINDOW, 20 * m))
 
 
 class RowSource:
