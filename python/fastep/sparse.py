@@ -178,6 +178,31 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         X, y = _chunked.driver_rows(X, y, client, caller)
         return X, v.check_y(y, X.shape[0], y_numeric=y_numeric)
 
+    def _previous_minibatch_fits(self, X, options, n_problems, classes=None):
+        """The fitted problems to continue from (a warm start of minibatch learning), or None.
+
+        With ``warm_start`` and a fit that learns from minibatches with tied sites, the problems
+        of this estimator's previous fit are reused when that fit also learnt from minibatches
+        with tied sites, on inputs of the same width, with the same classes (and the same
+        ``learn_inducing`` and ``learn_likelihood``)."""
+        if not (options.get("minibatch") and v.check_bool(self.warm_start, "warm_start")
+                and options["sites"] == "tied" and getattr(self, "learning_", None) == "minibatch"):
+            return None
+        problems = getattr(self, "_problems", None)
+        if (problems is None or len(problems) != n_problems or self.n_features_in_ != X.shape[1]
+                or any(getattr(p, "tied_site", None) is None for p in problems)):
+            return None
+        if classes is not None and not np.array_equal(np.asarray(self.classes_), np.asarray(classes)):
+            return None
+        hyper = problems[0].hyperparameters
+        if hyper.learn_likelihood != self._learns_likelihood() or (hyper.extra is not None) != bool(
+                self.learn_inducing):
+            return None
+        return problems
+
+    def _learns_likelihood(self):
+        return bool(getattr(self, "learn_likelihood", getattr(self, "learn_noise", False)))
+
     def _minibatch_start(self, kernel, X, y=None, regression=False):
         """The start kernel of a minibatch fit: the one given, else ARD (:func:`default_ard_kernel`)
         on a seeded sample of the rows up to ``MINIBATCH_ARD_MAX_FEATURES`` inputs, the isotropic
@@ -272,11 +297,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
             raise ValueError(f"inducing_init must have at most n_samples = {n} rows, got {Z.shape[0]}")
         return [Z.copy()] * len(targets)
 
-    def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
+    def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood, start=None):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
-        with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`)."""
+        with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`). ``start``: a previous
+        minibatch fit of this problem to continue from (:meth:`_previous_minibatch_fits`)."""
         if options.get("minibatch"):
-            return self._fit_minibatch(X, y, Z, kernel, likelihood, options, learn_likelihood)
+            return self._fit_minibatch(X, y, Z, kernel, likelihood, options, learn_likelihood, start)
         problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
 
         def make_problem(Z):
@@ -304,14 +330,18 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                              options.get("progress"),
                              fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)))
 
-    def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood):
-        """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`)."""
+    def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood, start=None):
+        """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`); ``start``: a
+        previous minibatch fit to continue from (its hyperprior, parameters, Z and tied site)."""
         window, site_window = minibatch_windows(X.shape[0], Z.shape[0])
         options = dict(options, window=window, site_window=site_window)
-        hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
+        if start is not None:
+            hyper = copy.deepcopy(start.hyperparameters)
+        else:
+            hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
+                                    extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
         fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, _minibatch.RowSource(X, y), options, hyper,
-                                          learn=self.optimizer is not None)
+                                          learn=self.optimizer is not None, start=start)
         fitted.estimator_name = type(self).__name__
         return fitted
 
@@ -511,7 +541,12 @@ _COMMON_PARAMS = fill_doc(
         (None: 0).
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm start
-        that fails is retried from zero sites).
+        that fails is retried from zero sites). When learning from minibatches with tied
+        sites, also continue from this estimator's previous minibatch fit, if it has one on
+        inputs of the same width (and the same classes): its hyperparameters, inducing inputs
+        and tied site are the start, and learning begins without a warm-up window (to learn
+        more from new rows of the same source, or to go on after ``max_epochs``). ``False``
+        starts every fit afresh.
     learning : {'auto', 'full-batch', 'minibatch'}, default 'auto'
         How the hyperparameters are learnt. ``'full-batch'``: L-BFGS-B on the exact EP
         evidence, every evaluation EP over all n points (O(nm) memory). ``'minibatch'``:
@@ -774,19 +809,24 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                 X, y = self._driver_rows(X, y, client)
             else:
                 X, y = v.check_X_y(X, y)
+            classes, targets = v.encode_one_vs_rest_labels(y)
+            previous = None
             if self._learns_from_minibatches(X.shape[0], options, likelihood):
-                kernel = self._minibatch_start(kernel, X)
                 options["n_features"] = X.shape[1]
+                previous = self._previous_minibatch_fits(X, options, len(targets), classes)
+                kernel = previous[0].kernel if previous else self._minibatch_start(kernel, X)
             else:
                 kernel = start_kernel(kernel, X)
             kernel._validate_X(X[:1], "X")        # X itself is validated above (a dask X as it is read)
-            classes, targets = v.encode_one_vs_rest_labels(y)
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
-            Zs = self._inducing_inputs(X, options, kernel, likelihood, targets)
+            Zs = ([p.Z for p in previous] if previous
+                  else self._inducing_inputs(X, options, kernel, likelihood, targets))
             self._check_memory(X.shape[0], Zs[0].shape[0], len(targets), options)
+            starts = previous or [None] * len(targets)
             problems = map_in_order(
-                lambda tz: self._fit_problem(X, tz[0], tz[1], kernel, likelihood, options, learn_likelihood),
-                list(zip(targets, Zs)), self.n_jobs)
+                lambda job: self._fit_problem(X, job[0], job[1], kernel, likelihood, options, learn_likelihood,
+                                              start=job[2]),
+                list(zip(targets, Zs, starts)), self.n_jobs)
         self.classes_ = classes
         self._set_fitted(X, problems)
         return self
@@ -937,9 +977,11 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                 start = kernel
             else:
                 gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
+            previous = None
             if self._learns_from_minibatches(X.shape[0], options, noise):
-                start = self._minibatch_start(kernel, X, y, regression=True)
                 options["n_features"] = X.shape[1]
+                previous = self._previous_minibatch_fits(X, options, 1)
+                start = previous[0].kernel if previous else self._minibatch_start(kernel, X, y, regression=True)
             kernel = start
             if isinstance(noise, Gaussian):
                 gaussian = noise                   # the likelihood given (``likelihood`` above)
@@ -949,9 +991,11 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                 likelihood = gaussian
             self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
             # the IVM initialisation scores inclusions under Gaussian noise of the same scale
-            (Z,) = self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y])
+            (Z,) = ([previous[0].Z] if previous
+                    else self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y]))
             self._check_memory(X.shape[0], Z.shape[0], 1, options)
-            problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise)]
+            problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise,
+                                          start=previous[0] if previous else None)]
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)
         return self

@@ -667,8 +667,11 @@ class MinibatchSparseFit:
         self.sites_mode = state.sites
         if state.sites == "per-point":
             self.site_precision, self.site_natural_mean = state.site_precision, state.site_natural_mean
+            self.tied_site = None
         else:
             self.site_precision = self.site_natural_mean = None
+            #: ``(Λ, b)`` of the tied site in the whitened coordinates of the fitted K_mm (a warm start's)
+            self.tied_site = (state.precision_sum.copy(), state.natural_mean_sum.copy())
         self.growth = None
 
     def latent(self, Xs):
@@ -683,21 +686,35 @@ class MinibatchSparseFit:
             "without theta gives the fitted estimate)")
 
 
-def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn):
+def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn, start=None):
     """Learn one sparse problem from minibatches (:func:`learn_minibatch`) and estimate its
     evidence; returns a :class:`MinibatchSparseFit`.
 
     ``options``: the estimator's engine options with ``batch_size``, ``learning_rate``,
     ``max_epochs``, ``sites``, ``site_window`` (the points a tied site averages),
     ``window`` and ``patience`` (the stopping rule) and ``seed``.
+
+    ``start``: a previous :class:`MinibatchSparseFit` with tied sites to continue from (a warm
+    start): its kernel, likelihood and Z, and its tied site scaled from its n to this source's
+    (the site stands for the average point), without the warm-up window.
     """
     rng = np.random.default_rng(options["seed"])
+    warmup = None
+    if start is not None and start.tied_site is not None and options["sites"] == "tied":
+        kernel, likelihood, Z = start.kernel, start.likelihood, start.Z
+    else:
+        start = None
     state = MinibatchSparseEP(kernel, likelihood, Z, source.n, options, sites=options["sites"],
                               window=options["site_window"])
+    if start is not None:
+        scale = source.n / start.n_points
+        state.precision_sum = scale * start.tied_site[0]
+        state.natural_mean_sum = scale * start.tied_site[1]
+        warmup = 0
     result = learn_minibatch(state, hyperparameters, source, batch_size=options["batch_size"],
                              learning_rate=options["learning_rate"], window=options["window"],
                              patience=options["patience"], max_epochs=options["max_epochs"], learn=learn,
-                             rng=rng, progress=options.get("progress"))
+                             rng=rng, progress=options.get("progress"), warmup=warmup)
     polish_sites(state, source, options["batch_size"], rng)
     log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
     return MinibatchSparseFit(state, hyperparameters, result, log_ml, se, options, source.n)
