@@ -92,6 +92,21 @@ def _check_likelihood_learnable_with_power(likelihood, power):
                          f"({type(likelihood).__name__} has {names}); use power=1 or learn_likelihood=False")
 
 
+def _relevance_weights(kernel, n_features):
+    """Per-input inverse length-scales ``sqrt(γ α_c)`` of an ARD RBF kernel (alone, or the one
+    ARD RBF term of a sum, as the minibatch default for regression), or None for other kernels."""
+    from .kernels import RBFARD
+    from .kernels.combinators import Sum
+    parts = kernel.kernels if isinstance(kernel, Sum) else [kernel]
+    ard = [k for k in parts if isinstance(k, RBFARD)]
+    if len(ard) != 1:
+        return None
+    weights = np.sqrt(ard[0].get_params()["inverse_width"] * np.asarray(ard[0]._column_scales(), dtype=np.float64))
+    if weights.shape != (n_features,) or not np.all(np.isfinite(weights)) or np.any(weights <= 0.0):
+        return None
+    return weights
+
+
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
@@ -177,6 +192,23 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                              "'kmeans++', 'random' or explicit inducing inputs")
         X, y = _chunked.driver_rows(X, y, client, caller)
         return X, v.check_y(y, X.shape[0], y_numeric=y_numeric)
+
+    def _places_inducing_by_relevance(self):
+        """Whether a minibatch fit chooses its inducing inputs again in the learnt metric: learning,
+        Z fixed and chosen by k-means++ (``inducing_init`` 'auto' or 'kmeans++')."""
+        return (self.optimizer is not None and not self.learn_inducing and isinstance(self.inducing_init, str)
+                and self.inducing_init in ("auto", "kmeans++"))
+
+    @staticmethod
+    def _inducing_by_relevance(X, weights, m, seed):
+        """m inducing inputs by k-means++ on a seeded sample of max(20 000, 50 m) rows, in the inputs
+        scaled by ``weights`` (each input by its learnt inverse length-scale), mapped back."""
+        rng = np.random.default_rng([seed if seed is not None else 0, 1])
+        n = X.shape[0]
+        rows = max(MINIBATCH_KMEANS_ROWS, 50 * m)
+        sample = np.asarray(X[np.sort(rng.choice(n, size=rows, replace=False)) if n > rows else np.arange(n)],
+                            dtype=np.float64)
+        return np.ascontiguousarray(kmeans_plus_plus(sample * weights, m, rng) / weights)
 
     def _previous_minibatch_fits(self, X, options, n_problems, classes=None):
         """The fitted problems to continue from (a warm start of minibatch learning), or None.
@@ -340,8 +372,19 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         else:
             hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
                                     extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
-        fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, _minibatch.RowSource(X, y), options, hyper,
+        source = _minibatch.RowSource(X, y)
+        fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, source, options, hyper,
                                           learn=self.optimizer is not None, start=start)
+        if start is None and self._places_inducing_by_relevance() and fitted.info.stopped != "callback":
+            weights = _relevance_weights(fitted.kernel, X.shape[1])
+            if weights is not None:
+                # the second stage: k-means++ in the learnt kernel's metric, learning continued there
+                Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
+                first = fitted
+                fitted = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, options, hyper,
+                                                  learn=True)
+                fitted.n_evaluations += first.n_evaluations
+                fitted.history = first.history + fitted.history
         fitted.estimator_name = type(self).__name__
         return fitted
 

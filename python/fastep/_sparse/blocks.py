@@ -136,8 +136,7 @@ def gradient_second_sums(kernel, Z, X, L, Vt, tau, a, c, Ua, PA, learn_inducing)
     Gmm = matmul(G, U.T)
     g_kernel = np.zeros(kernel.n_theta)
     if kernel.n_theta:
-        for j, dK in enumerate(kernel._unchecked_cross_gradient_iter(Z, X)):
-            g_kernel[j] = 2.0 * inner(G, dK)
+        g_kernel = 2.0 * kernel._unchecked_weighted_gradient(Z, X, G)
         g_kernel += matmul(c, kernel._unchecked_diag_gradient(X))
     g_z = kernel._unchecked_input_gradient(Z, X, 2.0 * G) if learn_inducing else None
     return g_kernel, Gmm, g_z
@@ -149,8 +148,7 @@ def gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, likelihood_grad, learn_lik
     Gmm = 0.5 * (Gmm + Gmm.T)
     g_kernel = np.array(g_kernel, dtype=float)
     if kernel.n_theta:
-        for j, dK in enumerate(kernel._unchecked_gradient_iter(Z)):
-            g_kernel[j] -= inner(Gmm, dK)
+        g_kernel -= kernel._unchecked_weighted_gradient(Z, None, Gmm)
     grads = [g_kernel]
     if learn_likelihood:
         grads.append(np.atleast_1d(likelihood_grad))

@@ -273,6 +273,14 @@ class Kernel:
     def _unchecked_cross_gradient_iter(self, X, Y):
         return self._cross_grads(X, Y, list(range(self.n_theta)))
 
+    def _unchecked_weighted_gradient(self, X, Y, W):
+        """``[Σ_ij W_ij ∂K(X, Y)_ij/∂θ_s for every entry s of theta]`` (``Y`` None: of K(X, X)):
+        the contraction the evidence gradients take, without forming each ∂K when the kernel
+        knows a shorter way (the RBF family); by default from the gradient matrices."""
+        from .._linalg import inner
+        grads = self._unchecked_gradient_iter(X) if Y is None else self._unchecked_cross_gradient_iter(X, Y)
+        return np.array([inner(W, g) for g in grads], dtype=np.float64)
+
     def _unchecked_diag_gradient(self, X):
         cols = list(self._diag_grads(X, list(range(self.n_theta))))
         if not cols:
@@ -563,6 +571,14 @@ class _Leaf(Kernel):
 
     def _grads(self, X, slots, state=None):
         return self._chain_rule(slots, lambda pairs: self._grads_constrained(X, pairs, state))
+
+    def _unchecked_weighted_gradient(self, X, Y, W):
+        contract = getattr(self, "_weighted_grads_constrained", None)
+        if contract is None:
+            return super()._unchecked_weighted_gradient(X, Y, W)
+        pairs = self._slots()
+        values = contract(X, Y, W, pairs)
+        return np.array([value * self._dxdt(name, j) for (name, j), value in zip(pairs, values)], dtype=np.float64)
 
     def _value_and_gradient(self, X, dK_out):
         state = self._grad_state(X)

@@ -45,6 +45,10 @@ class Sum(_Composite):
         for c, local in self._runs(slots):
             yield from self.kernels[c]._diag_grads(X, local)
 
+    def _unchecked_weighted_gradient(self, X, Y, W):
+        parts = [k._unchecked_weighted_gradient(X, Y, W) for k in self.kernels]
+        return np.concatenate(parts) if parts else np.empty(0)
+
     def _input_grad(self, X, Y, W):
         G = self.kernels[0]._input_grad(X, Y, W)
         for k in self.kernels[1:]:

@@ -126,6 +126,32 @@ class RBF(_Leaf):
         for name, _ in pairs:
             yield np.ones(X.shape[0]) if name == "variance" else np.zeros(X.shape[0])
 
+    def _weighted_grads_constrained(self, X, Y, W, pairs):
+        """``Σ_ij W_ij ∂K_ij/∂x`` for each (name, element) pair, from one pass over K: with
+        ``Q = W ∘ E``, ``Σ Q`` (variance), ``-(v/2) Σ Q ∘ D`` (inverse width) and, for an ARD
+        scale, ``-(γ v/2) Σ_c∈group [Σ_i x_ic² (Q1)_i + Σ_j y_jc² (Qᵀ1)_j - 2 Σ_i x_ic (Q Y)_ic]``
+        (centred inputs), so that no per-scale distance matrix is formed."""
+        v, gamma = self._value("variance"), self._value("inverse_width")
+        D = self._sqdist(X, Y)
+        Q = np.exp(-0.5 * gamma * D)
+        Q *= W
+        per_column = None
+        if any(name == "scales" for name, _ in pairs):
+            Xc, Yc = _centre(X, Y)
+            Yc = Xc if Yc is None else Yc
+            QY = matmul(Q, Yc)
+            per_column = (matmul((Xc * Xc).T, Q.sum(axis=1)) + matmul((Yc * Yc).T, Q.sum(axis=0))
+                          - 2.0 * np.einsum("ij,ij->j", Xc, QY))
+        out = []
+        for name, j in pairs:
+            if name == "variance":
+                out.append(float(np.sum(Q)))
+            elif name == "inverse_width":
+                out.append(-0.5 * v * float(np.sum(Q * D)))
+            else:
+                out.append(-0.5 * gamma * v * float(np.sum(per_column[self._columns_of(j)])))
+        return out
+
     def _input_scales(self, d):
         return np.ones(d)
 
