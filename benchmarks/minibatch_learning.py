@@ -161,6 +161,16 @@ def main():
                 if "trace" in r:
                     print("    SVGP trace (step, s, error, log loss): "
                           + "; ".join(f"{t[0]} {t[1]:.0f} {100 * t[2]:.2f} {t[3]:.4f}" for t in r["trace"]))
+        ours = rows[-2][1] if args.peer_python and len(rows) >= 2 else None
+        peer = rows[-1][1] if args.peer_python else None
+        if ours is not None and peer is not None:
+            reached = [t for t in peer["trace"] if t[3] <= ours["log_loss"]]
+            if reached:
+                print(f"    SVGP reaches fastep's log loss {ours['log_loss']:.4f} at step {reached[0][0]}, "
+                      f"{reached[0][1]:.0f} s: fastep's time is {ours['fit'] / reached[0][1]:.2f}x SVGP's")
+            else:
+                print(f"    SVGP never reaches fastep's log loss {ours['log_loss']:.4f} (its best "
+                      f"{peer['log_loss']:.4f} at {peer['fit']:.0f} s)")
 
 
 if __name__ == "__main__":

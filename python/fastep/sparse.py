@@ -599,8 +599,13 @@ _COMMON_PARAMS = fill_doc(
         array; learning stops when the running leave-one-out log loss stops improving
         (module :mod:`fastep._sparse.stochastic`). With ``kernel=None`` the minibatch mode
         starts from an RBF with a learnt relevance per input (:class:`~fastep.kernels.RBFARD`),
-        which sets irrelevant inputs aside (up to 32 inputs; the isotropic default above), and ``n_inducing='auto'`` is m = 256 chosen by
-        k-means++ on a seeded sample of max(20 000, 50 m) rows. ``'auto'``: minibatch from
+        which sets irrelevant inputs aside (up to 32 inputs; the isotropic default above), and
+        ``n_inducing='auto'`` is m = 256 chosen by k-means++ on a seeded sample of
+        max(20 000, 50 m) rows. When an ARD RBF kernel was learnt with inducing inputs chosen
+        by k-means++ (``inducing_init`` 'auto' or 'kmeans++', ``learn_inducing=False``), they are
+        then chosen again by k-means++ in the inputs scaled by the learnt inverse
+        length-scales, where irrelevant inputs no longer spread them, and learning continues
+        there from the learnt parameters (sites afresh). ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
         full-batch (the same rule for a dask ``X``). ``X`` may then be a ``numpy.memmap`` or a
         dask array: it is read in chunks of 65 536 rows, each chunk once per pass (a dask

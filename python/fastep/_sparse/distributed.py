@@ -451,27 +451,9 @@ def load_dask_data(X, y, client, kernel, classifier, caller):
     current client), futures of :class:`Chunk` objects (validated on the workers), the rows per
     chunk, and X with one column chunk.
     """
-    da, distributed = import_dask(caller)
-    if not is_dask_array(X):
-        raise TypeError(f"{caller} with client= needs X as a dask.array.Array of shape (n_samples, "
-                        f"n_features), chunked by rows; got {type(X).__name__}")
-    if client is None:
-        try:
-            client = distributed.default_client()
-        except ValueError:
-            raise ValueError(f"{caller} on a dask array needs a Dask client: pass client= or create a "
-                             "dask.distributed.Client first") from None
-    if not isinstance(client, distributed.Client):
-        raise TypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
-    if X.ndim != 2:
-        raise ValueError(f"X must be a 2-D array (n_samples, n_features), got shape {X.shape}")
-    if any(np.isnan(c) for c in X.chunks[0]):
-        raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first")
-    if X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"X must have at least 1 row and 1 column, got shape {X.shape}")
+    X, client = _checked_dask_inputs(X, y, client, caller)
+    da, _ = import_dask(caller)
     X = X.rechunk({1: -1})
-    if y is None:
-        raise ValueError("this estimator requires y to be passed, but the target y is None")
     y = y if is_dask_array(y) else da.from_array(np.asarray(y), chunks=(X.chunks[0],))
     if y.ndim != 1:
         raise ValueError(f"y must be a 1-D array, got shape {y.shape}")
@@ -522,14 +504,10 @@ class DriverRows:
         return rows
 
 
-def driver_rows(X, y, client, caller):
-    """Validate dask arrays ``X`` (n, d) and ``y`` (n,) for minibatch learning on the driver.
-
-    Returns ``(DriverRows over X, y as a numpy array)``: y (n values) is computed on the
-    driver (and left for the caller to validate), X stays on the cluster and is read in row
-    ranges (its finiteness is checked as each range is read).
-    """
-    da, distributed = import_dask(caller)
+def _checked_dask_inputs(X, y, client, caller):
+    """``(X, client)`` after the checks every dask fit makes (X a 2-D dask array of known row
+    chunks, a distributed client, y given)."""
+    _, distributed = import_dask(caller)
     if not is_dask_array(X):
         raise TypeError(f"{caller} with client= needs X as a dask.array.Array of shape (n_samples, "
                         f"n_features), chunked by rows; got {type(X).__name__}")
@@ -549,6 +527,17 @@ def driver_rows(X, y, client, caller):
         raise ValueError(f"X must have at least 1 row and 1 column, got shape {X.shape}")
     if y is None:
         raise ValueError("this estimator requires y to be passed, but the target y is None")
+    return X, client
+
+
+def driver_rows(X, y, client, caller):
+    """Validate dask arrays ``X`` (n, d) and ``y`` (n,) for minibatch learning on the driver.
+
+    Returns ``(DriverRows over X, y as a numpy array)``: y (n values) is computed on the
+    driver (and left for the caller to validate), X stays on the cluster and is read in row
+    ranges (its finiteness is checked as each range is read).
+    """
+    X, client = _checked_dask_inputs(X, y, client, caller)
     y = np.asarray(client.compute(y).result() if is_dask_array(y) else y)
     return DriverRows(X, client), y
 

@@ -73,8 +73,17 @@ and every ``window`` points their mean log loss and its standard error.  Learnin
 the mean over the last ``patience`` windows is not lower than the mean over the ``patience``
 windows before them by more than the standard error of that difference (the model's own
 noise level: the loss no longer falls faster than its noise), or after ``max_epochs``
-passes.  The model of the best window is returned.  The windows of the warm-up (site updates before the first hyperparameter step) do
-not count.
+passes.  The model of the best window is returned.  The windows of the warm-up (site updates
+before the first hyperparameter step) do not count.
+
+Data sources and warm starts
+----------------------------
+The rows come from a :class:`RowSource`: an in-core array, a ``numpy.memmap`` or a dask array
+(:class:`fastep._sparse.distributed.DriverRows`), read in chunks of ``CHUNK_ROWS`` rows in a
+seeded random order, each chunk once per pass. The schedule is sequential (each minibatch's
+update needs the previous one's site), so the three give the same fit for one seed. A fit can
+continue from a previous one (:func:`fit_minibatch`'s ``start``): its parameters, Z and tied
+site, rescaled to the new n.
 """
 from __future__ import annotations
 
