@@ -381,10 +381,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 # the second stage: k-means++ in the learnt kernel's metric, learning continued there
                 Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
                 first = fitted
-                fitted = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, options, hyper,
+                second = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, options, hyper,
                                                   learn=True)
-                fitted.n_evaluations += first.n_evaluations
-                fitted.history = first.history + fitted.history
+                # kept when its best window's running log loss is at least as low as the first's
+                if (min((h[1] for h in second.history), default=np.inf)
+                        <= min((h[1] for h in first.history), default=np.inf)):
+                    fitted = second
+                    fitted.n_evaluations += first.n_evaluations
+                    fitted.history = first.history + fitted.history
         fitted.estimator_name = type(self).__name__
         return fitted
 
@@ -605,7 +609,8 @@ _COMMON_PARAMS = fill_doc(
         by k-means++ (``inducing_init`` 'auto' or 'kmeans++', ``learn_inducing=False``), they are
         then chosen again by k-means++ in the inputs scaled by the learnt inverse
         length-scales, where irrelevant inputs no longer spread them, and learning continues
-        there from the learnt parameters (sites afresh). ``'auto'``: minibatch from
+        there from the learnt parameters (sites afresh); that second fit is kept when its best
+        window's running log loss is at least as low as the first's. ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
         full-batch (the same rule for a dask ``X``). ``X`` may then be a ``numpy.memmap`` or a
         dask array: it is read in chunks of 65 536 rows, each chunk once per pass (a dask
