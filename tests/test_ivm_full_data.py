@@ -181,3 +181,24 @@ def test_learning_auto_is_full_batch_below_the_threshold_and_minibatch_needs_the
         IVMClassifier(active_set_size=20, learning="minibatch", kernel_objective="active_set").fit(X, y)
     with pytest.raises(ValueError, match="learning"):
         IVMClassifier(active_set_size=20, learning="sgd").fit(X, y)
+
+
+@pytest.mark.usefixtures("one_blas_thread")
+def test_a_minibatch_regressor_evaluates_the_objective_at_the_same_parameters_as_a_full_batch_one():
+    """The learnt noise variance is a coordinate of log_marginal_likelihood(theta) in both modes,
+    and minibatch learning's estimate stays near the exact objective at its parameters."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, size=(600, 2))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=600)
+    values = {}
+    for mode in ("full-batch", "minibatch"):
+        reg = IVMRegressor(active_set_size=30, learning=mode, random_state=0).fit(X, y)
+        assert reg.learning_ == mode
+        theta = np.append(reg.kernel_.theta, np.log(reg.noise_variance_))
+        values[mode] = reg.log_marginal_likelihood(theta)
+        with pytest.raises(ValueError, match="length"):
+            reg.log_marginal_likelihood(reg.kernel_.theta)
+        if mode == "minibatch":
+            assert abs(reg.log_marginal_likelihood_value_ - values[mode]) < 0.05 * abs(values[mode])
+    # L-BFGS-B on the exact objective ends at least as high as the stochastic steps
+    assert values["full-batch"] >= values["minibatch"] - 1.0

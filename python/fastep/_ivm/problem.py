@@ -521,8 +521,8 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     if full_data and options["n_iterations"] > 0:
         if minibatch:
             # the sites at the final active set and parameters, from minibatches, and their evidence
-            problem.log_evidence = problem.learn_minibatch(options["full_data"], False, options["hyperprior"],
-                                                           learn=False).log_ml
+            problem.log_evidence = problem.learn_minibatch(options["full_data"], learn_noise or problem.joint_noise,
+                                                           options["hyperprior"], learn=False).log_ml
         else:
             problem.full_data_evidence(options["full_data"])
     elif problem.hyperparameters is None:
