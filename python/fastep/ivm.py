@@ -39,7 +39,11 @@ Each of ``n_iterations`` outer rounds
    notes point to for model selection: every training point, not only the active ones,
    judges the kernel. With d = n it is the dense EP evidence (up to K_mm's jitter, 1e-6 of
    the mean prior variance of the active points). The regressor's bias stays at its start
-   (the mean of y, or ``bias``).
+   (the mean of y, or ``bias``). From 50 000 training rows on (``learning``) each round learns
+   this objective from minibatches instead: stochastic EP with one tied site over the active
+   inputs and Adam steps on a minibatch estimate of its gradient
+   (:mod:`fastep._sparse.stochastic`), O(d²) memory beyond the selection's; the fitted
+   evidence is then the stochastic-EP estimate.
 
    ``'active_set'``: the paper's objective, the approximate likelihood of the active set,
 
