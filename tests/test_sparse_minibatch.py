@@ -278,28 +278,41 @@ def test_progress_records_each_window_and_a_callback_can_stop_the_fit():
     assert np.all(np.isfinite(clf.predict_proba(X[:10])))
 
 
-def test_a_warm_start_continues_the_previous_minibatch_fit_and_warm_start_false_refits_afresh():
+def test_continue_fit_continues_the_previous_minibatch_fit_and_fit_starts_afresh():
+    import copy
+
     X, y = _two_moons(3000)
     Xt, _ = _two_moons(300, seed=2)
     fresh = _minibatch_classifier(max_epochs=1).fit(X, y)
-    continued = _minibatch_classifier(max_epochs=1).fit(X, y).fit(X, y)
+    continued = _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X, y)
     # the second fit starts at the first one's inducing inputs, parameters and tied site
     assert np.array_equal(continued.inducing_inputs_, fresh.inducing_inputs_)
     assert not np.array_equal(continued.kernel_.theta, fresh.kernel_.theta)
     # ... and is what the learning loop gives from that start
-    first = _minibatch_classifier(max_epochs=1).fit(X, y)
-    start = first._problems[0]
-    options = dict(first._engine_options(), minibatch=True)
+    start = fresh._problems[0]
+    options = dict(fresh._engine_options(), minibatch=True)
     window, site_window = sto.minibatch_windows(X.shape[0], start.Z.shape[0])
     options.update(window=window, site_window=site_window)
-    import copy
     again = sto.fit_minibatch(None, None, None, sto.RowSource(X, (y == 1) * 2.0 - 1.0), options,
                               copy.deepcopy(start.hyperparameters), learn=True, start=start)
     assert np.array_equal(again.kernel.theta, continued.kernel_.theta)
-    # warm_start=False: every fit afresh (fit twice gives the same model)
-    cold = _minibatch_classifier(max_epochs=1, warm_start=False).fit(X, y).fit(X, y)
-    assert np.array_equal(cold.kernel_.theta, fresh.kernel_.theta)
-    assert np.array_equal(cold.predict_proba(Xt), fresh.predict_proba(Xt))
-    # another width of inputs starts afresh too
-    other = _minibatch_classifier(max_epochs=1).fit(X, y).fit(X[:, :2], y)
-    assert other.n_features_in_ == 2
+    # fit starts afresh whatever came before (fit twice gives the same model)
+    twice = _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X, y).fit(X, y)
+    assert np.array_equal(twice.kernel_.theta, fresh.kernel_.theta)
+    assert np.array_equal(twice.predict_proba(Xt), fresh.predict_proba(Xt))
+    # continue_fit without a previous fit is a minibatch fit
+    first = SparseGPClassifier(n_inducing=16, batch_size=128, max_epochs=1, random_state=0).continue_fit(X, y)
+    assert first.learning_ == "minibatch" and np.array_equal(first.kernel_.theta, fresh.kernel_.theta)
+    # what defines the model may not change between a fit and its continuation
+    for change, message in (({"n_inducing": 8}, "n_inducing changed"), ({"kernel": RBF(1.0, 0.5)}, "kernel changed")):
+        est = _minibatch_classifier(max_epochs=1).fit(X, y)
+        before = est.kernel_.theta
+        with pytest.raises(ValueError, match=message):
+            est.set_params(**change).continue_fit(X, y)
+        assert np.array_equal(est.kernel_.theta, before)           # the fitted model is unchanged
+    with pytest.raises(ValueError, match="features"):
+        _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X[:, :2], y)
+    with pytest.raises(ValueError, match="classes"):
+        _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X, np.where(y == 1, 2, y))
+    with pytest.raises(ValueError, match="call fit to start afresh"):
+        SparseGPClassifier(n_inducing=8, random_state=0).fit(X[:300], y[:300]).continue_fit(X, y)

@@ -92,6 +92,27 @@ def _check_likelihood_learnable_with_power(likelihood, power):
                          f"({type(likelihood).__name__} has {names}); use power=1 or learn_likelihood=False")
 
 
+#: Constructor parameters a continued fit (``continue_fit``) may change: how long and how it learns.
+_CONTINUATION_PARAMETERS = ("max_epochs", "batch_size", "learning_rate", "learning", "random_state", "verbose",
+                            "callback", "n_jobs", "warm_start")
+
+
+def _model_parameters(estimator):
+    """The constructor parameters that define the model, each as the digest of its pickle, for
+    ``continue_fit`` to check that none changed since the fit it continues."""
+    import hashlib
+    import pickle
+    out = {}
+    for name, value in estimator.get_params(deep=False).items():
+        if name in _CONTINUATION_PARAMETERS:
+            continue
+        try:
+            out[name] = hashlib.sha256(pickle.dumps(value)).hexdigest()
+        except Exception:                    # an unpicklable value cannot be compared: counted as changed
+            out[name] = f"unpicklable {id(value)}"
+    return out
+
+
 def _relevance_weights(kernel, n_features):
     """Per-input inverse length-scales ``sqrt(γ α_c)`` of an ARD RBF kernel (alone, or the one
     ARD RBF term of a sum, as the minibatch default for regression), or None for other kernels."""
@@ -193,6 +214,25 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         X, y = _chunked.driver_rows(X, y, client, caller)
         return X, v.check_y(y, X.shape[0], y_numeric=y_numeric)
 
+    def continue_fit(self, X, y, client=None):
+        """Continue learning from minibatches on ``(X, y)`` from this estimator's previous fit.
+
+        The previous fit (by ``fit`` or ``continue_fit``, learnt from minibatches with tied
+        sites) gives the start: its hyperparameters, inducing inputs and tied site (rescaled
+        to the n of ``X``), and learning begins without a warm-up window, stopped by the same
+        rule or ``max_epochs`` passes: to learn more from new rows of the same source, or to go
+        on after ``max_epochs``. Without a previous fit it is ``fit`` with
+        ``learning='minibatch'``. Only ``max_epochs``, ``batch_size``, ``learning_rate``,
+        ``random_state``, ``verbose``, ``callback``, ``n_jobs`` and ``warm_start`` may change
+        between the two; X must have the same features and y (classifier) the same classes,
+        else a ``ValueError``. Returns self.
+        """
+        self._continuing = True
+        try:
+            return self.fit(X, y, client=client)
+        finally:
+            del self._continuing
+
     def _places_inducing_by_relevance(self):
         """Whether a minibatch fit chooses its inducing inputs again in the learnt metric: learning,
         Z fixed and chosen by k-means++ (``inducing_init`` 'auto' or 'kmeans++')."""
@@ -217,23 +257,27 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         of this estimator's previous fit are reused when that fit also learnt from minibatches
         with tied sites, on inputs of the same width, with the same classes (and the same
         ``learn_inducing`` and ``learn_likelihood``)."""
-        if not (options.get("minibatch") and v.check_bool(self.warm_start, "warm_start")
-                and options["sites"] == "tied" and getattr(self, "learning_", None) == "minibatch"):
+        if not getattr(self, "_continuing", False) or getattr(self, "_problems", None) is None:
             return None
-        problems = getattr(self, "_problems", None)
-        if (problems is None or len(problems) != n_problems or self.n_features_in_ != X.shape[1]
-                or any(getattr(p, "tied_site", None) is None for p in problems)):
-            return None
-        if classes is not None and not np.array_equal(np.asarray(self.classes_), np.asarray(classes)):
-            return None
-        hyper = problems[0].hyperparameters
-        if hyper.learn_likelihood != self._learns_likelihood() or (hyper.extra is not None) != bool(
-                self.learn_inducing):
-            return None
+        caller = f"{type(self).__name__}.continue_fit"
+        problems = self._problems
+        if getattr(self, "learning_", None) != "minibatch" or any(
+                getattr(p, "tied_site", None) is None for p in problems):
+            raise ValueError(f"{caller} continues a fit learnt from minibatches with tied sites; this estimator's "
+                             "last fit was not one: call fit to start afresh")
+        if self.n_features_in_ != X.shape[1]:
+            raise ValueError(f"{caller}: X has {X.shape[1]} features, the fit it continues had "
+                             f"{self.n_features_in_}")
+        if len(problems) != n_problems or (
+                classes is not None and not np.array_equal(np.asarray(self.classes_), np.asarray(classes))):
+            raise ValueError(f"{caller}: y has the classes {list(classes)}, the fit it continues had "
+                             f"{list(self.classes_)}")
+        changed = [name for name, value in _model_parameters(self).items()
+                   if getattr(self, "_fitted_parameters", {}).get(name) != value]
+        if changed:
+            raise ValueError(f"{caller} continues the previous fit, but {', '.join(changed)} changed since; "
+                             "call fit to start afresh")
         return problems
-
-    def _learns_likelihood(self):
-        return bool(getattr(self, "learn_likelihood", getattr(self, "learn_noise", False)))
 
     def _minibatch_start(self, kernel, X, y=None, regression=False):
         """The start kernel of a minibatch fit: the one given, else ARD (:func:`default_ard_kernel`)
@@ -510,6 +554,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         growth = [getattr(p, "growth", None) for p in problems]
         self.growth_history_ = growth[0] if len(problems) == 1 else growth
         self.learning_ = "minibatch" if isinstance(problems[0], _minibatch.MinibatchSparseFit) else "full-batch"
+        self._fitted_parameters = _model_parameters(self)
         self._set_ep_summary(problems)
 
 
@@ -588,12 +633,8 @@ _COMMON_PARAMS = fill_doc(
         (None: 0).
     warm_start : bool, default True
         Start each EP run of the optimiser from the previous evaluation's sites (a warm start
-        that fails is retried from zero sites). When learning from minibatches with tied
-        sites, also continue from this estimator's previous minibatch fit, if it has one on
-        inputs of the same width (and the same classes): its hyperparameters, inducing inputs
-        and tied site are the start, and learning begins without a warm-up window (to learn
-        more from new rows of the same source, or to go on after ``max_epochs``). ``False``
-        starts every fit afresh.
+        that fails is retried from zero sites). Every ``fit`` starts afresh; to continue
+        learning from minibatches from the previous fit, call :meth:`continue_fit`.
     learning : {'auto', 'full-batch', 'minibatch'}, default 'auto'
         How the hyperparameters are learnt. ``'full-batch'``: L-BFGS-B on the exact EP
         evidence, every evaluation EP over all n points (O(nm) memory). ``'minibatch'``:
@@ -850,6 +891,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         %CLIENT%
         """
         options = self._engine_options()
+        if getattr(self, "_continuing", False):
+            options["learning"] = "minibatch"
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         self._check_fit_options(options, kernel, likelihood, learn_likelihood)
@@ -993,6 +1036,8 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         %CLIENT%
         """
         options = self._engine_options()
+        if getattr(self, "_continuing", False):
+            options["learning"] = "minibatch"
         kernel = check_kernel(self.kernel)
         noise = check_noise_model(self.likelihood, self.noise_variance)
         student_t = noise == "student_t" or isinstance(noise, StudentT)

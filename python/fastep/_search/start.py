@@ -166,10 +166,11 @@ def default_ard_kernel(X, y=None, *, regression=False, bias=True):
 
     ``RBFARD(α, v, γ)`` (``k = v exp(-γ/2 Σ_c α_c (x_c - x'_c)²)``) with every relevance
     ``α_c = ½ s_c / max(s)`` (``s``: the per-column scales of :func:`input_scales` for inputs
-    of mixed units, else ones) and ``γ = 1 / median_c var(√α_c x_c)``: each input's
-    length-scale ``(γ α_c)^(-1/2)`` starts at about its standard deviation, as for one input
-    alone (not the isotropic median heuristic over all inputs, whose length-scale grows with
-    the number of inputs and starts every input far smoother than its own variation: learning
+    of mixed units, else ones) and ``γ = 1 / median_c var(√α_c x_c)``: the length-scale
+    ``(γ α_c)^(-1/2)`` of every input starts at the median input's standard deviation (in
+    the units of ``input_scales`` for inputs of mixed units), as for one input alone, and not
+    at the isotropic median heuristic over all inputs, whose length-scale grows with the
+    number of inputs and starts every input far smoother than its own variation (learning
     then tends to set relevant inputs aside too). Each relevance can then grow or shrink.
     Variance and bias as :func:`default_kernel`.
     """
