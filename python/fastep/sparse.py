@@ -214,7 +214,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         X, y = _chunked.driver_rows(X, y, client, caller)
         return X, v.check_y(y, X.shape[0], y_numeric=y_numeric)
 
-    def continue_fit(self, X, y, client=None):
+    def continue_fit(self, X: ArrayLike, y: ArrayLike, client: Any = None) -> Self:
         """Continue learning from minibatches on ``(X, y)`` from this estimator's previous fit.
 
         The previous fit (by ``fit`` or ``continue_fit``, learnt from minibatches with tied
