@@ -113,6 +113,14 @@ def _model_parameters(estimator):
     return out
 
 
+def _kmeans_sample(X, m, rng):
+    """The rows k-means++ chooses m inducing inputs from in a minibatch fit: a seeded sample of
+    max(``MINIBATCH_KMEANS_ROWS``, 50 m) rows (all rows when fewer), as a float64 array."""
+    n, rows = X.shape[0], max(MINIBATCH_KMEANS_ROWS, 50 * m)
+    index = np.sort(rng.choice(n, size=rows, replace=False)) if n > rows else np.arange(n)
+    return np.asarray(X[index], dtype=np.float64)
+
+
 def _relevance_weights(kernel, n_features):
     """Per-input inverse length-scales ``sqrt(γ α_c)`` of an ARD RBF kernel (alone, or the one
     ARD RBF term of a sum, as the minibatch default for regression), or None for other kernels."""
@@ -244,11 +252,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         """m inducing inputs by k-means++ on a seeded sample of max(20 000, 50 m) rows, in the inputs
         scaled by ``weights`` (each input by its learnt inverse length-scale), mapped back."""
         rng = np.random.default_rng([seed if seed is not None else 0, 1])
-        n = X.shape[0]
-        rows = max(MINIBATCH_KMEANS_ROWS, 50 * m)
-        sample = np.asarray(X[np.sort(rng.choice(n, size=rows, replace=False)) if n > rows else np.arange(n)],
-                            dtype=np.float64)
-        return np.ascontiguousarray(kmeans_plus_plus(sample * weights, m, rng) / weights)
+        return np.ascontiguousarray(kmeans_plus_plus(_kmeans_sample(X, m, rng) * weights, m, rng) / weights)
 
     def _previous_minibatch_fits(self, X, options, n_problems, classes=None):
         """The fitted problems to continue from (a warm start of minibatch learning), or None.
@@ -360,9 +364,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                                            else np.sort(rng.choice(n, size=sample, replace=False)))
                 elif options.get("minibatch"):
                     # k-means++ over a sample whose rows x m distances stay small beside the data
-                    sample = max(MINIBATCH_KMEANS_ROWS, 50 * m)
-                    X = np.asarray(X[np.sort(rng.choice(n, size=sample, replace=False)) if n > sample
-                                     else np.arange(n)], dtype=np.float64)
+                    X = _kmeans_sample(X, m, rng)
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
             return [Z] * len(targets)
         Z = v.as_float_matrix(init, "inducing_init")
