@@ -157,8 +157,6 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             # stationary: as for an L-BFGS-B stop there, continue in trust regions (with the
             # objective's rule given a new window)
             res = None
-            if hasattr(stop_rule, "resume"):
-                stop_rule.resume()
         if res is None:
             fallback = (found[1], maxiter)
         else:
@@ -169,9 +167,12 @@ def maximize_log_likelihood(objective, theta0, bounds, *, n_restarts=0, rng=None
             elif stall_fallback and _stopped_short(res, bounds) and maxiter - int(res.nit) > 0:
                 fallback = (found[1], maxiter - int(res.nit))
         if fallback is not None:
+            if hasattr(stop_rule, "resume"):      # the fallback is a new window for the rule
+                stop_rule.resume()
             try:
-                theta, value, evals = maximize_log_likelihood_trust_region(objective, fallback[0], bounds,
-                                                                           maxiter=fallback[1])
+                theta, value, evals = maximize_log_likelihood_trust_region(
+                    objective, fallback[0], bounds, maxiter=fallback[1],
+                    on_recentre=getattr(stop_rule, "resume", None))
             except _RuleStop as stop:       # the objective's own rule ended the fallback
                 theta, value, evals = stop.theta.copy(), float(stop.value), 0
                 stopped_by_rule.add(theta.tobytes())
@@ -295,7 +296,8 @@ def _stopped_short(res, bounds):
     return _projected_gradient_size(res.x, grad, bounds) > _LATE_STALL_PGTOL
 
 
-def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.0, maxiter=200, min_radius=1e-3):
+def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.0, maxiter=200, min_radius=1e-3,
+                                         on_recentre=None):
     """Maximise ``objective(theta) -> (value, gradient)`` by L-BFGS-B in box trust regions of growing size.
 
     Meant for parameters that all have finite bounds. When every variable is bounded, L-BFGS-B
@@ -326,6 +328,12 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
     * it stopped before its first iteration (projected gradient below L-BFGS-B's ``pgtol``):
       stop, the centre is stationary.
 
+    An objective may end a run itself by raising :class:`SearchStop` (its own stopping
+    rule, e.g. evaluations in a row without progress). That ends the current box's run
+    only: its best point is treated as above, so a run that stalled on a face of the box
+    (L-BFGS-B re-evaluating the face point while its projected step is zero) moves on to
+    the next, larger box, and a run that stalled without improving ends the search.
+
     The point returned is the best one evaluated, so its value is never below the value at
     ``theta0``. A direction in which the objective increases without bound is followed by
     steps that double with every trust region, until the bound or the iteration budget
@@ -347,6 +355,11 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
         an iteration counts as one).
     min_radius : float > 0, default 1e-3
         Smallest half-width tried after failed runs.
+    on_recentre : callable, optional
+        Called without arguments each time the box moves to a better point, before the next
+        run starts: a caller whose objective counts evaluations without progress (the
+        ``PATIENCE`` rule of :class:`fastep._search.space.Search`) counts afresh from each
+        new centre, as it does from each accepted L-BFGS-B iterate.
 
     Returns
     -------
@@ -382,9 +395,13 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
     while left > 0:
         lo = np.maximum(lo_bound, center - radius)
         hi = np.minimum(hi_bound, center + radius)
-        res = minimize(negated, center, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
-                       options={"maxiter": left})
-        left -= max(int(res.nit), 1)
+        try:
+            res = minimize(negated, center, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
+                           options={"maxiter": left})
+            iterations, ruled = int(res.nit), False
+        except SearchStop:          # the objective's own rule ended this box's run
+            iterations, ruled = 1, True
+        left -= max(iterations, 1)
         if best["value"] > value:
             x = best["theta"]
             tol = 1e-8 * radius
@@ -393,7 +410,9 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
             if not on_face:
                 break
             radius *= 2.0
-        elif res.nit == 0 or radius / 4.0 < min_radius:
+            if on_recentre is not None:
+                on_recentre()
+        elif ruled or iterations == 0 or radius / 4.0 < min_radius:
             break
         else:
             radius /= 4.0
