@@ -331,7 +331,7 @@ def test_n_inducing_above_n_samples_is_clipped_to_every_training_input(init):
     ({"jitter": -1.0}, X_BAD, ValueError, "jitter must be in"),
     ({"n_quadrature": 300}, X_BAD, ValueError, "n_quadrature must be <= 256"),
     ({"schedule": "blocked"}, X_BAD, ValueError, "schedule must be one of"),
-    ({"learn_inducing": "yes"}, X_BAD, TypeError, "learn_inducing must be a bool"),
+    ({"learn_inducing": "yes"}, X_BAD, TypeError, "learn_inducing must be True, False or .auto., got .yes."),
     ({"likelihood": fastep.Step(), "power": 0.5}, X_BAD, ValueError, "pointwise log density"),
     ({"learn_likelihood": True, "power": 0.5}, X_BAD, ValueError, "power < 1"),
     ({"kernel": NoSparseGradients(), "optimizer": "L-BFGS-B"}, X_BAD, TypeError,

@@ -285,17 +285,26 @@ def test_continue_fit_continues_the_previous_minibatch_fit_and_fit_starts_afresh
     Xt, _ = _two_moons(300, seed=2)
     fresh = _minibatch_classifier(max_epochs=1).fit(X, y)
     continued = _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X, y)
-    # the second fit starts at the first one's inducing inputs, parameters and tied site
-    assert np.array_equal(continued.inducing_inputs_, fresh.inducing_inputs_)
+    # the second fit starts at the first one's inducing inputs, parameters and tied site ...
     assert not np.array_equal(continued.kernel_.theta, fresh.kernel_.theta)
-    # ... and is what the learning loop gives from that start
+    # ... and is what the learning loop gives from that start: the default (learn_inducing='auto')
+    # learnt Z in its second stage, so the continuation learns Z too, at that stage's step
     start = fresh._problems[0]
+    assert start.hyperparameters.extra is not None
     options = dict(fresh._engine_options(), minibatch=True)
     window, site_window = sto.minibatch_windows(X.shape[0], start.Z.shape[0])
-    options.update(window=window, site_window=site_window)
+    options.update(window=window, site_window=site_window,
+                   learning_rate=options["learning_rate"] * sto.SECOND_STAGE_STEP)
     again = sto.fit_minibatch(None, None, None, sto.RowSource(X, (y == 1) * 2.0 - 1.0), options,
                               copy.deepcopy(start.hyperparameters), learn=True, start=start)
     assert np.array_equal(again.kernel.theta, continued.kernel_.theta)
+    assert np.array_equal(again.Z, continued.inducing_inputs_)
+    assert not np.array_equal(continued.inducing_inputs_, fresh.inducing_inputs_)
+    # with learn_inducing=False neither stage moves Z, nor does the continuation
+    fixed = _minibatch_classifier(max_epochs=1, learn_inducing=False).fit(X, y)
+    assert fixed._problems[0].hyperparameters.extra is None
+    fixed_z = fixed.inducing_inputs_.copy()
+    assert np.array_equal(fixed.continue_fit(X, y).inducing_inputs_, fixed_z)
     # fit starts afresh whatever came before (fit twice gives the same model)
     twice = _minibatch_classifier(max_epochs=1).fit(X, y).continue_fit(X, y).fit(X, y)
     assert np.array_equal(twice.kernel_.theta, fresh.kernel_.theta)

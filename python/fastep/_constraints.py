@@ -8,6 +8,8 @@ are resolved by the estimator from the checked values.
 """
 import math
 
+import numpy as np
+
 from . import _validation as v
 
 __all__ = ["Choice", "Interval", "Integer", "Positive", "Boolean", "Seed", "Custom", "validate_params"]
@@ -65,9 +67,17 @@ class Positive:
 
 
 class Boolean:
-    """True or False."""
+    """True or False, or one of the strings in ``also`` (e.g. ``'auto'``)."""
+
+    def __init__(self, *, also=()):
+        self.also = tuple(also)
 
     def check(self, value, name):
+        if isinstance(value, str) and value in self.also:
+            return value
+        if self.also and not isinstance(value, (bool, np.bool_)):
+            choices = ", ".join(repr(a) for a in self.also)
+            raise TypeError(f"{name} must be True, False or {choices}, got {value!r}")
         v.check_bool(value, name)
         return bool(value)
 

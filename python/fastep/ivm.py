@@ -355,7 +355,9 @@ _COMMON_DOC = """active_set_size : int or None, default None
         minibatches (batches of 512, step 0.03, at most 20 passes, stopped when the running
         leave-one-out log loss stops improving; O(d²) memory beyond the selection's); the
         fitted evidence is then an estimate from a sample of rows, and Algorithm 2 stops after
-        a round that moved no parameter by more than 0.1 on the log scale. ``'auto'``:
+        a round that moved no parameter by more than 0.1 on the log scale or did not lower the
+        running log loss of the round before by more than its standard error (the better of
+        the two rounds' parameters is kept). ``'auto'``:
         minibatch from 50 000 training rows on. Needs ``kernel_objective='full_data'``.
     %HYPERPRIOR%
         Used by ``kernel_objective='full_data'``.

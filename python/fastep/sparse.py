@@ -54,7 +54,8 @@ from ._memory import (check_memory, concurrent_problems, fits_in_memory, format_
                       sparse_gp_bytes)
 from ._sparse.problem import _BinarySparseEP, _StudentTSparseEP
 from ._sparse import stochastic as _minibatch
-from ._sparse.stochastic import MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_MIN_ROWS, MINIBATCH_PATIENCE, minibatch_windows
+from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_MIN_ROWS, MINIBATCH_PATIENCE, SECOND_STAGE_STEP,
+                                 minibatch_windows)
 from .batch import map_in_order
 from .ivm import select_active_set
 from .likelihoods import Gaussian, StudentT
@@ -145,7 +146,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     n_inducing: int | Literal["auto"]
     approximation: Literal["fitc", "dtc"]
     inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike
-    learn_inducing: bool
+    learn_inducing: bool | Literal["auto"]
     learning: Literal["auto", "full-batch", "minibatch"]
     batch_size: int
     learning_rate: float
@@ -172,7 +173,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
                                   approximation=Choice(_APPROXIMATIONS),
                                   power=Interval(0.0, 1.0, low_inclusive=False, allow_none=True),
-                                  n_quadrature=Integer(1, 256), learn_inducing=Boolean(),
+                                  n_quadrature=Integer(1, 256), learn_inducing=Boolean(also=("auto",)),
                                   learning=Choice(_LEARNING_MODES), batch_size=Integer(1),
                                   max_epochs=Integer(1), learning_rate=Interval(0.0, np.inf, low_inclusive=False,
                                                                                 finite=True),
@@ -241,11 +242,28 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         finally:
             del self._continuing
 
+    def _learns_inducing(self):
+        """Whether the inducing inputs are learnt with the other parameters from the start
+        (``learn_inducing=True``; ``'auto'`` learns them only in a minibatch fit's second stage)."""
+        return not isinstance(self.learn_inducing, str) and bool(self.learn_inducing)
+
     def _places_inducing_by_relevance(self):
         """Whether a minibatch fit chooses its inducing inputs again in the learnt metric: learning,
-        Z fixed and chosen by k-means++ (``inducing_init`` 'auto' or 'kmeans++')."""
-        return (self.optimizer is not None and not self.learn_inducing and isinstance(self.inducing_init, str)
+        Z fixed in the first stage and chosen by k-means++ (``inducing_init`` 'auto' or 'kmeans++')."""
+        return (self.optimizer is not None and not self._learns_inducing() and isinstance(self.inducing_init, str)
                 and self.inducing_init in ("auto", "kmeans++"))
+
+    def _learns_inducing_second_stage(self, kernel, X):
+        """``learn_inducing='auto'``: the second stage of a minibatch fit learns Z too, when the
+        kernel has input gradients."""
+        if not (isinstance(self.learn_inducing, str) and self.learn_inducing == "auto"):
+            return False
+        x = np.asarray(X[:1], dtype=np.float64)
+        try:
+            kernel._unchecked_input_gradient(x, x, np.ones((1, 1)))
+        except NotImplementedError:
+            return False
+        return True
 
     @staticmethod
     def _inducing_by_relevance(X, weights, m, seed):
@@ -384,7 +402,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
 
         def make_problem(Z):
-            return problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood, bool(self.learn_inducing))
+            return problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood, self._learns_inducing())
 
         def choose(m, fitted):
             likelihood = fitted.likelihood
@@ -415,9 +433,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         options = dict(options, window=window, site_window=site_window)
         if start is not None:
             hyper = copy.deepcopy(start.hyperparameters)
+            if hyper.extra is not None and not self._learns_inducing():
+                # a fit that learnt Z in its second stage continues at that stage's step
+                options["learning_rate"] = options["learning_rate"] * SECOND_STAGE_STEP
         else:
             hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                    extra=Z if self.learn_inducing else None, hyperprior=options["hyperprior"])
+                                    extra=Z if self._learns_inducing() else None, hyperprior=options["hyperprior"])
         source = _minibatch.RowSource(X, y)
         fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, source, options, hyper,
                                           learn=self.optimizer is not None, start=start)
@@ -427,8 +448,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 # the second stage: k-means++ in the learnt kernel's metric, learning continued there
                 Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
                 first = fitted
-                second = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, options, hyper,
-                                                  learn=True)
+                second_options = options
+                if self._learns_inducing_second_stage(first.kernel, X):
+                    # Z learnt too, from the re-placed inputs, at a third of the first stage's step
+                    hyper = Hyperparameters(kernel, likelihood, learn_likelihood, extra=Z2,
+                                            hyperprior=options["hyperprior"])
+                    second_options = dict(options, learning_rate=options["learning_rate"] * SECOND_STAGE_STEP)
+                second = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, second_options,
+                                                  hyper, learn=True)
                 # kept when its best window's running log loss is at least as low as the first's
                 if (min((h[1] for h in second.history), default=np.inf)
                         <= min((h[1] for h in first.history), default=np.inf)):
@@ -480,7 +507,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         if Z is None:
             Z = problem.Z
         search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                               extra=Z if self.learn_inducing else None,
+                                                               extra=Z if self._learns_inducing() else None,
                                                                hyperprior=options["hyperprior"]), options["seed"])
         if start is not None:
             problem.hyperparameters.space.start_at(problem.hyperparameters.pack(start.kernel, start.likelihood, Z))
@@ -517,7 +544,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
             if kernel is None:
                 sample = _chunked.take_rows(executor, X, sample_rows(X.shape[0]))
                 kernel = start_kernel(None, sample, moments, regression=not classifier)
-        self._check_kernel_gradients(kernel, _chunked.take_rows(executor, X, [0]), bool(self.learn_inducing))
+        self._check_kernel_gradients(kernel, _chunked.take_rows(executor, X, [0]), self._learns_inducing())
         if classifier:
             labels = executor.summaries(data)
             try:
@@ -530,7 +557,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         else:
             classes, positives = None, [None]
         Z = self._inducing_inputs(X, options, kernel, likelihood, [None], executor=executor)[0]
-        learn_inducing = bool(self.learn_inducing)
+        learn_inducing = self._learns_inducing()
 
         def fit_one(positive):
             chunks = executor.map(_chunked.binary_targets, data, positive)
@@ -601,11 +628,14 @@ _COMMON_PARAMS = fill_doc(
         Rows are in inclusion order. One-vs-rest, each binary problem starts from its own
         selection. O(m² n) time, O(m n) memory per problem; the kernel must have a positive
         diagonal on X.
-    learn_inducing : bool, default False
+    learn_inducing : bool or 'auto', default 'auto'
         Also learn the inducing inputs by type-II ML (exact gradient; ``m · n_features`` more
-        parameters). Off by default: the chosen inputs already cover the data, and learning
-        them costs many more optimiser iterations (hundreds at m = 50 on a 2-D toy of
-        n = 2000, for a similar test error) and scales with the input dimension.
+        parameters). ``'auto'``: not in full-batch learning (the chosen inputs already cover
+        the data, and learning them costs many more optimiser iterations: hundreds at m = 50
+        on a 2-D toy of n = 2000, for a similar test error); in minibatch learning, in the
+        second stage only (see ``learning``), where they start from k-means++ in the learnt
+        metric, with a third of the step, when the kernel has input gradients. ``True``:
+        learnt from the start in either mode; ``False``: never.
     schedule : {'sequential', 'parallel'}, default 'sequential'
         One site at a time (O(m²) per site, rank-1 Cholesky updates) or every site from the
         same posterior (damped; O(nm²) per iteration).
@@ -649,11 +679,12 @@ _COMMON_PARAMS = fill_doc(
         which sets irrelevant inputs aside (up to 32 inputs; the isotropic default above), and
         ``n_inducing='auto'`` is m = 256 chosen by k-means++ on a seeded sample of
         max(20 000, 50 m) rows. When an ARD RBF kernel was learnt with inducing inputs chosen
-        by k-means++ (``inducing_init`` 'auto' or 'kmeans++', ``learn_inducing=False``), they are
+        by k-means++ (``inducing_init`` 'auto' or 'kmeans++', ``learn_inducing`` not True), they are
         then chosen again by k-means++ in the inputs scaled by the learnt inverse
         length-scales, where irrelevant inputs no longer spread them, and learning continues
-        there from the learnt parameters (sites afresh); that second fit is kept when its best
-        window's running log loss is at least as low as the first's. ``'auto'``: minibatch from
+        there from the learnt parameters (sites afresh), the inducing inputs learnt too with
+        ``learn_inducing='auto'``; that second fit is kept when its best window's running log
+        loss is at least as low as the first's. ``'auto'``: minibatch from
         ``MINIBATCH_MIN_ROWS`` = 50 000 training rows on (not for a Student-t likelihood), else
         full-batch (the same rule for a dask ``X``). ``X`` may then be a ``numpy.memmap`` or a
         dask array: it is read in chunks of 65 536 rows, each chunk once per pass (a dask
@@ -859,8 +890,10 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     def __init__(self, kernel: Kernel | None = None, likelihood: Probit | Step | Logistic | None = None, *,
                  n_inducing: int | Literal["auto"] = "auto", approximation: Literal["fitc", "dtc"] = "fitc",
                  power: float = 1.0, inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike = "auto",
-                 learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
-                 order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
+                 learn_inducing: bool | Literal["auto"] = "auto",
+                 schedule: Literal["sequential", "parallel"] = "sequential",
+                 order: Literal["fixed", "random"] = "fixed",
+                 damping: float | None = None, tol: float = 1e-6,
                  max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  learn_likelihood: bool = False, jitter: float = 1e-6, random_state: int | None = None,
@@ -916,7 +949,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
             else:
                 kernel = start_kernel(kernel, X)
             kernel._validate_X(X[:1], "X")        # X itself is validated above (a dask X as it is read)
-            self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
+            self._check_kernel_gradients(kernel, X, self._learns_inducing())
             Zs = ([p.Z for p in previous] if previous
                   else self._inducing_inputs(X, options, kernel, likelihood, targets))
             self._check_memory(X.shape[0], Zs[0].shape[0], len(targets), options)
@@ -1012,8 +1045,10 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                  learn_noise: bool = True, n_inducing: int | Literal["auto"] = "auto",
                  approximation: Literal["fitc", "dtc"] = "fitc", power: float | None = None,
                  inducing_init: Literal["auto", "kmeans++", "random", "ivm"] | ArrayLike = "auto",
-                 learn_inducing: bool = False, schedule: Literal["sequential", "parallel"] = "sequential",
-                 order: Literal["fixed", "random"] = "fixed", damping: float | None = None, tol: float = 1e-6,
+                 learn_inducing: bool | Literal["auto"] = "auto",
+                 schedule: Literal["sequential", "parallel"] = "sequential",
+                 order: Literal["fixed", "random"] = "fixed",
+                 damping: float | None = None, tol: float = 1e-6,
                  max_sweeps: int = 200, negative_precision: Literal["clip", "skip"] = "clip", n_quadrature: int = 32,
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  jitter: float = 1e-6, random_state: int | None = None, warm_start: bool = True,
@@ -1089,7 +1124,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                 likelihood = StudentT(dof=4.0, scale=float(np.sqrt(gaussian.noise_variance)))
             elif not student_t:
                 likelihood = gaussian
-            self._check_kernel_gradients(kernel, X, bool(self.learn_inducing))
+            self._check_kernel_gradients(kernel, X, self._learns_inducing())
             # the IVM initialisation scores inclusions under Gaussian noise of the same scale
             (Z,) = ([previous[0].Z] if previous
                     else self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y]))

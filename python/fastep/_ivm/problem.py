@@ -323,6 +323,11 @@ class _IVMProblem:
         hyper, space = self.hyperparameters, self.hyperparameters.space
         u_start = space.to_search(hyper.pack(self.kernel, self.likelihood))
         Z, mb_options = self.minibatch_options(options)
+        if not learn:
+            # sites only, at fixed parameters: the final pass of site updates
+            # (:func:`~fastep._sparse.stochastic.polish_sites`, ten site windows or more) settles
+            # the tied site from zero, so no windows of the stopping rule are run before it
+            mb_options["max_epochs"] = 0
         fitted = stochastic.fit_minibatch(self.kernel, self.likelihood, Z,
                                           stochastic.RowSource(self.X, self.y - self.offset), mb_options, hyper,
                                           learn=learn)
@@ -330,6 +335,8 @@ class _IVMProblem:
         self.last_step = float(np.max(np.abs(end - u_start), initial=0.0))
         self.kernel, self.likelihood = fitted.kernel, fitted.likelihood
         self.full_data_sites = None
+        if learn:
+            self.round_loss = _settled_loss(fitted.history, mb_options["patience"])
         return fitted
 
     def full_data_evidence(self, options):
@@ -452,6 +459,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
 
     full_data = options["kernel_objective"] == "full_data"
     minibatch = full_data and options.get("minibatch", False)
+    previous_round = None          # minibatch rounds: (settled loss and SE, kernel, likelihood) of the last
     for iteration in range(1, options["n_iterations"] + 1):
         if progress.stopped:
             break
@@ -471,6 +479,12 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
                 last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
             if problem.last_step < (_MINIBATCH_ROUND_TOL if minibatch else _ROUND_TOL):
                 break                           # the next selection and search would repeat this round
+            if minibatch:
+                if previous_round is not None and not _round_improved(previous_round[0], problem.round_loss):
+                    if problem.round_loss[0] > previous_round[0][0]:
+                        problem.kernel, problem.likelihood = previous_round[1:]   # the better round's model
+                    break
+                previous_round = (problem.round_loss, problem.kernel, problem.likelihood)
             continue
         theta0, bounds = problem.kernel_theta()
         if theta0.size:
@@ -536,6 +550,23 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     problem.finalize()
     progress.report(f"{prefix}done", problem.active.shape[0], problem.log_lik)
     return problem, history
+
+def _settled_loss(history, patience):
+    """``(mean, standard error)`` of the running leave-one-out log loss over the last ``patience``
+    windows of a minibatch round (the level the round's stopping rule settled at)."""
+    last = history[-patience:]
+    if not last:
+        return np.inf, 0.0
+    return (float(np.mean([h[1] for h in last])),
+            float(np.sqrt(sum(h[2] ** 2 for h in last)) / len(last)))
+
+
+def _round_improved(before, after):
+    """Whether a minibatch round of Algorithm 2 lowered the settled running log loss of the round
+    before it (``(mean, SE)`` pairs of :func:`_settled_loss`) by more than the standard error of the
+    difference: if not, the next selection and round are not expected to gain either."""
+    return before[0] - after[0] > np.hypot(before[1], after[1])
+
 
 def _ignores_inputs(classifier, kernel, X):
     """Whether, for a classifier, the latent function under ``kernel`` is ≈ constant on the

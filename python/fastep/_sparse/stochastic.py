@@ -95,6 +95,10 @@ from .._epcore.power_ep import power_moments_array
 from .._linalg import inner, matmul
 from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums, likelihood_gradient
 
+#: Factor on Adam's step in the second stage of a default minibatch fit, where the inducing
+#: inputs are learnt too (``learn_inducing='auto'``): the stage starts near the learnt kernel.
+SECOND_STAGE_STEP = 1.0 / 3.0
+
 #: Rows read from the data source at a time (a memmap or a dask array is read chunk by chunk).
 CHUNK_ROWS = 1 << 16
 
