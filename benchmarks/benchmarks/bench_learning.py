@@ -7,6 +7,8 @@ fit time (``time_``), the number of evidence evaluations of the search and the t
 - digits (scikit-learn's bundled 8x8 images, pixels / 16), 200 training rows, 10 classes, the
   other rows as test set: one-vs-rest and multinomial;
 - the issue-3 toy, n = 300, test on 2000 new points;
+- a small 3-class problem with two irrelevant inputs, learnt with an ARD kernel by the
+  multinomial model (n = 200);
 - Neal's outlier regression (Student-t noise, 100 points): test RMSE against the noise-free curve.
 """
 import warnings
@@ -90,6 +92,45 @@ class LearnIssue3Toy:
 
     def time_fit(self, cache):
         _fit(GaussianProcessClassifier(), cache[0], cache[1])
+
+    def track_evaluations(self, cache):
+        return cache[2]
+
+    def track_test_error_percent(self, cache):
+        return cache[3]
+
+
+def _small_ard_multinomial(n, seed):
+    """3 classes on 4 inputs uniform on [-2, 2], of which the last two are irrelevant: the class
+    is the argmax of 2 sin(w_k . x[:2]) plus noise of sd 0.7, w_k unit vectors 120 degrees apart."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 4))
+    angles = np.array([0.0, 2 * np.pi / 3, 4 * np.pi / 3])
+    W = np.c_[np.cos(angles), np.sin(angles)]
+    f = 2.0 * np.sin(X[:, :2] @ W.T) + 0.7 * rng.standard_normal((n, 3))
+    return X, np.argmax(f, axis=1)
+
+
+class LearnSmallARDMultinomial:
+    """The multinomial model with an ARD kernel on a small 3-class problem (n = 200, two of its
+    four inputs irrelevant), default damping: the fit whose nested-EP damping rule decides its
+    time (each evaluation's outer iterations), test error on 2000 new points."""
+    number = 1
+    repeat = (1, 5, 60.0)
+
+    @staticmethod
+    def _model():
+        from fastep.kernels import RBFARD
+        return GaussianProcessClassifier(RBFARD([0.5] * 4, 1.0, 1.0), multi_class="multinomial")
+
+    def setup_cache(self):
+        X, y = _small_ard_multinomial(200, 0)
+        X_test, y_test = _small_ard_multinomial(2000, 1)
+        model = _fit(self._model(), X, y)
+        return X, y, int(model.n_evaluations_), 100.0 * float(np.mean(model.predict(X_test) != y_test))
+
+    def time_fit(self, cache):
+        _fit(self._model(), cache[0], cache[1])
 
     def track_evaluations(self, cache):
         return cache[2]
