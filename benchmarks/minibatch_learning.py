@@ -14,6 +14,7 @@ Usage::
 
     python benchmarks/minibatch_learning.py --sizes 1e5 1e6 [--peer-python /work/benchvenv/bin/python]
     python benchmarks/minibatch_learning.py --sizes 1e7 --memmap     # X read from a memmap file
+    python benchmarks/minibatch_learning.py --sizes 1e7 --dask       # X a dask array, 2-process LocalCluster
     python benchmarks/minibatch_learning.py --sizes 1e4 2e4 5e4 --both-modes   # the 'auto' threshold
 """
 import argparse
@@ -72,6 +73,43 @@ def child_fastep_memmap(n):
             "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_)}
 
 
+def _rows_from_file(path, start, stop):
+    """Rows ``start:stop`` of the ``.npy`` file at ``path`` (read by a Dask worker)."""
+    return np.array(np.load(path, mmap_mode="r")[start:stop])
+
+
+def child_fastep_dask(n, chunk_rows=1 << 16):
+    """The default fit on a dask array of n rows on a 2-process ``LocalCluster`` (127.0.0.1): each
+    chunk is read from a ``.npy`` file by a worker. Reports every worker's peak RSS too."""
+    import tempfile
+
+    import dask
+    import dask.array as da
+    from dask.distributed import Client, LocalCluster
+
+    from fastep import SparseGPClassifier
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "X.npy")
+        X_file, y = sb.make_memmap(path, n)
+        width = X_file.shape[1]
+        del X_file
+        blocks = [da.from_delayed(dask.delayed(_rows_from_file)(path, s, min(s + chunk_rows, n)),
+                                  shape=(min(s + chunk_rows, n) - s, width), dtype=np.float64)
+                  for s in range(0, n, chunk_rows)]
+        X = da.concatenate(blocks, axis=0)
+        Xt, yt = sb.test_set()
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            start = time.perf_counter()
+            clf = SparseGPClassifier().fit(X, y, client=client)
+            fit = time.perf_counter() - start
+            workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    err, ll = _scores(clf.predict_proba(Xt)[:, 1], yt)
+    return {"fit": fit, "error": err, "log_loss": ll, "learning": clf.learning_, "m": int(clf.n_inducing_),
+            "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_),
+            "worker_peak_rss_mb": sorted(workers.values())}
+
+
 def child_svgp(n, m=256, batch=512, max_steps=20000):
     import gpflow
     import tensorflow as tf
@@ -126,13 +164,16 @@ def main():
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e5])
     parser.add_argument("--peer-python", default=None)
     parser.add_argument("--memmap", action="store_true", help="fastep reads X from a numpy.memmap")
+    parser.add_argument("--dask", action="store_true",
+                        help="fastep reads X as a dask array on a 2-process LocalCluster (workers read a file)")
     parser.add_argument("--both-modes", action="store_true",
                         help="fastep with learning='full-batch' and 'minibatch' (the 'auto' threshold)")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         kind, n = args.child[0], int(float(args.child[1]))
-        children = {"fastep": child_fastep, "memmap": child_fastep_memmap, "svgp": child_svgp,
+        children = {"fastep": child_fastep, "memmap": child_fastep_memmap, "dask": child_fastep_dask,
+                    "svgp": child_svgp,
                     "full-batch": lambda n: child_fastep(n, "full-batch"),
                     "minibatch": lambda n: child_fastep(n, "minibatch")}
         out = children[kind](n)
@@ -145,8 +186,9 @@ def main():
         if args.both_modes:
             rows = [(f"fastep learning='{mode}'", run(mode, n, sys.executable)) for mode in ("full-batch", "minibatch")]
         else:
-            rows = [("fastep SparseGPClassifier()" + (" on a memmap" if args.memmap else ""),
-                     run("memmap" if args.memmap else "fastep", n, sys.executable))]
+            kind = "dask" if args.dask else "memmap" if args.memmap else "fastep"
+            rows = [("fastep SparseGPClassifier()" + {"dask": " on dask", "memmap": " on a memmap"}.get(kind, ""),
+                     run(kind, n, sys.executable))]
         if args.peer_python:
             rows.append(("GPflow SVGP (M=256, Adam, 512)", run("svgp", n, args.peer_python)))
         for name, r in rows:
@@ -155,6 +197,9 @@ def main():
                       f"log loss {r['log_loss']:.4f}  peak RSS {r['peak_rss_mb']:.0f} MB  "
                       + (f"({r['learning']}, m={r['m']}, {r['epochs']} passes, {r['steps']} steps)"
                          if "learning" in r else ""), flush=True)
+                if r.get("worker_peak_rss_mb"):
+                    print("    peak RSS of the Dask workers: "
+                          + ", ".join(f"{v:.0f} MB" for v in r["worker_peak_rss_mb"]))
                 if r.get("windows"):
                     print("    fastep running log loss per window (s, loss): "
                           + "; ".join(f"{t:.0f} {v:.4f}" for t, v in r["windows"]))

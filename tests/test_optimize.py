@@ -89,30 +89,27 @@ def test_stopped_short_only_for_relative_reduction_stops_far_from_stationarity()
 
 
 def test_an_objective_stop_on_a_face_of_the_trust_box_moves_to_the_next_box():
-    """An objective whose own rule (``SearchStop``) ends a run at its best point: when that
+    """An objective whose own rule (``SearchStop``) ends a run at a point it evaluated: when that
     point lies on a face of the trust box, only the box's run ends and the search goes on in
-    the next, larger box, to the maximiser beyond it; with ``on_recentre`` the rule counts
-    afresh from each new centre."""
+    the next, larger box, to the maximiser beyond it; ``on_recentre`` is called at each new
+    centre (a caller's rule counts afresh from there)."""
     from fastep._search.optimize import SearchStop, maximize_log_likelihood_trust_region
     base, _ = _sum_over_points(n=1, centre=(4.0, 0.0), finite_within=np.inf)
-    state = {"stale": 0, "best": -np.inf, "best_theta": None, "recentred": 0}
+    state = {"raised": 0, "recentred": 0}
 
-    def objective(theta):            # the rule: two evaluations in a row without progress
+    def objective(theta):            # the rule fires at the first evaluation on the first box's face
         value, gradient = base(theta)
-        if value > state["best"] + 1e-9:
-            state["best"], state["best_theta"], state["stale"] = value, np.array(theta), 0
-        else:
-            state["stale"] += 1
-            if state["stale"] >= 2:
-                raise SearchStop(state["best_theta"].copy(), state["best"])
+        if state["raised"] == 0 and np.max(np.abs(theta)) >= 0.5 - 1e-12:
+            state["raised"] += 1
+            raise SearchStop(np.array(theta), value)
         return value, gradient
 
     def recentre():
-        state["stale"] = 0
         state["recentred"] += 1
 
     theta, value, _ = maximize_log_likelihood_trust_region(objective, np.zeros(2), BOXED, radius=0.5,
                                                            on_recentre=recentre)
+    assert state["raised"] == 1               # the rule did end the first box's run on its face
     np.testing.assert_allclose(theta, [4.0, 0.0], atol=1e-6)
     assert state["recentred"] >= 2            # boxes of half-width 0.5, 1, 2 lie short of 4
     # a rule that fires without progress from the start ends the search at the start

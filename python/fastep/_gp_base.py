@@ -649,7 +649,8 @@ class LogMarginalLikelihoodMixin:
             Unconstrained hyperparameters, in the order ``kernel_.theta``; then the
             likelihood's learnt parameters (``learn_likelihood``, or log σ² with
             ``learn_noise``; :meth:`fastep.likelihoods.Likelihood.theta_names` gives their
-            coordinates); then, for the sparse models with ``learn_inducing``,
+            coordinates); then, for the sparse models whose fit learnt the inducing inputs
+            (``learn_inducing=True``, or a minibatch fit's second stage),
             ``inducing_inputs_.ravel()``. None returns the fitted value
             (``log_marginal_likelihood_value_``). One-vs-rest: the same ``theta`` for every
             class, and the sum over the classes is returned.

@@ -234,7 +234,9 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         ``learning='minibatch'``. Only ``max_epochs``, ``batch_size``, ``learning_rate``,
         ``random_state``, ``verbose``, ``callback``, ``n_jobs`` and ``warm_start`` may change
         between the two; X must have the same features and y (classifier) the same classes,
-        else a ``ValueError``. Returns self.
+        else a ``ValueError``. A fit that learnt its inducing inputs in the second stage
+        (``learn_inducing='auto'``) continues at that stage's step, a third of
+        ``learning_rate``. Returns self.
         """
         self._continuing = True
         try:
@@ -253,12 +255,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         return (self.optimizer is not None and not self._learns_inducing() and isinstance(self.inducing_init, str)
                 and self.inducing_init in ("auto", "kmeans++"))
 
-    def _learns_inducing_second_stage(self, kernel, X):
+    def _learns_inducing_second_stage(self, kernel, Z):
         """``learn_inducing='auto'``: the second stage of a minibatch fit learns Z too, when the
-        kernel has input gradients."""
+        kernel has input gradients (tried on one row of Z)."""
         if not (isinstance(self.learn_inducing, str) and self.learn_inducing == "auto"):
             return False
-        x = np.asarray(X[:1], dtype=np.float64)
+        x = np.asarray(Z[:1], dtype=np.float64)
         try:
             kernel._unchecked_input_gradient(x, x, np.ones((1, 1)))
         except NotImplementedError:
@@ -449,7 +451,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
                 first = fitted
                 second_options = options
-                if self._learns_inducing_second_stage(first.kernel, X):
+                if self._learns_inducing_second_stage(first.kernel, Z2):
                     # Z learnt too, from the re-placed inputs, at a third of the first stage's step
                     hyper = Hyperparameters(kernel, likelihood, learn_likelihood, extra=Z2,
                                             hyperprior=options["hyperprior"])
@@ -694,8 +696,10 @@ _COMMON_PARAMS = fill_doc(
     batch_size : int >= 1, default 512
         Points per minibatch (``learning='minibatch'``).
     learning_rate : float > 0, default 0.03
-        Adam's step in the search coordinates (logs of the positive hyperparameters)
-        (``learning='minibatch'``).
+        Adam's step in the search coordinates (logs of the positive hyperparameters, and the
+        inducing inputs in the units of X when they are learnt) (``learning='minibatch'``);
+        a third of it in the second stage that learns the inducing inputs
+        (``learn_inducing='auto'``).
     max_epochs : int >= 1, default 20
         Passes over the data after which minibatch learning stops in any case.
     sites : {'tied', 'per-point'}, default 'tied'

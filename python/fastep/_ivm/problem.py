@@ -323,14 +323,11 @@ class _IVMProblem:
         hyper, space = self.hyperparameters, self.hyperparameters.space
         u_start = space.to_search(hyper.pack(self.kernel, self.likelihood))
         Z, mb_options = self.minibatch_options(options)
-        if not learn:
-            # sites only, at fixed parameters: the final pass of site updates
-            # (:func:`~fastep._sparse.stochastic.polish_sites`, ten site windows or more) settles
-            # the tied site from zero, so no windows of the stopping rule are run before it
-            mb_options["max_epochs"] = 0
+        # learn=False: the sites at fixed parameters, for the evidence: a few site windows of plain
+        # updates from zero sites, then the polish pass, without the stopping rule's windows
         fitted = stochastic.fit_minibatch(self.kernel, self.likelihood, Z,
                                           stochastic.RowSource(self.X, self.y - self.offset), mb_options, hyper,
-                                          learn=learn)
+                                          learn=learn, settle=not learn)
         end = space.to_search(hyper.pack(fitted.kernel, fitted.likelihood))
         self.last_step = float(np.max(np.abs(end - u_start), initial=0.0))
         self.kernel, self.likelihood = fitted.kernel, fitted.likelihood
@@ -459,7 +456,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
 
     full_data = options["kernel_objective"] == "full_data"
     minibatch = full_data and options.get("minibatch", False)
-    previous_round = None          # minibatch rounds: (settled loss and SE, kernel, likelihood) of the last
+    previous_round = None          # minibatch rounds: (settled loss and SE, kernel, likelihood, last_good)
     for iteration in range(1, options["n_iterations"] + 1):
         if progress.stopped:
             break
@@ -482,9 +479,12 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
             if minibatch:
                 if previous_round is not None and not _round_improved(previous_round[0], problem.round_loss):
                     if problem.round_loss[0] > previous_round[0][0]:
-                        problem.kernel, problem.likelihood = previous_round[1:]   # the better round's model
+                        # the better round's model (and the last good one, if that round's was)
+                        problem.kernel, problem.likelihood = previous_round[1:3]
+                        last_good = previous_round[3] if previous_round[3] is not None else last_good
                     break
-                previous_round = (problem.round_loss, problem.kernel, problem.likelihood)
+                previous_round = (problem.round_loss, problem.kernel, problem.likelihood,
+                                  last_good if last_good[0] == iteration else None)
             continue
         theta0, bounds = problem.kernel_theta()
         if theta0.size:

@@ -399,8 +399,10 @@ def maximize_log_likelihood_trust_region(objective, theta0, bounds, *, radius=1.
             res = minimize(negated, center, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
                            options={"maxiter": left})
             iterations, ruled = int(res.nit), False
-        except SearchStop:          # the objective's own rule ended this box's run
+        except SearchStop as stop:  # the objective's own rule ended this box's run at its best point
             iterations, ruled = 1, True
+            if stop.value is not None and np.isfinite(stop.value) and stop.value > best["value"]:
+                best["value"], best["theta"] = float(stop.value), np.array(stop.theta, dtype=float)
         left -= max(iterations, 1)
         if best["value"] > value:
             x = best["theta"]

@@ -589,6 +589,24 @@ def polish_sites(state, source, batch_size, rng, rows=POLISH_ROWS):
     return total / max(seen, 1)
 
 
+def settle_sites(state, source, batch_size, rng, rows):
+    """Site updates at fixed hyperparameters over ``min(n, rows)`` points, each replacing the
+    default fraction ``ε = |B| / window`` of the tied site: from zero sites (a new active set or
+    inducing inputs), the tied site keeps ``(1 - ε)^(rows / |B|) ≈ exp(-rows / window)`` of its
+    start, so that :func:`polish_sites` then averages settled sites."""
+    seen = 0
+    rows = min(state.n, int(rows))
+    for X, y, index in epoch_batches(source, batch_size, rng):
+        state.update(X, y, index)
+        seen += X.shape[0]
+        if seen >= rows:
+            break
+
+
+#: Site windows of plain updates before the polish pass of a fit at fixed parameters from zero
+#: sites (:func:`fit_minibatch`'s ``settle``): the zero start keeps about e⁻⁵ of its weight.
+SETTLE_WINDOWS = 5
+
 #: Rows of the seeded sample on which a minibatch fit's evidence is estimated.
 EVIDENCE_SAMPLE_ROWS = 20_000
 
@@ -699,7 +717,7 @@ class MinibatchSparseFit:
             "without theta gives the fitted estimate)")
 
 
-def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn, start=None):
+def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn, start=None, settle=False):
     """Learn one sparse problem from minibatches (:func:`learn_minibatch`) and estimate its
     evidence; returns a :class:`MinibatchSparseFit`.
 
@@ -710,6 +728,10 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
     ``start``: a previous :class:`MinibatchSparseFit` with tied sites to continue from (a warm
     start): its kernel, likelihood and Z, and its tied site scaled from its n to this source's
     (the site stands for the average point), without the warm-up window.
+
+    ``settle`` (with ``learn=False`` and tied sites): instead of the stopping rule's windows,
+    ``SETTLE_WINDOWS`` site windows of plain updates (:func:`settle_sites`) before the polish
+    pass: the sites at fixed parameters, for their evidence.
     """
     rng = np.random.default_rng(options["seed"])
     warmup = None
@@ -724,10 +746,13 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
         state.precision_sum = scale * start.tied_site[0]
         state.natural_mean_sum = scale * start.tied_site[1]
         warmup = 0
+    settle = bool(settle) and not learn and state.sites == "tied"
     result = learn_minibatch(state, hyperparameters, source, batch_size=options["batch_size"],
                              learning_rate=options["learning_rate"], window=options["window"],
-                             patience=options["patience"], max_epochs=options["max_epochs"], learn=learn,
-                             rng=rng, progress=options.get("progress"), warmup=warmup)
+                             patience=options["patience"], max_epochs=0 if settle else options["max_epochs"],
+                             learn=learn, rng=rng, progress=options.get("progress"), warmup=warmup)
+    if settle:
+        settle_sites(state, source, options["batch_size"], rng, SETTLE_WINDOWS * state.window)
     polish_sites(state, source, options["batch_size"], rng)
     log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
     return MinibatchSparseFit(state, hyperparameters, result, log_ml, se, options, source.n)
