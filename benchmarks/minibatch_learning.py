@@ -78,9 +78,25 @@ def _rows_from_file(path, start, stop):
     return np.array(np.load(path, mmap_mode="r")[start:stop])
 
 
+def _peak_rss_mb():
+    """This process's peak RSS (``VmHWM``: unlike ``ru_maxrss`` it does not carry a forking
+    parent's peak over ``exec``), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _write_file(path, n):
+    sb.make_memmap(path, n)
+
+
 def child_fastep_dask(n, chunk_rows=1 << 16):
     """The default fit on a dask array of n rows on a 2-process ``LocalCluster`` (127.0.0.1): each
-    chunk is read from a ``.npy`` file by a worker. Reports every worker's peak RSS too."""
+    chunk is read from a ``.npy`` file (written by another process) by a worker. Reports the
+    peak RSS of the fitting process and of every worker (``VmHWM``)."""
+    import multiprocessing
     import tempfile
 
     import dask
@@ -90,9 +106,11 @@ def child_fastep_dask(n, chunk_rows=1 << 16):
     from fastep import SparseGPClassifier
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "X.npy")
-        X_file, y = sb.make_memmap(path, n)
-        width = X_file.shape[1]
-        del X_file
+        writer = multiprocessing.get_context("spawn").Process(target=_write_file, args=(path, n))
+        writer.start()
+        writer.join()
+        y = np.load(path + ".y.npy")
+        width = np.load(path, mmap_mode="r").shape[1]
         blocks = [da.from_delayed(dask.delayed(_rows_from_file)(path, s, min(s + chunk_rows, n)),
                                   shape=(min(s + chunk_rows, n) - s, width), dtype=np.float64)
                   for s in range(0, n, chunk_rows)]
@@ -103,11 +121,11 @@ def child_fastep_dask(n, chunk_rows=1 << 16):
             start = time.perf_counter()
             clf = SparseGPClassifier().fit(X, y, client=client)
             fit = time.perf_counter() - start
-            workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            workers = client.run(_peak_rss_mb)
     err, ll = _scores(clf.predict_proba(Xt)[:, 1], yt)
     return {"fit": fit, "error": err, "log_loss": ll, "learning": clf.learning_, "m": int(clf.n_inducing_),
             "epochs": int(clf.n_sweeps_), "steps": int(clf.n_evaluations_), "kernel": repr(clf.kernel_),
-            "worker_peak_rss_mb": sorted(workers.values())}
+            "worker_peak_rss_mb": sorted(workers.values()), "driver_peak_rss_mb": _peak_rss_mb()}
 
 
 def child_svgp(n, m=256, batch=512, max_steps=20000):
@@ -198,7 +216,7 @@ def main():
                       + (f"({r['learning']}, m={r['m']}, {r['epochs']} passes, {r['steps']} steps)"
                          if "learning" in r else ""), flush=True)
                 if r.get("worker_peak_rss_mb"):
-                    print("    peak RSS of the Dask workers: "
+                    print(f"    peak RSS (VmHWM): fitting process {r['driver_peak_rss_mb']:.0f} MB, Dask workers "
                           + ", ".join(f"{v:.0f} MB" for v in r["worker_peak_rss_mb"]))
                 if r.get("windows"):
                     print("    fastep running log loss per window (s, loss): "
