@@ -232,6 +232,17 @@ def encode_binary_labels(y: Any) -> tuple[NDArray[Any], NDArray[np.float64]]:
     return classes, np.where(inverse == 1, 1.0, -1.0)
 
 
+def encode_class_indices(y: Any) -> tuple[NDArray[Any], NDArray[np.int32]]:
+    """Sorted classes and every label's index among them (int32), for a joint multiclass model.
+
+    Raises ``ValueError`` for a single class.
+    """
+    classes, inverse = _sorted_classes(y)
+    if classes.shape[0] < 2:
+        raise ValueError(f"y must contain at least two classes; got only one class: {classes.tolist()}")
+    return classes, np.ascontiguousarray(inverse, dtype=np.int32)
+
+
 def encode_one_vs_rest_labels(y: Any) -> tuple[NDArray[Any], list[NDArray[np.float64]]]:
     """Sorted classes and ±1 targets: one vector for two classes, one per class (one-vs-rest) above.
 

@@ -53,12 +53,13 @@ from ._sparse.inducing import auto_sizes, grow_inducing, kmeans_plus_plus
 from ._memory import (check_memory, concurrent_problems, fits_in_memory, format_bytes, minibatch_sparse_bytes,
                       sparse_gp_bytes)
 from ._sparse.problem import _BinarySparseEP, _StudentTSparseEP
+from ._sparse import multinomial as _multinomial
 from ._sparse import stochastic as _minibatch
 from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_MIN_ROWS, MINIBATCH_PATIENCE, SECOND_STAGE_STEP,
                                  minibatch_windows)
 from .batch import map_in_order
 from .ivm import select_active_set
-from .likelihoods import Gaussian, StudentT
+from .likelihoods import Gaussian, Probit, StudentT
 
 if TYPE_CHECKING:
     from typing import Any, Literal
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 
     from ._typing import Callback, Hyperprior, MeanStd
     from .kernels import Kernel
-    from .likelihoods import Likelihood, Logistic, Probit, Step
+    from .likelihoods import Likelihood, Logistic, Step
 
 __all__ = ["SparseGPClassifier", "SparseGPRegressor", "kmeans_plus_plus", "auto_sizes"]
 
@@ -414,9 +415,9 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
 
         return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
 
-    def _fit_growing(self, make_problem, choose, Z, kernel, likelihood, options, learn_likelihood):
-        """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`)
-        while the next size fits in memory."""
+    def _fit_growing(self, make_problem, choose, Z, kernel, likelihood, options, learn_likelihood, sizes=None):
+        """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`,
+        over ``sizes``, default :func:`auto_sizes`) while the next size fits in memory."""
         fitted = self._learn(make_problem(Z), kernel, likelihood, Z, options, learn_likelihood)
         if not self._grows():
             fitted.growth = None
@@ -426,7 +427,8 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                                                                  kernel, likelihood, None, options,
                                                                  learn_likelihood, start=best),
                              options.get("progress"),
-                             fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)))
+                             fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)),
+                             sizes=sizes)
 
     def _fit_minibatch(self, X, y, Z, kernel, likelihood, options, learn_likelihood, start=None):
         """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`); ``start``: a
@@ -905,7 +907,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                  hyperprior: Hyperprior = "auto",
                  learning: Literal["auto", "full-batch", "minibatch"] = "auto", batch_size: int = 512,
                  learning_rate: float = 0.03, max_epochs: int = 20,
-                 sites: Literal["tied", "per-point"] = "tied", verbose: int = 0,
+                 sites: Literal["tied", "per-point"] = "tied",
+                 multi_class: Literal["one_vs_rest", "multinomial"] = "one_vs_rest", verbose: int = 0,
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
 
@@ -933,6 +936,9 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         if getattr(self, "_continuing", False):
             options["learning"] = "minibatch"
         kernel = check_kernel(self.kernel)
+        v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
+        if self.multi_class == "multinomial":
+            return self._fit_multinomial(X, y, client, kernel, options)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         self._check_fit_options(options, kernel, likelihood, learn_likelihood)
         on_cluster = client is not None or _chunked.is_dask_array(X)
@@ -967,6 +973,95 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         return self
 
     fit.__doc__ = fill_doc(fit.__doc__, CLIENT=_CLIENT_DOC)  # type: ignore[arg-type]  # it has a docstring
+
+    def _fit_multinomial(self, X, y, client, kernel, options):
+        """``multi_class='multinomial'``: one joint problem of c latent GPs sharing the inducing
+        inputs (:mod:`fastep._sparse.multinomial`)."""
+        if not (self.likelihood is None or (isinstance(self.likelihood, Probit) and self.likelihood == Probit())) \
+                or self.learn_likelihood:
+            raise ValueError("multi_class='multinomial' uses the multinomial probit likelihood: leave likelihood "
+                             f"at its default and learn_likelihood=False (got {self.likelihood!r}, "
+                             f"learn_likelihood={self.learn_likelihood!r})")
+        if options["power"] != 1.0:
+            raise ValueError(f"multi_class='multinomial' runs plain EP: power must be 1.0, got {self.power!r}")
+        if client is not None or _chunked.is_dask_array(X):
+            raise ValueError("multi_class='multinomial' fits in-core data (an array or a numpy.memmap), "
+                             "not a dask array")
+        if self.damping is None:
+            options["damping"], options["adaptive_damping"] = _multinomial.ADAPTIVE_DAMPING_START, True
+        X, y = v.check_X_y(X, y)
+        classes, labels = v.encode_class_indices(y)
+        n_classes = classes.shape[0]
+        if self._learns_from_minibatches(X.shape[0], options, None):
+            raise NotImplementedError("multi_class='multinomial' learns full-batch for now; use "
+                                      "learning='full-batch'")
+        kernel = start_kernel(kernel, X)
+        kernel._validate_X(X[:1], "X")
+        self._check_kernel_gradients(kernel, X, self._learns_inducing())
+        m = None
+        if isinstance(self.inducing_init, str):
+            m = (_multinomial.first_size(X.shape[0], n_classes) if self._grows()
+                 else min(v.check_int(self.n_inducing, "n_inducing", minimum=1), X.shape[0]))
+        Z = self._multinomial_inducing_inputs(X, labels, n_classes, options, kernel, m)
+        self._check_memory(X.shape[0], Z.shape[0], 1, options)
+        learn_inducing = self._learns_inducing()
+
+        def make_problem(Z):
+            return _multinomial.MultinomialSparseProblem(kernel, Z, X, labels, n_classes, options, learn_inducing)
+
+        def choose(m, fitted):
+            return self._multinomial_inducing_inputs(X, labels, n_classes, options, fitted.kernel, m)
+
+        problem = self._fit_growing(make_problem, choose, Z, kernel, None, options, False,
+                                    sizes=_multinomial.auto_sizes(X.shape[0], n_classes))
+        problem.likelihood = "multinomial_probit"
+        problem.estimator_name = type(self).__name__
+        self.classes_ = classes
+        self._set_fitted(X, [problem])
+        return self
+
+    def _multinomial_inducing_inputs(self, X, labels, n_classes, options, kernel, m):
+        """Inducing inputs of the joint model: ``inducing_init`` 'auto' / 'ivm' selects in every
+        class's one-vs-rest problem with a share of the budget (:func:`fastep._sparse.multinomial.select_across_classes`);
+        the other choices are those of the binary model."""
+        init = self.inducing_init
+        if isinstance(init, str) and init in ("auto", "ivm"):
+            return _multinomial.select_across_classes(X, labels, n_classes, kernel, m, seed=options["seed"])
+        if isinstance(init, str):
+            est = copy.copy(self)
+            est.n_inducing = m
+            return est._inducing_inputs(X, options, kernel, Probit(), [labels])[0]
+        return self._inducing_inputs(X, options, kernel, Probit(), [labels])[0]
+
+    def _multinomial(self) -> bool:
+        return bool(getattr(self, "_problems", None)) and isinstance(self._problems[0],
+                                                                     _multinomial.MultinomialSparseProblem)
+
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self._problems[0].predictor.predict_proba(self._check_X(X))
+        return super().predict_proba(X)
+
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            X = self._check_X(X)
+            if len(self.classes_) == 2:
+                log_p = np.log(self._problems[0].predictor.predict_proba(X))
+                return log_p[:, 1] - log_p[:, 0]
+            return self._problems[0].predictor.latent_full(X)[0]
+        return super().decision_function(X)
+
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        return super().predict(X)
+
+    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
+    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
+    predict.__doc__ = GPClassifierMixin.predict.__doc__
 
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):

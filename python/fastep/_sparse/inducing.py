@@ -72,14 +72,15 @@ def auto_sizes(n: int) -> list[int]:
     return sizes
 
 
-def grow_inducing(fitted, fit_at, progress=None, fits=None):
+def grow_inducing(fitted, fit_at, progress=None, fits=None, sizes=None):
     """Double the inducing set while the evidence per training point still gains.
 
     ``fitted``: a problem fitted at the first size of :func:`auto_sizes`; ``fit_at(m, best)`` fits
     the problem at m inducing inputs, starting from the best fitted problem so far. Growth stops
     when a doubling raised the EP log marginal likelihood by less than ``GROWTH_TOL`` nats per
     training point (the larger model is kept if its evidence is the higher), or at the largest
-    size. Sets ``growth`` on the returned problem: one record per size tried.
+    size. Sets ``growth`` on the returned problem: one record per size tried. ``sizes``: the sizes
+    to try (default :func:`auto_sizes` of n).
 
     ``fits(m)``, when given, says whether a fit at m inducing inputs fits in memory; growth stops
     (with a warning naming the size) before the first size that does not.
@@ -88,7 +89,7 @@ def grow_inducing(fitted, fit_at, progress=None, fits=None):
     history = [{"n_inducing": int(fitted.Z.shape[0]), "log_marginal_likelihood": float(fitted.log_ml),
                 "n_evaluations": int(getattr(fitted, "n_evaluations", 0))}]
     best = fitted
-    for m in auto_sizes(n)[1:]:
+    for m in (auto_sizes(n) if sizes is None else sizes)[1:]:
         if m <= best.Z.shape[0] or (progress is not None and progress.stopped):
             break
         if fits is not None and not fits(m):

@@ -69,7 +69,7 @@ class probabilities by inner EP on that c-variate Gaussian, normalised over the 
 (:func:`fastep._dense.multiclass.class_probabilities`).
 """
 import numpy as np
-from scipy.linalg import cho_solve, cholesky, lapack, solve_triangular
+from scipy.linalg import blas as _blas, lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepDriver
@@ -80,12 +80,58 @@ from .._linalg import batched_cholesky, batched_cholesky_solve, inner, matmul, s
 from .._prediction import BatchedPredictor
 from ..progress import sweep_callback_of
 from .blocks import BLOCK_ELEMENTS, PREDICT_BATCH, gradient_from_sums, project_rows
+from .inducing import auto_sizes as _binary_auto_sizes
 
 __all__ = ["MultinomialSparseEP", "MultinomialSparsePosterior", "MultinomialSparseProblem",
            "MultinomialSparsePredictor", "effective_sites", "cavities_from_marginals", "site_log_normalisers",
            "gradient_terms"]
 
-_ADAPTIVE = (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING)
+#: Largest c m of ``n_inducing='auto'``: the posterior's (c m)² matrices and its (c m)³ factorisation
+#: per outer iteration stay small beside the O(c² m² n) of the sites.
+JOINT_MAX = 3072
+
+
+def auto_sizes(n, n_classes):
+    """The sizes ``n_inducing='auto'`` tries: the binary model's (:func:`fastep._sparse.inducing.auto_sizes`),
+    with c m at most ``JOINT_MAX`` (the last size clipped to it)."""
+    cap = max(1, JOINT_MAX // n_classes)
+    sizes = sorted({min(m, cap) for m in _binary_auto_sizes(n)})
+    return sizes
+
+
+def first_size(n, n_classes):
+    """The first size of :func:`auto_sizes`."""
+    return auto_sizes(n, n_classes)[0]
+
+
+def select_across_classes(X, labels, n_classes, kernel, m, seed=0):
+    """m inducing inputs informative for every class: the IVM's selection (Algorithm 1 of the
+    Informative Vector Machine, :func:`fastep.ivm.select_active_set`, probit sites) run on each
+    class's one-vs-rest problem with a budget of ``ceil(m / c)`` (rows in class order, then
+    inclusion order; a row chosen by two classes is kept once, and the budget left by such rows is
+    filled from the classes' next choices in turn)."""
+    from ..ivm import select_active_set
+    from ..likelihoods import Probit
+
+    n = X.shape[0]
+    m = min(int(m), n)
+    share = int(np.ceil(m / n_classes))
+    chosen, seen = [], set()
+    extra = max(1, min(n, 2 * share)) if n_classes > 1 else share
+    lists = []
+    for j in range(n_classes):
+        target = np.where(labels == j, 1.0, -1.0)
+        lists.append(select_active_set(X, target, kernel, Probit(), min(n, extra), seed=seed))
+    for depth in range(max(len(a) for a in lists)):
+        for a in lists:
+            if len(chosen) >= m:
+                break
+            if depth < len(a) and int(a[depth]) not in seen:
+                seen.add(int(a[depth]))
+                chosen.append(int(a[depth]))
+    if len(chosen) < m:                              # tiny problems: the remaining rows in order
+        chosen += [i for i in range(n) if i not in seen][:m - len(chosen)]
+    return np.ascontiguousarray(X[np.array(chosen, dtype=np.intp)])
 
 
 def _rows_per_block(c, m):
@@ -107,17 +153,18 @@ def outer_site_precisions(pi):
 
 
 def effective_sites(pi, nu, fitc_variance):
-    """The outer sites' action on g (module docstring, "Sites"): ``(P, h)``, shapes (n, c, c)
-    and (n, c), ``P = T̃ (I + δ T̃)⁻¹``, ``h = (I + δ T̃)⁻¹ ν̃``."""
-    T = outer_site_precisions(pi)
+    """The outer sites' action on g (module docstring, "Sites"): ``(κ, h)``, each (n, c).
+
+    ``I + δ T̃`` is diagonal plus rank one, and so is ``P = T̃ (I + δ T̃)⁻¹``: by Sherman-Morrison
+    ``P = diag(κ) - κ κᵀ / (1ᵀκ)`` with ``κ = π / (1 + δ π)`` (T̃'s form with π replaced by κ;
+    :func:`outer_site_precisions` of κ), and ``h = (I + δ T̃)⁻¹ ν̃ = ν̃ / (1 + δ π) + δ κ (κᵀ ν̃) / (1ᵀκ)``.
+    """
     if not np.any(fitc_variance):
-        return T, np.array(nu, dtype=np.float64)
-    c = pi.shape[1]
-    M = np.eye(c) + fitc_variance[:, None, None] * T
-    P = np.linalg.solve(M, T)
-    P = 0.5 * (P + _transpose(P))
-    h = np.linalg.solve(M, nu[:, :, None])[:, :, 0]
-    return P, h
+        return np.array(pi, dtype=np.float64), np.array(nu, dtype=np.float64)
+    scale = 1.0 / (1.0 + fitc_variance[:, None] * pi)
+    kappa = pi * scale
+    h = nu * scale + kappa * (fitc_variance * np.sum(kappa * nu, axis=1) / kappa.sum(axis=1))[:, None]
+    return kappa, h
 
 
 def cavities_from_marginals(marginal_cov, marginal_mean, P, h):
@@ -178,20 +225,30 @@ def gradient_terms(marginal_mean, C, P, h, fitc):
 
 
 # -- the posterior over the c m whitened inducing values ------------------------------------------
-def site_sums(Vt, P, h):
-    """``(Σ_i P_i ⊗ b_i b_iᵀ, Σ_i h_i ⊗ b_i)``, shapes (c m, c m) and (c m), class-major, over
-    the rows ``Vt`` (n x m) in blocks."""
+def site_sums(Vt, kappa, h):
+    """``(Σ_i P_i ⊗ b_i b_iᵀ, Σ_i h_i ⊗ b_i)``, shapes (c m, c m) (Fortran-ordered, symmetric) and
+    (c m), class-major, over the rows ``Vt`` (n x m) in blocks, with
+    ``P_i = diag(κ_i) - κ_i κ_iᵀ / (1ᵀκ_i)``: the c diagonal blocks ``Vtᵀ diag(κ_j) Vt`` minus
+    ``F Fᵀ``, ``F`` the columns ``κ_i ⊗ b_i / √(1ᵀκ_i)`` (symmetric rank-k updates, ``dsyrk``, into
+    one lower triangle; c² m² n flops in all)."""
     n, m = Vt.shape
-    c = P.shape[1]
-    precision = np.zeros((c * m, c * m))
+    c = kappa.shape[1]
+    precision = np.zeros((c * m, c * m), order="F")
+    diagonal = [np.zeros((m, m), order="F") for _ in range(c)]
     rows = _rows_per_block(c, m)
     for s in range(0, n, rows):
         V = Vt[s:s + rows]
-        for l in range(c):
-            Y = (P[s:s + rows, :, l][:, :, None] * V[:, None, :]).reshape(V.shape[0], c * m)
-            precision[:, l * m:(l + 1) * m] += matmul(Y.T, V)
+        k = kappa[s:s + rows]
+        for j in range(c):
+            diagonal[j] = _blas.dsyrk(1.0, (V * np.sqrt(k[:, j])[:, None]).T, beta=1.0, c=diagonal[j],
+                                      trans=0, lower=1, overwrite_c=1)
+        F = ((k / np.sqrt(k.sum(axis=1))[:, None])[:, :, None] * V[:, None, :]).reshape(V.shape[0], c * m)
+        precision = _blas.dsyrk(-1.0, F.T, beta=1.0, c=precision, trans=0, lower=1, overwrite_c=1)
+    for j in range(c):
+        precision[j * m:(j + 1) * m, j * m:(j + 1) * m] += diagonal[j]
+    symmetrize_from_lower(precision)
     natural = matmul(Vt.T, h).T.reshape(c * m)
-    return 0.5 * (precision + precision.T), natural
+    return precision, natural
 
 
 class MultinomialSparsePosterior:
@@ -203,40 +260,48 @@ class MultinomialSparsePosterior:
 
     def __init__(self, precision, natural, n_classes):
         cm = natural.shape[0]
-        A = precision + np.eye(cm)
-        try:
-            R = cholesky(A, lower=False, check_finite=True)
-        except (np.linalg.LinAlgError, ValueError):
+        A = np.asfortranarray(precision)
+        A.flat[::cm + 1] += 1.0
+        factor, info = lapack.dpotrf(A, lower=1, clean=0, overwrite_a=1)
+        if info != 0 or not np.all(np.isfinite(np.diag(factor))):
             raise np.linalg.LinAlgError("the joint multiclass posterior I + Σ P_i ⊗ b_i b_iᵀ is not positive "
-                                        "definite (non-finite projections or sites)") from None
-        self.log_det = 2.0 * float(np.sum(np.log(np.diag(R))))
-        mean = cho_solve((R, False), natural)
+                                        "definite (non-finite projections or sites)")
+        self.log_det = 2.0 * float(np.sum(np.log(np.diag(factor))))
+        mean, _ = lapack.dpotrs(factor, natural, lower=1)
         self.quad = float(inner(natural, mean))
-        inv, info = lapack.dpotri(R, lower=0)
+        inv, info = lapack.dpotri(factor, lower=1, overwrite_c=1)
         if info != 0:
             raise np.linalg.LinAlgError("the joint multiclass posterior could not be inverted")
-        inv = np.triu(inv)
-        self.cov_w = inv + np.triu(inv, 1).T
+        symmetrize_from_lower(inv)
+        self.cov_w = np.ascontiguousarray(inv)
         self.mean_w = mean.reshape(n_classes, cm // n_classes)
 
-    def marginals(self, Vt, P=None):
-        """Marginals of g at the rows ``Vt``: ``(μ (n, c), S (n, c, c))`` and, with the sites' P,
-        ``H (n, m)``, ``H_i = Σ_{j,l} P_i[l, j] (A⁻¹)_{jl} b_i`` (the gradient's term)."""
+    def marginals(self, Vt):
+        """Marginals of g at the rows ``Vt``: ``(μ (n, c), S (n, c, c))``, ``S_i[l, j] = b_iᵀ (A⁻¹)_{lj} b_i``
+        (the blocks j >= l, mirrored)."""
         n, m = Vt.shape
         c = self.mean_w.shape[0]
         mean = matmul(Vt, self.mean_w.T.copy())
         S = np.empty((n, c, c))
-        H = None if P is None else np.zeros((n, m))
         rows = _rows_per_block(c, m)
         for s in range(0, n, rows):
             V = Vt[s:s + rows]
             for l in range(c):
-                T = matmul(V, self.cov_w[l * m:(l + 1) * m]).reshape(V.shape[0], c, m)   # rows (A⁻¹)_{jl} b_i
-                S[s:s + rows, l, :] = np.einsum("ijk,ik->ij", T, V)
-                if H is not None:
-                    H[s:s + rows] += np.einsum("ij,ijk->ik", P[s:s + rows, l, :], T)
-        S = 0.5 * (S + _transpose(S))
-        return mean, S, H
+                T = matmul(V, self.cov_w[l * m:(l + 1) * m, l * m:]).reshape(V.shape[0], c - l, m)
+                S[s:s + rows, l, l:] = np.einsum("ijk,ik->ij", T, V)
+        upper = np.triu_indices(c, 1)
+        S[:, upper[1], upper[0]] = S[:, upper[0], upper[1]]
+        return mean, S
+
+    def gradient_rows(self, Vt, P):
+        """``H (n, m)``, ``H_i = Σ_{j,l} P_i[l, j] (A⁻¹)_{jl} b_i``, the gradient's term (module docstring)."""
+        n, m = Vt.shape
+        c = self.mean_w.shape[0]
+        H = np.zeros((n, m))
+        for l in range(c):
+            T = matmul(Vt, self.cov_w[l * m:(l + 1) * m]).reshape(n, c, m)      # rows (A⁻¹)_{jl} b_i
+            H += np.einsum("ij,ijk->ik", P[:, l, :], T)
+        return H
 
 
 # -- the engine ------------------------------------------------------------------------------------
@@ -276,9 +341,10 @@ class MultinomialSparseEP:
     def _state(self):
         """The posterior of the current inner sites, the marginals, the cavities and the evidence."""
         pi, nu = _outer_sites(self.labels, self.inner_precision, self.inner_natural_mean)
-        P, h = effective_sites(pi, nu, self.fitc_variance)
-        post = MultinomialSparsePosterior(*site_sums(self.Vt, P, h), self.n_classes)
-        mean, S, _ = post.marginals(self.Vt)
+        kappa, h = effective_sites(pi, nu, self.fitc_variance)
+        P = outer_site_precisions(kappa)
+        post = MultinomialSparsePosterior(*site_sums(self.Vt, kappa, h), self.n_classes)
+        mean, S = post.marginals(self.Vt)
         C, m_c = cavities_from_marginals(S, mean, P, h)
         cav_prec, cav_lin, proper = f_cavities(C, m_c, self.fitc_variance)
         log_z_sites, _ = _nested.nested_site_updates(self.labels, cav_prec, cav_lin, self.inner_precision.copy(),
@@ -450,7 +516,8 @@ class MultinomialSparseProblem(SiteProblem):
         for s in range(0, n, rows):
             sl = slice(s, min(s + rows, n))
             P = st["P"][sl]
-            mean, _, H = post.marginals(Vt[sl], P)
+            mean = matmul(Vt[sl], post.mean_w.T.copy())
+            H = post.gradient_rows(Vt[sl], P)
             a, c = gradient_terms(mean, st["C"][sl], P, st["h"][sl], fitc)
             G = adjoint_block(L, Vt[sl], post.mean_w, a, H, c)
             gk, gm, gz = adjoint_shares(kernel, Z, self.X[sl], L, Vt[sl], G, c, self.learn_inducing)

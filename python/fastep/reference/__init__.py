@@ -4,8 +4,8 @@ Written for clarity, not speed or extreme-range robustness; the test suite uses
 them as an independent check of ``fastep._epcore``. Modules here must never
 import the compiled core.
 """
-from . import (gp_ep, horseshoe, ivm, linear_ep, multiclass_ep, rank_k_ep, sites, sparse_ep, stochastic_sparse_ep,
-               student_t_ep)
+from . import (gp_ep, horseshoe, ivm, linear_ep, multiclass_ep, rank_k_ep, sites, sparse_ep, sparse_multinomial,
+               stochastic_sparse_ep, student_t_ep)
 
 __all__ = ["sites", "linear_ep", "rank_k_ep", "gp_ep", "ivm", "sparse_ep", "horseshoe", "student_t_ep", "multiclass_ep",
-           "stochastic_sparse_ep"]
+           "stochastic_sparse_ep", "sparse_multinomial"]
