@@ -250,3 +250,59 @@ def test_selection_across_classes_takes_rows_from_every_class():
     rows = [int(np.flatnonzero(np.all(X == z, axis=1))[0]) for z in Z]
     assert len(set(rows)) == 30
     assert set(y[rows]) == {0, 1, 2}
+
+
+# -- minibatch EP -----------------------------------------------------------------------------------
+def test_one_minibatch_of_all_points_is_full_batch_ep_with_its_evidence_and_gradient():
+    """Per-point sites, one minibatch of every point, step 1: each update is one outer iteration
+    of full-batch EP; the evidence estimate on all rows and the gradient estimate are the exact ones."""
+    from fastep._sparse.multinomial_minibatch import MinibatchMultinomialSparseEP
+    from fastep._sparse.stochastic import RowSource
+
+    X, y = three_classes(60, 11)
+    Z = X[:8] + 0.05
+    kernel = RBF(1.4, 0.6)
+    options = dict(approximation="fitc", jitter=1e-8, damping=1.0, tol=0.0, max_sweeps=6, n_classes=3)
+    problem = mn.MultinomialSparseProblem(kernel, Z, X, y, 3, options)
+    log_z, grad, _ = problem.evaluate((kernel, None, Z), gradient=True, warm=False)
+    state = MinibatchMultinomialSparseEP(kernel, None, Z, 60, options, sites="per-point", window=60)
+    for _ in range(6):
+        state.update(X, y.astype(float), np.arange(60), step=1.0)
+    np.testing.assert_allclose(state.inner_precision, problem.inner_precision, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(state.inner_natural_mean, problem.inner_natural_mean, rtol=1e-9, atol=1e-12)
+    estimate, se = state.log_evidence_estimate(RowSource(X, y), np.random.default_rng(0), rows=100)
+    assert se == 0.0
+    assert estimate == pytest.approx(log_z, abs=1e-8)
+    out = state.update(X, y.astype(float), np.arange(60), step=1.0, gradient=True)
+    np.testing.assert_allclose(out["gradient"], grad, rtol=1e-7, atol=1e-9)
+
+
+def _three_class_rows(n, seed):
+    """Three classes from x0, -x0 and x1 (x2 irrelevant), Gumbel noise: the Bayes rule is the argmax."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    scores = np.column_stack([X[:, 0], -X[:, 0], X[:, 1]]) * 2.0
+    return X, np.argmax(scores + rng.gumbel(size=(n, 3)), axis=1), np.argmax(scores, axis=1)
+
+
+def test_tied_sites_learn_from_minibatches_and_repeat_bitwise():
+    X, y, _ = _three_class_rows(3000, 12)
+    Xt, _, bayes_t = _three_class_rows(2000, 13)
+    kw = dict(multi_class="multinomial", learning="minibatch", n_inducing=16, batch_size=256, max_epochs=3,
+              random_state=0)
+    clf = SparseGPClassifier(**kw).fit(X, y)
+    again = SparseGPClassifier(**kw).fit(X, y)
+    assert clf.learning_ == "minibatch" and clf.site_precision_ is None
+    proba = clf.predict_proba(Xt)
+    assert np.array_equal(proba, again.predict_proba(Xt))
+    assert np.mean(bayes_t != np.argmax(proba, axis=1)) < 0.1     # agrees with the Bayes rule on 90 %
+    assert np.isfinite(clf.log_marginal_likelihood_value_)
+
+
+@pytest.mark.slow
+def test_minibatch_learning_sets_the_irrelevant_input_aside():
+    X, y, _ = _three_class_rows(3000, 12)
+    clf = SparseGPClassifier(multi_class="multinomial", learning="minibatch", n_inducing=16, batch_size=100,
+                             max_epochs=15, random_state=0).fit(X, y)
+    scales = clf.kernel_.get_params()["scales"]
+    assert scales[2] < 0.25 * min(scales[0], scales[1])

@@ -989,22 +989,38 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
                              "not a dask array")
         if self.damping is None:
             options["damping"], options["adaptive_damping"] = _multinomial.ADAPTIVE_DAMPING_START, True
+        if getattr(self, "_continuing", False):
+            raise ValueError("continue_fit is not available with multi_class='multinomial'; call fit")
         X, y = v.check_X_y(X, y)
         classes, labels = v.encode_class_indices(y)
         n_classes = classes.shape[0]
-        if self._learns_from_minibatches(X.shape[0], options, None):
-            raise NotImplementedError("multi_class='multinomial' learns full-batch for now; use "
-                                      "learning='full-batch'")
-        kernel = start_kernel(kernel, X)
+        options["n_classes"] = n_classes
+        minibatch = self._learns_from_minibatches(X.shape[0], options, None)
+        if minibatch:
+            options["n_features"], options["model"] = X.shape[1], "multinomial"
+            kernel = self._minibatch_start(kernel, X)
+        else:
+            kernel = start_kernel(kernel, X)
         kernel._validate_X(X[:1], "X")
         self._check_kernel_gradients(kernel, X, self._learns_inducing())
         m = None
         if isinstance(self.inducing_init, str):
-            m = (_multinomial.first_size(X.shape[0], n_classes) if self._grows()
-                 else min(v.check_int(self.n_inducing, "n_inducing", minimum=1), X.shape[0]))
-        Z = self._multinomial_inducing_inputs(X, labels, n_classes, options, kernel, m)
-        self._check_memory(X.shape[0], Z.shape[0], 1, options)
+            if self._grows():
+                m = (_multinomial.minibatch_size(n_classes) if minibatch
+                     else _multinomial.first_size(X.shape[0], n_classes))
+            else:
+                m = v.check_int(self.n_inducing, "n_inducing", minimum=1)
+            m = min(m, X.shape[0])
+        Z = self._multinomial_inducing_inputs(X, labels, n_classes, options, kernel, m, minibatch)
+        # the posterior's (c m)² matrices are what grows with c: plan with c m inducing values
+        self._check_memory(X.shape[0], n_classes * Z.shape[0], 1, options)
         learn_inducing = self._learns_inducing()
+        if minibatch:
+            problem = self._fit_minibatch(X, labels, Z, kernel, None, options, False)
+            problem.likelihood = "multinomial_probit"
+            self.classes_ = classes
+            self._set_fitted(X, [problem])
+            return self
 
         def make_problem(Z):
             return _multinomial.MultinomialSparseProblem(kernel, Z, X, labels, n_classes, options, learn_inducing)
@@ -1020,22 +1036,22 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         self._set_fitted(X, [problem])
         return self
 
-    def _multinomial_inducing_inputs(self, X, labels, n_classes, options, kernel, m):
-        """Inducing inputs of the joint model: ``inducing_init`` 'auto' / 'ivm' selects in every
-        class's one-vs-rest problem with a share of the budget (:func:`fastep._sparse.multinomial.select_across_classes`);
-        the other choices are those of the binary model."""
+    def _multinomial_inducing_inputs(self, X, labels, n_classes, options, kernel, m, minibatch=False):
+        """Inducing inputs of the joint model: ``inducing_init='ivm'``, and ``'auto'`` in full-batch
+        learning, select in every class's one-vs-rest problem with a share of the budget
+        (:func:`fastep._sparse.multinomial.select_across_classes`); the other choices are those of the
+        binary model (``'auto'`` in minibatch learning is k-means++)."""
         init = self.inducing_init
-        if isinstance(init, str) and init in ("auto", "ivm"):
+        if isinstance(init, str) and (init == "ivm" or (init == "auto" and not minibatch)):
             return _multinomial.select_across_classes(X, labels, n_classes, kernel, m, seed=options["seed"])
-        if isinstance(init, str):
-            est = copy.copy(self)
-            est.n_inducing = m
-            return est._inducing_inputs(X, options, kernel, Probit(), [labels])[0]
-        return self._inducing_inputs(X, options, kernel, Probit(), [labels])[0]
+        if isinstance(init, str) and init == "auto":
+            rng = np.random.default_rng(options["seed"])
+            return np.ascontiguousarray(kmeans_plus_plus(_kmeans_sample(X, m, rng), m, rng))
+        return self._inducing_inputs(X, options, kernel, Probit(), [labels], m=m)[0]
 
     def _multinomial(self) -> bool:
-        return bool(getattr(self, "_problems", None)) and isinstance(self._problems[0],
-                                                                     _multinomial.MultinomialSparseProblem)
+        return bool(getattr(self, "_problems", None)) and isinstance(getattr(self._problems[0], "predictor", None),
+                                                                     _multinomial.MultinomialSparsePredictor)
 
     def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         check_is_fitted(self, "_problems")

@@ -99,6 +99,16 @@ def auto_sizes(n, n_classes):
     return sizes
 
 
+#: Largest c m of minibatch learning's default m (every step factorises a c m x c m matrix).
+JOINT_MINIBATCH_MAX = 1024
+
+
+def minibatch_size(n_classes):
+    """The default m of minibatch learning: 256 (the binary model's), with c m at most
+    ``JOINT_MINIBATCH_MAX``, and at least 32."""
+    return int(max(32, min(256, JOINT_MINIBATCH_MAX // n_classes)))
+
+
 def first_size(n, n_classes):
     """The first size of :func:`auto_sizes`."""
     return auto_sizes(n, n_classes)[0]

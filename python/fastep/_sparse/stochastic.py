@@ -717,6 +717,15 @@ class MinibatchSparseFit:
             "without theta gives the fitted estimate)")
 
 
+def _state_class(options):
+    """The minibatch state of the model ``options['model']``: the binary (or regression) sparse GP's,
+    or (``'multinomial'``) the joint multiclass model's."""
+    if options.get("model") == "multinomial":
+        from .multinomial_minibatch import MinibatchMultinomialSparseEP
+        return MinibatchMultinomialSparseEP
+    return MinibatchSparseEP
+
+
 def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, learn, start=None, settle=False):
     """Learn one sparse problem from minibatches (:func:`learn_minibatch`) and estimate its
     evidence; returns a :class:`MinibatchSparseFit`.
@@ -739,8 +748,8 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
         kernel, likelihood, Z = start.kernel, start.likelihood, start.Z
     else:
         start = None
-    state = MinibatchSparseEP(kernel, likelihood, Z, source.n, options, sites=options["sites"],
-                              window=options["site_window"])
+    state = _state_class(options)(kernel, likelihood, Z, source.n, options, sites=options["sites"],
+                                  window=options["site_window"])
     if start is not None:
         scale = source.n / start.n_points
         state.precision_sum = scale * start.tied_site[0]
@@ -754,5 +763,9 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
     if settle:
         settle_sites(state, source, options["batch_size"], rng, SETTLE_WINDOWS * state.window)
     polish_sites(state, source, options["batch_size"], rng)
-    log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
+    estimate = getattr(state, "log_evidence_estimate", None)
+    if estimate is not None:
+        log_ml, se = estimate(source, np.random.default_rng(options["seed"]), EVIDENCE_SAMPLE_ROWS)
+    else:
+        log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
     return MinibatchSparseFit(state, hyperparameters, result, log_ml, se, options, source.n)
