@@ -857,6 +857,25 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     learn_likelihood : bool, default False
         Also learn the likelihood's parameters (power = 1 only).
     %N_JOBS%
+    multi_class : {'one_vs_rest', 'multinomial'}, default 'one_vs_rest'
+        More than two classes: one binary sparse GP per class, each with its own inducing
+        inputs and hyperparameters (probabilities normalised to sum to one), or one joint
+        model: c latent GPs with one kernel and one set of m inducing inputs, under the
+        multinomial probit likelihood (Riihimäki, Jylänki & Vehtari, "Nested expectation
+        propagation for Gaussian process classification with a multinomial probit
+        likelihood", JMLR 2013), fitted by sparse nested EP whose posterior over the c m
+        inducing values couples the classes (module :mod:`fastep._sparse.multinomial`).
+        With two classes it is the binary probit model; with Z the training inputs (DTC), the
+        dense :class:`GaussianProcessClassifier` ``(multi_class='multinomial')``. It needs
+        the default likelihood, ``power=1`` and in-core X; EP runs the damped parallel
+        schedule (``damping`` None: adaptive, starting at 0.9). One outer iteration costs
+        O(c² m² n + c³ m³) time and O(c² m² + c m n) memory: ``n_inducing='auto'`` keeps
+        c m <= 3072, and minibatch learning (``learning``; tied sites, O(c² m²) memory at any n)
+        defaults to m = 1024 / c (at least 32, at most 256). ``inducing_init='auto'``
+        (full-batch) selects the inducing inputs with the IVM in every class's one-vs-rest
+        problem at an equal share of m; minibatch learning places them by k-means++.
+        ``site_precision_`` and ``site_natural_mean_`` are then nested EP's outer sites
+        π and ν̃, each (n_classes, n_samples).
 
     Attributes
     ----------
