@@ -470,3 +470,17 @@ def test_bad_input_names_the_argument_and_keeps_the_fitted_state():
     from fastep.exceptions import NotFittedError
     with pytest.raises(NotFittedError):
         IVMRegressor().predict(X)
+
+
+def test_shared_budget_splits_one_active_set_budget_over_the_classes():
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(240, 2))
+    y = np.argmax(np.column_stack([X[:, 0], -X[:, 0], X[:, 1]]) + 0.3 * rng.normal(size=(240, 3)), axis=1)
+    shared = IVMClassifier(active_set_size=30, n_iterations=1, multi_class="shared_budget").fit(X, y)
+    per_class = IVMClassifier(active_set_size=30, n_iterations=1).fit(X, y)
+    assert shared.active_set_.shape == (3, 10)
+    assert per_class.active_set_.shape == (3, 30)
+    assert shared.score(X, y) > 0.8
+    np.testing.assert_allclose(shared.predict_proba(X).sum(axis=1), 1.0)
+    with pytest.raises(ValueError, match="multi_class"):
+        IVMClassifier(multi_class="joint").fit(X, y)

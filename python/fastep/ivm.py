@@ -467,6 +467,13 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         only until the gradient, which decays like λ⁻², falls below the optimiser's
         tolerance. The decision ``μ* + b > 0`` hardly depends on it.
     %N_JOBS%
+    multi_class : {'one_vs_rest', 'shared_budget'}, default 'one_vs_rest'
+        More than two classes: one binary IVM per class with an active set of
+        ``active_set_size`` points each (the paper's USPS setting, §4.2), or the same binary
+        IVMs sharing one budget of ``active_set_size`` points, ``ceil(active_set_size / c)``
+        per class: the selection then costs O(d² n / c) in all instead of O(c d² n), and
+        prediction d kernel evaluations per point instead of c d. A joint model of the classes
+        with one set of inducing inputs is :class:`SparseGPClassifier` ``(multi_class='multinomial')``.
     %COMMON%
 
     Attributes
@@ -508,18 +515,22 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
                  kernel_objective: Literal["full_data", "active_set"] = "full_data",
                  learning: Literal["auto", "full-batch", "minibatch"] = "auto",
                  hyperprior: Hyperprior = "auto",
+                 multi_class: Literal["one_vs_rest", "shared_budget"] = "one_vs_rest",
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Select the active set(s) and learn the parameters (Algorithm 2); returns self."""
+        v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "shared_budget"))
         X, y = v.check_X_y(X, y)
         options = self._options(X)
         kernel = options["kernel"]
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
                                                             (Probit, Logistic, Step))
         classes, targets = v.encode_one_vs_rest_labels(y)
+        if self.multi_class == "shared_budget" and len(targets) > 1:
+            options["d"] = max(1, -(-options["d"] // len(targets)))
         self._check_memory(X.shape[0], options, len(targets))
 
         def fit_class(c):
