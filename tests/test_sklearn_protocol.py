@@ -32,6 +32,8 @@ VARIANTS = [
     fastep.GaussianProcessClassifier(multi_class="multinomial"),
     fastep.GaussianProcessRegressor(likelihood="student_t"),
     fastep.SparseGPRegressor(likelihood="student_t"),
+    fastep.SparseGPClassifier(multi_class="multinomial"),
+    fastep.IVMClassifier(multi_class="shared_budget"),
 ]
 ESTIMATORS = [spec.cls() for spec in REGISTRY.values() if spec.fit_shape == "Xy"] + VARIANTS
 # the registered estimators that scikit-learn's checks cannot drive (their fit takes other shapes)

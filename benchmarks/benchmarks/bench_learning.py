@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from fastep import GaussianProcessClassifier, GaussianProcessRegressor
+from fastep import GaussianProcessClassifier, GaussianProcessRegressor, SparseGPClassifier
 
 
 def _digits(n_train=200, seed=0):
@@ -122,6 +122,33 @@ class LearnSmallARDMultinomial:
     def _model():
         from fastep.kernels import RBFARD
         return GaussianProcessClassifier(RBFARD([0.5] * 4, 1.0, 1.0), multi_class="multinomial")
+
+    def setup_cache(self):
+        X, y = _small_ard_multinomial(200, 0)
+        X_test, y_test = _small_ard_multinomial(2000, 1)
+        model = _fit(self._model(), X, y)
+        return X, y, int(model.n_evaluations_), 100.0 * float(np.mean(model.predict(X_test) != y_test))
+
+    def time_fit(self, cache):
+        _fit(self._model(), cache[0], cache[1])
+
+    def track_evaluations(self, cache):
+        return cache[2]
+
+    def track_test_error_percent(self, cache):
+        return cache[3]
+
+
+class LearnJointSparseMultinomial:
+    """The joint multiclass sparse GP (``SparseGPClassifier(multi_class='multinomial')``, 16
+    inducing inputs, the kernel learnt) on the small 3-class ARD problem above (n = 200): the
+    full-batch path of the joint model, test error on 2000 new points."""
+    number = 1
+    repeat = (1, 5, 60.0)
+
+    @staticmethod
+    def _model():
+        return SparseGPClassifier(multi_class="multinomial", n_inducing=16, random_state=0)
 
     def setup_cache(self):
         X, y = _small_ard_multinomial(200, 0)

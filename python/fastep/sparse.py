@@ -194,16 +194,16 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 "max_epochs": p["max_epochs"], "learning_rate": float(p["learning_rate"]), "sites": p["sites"],
                 "patience": MINIBATCH_PATIENCE}
 
-    def _learns_from_minibatches(self, n, options, likelihood):
+    def _learns_from_minibatches(self, n, options, likelihood, min_rows=MINIBATCH_MIN_ROWS):
         """Whether this fit learns from minibatches: ``learning='minibatch'``, or ``'auto'`` from
-        ``MINIBATCH_MIN_ROWS`` rows on; sets ``options['minibatch']`` (and the window)."""
+        ``min_rows`` rows on; sets ``options['minibatch']`` (and the window)."""
         mode = options["learning"]
         if isinstance(likelihood, StudentT) or (isinstance(likelihood, str) and likelihood == "student_t"):
             if mode == "minibatch":
                 raise ValueError("learning='minibatch' is not available with a Student-t likelihood (its "
                                  "fractional EP sites may be negative); use learning='full-batch'")
             mode = "full-batch"
-        minibatch = mode == "minibatch" or (mode == "auto" and n >= MINIBATCH_MIN_ROWS)
+        minibatch = mode == "minibatch" or (mode == "auto" and n >= min_rows)
         options["minibatch"] = minibatch
         return minibatch
 
@@ -870,8 +870,9 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         the default likelihood, ``power=1`` and in-core X; EP runs the damped parallel
         schedule (``damping`` None: adaptive, starting at 0.9). One outer iteration costs
         O(c² m² n + c³ m³) time and O(c² m² + c m n) memory: ``n_inducing='auto'`` keeps
-        c m <= 3072, and minibatch learning (``learning``; tied sites, O(c² m²) memory at any n)
-        defaults to m = 1024 / c (at least 32, at most 256). ``inducing_init='auto'``
+        c m <= 3072, and ``learning='auto'`` learns from minibatches (tied sites, O(c² m²)
+        memory at any n) from 5 555 training rows on (the binary threshold scaled by the cost
+        of an outer iteration), with m = 1024 / c by default (at least 32, at most 256). ``inducing_init='auto'``
         (full-batch) selects the inducing inputs with the IVM in every class's one-vs-rest
         problem at an equal share of m; minibatch learning places them by k-means++.
         ``site_precision_`` and ``site_natural_mean_`` are then nested EP's outer sites
@@ -1014,7 +1015,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         classes, labels = v.encode_class_indices(y)
         n_classes = classes.shape[0]
         options["n_classes"] = n_classes
-        minibatch = self._learns_from_minibatches(X.shape[0], options, None)
+        minibatch = self._learns_from_minibatches(X.shape[0], options, None,
+                                                  min_rows=_multinomial.MINIBATCH_MIN_ROWS)
         if minibatch:
             options["n_features"], options["model"] = X.shape[1], "multinomial"
             kernel = self._minibatch_start(kernel, X)

@@ -81,6 +81,7 @@ from .._prediction import BatchedPredictor
 from ..progress import sweep_callback_of
 from .blocks import BLOCK_ELEMENTS, PREDICT_BATCH, gradient_from_sums, project_rows
 from .inducing import auto_sizes as _binary_auto_sizes
+from .stochastic import MINIBATCH_MIN_ROWS as _BINARY_MINIBATCH_MIN_ROWS
 
 __all__ = ["MultinomialSparseEP", "MultinomialSparsePosterior", "MultinomialSparseProblem",
            "MultinomialSparsePredictor", "effective_sites", "cavities_from_marginals", "site_log_normalisers",
@@ -98,6 +99,12 @@ def auto_sizes(n, n_classes):
     sizes = sorted({min(m, cap) for m in _binary_auto_sizes(n)})
     return sizes
 
+
+#: ``learning='auto'`` learns the joint model from minibatches from this many rows on (5 555): the
+#: binary model's threshold times (1024 / JOINT_MAX)², so that an outer iteration at the largest
+#: ``n_inducing='auto'`` size (c m = JOINT_MAX) costs at the threshold what the binary model's
+#: costs at its threshold and largest size (m = 1024).
+MINIBATCH_MIN_ROWS = _BINARY_MINIBATCH_MIN_ROWS * 1024 ** 2 // JOINT_MAX ** 2
 
 #: Largest c m of minibatch learning's default m (every step factorises a c m x c m matrix).
 JOINT_MINIBATCH_MAX = 1024
@@ -337,6 +344,13 @@ class MultinomialSparseEP:
     tol : float
         Convergence threshold on the largest relative inner-site change and the change of log Z.
     max_sweeps : int
+
+    Notes
+    -----
+    The inner probit sites never have negative precision, so κ >= 0 and every ``P_i`` is
+    positive semi-definite: the posterior stays proper and no negative-precision policy is
+    needed. A site whose cavity is not positive definite, or whose inner EP fails, is left
+    unchanged and counted in ``n_failed``; its evidence term is left out.
     """
 
     def __init__(self, Vt, fitc_variance, labels, n_classes, inner_precision, inner_natural_mean, *,
