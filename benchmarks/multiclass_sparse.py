@@ -9,7 +9,8 @@ test error and test log loss (mean negative log probability of the true class).
                robust-max ``MultiClass`` likelihood (the variational model of the same shape: c
                latent GPs sharing one ARD RBF kernel and one set of M inducing inputs, M = fastep's
                m, by k-means++ on up to 10⁵ rows; Adam on minibatches of 512, whitened), runs in
-               the environment of ``--peer-python``; it records its test log loss every 200 steps
+               the environment of ``--peer-python`` (``--peer-likelihood softmax``: GPflow's Monte
+               Carlo ``Softmax`` instead); it records its test log loss every 200 steps
                until 2000 steps have not improved it by 1e-3 (or 20 000 steps); its best point is
                reported with the trace, so its time to any log loss can be read off.
 ``usps``       USPS, 10 classes (7291 training, 2007 test images; pixels mapped to [-1, 1] as in
@@ -17,8 +18,10 @@ test error and test log loss (mean negative log probability of the true class).
                GPflow ``SVGP`` (robust-max, M = 200 shared inducing inputs by k-means++, minibatch
                256, 1500 Adam steps: the one-run peer of the multiclass issue) with ``--peer-python``;
                ``--ovr`` adds fastep's one-vs-rest ``SparseGPClassifier()`` (about 9 minutes).
-``digits``     scikit-learn's 8x8 digits, the first 600 rows for training and the next 600 for
-               testing: fastep's dense ``GaussianProcessClassifier(multi_class='multinomial')`` and
+``usps-ivm``   the IVM on USPS: one-vs-rest with d = 200 per class (the paper's setting), and one
+               shared budget (``multi_class='shared_budget'``) of d = 200 and of d = 1000 points.
+``digits``     scikit-learn's 8x8 digits, 600 random training rows (seed 0) and the other 1197 for
+               testing (the split of ``learning_stop.py``): fastep's dense ``GaussianProcessClassifier(multi_class='multinomial')`` and
                the joint sparse default.
 
 Usage::
@@ -26,6 +29,7 @@ Usage::
     python benchmarks/multiclass_sparse.py synthetic --sizes 1e5 1e6 [--peer-python /work/svgpvenv/bin/python]
     python benchmarks/multiclass_sparse.py usps [--peer-python ...] [--ovr]
     python benchmarks/multiclass_sparse.py digits
+    python benchmarks/multiclass_sparse.py usps-ivm      # the IVM's multiclass modes on USPS
 """
 import argparse
 import json
@@ -56,10 +60,8 @@ def _data(problem, n):
         data = np.load(USPS)
         return (2 * data["X_train"] - 1, data["y_train"].astype(int), 2 * data["X_test"] - 1,
                 data["y_test"].astype(int))
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    X = X / 16.0
-    return X[:600], y[:600], X[600:1200], y[600:1200]
+    from learning_stop import load
+    return load("digits", 600, 0)
 
 
 def child_fastep(problem, n, model):
@@ -71,15 +73,21 @@ def child_fastep(problem, n, model):
         if r.stage == "minibatch":
             windows.append((r.elapsed, -r.log_evidence / X.shape[0]))
 
+    from fastep import IVMClassifier
     est = {"joint": lambda: SparseGPClassifier(multi_class="multinomial", callback=record),
            "ovr": lambda: SparseGPClassifier(),
-           "dense": lambda: GaussianProcessClassifier(multi_class="multinomial")}[model]()
+           "dense": lambda: GaussianProcessClassifier(multi_class="multinomial"),
+           "ivm_ovr": lambda: IVMClassifier(active_set_size=200),
+           "ivm_shared": lambda: IVMClassifier(active_set_size=200, multi_class="shared_budget"),
+           "ivm_shared_1000": lambda: IVMClassifier(active_set_size=1000, multi_class="shared_budget")}[model]()
     start = time.perf_counter()
     est.fit(X, y)
     fit = time.perf_counter() - start
     err, ll = _scores(est.predict_proba(Xt), yt)
     out = {"fit": fit, "error": err, "log_loss": ll, "kernel": repr(est.kernel_)[:300]}
-    if model != "dense":
+    if model.startswith("ivm"):
+        out.update(m=np.asarray(est.active_set_.shape).tolist(), learning="Algorithm 2", epochs=0, steps=0)
+    elif model != "dense":
         out.update(m=np.asarray(est.n_inducing_).tolist(), learning=est.learning_,
                    epochs=np.asarray(est.n_sweeps_).tolist(), steps=np.asarray(est.n_evaluations_).tolist(),
                    windows=windows)
@@ -96,7 +104,7 @@ def child_svc(problem, n):
     return {"fit": fit, "error": err, "log_loss": ll}
 
 
-def child_svgp(problem, n, m, batch, max_steps, fixed_steps=None):
+def child_svgp(problem, n, m, batch, max_steps, fixed_steps=None, likelihood="robustmax"):
     import gpflow
     import tensorflow as tf
     from scipy.cluster.vq import kmeans2
@@ -107,7 +115,7 @@ def child_svgp(problem, n, m, batch, max_steps, fixed_steps=None):
     Z, _ = kmeans2(sample, m, minit="++", seed=0)
     lengthscales = np.ones(X.shape[1]) if problem == "synthetic" else float(np.sqrt(X.shape[1]))
     kernel = gpflow.kernels.SquaredExponential(lengthscales=lengthscales)
-    likelihood = gpflow.likelihoods.MultiClass(c)
+    likelihood = (gpflow.likelihoods.Softmax(c) if likelihood == "softmax" else gpflow.likelihoods.MultiClass(c))
     model = gpflow.models.SVGP(kernel, likelihood, Z, num_latent_gps=c, num_data=X.shape[0], whiten=True)
     data = tf.data.Dataset.from_tensor_slices((X, y[:, None].astype(np.float64))).repeat().shuffle(10_000, seed=0)
     batches = iter(data.batch(batch))
@@ -160,7 +168,7 @@ def _child(spec):
         out = child_svc(spec["problem"], spec["n"])
     else:
         out = child_svgp(spec["problem"], spec["n"], spec["m"], spec["batch"], spec.get("max_steps", 20000),
-                         spec.get("fixed_steps"))
+                         spec.get("fixed_steps"), spec.get("likelihood", "robustmax"))
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out))
 
@@ -185,10 +193,12 @@ def _report(name, r):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("problem", nargs="?", choices=["synthetic", "usps", "digits"])
+    parser.add_argument("problem", nargs="?", choices=["synthetic", "usps", "digits", "usps-ivm"])
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e5])
     parser.add_argument("--peer-python", default=None)
     parser.add_argument("--ovr", action="store_true")
+    parser.add_argument("--peer-likelihood", choices=["robustmax", "softmax"], default="robustmax",
+                        help="SVGP's likelihood: GPflow's robust-max MultiClass (default) or its Monte Carlo Softmax")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child:
@@ -203,9 +213,9 @@ def main():
             ours = run({"kind": "fastep", "problem": "synthetic", "n": n, "model": "joint"}, py)
             _report("fastep SparseGPClassifier(multi_class='multinomial')", ours)
             if args.peer_python and ours is not None:
-                peer = run({"kind": "svgp", "problem": "synthetic", "n": n, "m": int(ours["m"]), "batch": 512},
-                           args.peer_python)
-                _report(f"GPflow SVGP robust-max (M={ours['m']}, Adam, 512)", peer)
+                peer = run({"kind": "svgp", "problem": "synthetic", "n": n, "m": int(ours["m"]), "batch": 512,
+                            "likelihood": args.peer_likelihood}, args.peer_python)
+                _report(f"GPflow SVGP {args.peer_likelihood} (M={ours['m']}, Adam, 512)", peer)
                 if peer is not None:
                     reached = [t for t in peer["trace"] if t[3] <= ours["log_loss"]]
                     if reached:
@@ -214,6 +224,15 @@ def main():
                     else:
                         print(f"      SVGP never reaches fastep's log loss {ours['log_loss']:.4f} (its best "
                               f"{peer['log_loss']:.4f} at {peer['fit']:.0f} s)")
+        return
+    if args.problem == "usps-ivm":
+        if not USPS.exists():
+            print(f"USPS data not found at {USPS}; skipped")
+            return
+        for name, model in (("fastep IVMClassifier(active_set_size=200) one-vs-rest", "ivm_ovr"),
+                            ("fastep IVMClassifier(200, multi_class='shared_budget')", "ivm_shared"),
+                            ("fastep IVMClassifier(1000, multi_class='shared_budget')", "ivm_shared_1000")):
+            _report(name, run({"kind": "fastep", "problem": "usps", "n": 0, "model": model}, py))
         return
     if args.problem == "usps" and not USPS.exists():
         print(f"USPS data not found at {USPS}; skipped")
@@ -229,9 +248,9 @@ def main():
             rows.append(("fastep SparseGPClassifier() one-vs-rest",
                          {"kind": "fastep", "problem": "usps", "n": 0, "model": "ovr"}, py))
         if args.peer_python:
-            rows.append(("GPflow SVGP robust-max (M=200, 256, 1500 steps)",
-                         {"kind": "svgp", "problem": "usps", "n": 0, "m": 200, "batch": 256, "fixed_steps": 1500},
-                         args.peer_python))
+            rows.append((f"GPflow SVGP {args.peer_likelihood} (M=200, 256, 1500 steps)",
+                         {"kind": "svgp", "problem": "usps", "n": 0, "m": 200, "batch": 256, "fixed_steps": 1500,
+                          "likelihood": args.peer_likelihood}, args.peer_python))
     for name, spec, python in rows:
         _report(name, run(spec, python))
 

@@ -870,7 +870,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         the default likelihood, ``power=1`` and in-core X; EP runs the damped parallel
         schedule (``damping`` None: adaptive, starting at 0.9). One outer iteration costs
         O(c² m² n + c³ m³) time and O(c² m² + c m n) memory: ``n_inducing='auto'`` keeps
-        c m <= 3072, and ``learning='auto'`` learns from minibatches (tied sites, O(c² m²)
+        c m <= 3072 and stops before a size whose outer iteration costs more than the dense
+        model's (about 4 c n³ flops), and ``learning='auto'`` learns from minibatches (tied sites, O(c² m²)
         memory at any n) from 5 555 training rows on (the binary threshold scaled by the cost
         of an outer iteration), with m = 1024 / c by default (at least 32, at most 256). ``inducing_init='auto'``
         (full-batch) selects the inducing inputs with the IVM in every class's one-vs-rest

@@ -92,12 +92,21 @@ __all__ = ["MultinomialSparseEP", "MultinomialSparsePosterior", "MultinomialSpar
 JOINT_MAX = 3072
 
 
+def iteration_flops(n, n_classes, m):
+    """Leading flops of one outer iteration on n points at m inducing inputs: the site sums and
+    the marginals (2 c² m² n each) and the posterior's factorisation and inverse ((c m)³)."""
+    return 4.0 * n_classes ** 2 * m ** 2 * n + float(n_classes * m) ** 3
+
+
 def auto_sizes(n, n_classes):
     """The sizes ``n_inducing='auto'`` tries: the binary model's (:func:`fastep._sparse.inducing.auto_sizes`),
-    with c m at most ``JOINT_MAX`` (the last size clipped to it)."""
+    with c m at most ``JOINT_MAX`` (the last size clipped to it), and, after the first, only
+    sizes whose outer iteration costs less than the dense model's (about 4 c n³ flops): a sparse
+    model as costly as the exact one is not worth its approximation."""
     cap = max(1, JOINT_MAX // n_classes)
     sizes = sorted({min(m, cap) for m in _binary_auto_sizes(n)})
-    return sizes
+    dense = 4.0 * n_classes * float(n) ** 3
+    return sizes[:1] + [m for m in sizes[1:] if iteration_flops(n, n_classes, m) < dense]
 
 
 #: ``learning='auto'`` learns the joint model from minibatches from this many rows on (5 555): the
