@@ -134,8 +134,10 @@ def test_batched_site_algebra_matches_the_reference_twin(c, adversarial):
     for i in range(n):
         C_ref, m_ref = ref.cavity(S[i], mu[i], P[i], h[i])
         scale = np.abs(C_ref).max()
-        np.testing.assert_allclose(C[i], C_ref, rtol=1e-7, atol=1e-7 * scale)
-        np.testing.assert_allclose(m[i], m_ref, rtol=1e-7, atol=1e-7 * max(1.0, np.abs(m_ref).max()))
+        # both sides solve with I - S P (the twin through S⁻¹): errors of eps times its condition
+        rtol = max(1e-7, 1e-14 * np.linalg.cond(np.eye(c) - S[i] @ P[i]) * np.linalg.cond(S[i]))
+        np.testing.assert_allclose(C[i], C_ref, rtol=rtol, atol=rtol * scale)
+        np.testing.assert_allclose(m[i], m_ref, rtol=rtol, atol=rtol * max(1.0, np.abs(m_ref).max()))
         expected = ref.site_log_normaliser(C_ref, m_ref, P[i], h[i])
         assert log_norm[i] == pytest.approx(expected, rel=1e-7, abs=1e-7 * max(1.0, abs(expected)))
         a_ref, c_ref = ref.fitc_gradient_term(mu[i], C_ref, P[i], h[i])
@@ -306,3 +308,21 @@ def test_minibatch_learning_sets_the_irrelevant_input_aside():
                              max_epochs=15, random_state=0).fit(X, y)
     scales = clf.kernel_.get_params()["scales"]
     assert scales[2] < 0.25 * min(scales[0], scales[1])
+
+
+def test_batched_solve_matches_lapack_including_pivoting_and_singular_matrices():
+    from fastep._linalg import batched_solve
+    rng = np.random.default_rng(14)
+    A = rng.normal(size=(50, 5, 5))
+    A[:, 0, 0] = 0.0                                   # pivoting needed
+    A[7] = np.outer(np.arange(5.0), np.ones(5))        # singular
+    B = rng.normal(size=(50, 5, 3))
+    x, sign, log_det = batched_solve(A, B)
+    vector, _, _ = batched_solve(A, B[:, :, 0])
+    good = np.arange(50) != 7
+    np.testing.assert_allclose(x[good], np.linalg.solve(A[good], B[good]), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(vector[good], x[good][:, :, 0], rtol=1e-12, atol=1e-14)
+    ref_sign, ref_log_det = np.linalg.slogdet(A[good])
+    np.testing.assert_array_equal(sign[good], ref_sign)
+    np.testing.assert_allclose(log_det[good], ref_log_det, rtol=1e-10)
+    assert sign[7] == 0.0

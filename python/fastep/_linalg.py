@@ -183,3 +183,40 @@ def batched_inverse_spd(A, *, what="the matrices"):
     for k in range(c):
         inverse[:, :, k] = batched_cholesky_solve(L, np.broadcast_to(eye[k], (n, c)))
     return 0.5 * (inverse + np.transpose(inverse, (0, 2, 1)))
+
+
+def batched_solve(A, B):
+    """``(x, sign, log|det A|)`` with ``x[i] = A[i]⁻¹ B[i]`` for a stack of small general matrices
+    ``A`` (n, c, c) and right-hand sides ``B`` (n, c) or (n, c, k).
+
+    Gaussian elimination with partial pivoting, column by column over the stack with elementwise
+    numpy (no BLAS, no LAPACK: c is a number of classes). ``sign[i]`` is 0 where ``A[i]`` is
+    singular (its ``x[i]`` is then meaningless).
+    """
+    A = np.array(A, dtype=np.float64)
+    n, c, _ = A.shape
+    vector = np.ndim(B) == 2
+    X = np.array(B, dtype=np.float64)
+    if vector:
+        X = X[:, :, None]
+    rows = np.arange(n)
+    sign = np.ones(n)
+    log_det = np.zeros(n)
+    for j in range(c):
+        pivot = j + np.argmax(np.abs(A[:, j:, j]), axis=1)
+        moved = rows[pivot != j]
+        if moved.size:
+            to = pivot[moved]
+            A[moved, j], A[moved, to] = A[moved, to].copy(), A[moved, j].copy()
+            X[moved, j], X[moved, to] = X[moved, to].copy(), X[moved, j].copy()
+            sign[moved] *= -1.0
+        diag = A[:, j, j]
+        sign *= np.sign(diag)
+        log_det += np.log(np.abs(np.where(diag != 0.0, diag, 1.0)))
+        factor = A[:, j + 1:, j] / np.where(diag != 0.0, diag, 1.0)[:, None]
+        A[:, j + 1:, j:] -= factor[:, :, None] * A[:, None, j, j:]
+        X[:, j + 1:] -= factor[:, :, None] * X[:, None, j]
+    for j in range(c - 1, -1, -1):
+        X[:, j] -= np.einsum("ik,ikl->il", A[:, j, j + 1:], X[:, j + 1:])
+        X[:, j] /= np.where(A[:, j, j] != 0.0, A[:, j, j], 1.0)[:, None]
+    return (X[:, :, 0] if vector else X), sign, log_det

@@ -76,7 +76,8 @@ from .._epcore._common import SweepDriver
 from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, _outer_sites,
                                  class_probabilities)
 from .._gp_base import SiteProblem
-from .._linalg import batched_cholesky, batched_cholesky_solve, inner, matmul, symmetrize_from_lower
+from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_solve, inner, matmul,
+                       symmetrize_from_lower)
 from .._prediction import BatchedPredictor
 from ..progress import sweep_callback_of
 from .blocks import BLOCK_ELEMENTS, PREDICT_BATCH, gradient_from_sums, project_rows
@@ -197,12 +198,12 @@ def cavities_from_marginals(marginal_cov, marginal_mean, P, h):
     """Cavities of g in covariance form: ``(C, m)`` with ``C = (I - S P)⁻¹ S`` and
     ``m = (I - S P)⁻¹ (μ - S h)`` (module docstring), from the marginals ``N(μ, S)``."""
     c = P.shape[1]
-    M = np.eye(c) - marginal_cov @ P
-    C = np.linalg.solve(M, marginal_cov)
-    C = 0.5 * (C + _transpose(C))
+    M = np.eye(c) - np.einsum("iab,ibc->iac", marginal_cov, P)
     rhs = marginal_mean - np.einsum("iab,ib->ia", marginal_cov, h)
-    mean = np.linalg.solve(M, rhs[:, :, None])[:, :, 0]
-    return C, mean
+    both, _, _ = batched_solve(M, np.concatenate([marginal_cov, rhs[:, :, None]], axis=2))
+    C = both[:, :, :c]
+    C = 0.5 * (C + _transpose(C))
+    return C, both[:, :, c]
 
 
 def f_cavities(C, mean, fitc_variance):
@@ -228,11 +229,11 @@ def f_cavities(C, mean, fitc_variance):
 def site_log_normalisers(C, mean, P, h):
     """``log ∫ N(g; m, C) exp(-½ gᵀ P g + hᵀ g) dg`` per input (module docstring, "Evidence")."""
     c = P.shape[1]
-    M = np.eye(c) + C @ P
-    sign, log_det = np.linalg.slogdet(M)
+    M = np.eye(c) + np.einsum("iab,ibc->iac", C, P)
     r = h - np.einsum("iab,ib->ia", P, mean)
     Cr = np.einsum("iab,ib->ia", C, r)
-    quad = np.sum(r * np.linalg.solve(M, Cr[:, :, None])[:, :, 0], axis=1)
+    solved, sign, log_det = batched_solve(M, Cr)
+    quad = np.sum(r * solved, axis=1)
     out = (-0.5 * log_det - 0.5 * np.einsum("ia,iab,ib->i", mean, P, mean) + np.sum(h * mean, axis=1)
            + 0.5 * quad)
     return np.where(sign > 0, out, np.nan)
@@ -245,8 +246,8 @@ def gradient_terms(marginal_mean, C, P, h, fitc):
     if not fitc:
         return a, np.zeros(a.shape[0])
     c = P.shape[1]
-    M = np.eye(c) + C @ P
-    trace = np.trace(np.linalg.solve(_transpose(M), P), axis1=1, axis2=2)    # tr(P M⁻¹) = tr(M⁻ᵀ P)
+    M = np.eye(c) + np.einsum("iab,ibc->iac", C, P)
+    trace = np.trace(batched_solve(_transpose(M), P)[0], axis1=1, axis2=2)    # tr(P M⁻¹) = tr(M⁻ᵀ P)
     return a, 0.5 * (np.sum(a * a, axis=1) - trace)
 
 

@@ -35,7 +35,7 @@ from scipy.linalg import solve_triangular
 
 from .._epcore import multiclass_ep as _nested
 from .._dense.multiclass import _outer_sites
-from .._linalg import matmul
+from .._linalg import batched_solve, matmul
 from .blocks import gradient_from_sums
 from .multinomial import (MultinomialSparsePosterior, MultinomialSparsePredictor, adjoint_block, adjoint_shares,
                           cavities_from_marginals, effective_sites, f_cavities, outer_site_precisions,
@@ -54,11 +54,11 @@ def _cavity_gradient_terms(C, mean, P, h, fitc):
     """``a = (I + P C)⁻¹ (h - P m)`` and ``c = ½ (|a|² - tr(P (I + C P)⁻¹))`` (module docstring)."""
     c = P.shape[1]
     r = h - np.einsum("iab,ib->ia", P, mean)
-    a = np.linalg.solve(np.eye(c) + P @ C, r[:, :, None])[:, :, 0]
+    a = batched_solve(np.eye(c) + np.einsum("iab,ibc->iac", P, C), r)[0]
     if not fitc:
         return a, np.zeros(a.shape[0])
-    M = np.eye(c) + C @ P
-    trace = np.trace(np.linalg.solve(np.transpose(M, (0, 2, 1)), P), axis1=1, axis2=2)
+    M = np.eye(c) + np.einsum("iab,ibc->iac", C, P)
+    trace = np.trace(batched_solve(np.transpose(M, (0, 2, 1)), P)[0], axis1=1, axis2=2)
     return a, 0.5 * (np.sum(a * a, axis=1) - trace)
 
 
