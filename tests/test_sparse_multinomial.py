@@ -65,7 +65,7 @@ def test_inducing_inputs_at_the_training_inputs_equal_dense_nested_ep():
     np.testing.assert_allclose(sparse.inner_precision, dense.inner_precision, atol=1e-6)
 
 
-@pytest.mark.parametrize("approximation", ["dtc", "fitc"])
+@pytest.mark.parametrize("approximation", [pytest.param("dtc", marks=pytest.mark.slow), "fitc"])
 def test_evidence_gradient_matches_central_differences_including_the_inducing_inputs(approximation):
     X, y = three_classes(70, 2)
     rng = np.random.default_rng(3)
