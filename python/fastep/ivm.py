@@ -502,6 +502,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
     likelihood: Probit | Logistic | Step | None
     learn_likelihood: bool
     n_jobs: int | None
+    multi_class: Literal["one_vs_rest", "shared_budget"]
     kernel_: Kernel | list[Kernel]
     likelihood_: Likelihood | list[Likelihood]
 

@@ -911,6 +911,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     power: float
     learn_likelihood: bool
     n_jobs: int | None
+    multi_class: Literal["one_vs_rest", "multinomial"]
     kernel_: Kernel | list[Kernel]
     likelihood_: Likelihood | list[Likelihood]
 
