@@ -194,9 +194,12 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
                 "max_epochs": p["max_epochs"], "learning_rate": float(p["learning_rate"]), "sites": p["sites"],
                 "patience": MINIBATCH_PATIENCE}
 
-    def _learns_from_minibatches(self, n, options, likelihood, min_rows=MINIBATCH_MIN_ROWS):
+    def _learns_from_minibatches(self, n, options, likelihood, min_rows=None):
         """Whether this fit learns from minibatches: ``learning='minibatch'``, or ``'auto'`` from
-        ``min_rows`` rows on; sets ``options['minibatch']`` (and the window)."""
+        ``min_rows`` rows on (default ``MINIBATCH_MIN_ROWS``, read at the call); sets
+        ``options['minibatch']`` (and the window)."""
+        if min_rows is None:
+            min_rows = MINIBATCH_MIN_ROWS
         mode = options["learning"]
         if isinstance(likelihood, StudentT) or (isinstance(likelihood, str) and likelihood == "student_t"):
             if mode == "minibatch":
