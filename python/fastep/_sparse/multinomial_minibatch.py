@@ -40,7 +40,7 @@ from .blocks import gradient_from_sums
 from .multinomial import (MultinomialSparsePosterior, MultinomialSparsePredictor, adjoint_block, adjoint_shares,
                           cavities_from_marginals, effective_sites, f_cavities, outer_site_precisions,
                           site_log_normalisers, site_sums)
-from .stochastic import SITE_MODES
+from .stochastic import SITE_MODES, MinibatchSparseEP
 
 __all__ = ["MinibatchMultinomialSparseEP", "INNER_SWEEPS"]
 
@@ -130,17 +130,8 @@ class MinibatchMultinomialSparseEP:
             self.natural_mean_sum = matmul(self.natural_mean_sum.reshape(c, m), M).ravel()
         self._posterior = self._cavity = None
 
-    def project(self, X):
-        """``(Vt, d)`` of the rows X: ``Vt = K(X, Z) L⁻ᵀ`` and the FITC diagonal (zeros for DTC)."""
-        Knm = self.kernel._unchecked_call(X, self.Z)
-        Vt = np.ascontiguousarray(solve_triangular(self.chol_mm, Knm.T, lower=True).T)
-        if self.options["approximation"] == "fitc":
-            d = np.maximum(self.kernel._unchecked_diag(X) - np.einsum("ij,ij->i", Vt, Vt), 0.0)
-        else:
-            d = np.zeros(X.shape[0])
-        if not (np.all(np.isfinite(Vt)) and np.all(np.isfinite(d))):
-            raise ValueError(f"the kernel {self.kernel!r} produced non-finite values")
-        return Vt, d
+    #: ``(Vt, d)`` of the rows X, as for the binary model (the same kernel, Z and K_mm factor)
+    project = MinibatchSparseEP.project
 
     def posterior(self):
         """The posterior ``q(v)`` of ``A = I + Λ`` (:class:`MultinomialSparsePosterior`, cached)."""
