@@ -17,7 +17,7 @@ mean ± standard deviation of the test error over the splits and the mean fit ti
 GP classifiers (fastep's and scikit-learn's) are O(n³) per evidence evaluation and are not
 run on USPS (n = 7291, 10 one-vs-rest problems); ``--usps-dense`` runs them anyway.
 
-Targets (issue 15): every fastep GP classifier within one standard deviation of the best peer
+Targets: every fastep GP classifier within one standard deviation of the best peer
 (mean error <= best peer's mean + its sd) on every data set; better than scikit-learn's GP
 classifier on average; no fastep default worse than ``LogisticRegression()`` anywhere.
 

@@ -1,4 +1,4 @@
-"""Batch fitting (issue 14): fastep.batch.fit_many against a plain loop.
+"""Batch fitting: fastep.batch.fit_many against a plain loop.
 
 * 200 small data sets (n = 200, 5 features), dense GP classifier with type-II ML: a plain
   Python loop (process BLAS threads), fit_many(n_jobs=1), fit_many(n_jobs=2), and

@@ -1,4 +1,4 @@
-"""How far can 50 inducing inputs / 200 active points go on Rätsch's image data? (issue 15, part 4)
+"""How far can 50 inducing inputs / 200 active points go on Rätsch's image data?
 
 The accuracy table asks fastep's ``SparseGPClassifier()`` (m = 50) and ``IVMClassifier(
 active_set_size=200)`` to come within one standard deviation of the best peer on every data

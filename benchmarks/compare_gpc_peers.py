@@ -1,11 +1,11 @@
-"""Dense GP classification with EP: fastep side by side with its peers (issue 3, section 6).
+"""Dense GP classification with EP: fastep side by side with its peers.
 
     python benchmarks/compare_gpc_peers.py [--sizes 500,1000,2000,4000] [--quick] [--skip-slow]
 
 Run it with the interpreter of the benchmark environment, the one where the peers are
 installed (see benchmarks/README.md: GPy, pyGPs and scikit-learn are benchmark-only).
 
-Problem: the issue-3 toy (:func:`benchmark_problem`), RBF kernel with variance 1 and
+Problem: the dense-GP toy (:func:`benchmark_problem`), RBF kernel with variance 1 and
 length-scale 1 (k = exp(-r^2/2)), probit likelihood, hyperparameters fixed. Every
 configuration runs in a fresh process (``--worker``) so that its peak memory can be read
 from ``getrusage(RUSAGE_SELF).ru_maxrss``: a small warm-up fit first (lazy imports and
@@ -41,9 +41,10 @@ for the peers): when other work shares the 2 cores, OpenBLAS's default threads c
 more than ten times slower than one thread (measured here: scikit-learn at n = 1000,
 0.66 s vs 10.5 s at load 3), so a single figure per peer would mostly measure the load.
 The ratio column is the peer's time over the fastest fastep schedule at the same BLAS
-setting and n; the issue-3 target line compares each side at its best setting. Figures
-skipped with ``--skip-slow`` are replaced by the figure measured in issue 3 where there is
-one (marked 'quoted', on the default-threads row). The machine is 2-core and noisy: read
+setting and n; the target line at n = 2000 compares each side at its best setting. Figures
+skipped with ``--skip-slow`` are replaced by the peer's figure measured earlier on this kind of
+machine (:data:`QUOTED_FIGURES_N2000`) where there is one (marked 'quoted', on the
+default-threads row). The machine is 2-core and noisy: read
 ratios measured in one run, and the load printed with each configuration.
 """
 import argparse
@@ -58,13 +59,14 @@ import time
 
 import numpy as np
 
-#: Log marginal likelihoods that GPML, GPy and pyGPs give on the benchmark problem (issue 3).
+#: Log marginal likelihoods that GPML, GPy and pyGPs give on the benchmark problem.
 EXPECTED_LOG_Z = {200: -63.81317, 1000: -237.4227, 2000: -407.0945}
 
-#: Figures measured in issue 3 at n = 2000 on this kind of machine (2 cores), in seconds.
-ISSUE_FIGURES_N2000 = {"gpy-sequential": 345.0, "gpy-parallel": 7.0, "sklearn-laplace": 3.0, "gpml": 402.0}
+#: Peer figures measured at n = 2000 on this kind of machine (2 cores), in seconds; quoted for the
+#: configurations that ``--skip-slow`` skips.
+QUOTED_FIGURES_N2000 = {"gpy-sequential": 345.0, "gpy-parallel": 7.0, "sklearn-laplace": 3.0, "gpml": 402.0}
 
-#: Issue-3 targets at n = 2000: peer time / fastest fastep time must reach these.
+#: Speed targets at n = 2000: peer time / fastest fastep time must reach these.
 TARGETS_N2000 = {"gpy-sequential": 100.0, "gpy-parallel": 3.0, "sklearn-laplace": 1.0}
 
 FASTEP_SCHEDULES = ("sequential", "blocked", "parallel")
@@ -78,7 +80,7 @@ WARMUP_N = 40
 
 
 def benchmark_problem(n):
-    """The issue-3 toy: inputs uniform on [-3, 3]^2, labels of sin(1.5 x1) + 0.5 x2 plus noise, in {-1, +1}."""
+    """The dense-GP toy: inputs uniform on [-3, 3]^2, labels of sin(1.5 x1) + 0.5 x2 plus noise, in {-1, +1}."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
@@ -290,7 +292,7 @@ def print_header():
     from threadpoolctl import threadpool_info
     blas = [(i.get("internal_api"), i.get("num_threads"), i.get("architecture")) for i in threadpool_info()
             if i.get("user_api") == "blas"]
-    print("# fastep issue-3 peers: dense GP classification, probit, RBF(1, 1) fixed")
+    print("# fastep dense GP peers: dense GP classification, probit, RBF(1, 1) fixed")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
           f" BLAS {blas}")
     print("# " + ", ".join(f"{k} {v}" for k, v in _versions().items()))
@@ -332,7 +334,7 @@ def print_peer_table(n, rows):
             note = "skipped (--skip-slow)"
             if quoted is not None:
                 ratio = f"{quoted / best['time']:.0f}x" if best is not None else ""
-                print(f"{r['method']:<18}{threads:>8}{quoted:>10.1f}{'':>14}{'quoted: issue-3 figure':>38}"
+                print(f"{r['method']:<18}{threads:>8}{quoted:>10.1f}{'':>14}{'quoted: earlier figure':>38}"
                       f"{'':>16}{ratio:>15}")
             else:
                 print(f"{r['method']:<18}{threads:>8}  {note}")
@@ -349,8 +351,8 @@ def print_peer_table(n, rows):
             notes.append(f"{peer} {ratio:.1f}x (target >= {target:g}x: {'met' if ratio >= target else 'NOT met'})")
         if notes:
             print("targets at n = 2000: " + "; ".join(notes))
-        print("issue-3 figures at n = 2000 (2 cores): " +
-              ", ".join(f"{k} {v:g} s" for k, v in ISSUE_FIGURES_N2000.items()))
+        print("quoted peer figures at n = 2000 (2 cores): " +
+              ", ".join(f"{k} {v:g} s" for k, v in QUOTED_FIGURES_N2000.items()))
 
 
 def print_scaling(sizes, results, schedules=FASTEP_SCHEDULES):
@@ -390,7 +392,7 @@ def main():
                         help="smoke run: n = 200, 500; 2 repeats; implies --skip-slow")
     parser.add_argument("--skip-slow", action="store_true",
                         help=f"skip GPy sequential EP above n = {SLOW_ABOVE['gpy-sequential']} and pyGPs above "
-                             f"n = {SLOW_ABOVE['pygps-ep']} (quoting the issue-3 figure where there is one)")
+                             f"n = {SLOW_ABOVE['pygps-ep']} (quoting the earlier figure where there is one)")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--no-peers", action="store_true", help="fastep rows and the scaling table only")
@@ -435,8 +437,8 @@ def main():
                    "gpy_epsilon": args.gpy_epsilon}
             if args.skip_slow and n > SLOW_ABOVE.get(method, n):
                 r = dict(cfg, status="skipped")
-                if n == 2000 and method in ISSUE_FIGURES_N2000 and threads is None:
-                    r["quoted"] = ISSUE_FIGURES_N2000[method]
+                if n == 2000 and method in QUOTED_FIGURES_N2000 and threads is None:
+                    r["quoted"] = QUOTED_FIGURES_N2000[method]
             else:
                 r = spawn(cfg, args.timeout)
             results[key] = r

@@ -1,4 +1,4 @@
-"""Side-by-side speed ratios for issue 2, measured in one run.
+"""Side-by-side speed ratios of the compiled kernels against their reference twins and bare BLAS, measured in one run.
 
     python benchmarks/compare_reference.py [--quick]
 
@@ -163,7 +163,7 @@ def main():
     n = 2_000 if args.quick else 10_000
     blas = [(i.get("internal_api"), i.get("num_threads"), i.get("architecture")) for i in threadpool_info()
             if i.get("user_api") == "blas"]
-    print(f"# fastep issue-2 ratios  ({platform.processor() or platform.machine()}, BLAS {blas})")
+    print(f"# fastep compiled/reference ratios  ({platform.processor() or platform.machine()}, BLAS {blas})")
     bench_sites(n_sites, repeats)
 
     print(f"\n## 2. One EP sweep, n = {n:,}, d = 10, probit: compiled vs reference (target >= 20x)")

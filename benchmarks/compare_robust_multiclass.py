@@ -1,4 +1,4 @@
-"""Issue 18: robust (Student-t) GP regression and multinomial GP classification, side by side.
+"""Robust (Student-t) GP regression and multinomial GP classification, side by side.
 
     python benchmarks/compare_robust_multiclass.py [--part robust|multiclass|all] [--repeats 3] [--quick]
 

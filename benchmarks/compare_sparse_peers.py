@@ -1,9 +1,9 @@
-"""Sparse GP classification with EP (EP-FITC, EP-DTC): fastep side by side with GPy and pyGPs (issue 5, section 5).
+"""Sparse GP classification with EP (EP-FITC, EP-DTC): fastep side by side with GPy and pyGPs.
 
     python benchmarks/compare_sparse_peers.py [--sizes 1000,2000] [--scaling-sizes 1000,...,100000]
         [--peer-python /work/benchvenv/bin/python] [--quick]
 
-Problem: the issue-3 toy (:func:`benchmark_problem`, shared with ``compare_gpc_peers.py``),
+Problem: the dense-GP toy (:func:`benchmark_problem`, shared with ``compare_gpc_peers.py``),
 RBF kernel with variance 1 and length-scale 1, probit likelihood, hyperparameters and inducing
 inputs fixed: ``Z`` = a seeded random subset of m training inputs (m = 50 for the peer tables).
 Every configuration runs in a fresh process (``--worker``; fastep with this interpreter, the
@@ -32,8 +32,8 @@ Configurations:
   same Z, ``getPosterior(der=False)``; pyGPs adds 1e-6 to K_uu (as fastep's jitter here) and
   stops EP when |Δ nlZ| < 1e-4.
 
-Targets (issue 5, n = 2000, m = 50, 2 cores): >= 50x faster than GPy's EPDTC measured in the
-same run, and >= 10x faster than GPML's FITC-EP (not runnable here: its issue figures, 1.9 s at
+Targets (n = 2000, m = 50, 2 cores): >= 50x faster than GPy's EPDTC measured in the
+same run, and >= 10x faster than GPML's FITC-EP (not runnable here: its published figures, 1.9 s at
 n = 1000 and 4.9 s at n = 2000, are quoted).  The scaling table (``--scaling-sizes``, m = 200)
 runs fastep alone up to n = 100 000 and reports time, sweeps, peak MB and the log-log slope of
 time against n.  Everything runs with one BLAS thread (threadpoolctl), which was fastest for
@@ -51,10 +51,10 @@ import time
 
 import numpy as np
 
-#: GPML FITC-EP figures quoted in issue 5 (2 cores), seconds.
+#: GPML FITC-EP figures measured on a 2-core machine and quoted here, seconds.
 GPML_FITC_EP = {1000: 1.9, 2000: 4.9}
-#: Peer figures quoted in issue 5 (GPy EPDTC; pyGPs FITC-EP at n = 1000), seconds.
-ISSUE_FIGURES = {("gpy-epdtc", 1000): 2.1, ("gpy-epdtc", 2000): 17.1, ("pygps-fitc", 1000): 0.68}
+#: Peer figures measured earlier on a 2-core machine (GPy EPDTC; pyGPs FITC-EP at n = 1000), seconds.
+QUOTED_FIGURES = {("gpy-epdtc", 1000): 2.1, ("gpy-epdtc", 2000): 17.1, ("pygps-fitc", 1000): 0.68}
 TARGETS_N2000 = {"gpy-epdtc": 50.0, "gpml-fitc (quoted)": 10.0}
 
 FASTEP = ("fastep-fitc", "fastep-dtc", "fastep-fitc-par", "fastep-fitc+grad", "fastep-dtc+grad")
@@ -63,7 +63,7 @@ WARMUP_N = 60
 
 
 def benchmark_problem(n):
-    """The issue-3 toy: inputs uniform on [-3, 3]^2, labels of sin(1.5 x1) + 0.5 x2 plus noise, in {-1, +1}."""
+    """The dense-GP toy: inputs uniform on [-3, 3]^2, labels of sin(1.5 x1) + 0.5 x2 plus noise, in {-1, +1}."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
@@ -235,7 +235,7 @@ def spawn(cfg, python, timeout=None):
 def print_header(peer_python):
     from threadpoolctl import threadpool_info
     blas = [(i.get("internal_api"), i.get("architecture")) for i in threadpool_info() if i.get("user_api") == "blas"]
-    print("# fastep issue-5 peers: sparse GP classification (EP-FITC / EP-DTC), probit, RBF(1, 1), Z fixed")
+    print("# fastep sparse GP peers: sparse GP classification (EP-FITC / EP-DTC), probit, RBF(1, 1), Z fixed")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
           f" BLAS {blas}, one BLAS thread everywhere")
     print(f"# fastep: {sys.executable}; peers: {peer_python}")
@@ -262,9 +262,9 @@ def print_peer_table(n, m, rows):
               f"{(f'{vfe:.6f}' if vfe is not None else ''):>14}{(str(r['sweeps']) if r.get('sweeps') else '-'):>7}"
               f"{r['peak_mb']:>9.1f}{r.get('load1', float('nan')):>6.1f}{ratio:>13}")
     if fastest is not None:
-        for (peer, size), quoted in ISSUE_FIGURES.items():
+        for (peer, size), quoted in QUOTED_FIGURES.items():
             if size == n:
-                print(f"  issue-5 figure: {peer} {quoted} s")
+                print(f"  quoted figure: {peer} {quoted} s")
         if n in GPML_FITC_EP:
             print(f"  GPML FITC-EP (quoted, not runnable here): {GPML_FITC_EP[n]} s = "
                   f"{GPML_FITC_EP[n] / fastest['time']:.0f}x the fastest fastep row")

@@ -5,7 +5,7 @@ the low-rank form for V_u, V_v) plus d one-dimensional quadratures (eqs 15-21, c
 The script times both parts separately (median of repeats, hyperparameters fixed, sites
 from a converged run so that the split set S holds the relevant features as in practice),
 fits the log-log slope of the iteration time against d (1 = linear), and runs EP from the
-cold start to tol = 1e-8 at every d (the d = 10 000 row is the issue's time to convergence).
+cold start to tol = 1e-8 at every d (the d = 10 000 row is the time-to-convergence target's).
 Memory: the peak of numpy allocations (tracemalloc) during one iteration and during the
 whole EP run, next to the size a d x d matrix would take; the process's peak RSS at the end.
 

@@ -1,6 +1,6 @@
 """Does the horseshoe's type-II ML find the evidence peak, and how fast?
 
-Problem (the one of issue 15): n = 100 samples, d features (1 000 or 5 000) drawn N(0, 1),
+Problem: n = 100 samples, d features (1 000 or 5 000) drawn N(0, 1),
 the first 20 coefficients 2, the rest 0, noise sd 0.5 (true σ² = 0.25). For each seed:
 
 - the default ``HorseshoeRegression().fit``: time, σ², ρ², log evidence, relative coefficient

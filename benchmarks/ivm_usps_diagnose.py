@@ -1,4 +1,4 @@
-"""Variants of the IVM paper's USPS protocol judged on held-out TRAINING data (issue 4 §7 diagnosis).
+"""Variants of the IVM paper's USPS protocol judged on held-out TRAINING data (why Table 1's errors exceed the paper's).
 
     python benchmarks/ivm_usps_diagnose.py --name base --fold 0            # one fold of 5 (about 2 minutes)
     python benchmarks/ivm_usps_diagnose.py --name base --cv                # all 5 folds, then the summary
@@ -31,7 +31,7 @@ Variants (each changes one thing; the defaults are ``ivm_usps_table1.py``'s):
 * ``--fixed-gamma G``: no kernel learning: RBF(1.5, G) + Linear(1e-5) + White(3e-4) + Bias(1)
   held fixed (values of the order the learnt ones take), only the probit parameters learnt.
 
-Measured 2026-11-23 (5 folds, 7291 held-out predictions; ``--summary``):
+Measured at commit 0674451 (5 folds, 7291 held-out predictions; ``--summary``):
 
 =======================  ==============  =====================================================
 variant                  binary errors   10-class errors: mean+bias / mean / probability

@@ -48,7 +48,7 @@ unchanged. It needs O(n²) memory (about 3 n x n arrays: 1.3 GB at n = 7291) and
 per inclusion, so use it with ``--train-size`` (a seeded, class-stratified subset) and a
 few digits; ``benchmarks/ivm_usps_compare.py`` runs both engines side by side.
 
-Measured here (2026-11-23, 2-core machine shared with other sessions at load average 1-4, so
+Measured at commit ad7bcbb (2-core machine shared with other jobs at load average 1-4, so
 wall times are pessimistic; CPU time is what one idle core would need; default options; eq 34
 maximised in trust regions, see ``fastep.ivm``):
 
@@ -70,7 +70,7 @@ the 4.8 % target by 0.4-0.6 points.
 
 Before eq 34 was maximised in trust regions (``fastep._search.optimize.maximize_log_likelihood_trust_region``,
 a fix for L-BFGS-B stalling at its start on the ordinal likelihood's widths; it also changes the path
-the probit bias and slope take), the same protocol gave (2026-11-22/23, load 2-9):
+the probit bias and slope take), the same protocol gave (commit 0674451, load 2-9):
 
 =========  ===============================================================  =======  ==========================
 RBF        0.797 0.747 1.644 1.196 1.594 1.096 0.698 0.747 1.295 0.847      5.03     112-180 s wall (105-111 s
@@ -95,8 +95,8 @@ a digit took 21-23 s CPU at load 9 (digits 3 and 7, 100 L-BFGS-B iterations), 14
 (identical fits), 12 s with the default budget of 10 iterations; the row's time is about 80 %
 selection (Algorithm 1: the compiled engine's M reads and scoring pass, then kernel columns)
 and 20 % optimisation. ``--jobs 2`` on a loaded machine (load 6): 185 s wall, 118 s CPU.
-After the scoring-pass change (``ivm-scoring``), on a quiet machine (2026-11-23, load 0.3 at the
-start): the RBF row in 66.6 s wall, 66.7 s CPU (selection 48.3 s, optimisation 16.4 s), 227 MB,
+With the bounded scoring pass (commit 6800784 on), on a quiet machine (commit 7effb4d, load 0.3 at
+the start): the RBF row in 66.6 s wall, 66.7 s CPU (selection 48.3 s, optimisation 16.4 s), 227 MB,
 within the 2-minute target; on the shared machine at load 3-5 it took 122-133 s wall (87-88 s CPU).
 
 Diagnosis of the gap (RBF row, before the eq-34 trust regions; ``benchmarks/ivm_usps_diagnose.py`` runs the variants on data held
@@ -199,7 +199,7 @@ PAPER = {
     "ard": ([0.548, 0.598, 1.49, 1.10, 1.79, 1.20, 0.797, 0.498, 1.20, 0.847], 4.68),
 }
 ROW_NAMES = {"rbf": "RBF", "mlp": "MLP", "ard": "RBF ARD"}
-TARGET_OVERALL = 4.8      # issue 4 §7: overall error <= 4.8 % for every kernel row
+TARGET_OVERALL = 4.8      # target: overall error <= 4.8 % for every kernel row
 TARGET_DIGIT = 0.5        # ... and every binary error within 0.5 points of the paper's
 _ARRAYS = ("latent_mean", "latent_var", "proba", "val_latent_mean", "val_latent_var", "val_proba")
 VALIDATION = None         # (X_val, y_val) when --validation carves a split from the training set

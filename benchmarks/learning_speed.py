@@ -1,4 +1,4 @@
-"""How fast type-II ML learns, beside scikit-learn, on the issue-3 toy (n = 2000 by default).
+"""How fast type-II ML learns, beside scikit-learn, on the dense-GP toy (n = 2000 by default).
 
 Runs in one process, one after another:
 
@@ -70,7 +70,7 @@ def main():
     X_all, y_all = benchmark_problem(args.n + 2000)
     X, y = benchmark_problem(args.n)
     Xt, yt = X_all[args.n:], y_all[args.n:]
-    print(f"issue-3 toy, n = {args.n}, test on 2000 new points")
+    print(f"dense-GP toy, n = {args.n}, test on 2000 new points")
     variants = [("fastep GPC default", {}, _dense.DenseGPProblem.search_tol),
                 ("fastep GPC, hyperprior=None", {"hyperprior": None}, _dense.DenseGPProblem.search_tol),
                 ("fastep GPC, search EP to 1e-2", {}, 1e-2),

@@ -16,7 +16,7 @@ test error and test log loss (mean negative log probability of the true class).
 ``usps``       USPS, 10 classes (7291 training, 2007 test images; pixels mapped to [-1, 1] as in
                the IVM benchmarks). fastep joint default; scikit-learn's ``SVC(probability=True)``;
                GPflow ``SVGP`` (robust-max, M = 200 shared inducing inputs by k-means++, minibatch
-               256, 1500 Adam steps: the one-run peer of the multiclass issue) with ``--peer-python``;
+               256, 1500 Adam steps: the peer configuration the USPS targets refer to) with ``--peer-python``;
                ``--ovr`` adds fastep's one-vs-rest ``SparseGPClassifier()`` (about 9 minutes).
 ``usps-ivm``   the IVM on USPS: one-vs-rest with d = 200 per class (the paper's setting), and one
                shared budget (``multi_class='shared_budget'``) of d = 200 and of d = 1000 points.

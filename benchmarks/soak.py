@@ -1,4 +1,4 @@
-"""Soak: 10 000 small fits of each estimator in one process (issue 17, part 2).
+"""Soak: 10 000 small fits of each estimator in one process.
 
 Reports per estimator the resident memory after a 100-fit warm-up and after all the fits
 (growth target < 20 MB), open file descriptors and threads before and after, and fits per

@@ -1,4 +1,4 @@
-"""Threading policy (issue 13): fits change no process-wide thread count.
+"""Threading policy: fits change no process-wide thread count.
 
 Times representative fits with the library's policy (the process's BLAS threads as they are)
 against the user switch the README documents (``threadpool_limits(1, "blas")`` around the

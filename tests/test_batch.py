@@ -244,7 +244,7 @@ def test_one_vs_rest_n_jobs_gives_bitwise_identical_fits(make):
         make(0).fit(X, y)
 
 
-# -- failure injection (issue 17, part 4) -------------------------------------------------------
+# -- failure injection -------------------------------------------------------------------------
 
 def test_unconverged_fits_are_reported_per_task_and_kept():
     datasets = _datasets(4, seed=9)

@@ -38,7 +38,7 @@ def rbf_problem(n, seed, variance=1.5, inverse_width=1.0, jitter=1e-8):
 
 
 def benchmark_problem(n):
-    """The issue-3 benchmark problem (spec): deterministic."""
+    """The dense-GP toy of the benchmarks (2-D inputs, sine boundary, label noise): deterministic."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]

@@ -18,7 +18,7 @@ from fastep.reference import sites as ref_sites
 
 
 def benchmark_problem(n):
-    """The issue-3 benchmark problem (the peers' toy): deterministic."""
+    """The dense-GP toy of the benchmarks and the peers: deterministic."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]

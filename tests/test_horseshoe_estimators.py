@@ -242,7 +242,7 @@ def test_multitask_bad_input():
         model.predict(X1[:, :5], task=0)
 
 
-def _issue_problem(seed, n=100, d=1000, relevant=20):
+def _sparse_recovery_problem(seed, n=100, d=1000, relevant=20):
     """n = 100, d = 1000, 20 coefficients of 2, noise sd 0.5 (true σ² = 0.25)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
@@ -259,7 +259,7 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     walked from weak shrinkage with warm starts), with a coefficient error within 1.5x of EP at
     the true σ² and its best ρ², and without warnings."""
     from fastep._horseshoe import parallel_ep as eng
-    X, y, w = _issue_problem(seed=1)
+    X, y, w = _sparse_recovery_problem(seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         model = HorseshoeRegression().fit(X, y)

@@ -6,7 +6,7 @@
   separable and on an overlapping data set;
 - on separable data the search ends after a bounded number of evaluations at a finite variance,
   with predictions close to a search run to L-BFGS-B's default tolerance;
-- hyperprior=None is plain type-II ML: the published optimum of the issue-3 toy;
+- hyperprior=None is plain type-II ML: the published optimum of the dense-GP toy;
 - the result is the same for every n_jobs and with restarts; no point is evaluated twice;
 - the sparse GP, the regressors and the Student-t models learn by the same policy.
 """
@@ -21,8 +21,8 @@ from fastep.hyperpriors import DEFAULT_SCALE, LogNormal, check_hyperprior
 from fastep.kernels import RBF, Bias, RBFARD
 
 
-def issue3_toy(n, seed=0):
-    """The issue-3 benchmark problem (the peers' toy): overlapping classes."""
+def dense_gp_toy(n, seed=0):
+    """The dense-GP toy of the benchmarks and the peers: overlapping classes."""
     rng = np.random.default_rng(seed)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
@@ -58,7 +58,7 @@ def test_lognormal_density_and_gradient():
 @pytest.mark.parametrize("bad, error", [("flat", ValueError), (2.0, TypeError), (LogNormal(0.0), ValueError),
                                         (LogNormal(np.inf), ValueError), (LogNormal("1"), TypeError)])
 def test_bad_hyperprior_is_rejected_before_any_work(bad, error):
-    X, y = issue3_toy(40)
+    X, y = dense_gp_toy(40)
     with pytest.raises(error, match="hyperprior|LogNormal"):
         GaussianProcessClassifier(hyperprior=bad).fit(X, y)
     assert check_hyperprior("auto") == LogNormal(DEFAULT_SCALE)
@@ -109,7 +109,7 @@ def _log_parameters(model, names):
 
 @pytest.mark.parametrize("data", ["separable", "overlapping"])
 def test_returned_point_is_stationary_for_the_documented_objective(data):
-    X, y = separable_toy() if data == "separable" else issue3_toy(150)
+    X, y = separable_toy() if data == "separable" else dense_gp_toy(150)
     model = GaussianProcessClassifier(tol=1e-8).fit(X, y)
     names = ["variance", "inverse_width"]
     u = _log_parameters(model, names)
@@ -164,8 +164,8 @@ def test_separable_data_end_at_a_finite_variance_close_to_a_full_search():
     assert ml.log_marginal_likelihood_value_ > model.log_marginal_likelihood_value_
 
 
-def test_without_the_prior_learning_is_type_ii_ml_of_the_issue3_toy():
-    X, y = issue3_toy(200)
+def test_without_the_prior_learning_is_type_ii_ml_of_the_dense_gp_toy():
+    X, y = dense_gp_toy(200)
     for kernel in (RBF(1.0, 1.0, transforms={"variance": "log", "inverse_width": "log"}), RBF(1.0, 1.0)):
         clf = GaussianProcessClassifier(kernel, tol=1e-9, hyperprior=None).fit(X, y)
         assert abs(clf.log_marginal_likelihood_value_ - (-47.6334)) < 1e-3
@@ -175,7 +175,7 @@ def test_without_the_prior_learning_is_type_ii_ml_of_the_issue3_toy():
 
 
 def test_the_prior_reports_evidence_and_objective_apart():
-    X, y = issue3_toy(200)
+    X, y = dense_gp_toy(200)
     clf = GaussianProcessClassifier(RBF(1.0, 1.0), tol=1e-9).fit(X, y)
     theta = clf.kernel_.theta
     prior = LogNormal(DEFAULT_SCALE).log_density(np.log([clf.kernel_.get_params()["variance"],

@@ -1,4 +1,4 @@
-"""asv: the dense GP EP engine (fastep._epcore.gp_ep) on the issue-3 benchmark problem.
+"""asv: the dense GP EP engine (fastep._epcore.gp_ep) on the dense-GP toy.
 
 One sweep / iteration per schedule, the refactorisation, and full runs to convergence
 (time, peak memory and the number of sweeps), at n in {500, 2000}; the sweeps and the
@@ -20,7 +20,7 @@ SCHEDULES = {"sequential": gp_ep.SCHEDULE_SEQUENTIAL, "blocked": gp_ep.SCHEDULE_
 
 
 def _problem(n):
-    """The issue-3 benchmark problem (deterministic)."""
+    """The dense-GP toy (deterministic)."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]

@@ -6,7 +6,7 @@ fit time (``time_``), the number of evidence evaluations of the search and the t
 
 - digits (scikit-learn's bundled 8x8 images, pixels / 16), 200 training rows, 10 classes, the
   other rows as test set: one-vs-rest and multinomial;
-- the issue-3 toy, n = 300, test on 2000 new points;
+- the dense-GP toy, n = 300, test on 2000 new points;
 - a small 3-class problem with two irrelevant inputs, learnt with an ARD kernel by the
   multinomial model (n = 200);
 - Neal's outlier regression (Student-t noise, 100 points): test RMSE against the noise-free curve.
@@ -25,7 +25,7 @@ def _digits(n_train=200, seed=0):
     return X[order[:n_train]] / 16.0, y[order[:n_train]], X[order[n_train:]] / 16.0, y[order[n_train:]]
 
 
-def _issue3_toy(n, seed):
+def _dense_gp_toy(n, seed):
     rng = np.random.default_rng(seed)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
@@ -79,14 +79,14 @@ class LearnDigits:
         return cache[1][multi_class][1]
 
 
-class LearnIssue3Toy:
-    """The dense GP classifier's default fit on the issue-3 toy (n = 300)."""
+class LearnDenseGPToy:
+    """The dense GP classifier's default fit on the dense-GP toy (n = 300)."""
     number = 1
     repeat = (1, 5, 60.0)
 
     def setup_cache(self):
-        X, y = _issue3_toy(300, 0)
-        X_test, y_test = _issue3_toy(2000, 1)
+        X, y = _dense_gp_toy(300, 0)
+        X_test, y_test = _dense_gp_toy(2000, 1)
         model = _fit(GaussianProcessClassifier(), X, y)
         return X, y, int(model.n_evaluations_), 100.0 * float(np.mean(model.predict(X_test) != y_test))
 

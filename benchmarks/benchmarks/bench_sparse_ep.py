@@ -1,4 +1,4 @@
-"""asv: the sparse GP EP engine (fastep._epcore.sparse_ep) and SparseGPClassifier on the issue-3 problem.
+"""asv: the sparse GP EP engine (fastep._epcore.sparse_ep) and SparseGPClassifier on the dense-GP toy.
 
 One sequential sweep (rank-1 Cholesky updates, O(nm²)), one rebuild (O(nm²) BLAS-3), full runs to
 convergence per schedule and approximation (time, peak memory, sweeps), and one evidence
@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 
 
 def _problem(n, m):
-    """The issue-3 benchmark problem (deterministic) and m inducing inputs drawn from it."""
+    """The dense-GP toy (deterministic) and m inducing inputs drawn from it."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n, 2))
     f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1]
