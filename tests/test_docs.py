@@ -15,8 +15,9 @@ DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.rglob("*.rst")) if DOCS.exists() else []
 
 #: Pages with no Python example (the API reference generated from the docstrings, whose
-#: examples ``test_docstrings.py`` runs; tables; the table of contents).
-PAGES_WITHOUT_EXAMPLES = {"api.rst", "guide/choosing.rst", "implemented.rst", "index.rst", "policies.rst"}
+#: examples ``test_docstrings.py`` runs; tables; the glossary; the table of contents).
+PAGES_WITHOUT_EXAMPLES = {"api.rst", "glossary.rst", "guide/choosing.rst", "implemented.rst", "index.rst",
+                          "policies.rst"}
 
 #: Python the runner would not execute: doctest prompts, other code directives, ``code-block``
 #: with another name for Python (or none: Sphinx's default highlighting), an indented
