@@ -19,6 +19,7 @@ from fastep._dense import problem as _dense
 from fastep._search.space import GAIN_TOL, SearchSpace
 from fastep.hyperpriors import DEFAULT_SCALE, LogNormal, check_hyperprior
 from fastep.kernels import RBF, Bias, RBFARD
+from fastep.likelihoods import Gaussian, Probit
 
 
 def dense_gp_toy(n, seed=0):
@@ -69,7 +70,8 @@ def test_search_space_round_trip_and_gradient():
     kernel = RBF(2.0, 0.5) + RBFARD(np.array([0.3, 0.7]), variance=1.5, inverse_width=1.0,
                                     transforms={"variance": "log"})
     theta0 = kernel.theta
-    space = SearchSpace(kernel, ["bias", "log_noise"], 2, np.concatenate([theta0, [0.1, -1.0], [3.0, 4.0]]),
+    likelihood_parameters = Probit().parameters()[:1] + Gaussian().parameters()    # bias, log_noise
+    space = SearchSpace(kernel, likelihood_parameters, 2, np.concatenate([theta0, [0.1, -1.0], [3.0, 4.0]]),
                         np.vstack([kernel.bounds, [[-10, 10], [-30, 20]], [[-np.inf, np.inf]] * 2]))
     # softplus entries move on the log scale; log-transformed and likelihood log_* entries are unchanged
     # kernel: RBF variance, width (softplus); ARD variance (log), width (softplus), two scales (sigmoid)

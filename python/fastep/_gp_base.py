@@ -43,7 +43,8 @@ from ._search.optimize import maximize_log_likelihood
 from .exceptions import ConvergenceWarning
 from .kernels import Kernel
 from .kernels._distances import reuse_training_distances
-from .likelihoods import Gaussian, Logistic, Probit, Step
+from .likelihoods import Gaussian
+from .likelihoods.checks import check_binary_likelihood
 
 if TYPE_CHECKING:
     from typing import Any, Literal
@@ -55,26 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin", "Hyperparameters",
            "SiteProblem", "DensePredictor"]
 
-
-
-def check_noise_model(likelihood, noise_variance):
-    """The regressors' ``likelihood`` argument: ``'gaussian'`` (None or ``'gaussian'``), a
-    Gaussian, or a StudentT (or ``'student_t'``), validated against ``noise_variance``."""
-    from .likelihoods import Gaussian, StudentT
-    if likelihood is None or (isinstance(likelihood, str) and likelihood == "gaussian"):
-        return "gaussian"
-    if isinstance(likelihood, str):
-        if likelihood == "student_t":
-            return likelihood
-        raise ValueError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
-                         f"got {likelihood!r}")
-    if not isinstance(likelihood, (Gaussian, StudentT)):
-        raise TypeError(f"likelihood must be None, 'gaussian', 'student_t', a Gaussian or a StudentT; "
-                        f"got {type(likelihood).__name__}")
-    if noise_variance is not None:
-        raise ValueError("give the noise either as noise_variance or as a likelihood object, not both "
-                         f"(noise_variance={noise_variance!r}, likelihood={likelihood!r})")
-    return likelihood
 
 
 class Hyperparameters:
@@ -472,14 +453,6 @@ REGRESSOR_ATTRIBUTES = """kernel_ : Kernel
         The variance of the fitted noise (Student-t: ``ν σ²/(ν - 2)``, ``inf`` for ν <= 2)."""
 
 
-def check_kernel(kernel):
-    """The estimator's ``kernel`` parameter: None (a data-aware start, :func:`start_kernel`)
-    or a :class:`fastep.kernels.Kernel`."""
-    if kernel is not None and not isinstance(kernel, Kernel):
-        raise TypeError(f"kernel must be a fastep.kernels.Kernel or None, got {type(kernel).__name__}")
-    return kernel
-
-
 def check_noise_variance(noise_variance):
     """``noise_variance``: None (var(y) / 10, :func:`fastep._search.start.default_noise_variance`)
     or a positive float."""
@@ -494,19 +467,23 @@ def start_kernel(kernel, X, y=None, *, regression=False, bias=True):
     return default_kernel(X, y, regression=regression, bias=bias)
 
 
-def check_binary_likelihood(likelihood, allowed=(Probit, Step, Logistic)):
-    """The estimator's binary likelihood: ``Probit()`` for None, else one of ``allowed``."""
-    lik = Probit() if likelihood is None else likelihood
-    if not isinstance(lik, allowed):
-        names = ", ".join(cls.__name__ for cls in allowed[:-1]) + f" or {allowed[-1].__name__}"
-        raise TypeError(f"likelihood must be a binary likelihood (fastep.likelihoods.{names}), got {lik!r}")
-    return lik
+def use_fractional_ep(options, noise_class, power, damping):
+    """Set the engine ``options`` of fractional EP for a likelihood that needs it
+    (:attr:`fastep.likelihoods.Likelihood.ep_variant` ``'fractional'``): the power η
+    (``power``, or the likelihood's :attr:`~fastep.likelihoods.Likelihood.default_power`), up to
+    10 halvings of a step that would make a cavity improper, and damping 0.5 unless ``damping``
+    was given."""
+    options["power"] = float(noise_class.default_power if power is None else power)
+    options["max_halvings"] = 10
+    if damping is None:
+        options["damping"] = 0.5
 
 
-def check_classifier_likelihood(likelihood, learn_likelihood, allowed=(Probit, Step, Logistic)):
-    """``(likelihood, learn)``: the binary likelihood (see :func:`check_binary_likelihood`) and
-    ``learn_likelihood`` as a bool; raises if learning was asked for parameters that cannot be learnt."""
-    likelihood = check_binary_likelihood(likelihood, allowed)
+def check_classifier_likelihood(likelihood, learn_likelihood):
+    """``(likelihood, learn)``: the binary likelihood
+    (:func:`fastep.likelihoods.checks.check_binary_likelihood`) and ``learn_likelihood`` as a
+    bool; raises if learning was asked for parameters that cannot be learnt."""
+    likelihood = check_binary_likelihood(likelihood)
     learn = v.check_bool(learn_likelihood, "learn_likelihood")
     if learn:
         likelihood.theta                        # raises for parameters that cannot be learnt

@@ -28,16 +28,17 @@ from ._epcore import gp_ep as _engine
 from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
 from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
                        REGRESSOR_ATTRIBUTES, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
-                       GPRegressorMixin, Hyperparameters, check_classifier_likelihood, check_kernel,
-                       check_noise_model, ep_option_constraints, start_kernel)
+                       GPRegressorMixin, Hyperparameters, check_classifier_likelihood,
+                       ep_option_constraints, start_kernel, use_fractional_ep)
 from ._constraints import Integer, validate_params
-from ._search.start import default_noise_variance
 from ._dense.problem import DenseGPProblem
 from ._dense.multiclass import ADAPTIVE_DAMPING_START, MultinomialGPProblem
 from ._student_t.problem import StudentTGPProblem
 from .likelihoods import Gaussian, Probit, StudentT
+from .likelihoods.checks import resolve_noise_model
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
+from .kernels.base import check_kernel
 
 if TYPE_CHECKING:
     from typing import Any, Literal
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from .likelihoods import Likelihood, Logistic, Step
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor"]
+
+#: The dense problem of each EP variant (:attr:`fastep.likelihoods.Likelihood.ep_variant`).
+_PROBLEMS = {"standard": DenseGPProblem, "fractional": StudentTGPProblem}
 
 _SCHEDULES = {"sequential": _engine.SCHEDULE_SEQUENTIAL, "parallel": _engine.SCHEDULE_PARALLEL,
               "blocked": _engine.SCHEDULE_BLOCKED}
@@ -117,8 +121,9 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
                      f"{ivm}(active_set_size=d) (O(n d) memory), or fit on a subsample")
 
     def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
-        """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None."""
-        problem = DenseGPProblem(kernel, likelihood, X, y, options, learn_likelihood)
+        """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None
+        (the problem of the likelihood's EP variant, :data:`_PROBLEMS`)."""
+        problem = _PROBLEMS[likelihood.ep_variant](kernel, likelihood, X, y, options, learn_likelihood)
         search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
                                                                hyperprior=options["hyperprior"]), options["seed"])
         return problem.fit(problem.hyperparameters, **search)
@@ -307,7 +312,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         if self.multi_class == "multinomial":
-            if not (isinstance(likelihood, Probit) and likelihood == Probit()) or learn_likelihood:
+            if not likelihood == Probit() or learn_likelihood:
                 raise ValueError("multi_class='multinomial' uses the multinomial probit likelihood: leave "
                                  f"likelihood at its default and learn_likelihood=False (got {self.likelihood!r}, "
                                  f"learn_likelihood={self.learn_likelihood!r})")
@@ -402,8 +407,8 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
         The noise model. None or ``'gaussian'``: Gaussian with ``noise_variance``.
-        ``'student_t'``: ``StudentT(dof=4, scale=sqrt(var(y)/10))``, a start from the targets'
-        scale. A likelihood object is the start as it is (then ``noise_variance`` must be None).
+        ``'student_t'``: ``StudentT(dof=4, scale=sqrt(noise_variance))``, with ``noise_variance``
+        var(y) / 10 unless given: a start from the targets' scale. A likelihood object is the start as it is (then ``noise_variance`` must be None).
     power : float in (0, 1] or None, default None
         Fractional EP's power η for the Student-t likelihood (None: 0.5; 1 is standard EP, which
         may fail to converge on outlier-heavy data). Not used with Gaussian noise.
@@ -469,10 +474,6 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
                  callback: Callback = None) -> None:
         self._set_init_params(locals())
 
-    def _noise_model(self):
-        """``'gaussian'``, a Gaussian object, or a StudentT (or ``'student_t'``), validated."""
-        return check_noise_model(self.likelihood, self.noise_variance)
-
     @records_feature_names
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the posterior (and the hyperparameters unless ``optimizer=None``).
@@ -489,31 +490,19 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         """
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
-        noise = self._noise_model()
-        student_t = noise == "student_t" or isinstance(noise, StudentT)
-        if self.power is not None and not student_t:
+        noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
+        fractional = noise_class.ep_variant == "fractional"
+        if self.power is not None and not fractional:
             raise ValueError(f"power applies to the Student-t likelihood only; got power={self.power!r} "
                              f"with {self.likelihood!r}")
-        if student_t:
-            power = 0.5 if self.power is None else v.check_in_range(self.power, "power", 0.0, 1.0,
+        if fractional:
+            power = None if self.power is None else v.check_in_range(self.power, "power", 0.0, 1.0,
                                                                      low_inclusive=False)
-            options["power"] = float(power)
-            options["max_halvings"] = 10
-            if self.damping is None:
-                options["damping"] = 0.5
-        likelihood, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
-        self._check_memory(X, 1, 0, student_t)
-        if student_t:
-            if noise == "student_t":
-                noise = StudentT(dof=4.0, scale=float(np.sqrt(default_noise_variance(y))))
-            problem = StudentTGPProblem(kernel, noise, X, y, options, learn_noise)
-            search = self._search_options(problem, Hyperparameters(kernel, noise, learn_noise,
-                                                                   hyperprior=options["hyperprior"]), options["seed"])
-            problem.fit(problem.hyperparameters, **search)
-        else:
-            if isinstance(noise, Gaussian):
-                likelihood = noise
-            problem = self._fit_problem(X, y, kernel, likelihood, options, learn_noise)
+            use_fractional_ep(options, noise_class, power, self.damping)
+        gaussian, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
+        self._check_memory(X, 1, 0, fractional)
+        likelihood = noise_class.from_noise_variance(gaussian.noise_variance) if noise is None else noise
+        problem = self._fit_problem(X, y, kernel, likelihood, options, learn_noise)
         self.X_train_ = X
         self._set_problems(X, [problem])
         self._set_ep_summary([problem])

@@ -107,19 +107,22 @@ from ._base import EXAMPLES_DOC, ClassifierMixin, fill_doc, records_feature_name
 from ._epcore import ivm as _engine
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin, check_classifier_likelihood,
-                       check_kernel, check_optimizer, stack_problems, start_kernel)
+                       check_optimizer, stack_problems, start_kernel)
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
+from ._ivm.selection import select_active_set
 from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_BATCH_SIZE, MINIBATCH_LEARNING_RATE,
                                  MINIBATCH_MAX_EPOCHS, MINIBATCH_MIN_ROWS)
 from ._search.start import default_ard_kernel, sample_rows
 from .progress import CALLBACK_DOC
 from .batch import map_in_order
+from .kernels.base import check_kernel
 from ._search.optimize import (maximize_log_likelihood, maximize_log_likelihood_scg,
                         maximize_log_likelihood_trust_region)
 from .exceptions import ConvergenceWarning
 from ._memory import check_memory, concurrent_problems, format_bytes, ivm_bytes
 from .hyperpriors import check_hyperprior
 from .likelihoods import Logistic, OrderedCategorical, Probit, Step
+from .likelihoods.checks import check_ordinal_likelihood
 
 if TYPE_CHECKING:
     from typing import Any, Literal
@@ -137,41 +140,6 @@ _KERNEL_OBJECTIVES = ("full_data", "active_set")
 _LEARNING_MODES = ("auto", "full-batch", "minibatch")
 #: d when ``active_set_size=None``, at most n_samples (the size of the paper's experiments on real data).
 _DEFAULT_ACTIVE_SET_SIZE = 200
-
-
-def select_active_set(X: NDArray[np.float64], y: NDArray[np.float64], kernel: Kernel, likelihood: Likelihood, d: int, *,
-                      criterion: Literal["entropy", "info_gain", "random"] = "entropy", seed: int = 0
-                      ) -> NDArray[np.intp]:
-    """Active set of Algorithm 1 of the IVM at fixed kernel and likelihood.
-
-    The d points are included greedily, each maximising the score ``criterion`` (the
-    entropy reduction of the ADF posterior, eq 26, by default) under sites from
-    ``likelihood`` (Lawrence, Seeger & Herbrich 2005, *Fast sparse Gaussian process methods:
-    the informative vector machine*, §2, Algorithm 1). O(d² n) time, O(d n) memory.
-
-    Parameters
-    ----------
-    X : ndarray (n, n_features)
-        Validated inputs (float64, finite).
-    y : ndarray (n,)
-        Targets as the likelihood's site kernel takes them (±1 for binary likelihoods).
-    kernel : Kernel
-        Must have a positive diagonal on X.
-    likelihood : Likelihood
-    d : int
-        Size of the active set, ``1 <= d <= n``.
-    criterion : {'entropy', 'info_gain', 'random'}, default 'entropy'
-    seed : int, default 0
-        Seed of the random criterion.
-
-    Returns
-    -------
-    ndarray (d,) of int
-        Row indices of X in inclusion order.
-    """
-    problem = _IVMProblem(X, y, kernel, likelihood, d, _engine.CRITERIA[criterion], seed)
-    problem.select()
-    return problem.active
 
 
 class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
@@ -527,8 +495,7 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         X, y = v.check_X_y(X, y)
         options = self._options(X)
         kernel = options["kernel"]
-        lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood,
-                                                            (Probit, Logistic, Step))
+        lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         classes, targets = v.encode_one_vs_rest_labels(y)
         if self.multi_class == "shared_budget" and len(targets) > 1:
             options["d"] = max(1, -(-options["d"] // len(targets)))
@@ -730,15 +697,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         if n_categories < 2:
             raise ValueError(f"y must contain at least two ordered categories (classes); got only one class: "
                              f"{classes.tolist()}")
-        if self.likelihood is None:
-            lik = OrderedCategorical(n_categories, slope=1.0, bias=-(n_categories - 2) / 2.0)
-        else:
-            lik = self.likelihood
-            if not isinstance(lik, OrderedCategorical):
-                raise TypeError(f"likelihood must be a fastep.likelihoods.OrderedCategorical, got {lik!r}")
-            if lik.n_categories != n_categories:
-                raise ValueError(f"likelihood has n_categories = {lik.n_categories} but y has {n_categories} "
-                                 "distinct labels")
+        lik = check_ordinal_likelihood(self.likelihood, n_categories)
         learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
         targets = inverse.reshape(-1).astype(float)
         self._check_memory(X.shape[0], options)

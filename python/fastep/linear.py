@@ -17,6 +17,7 @@ from ._epcore import linear_ep as _engine
 from ._linalg import matmul
 from .exceptions import ConvergenceWarning
 from .likelihoods import Gaussian, Logistic, Probit, Step
+from .likelihoods.checks import check_binary_likelihood
 from .progress import CALLBACK_DOC
 
 if TYPE_CHECKING:
@@ -262,12 +263,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
         self._set_init_params(locals())
 
     def _likelihood(self):
-        lik = Probit() if self.likelihood is None else self.likelihood
-        if not isinstance(lik, (Probit, Step, Logistic)):
-            raise TypeError(
-                "likelihood must be a binary classification likelihood (fastep.likelihoods.Probit, Step "
-                f"or Logistic), got {lik!r}")
-        return lik
+        return check_binary_likelihood(self.likelihood)
 
     @records_feature_names
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:

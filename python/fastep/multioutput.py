@@ -21,6 +21,7 @@ from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
 from .exceptions import ConvergenceWarning
 from .likelihoods import Likelihood
+from .likelihoods.checks import is_likelihood, rank_k_likelihood
 from .linear import WeightSpacePosterior
 from .progress import CALLBACK_DOC
 
@@ -145,32 +146,14 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
         self._set_init_params(locals())
 
     def _build_likelihood(self, k):
-        lik = self.likelihood
-        if isinstance(lik, RankKLikelihood):
-            if lik.kind == 0 and lik.k != k:
-                raise ValueError(f"likelihood has k = {lik.k} outputs but Y has {k} columns")
-            return lik
-        if isinstance(lik, (SiteSpec, Likelihood)):
-            if isinstance(lik, Likelihood):
-                lik = lik.site_spec()
-            n_nodes = self.n_nodes
-            if isinstance(n_nodes, bool) or not isinstance(n_nodes, (int, np.integer)) or n_nodes < 1:
-                raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
-            return RankKLikelihood.product(lik, int(n_nodes))
-        if isinstance(lik, str):
-            if lik != 'gaussian':
-                raise ValueError(f"likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
-                                 f"got {lik!r}")
+        def gaussian_noise_cov():
             if self.noise_cov is None:
-                R = np.eye(k)
-            else:
-                R = _as_float_array(self.noise_cov, "noise_cov", (2,))
-                if R.shape != (k, k):
-                    raise ValueError(f"noise_cov must have shape ({k}, {k}), got {R.shape}")
-                R = _check_spd(R, "noise_cov")
-            return RankKLikelihood.mvgaussian(R)
-        raise TypeError("likelihood must be 'gaussian', a Likelihood, a SiteSpec or a RankKLikelihood, "
-                        f"got {type(lik).__name__}")
+                return np.eye(k)
+            R = _as_float_array(self.noise_cov, "noise_cov", (2,))
+            if R.shape != (k, k):
+                raise ValueError(f"noise_cov must have shape ({k}, {k}), got {R.shape}")
+            return _check_spd(R, "noise_cov")
+        return rank_k_likelihood(self.likelihood, k, self.n_nodes, gaussian_noise_cov)
 
     def _check_options(self):
         damping, tol = self.damping, self.tol
@@ -229,7 +212,7 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
                 raise ValueError(f"prior_cov must have shape ({d}, {d}), got {V0.shape}")
             V0 = _check_spd(V0, "prior_cov")
         likelihood = self._build_likelihood(k)
-        if isinstance(self.likelihood, Likelihood):
+        if is_likelihood(self.likelihood):
             try:
                 Y = np.ascontiguousarray(self.likelihood.encode_targets(Y.ravel()).reshape(n, k))
             except ValueError as exc:

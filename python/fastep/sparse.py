@@ -44,8 +44,8 @@ from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_name
 from ._gp_base import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC,
                        N_JOBS_DOC, REGRESSOR_ATTRIBUTES, EPEvidenceMixin, GPClassifierMixin,
                        GPEstimator, GPRegressorMixin, Hyperparameters,
-                       check_classifier_likelihood, check_kernel, check_noise_model, check_noise_variance,
-                       ep_option_constraints, stack_problems, start_kernel)
+                       check_classifier_likelihood, check_noise_variance,
+                       ep_option_constraints, stack_problems, start_kernel, use_fractional_ep)
 from ._constraints import Boolean, Choice, Integer, Interval, validate_params
 from ._search.start import default_ard_kernel, default_noise_variance, sample_rows
 from .progress import CALLBACK_DOC
@@ -58,8 +58,11 @@ from ._sparse import stochastic as _minibatch
 from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_MIN_ROWS, MINIBATCH_PATIENCE, SECOND_STAGE_STEP,
                                  minibatch_windows)
 from .batch import map_in_order
-from .ivm import select_active_set
+from .kernels.base import check_kernel
+from .kernels.stationary import relevance_weights
+from ._ivm.selection import select_active_set
 from .likelihoods import Gaussian, Probit, StudentT
+from .likelihoods.checks import resolve_noise_model
 
 if TYPE_CHECKING:
     from typing import Any, Literal
@@ -77,6 +80,8 @@ _SCHEDULES = {"sequential": _engine.SPARSE_SEQUENTIAL, "parallel": _engine.SPARS
 _ORDERS = {"fixed": _engine.ORDER_FIXED, "random": _engine.ORDER_RANDOM}
 _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _APPROXIMATIONS = ("fitc", "dtc")
+#: The sparse problem of each EP variant (:attr:`fastep.likelihoods.Likelihood.ep_variant`).
+_PROBLEMS = {"standard": _BinarySparseEP, "fractional": _StudentTSparseEP}
 _INDUCING_INITS = ("auto", "kmeans++", "random", "ivm")
 _LEARNING_MODES = ("auto", "full-batch", "minibatch")
 #: m of ``n_inducing='auto'`` when learning from minibatches (no growth: each size would be a new fit).
@@ -86,12 +91,11 @@ MINIBATCH_KMEANS_ROWS = 20_000
 
 
 def _check_likelihood_learnable_with_power(likelihood, power):
-    if power == 1.0 or isinstance(likelihood, StudentT):
+    if power == 1.0 or likelihood.learnable_with_power:
         return
-    names = likelihood.theta_names()
-    if names != ["log_noise"]:
-        raise ValueError("learn_likelihood with power < 1 is supported for the Gaussian noise variance only "
-                         f"({type(likelihood).__name__} has {names}); use power=1 or learn_likelihood=False")
+    raise ValueError("learn_likelihood with power < 1 is supported for the noise models' parameters only (Gaussian, "
+                     f"Student-t; {type(likelihood).__name__} has {likelihood.theta_names()}); use power=1 or "
+                     "learn_likelihood=False")
 
 
 #: Constructor parameters a continued fit (``continue_fit``) may change: how long and how it learns.
@@ -121,21 +125,6 @@ def _kmeans_sample(X, m, rng):
     n, rows = X.shape[0], max(MINIBATCH_KMEANS_ROWS, 50 * m)
     index = np.sort(rng.choice(n, size=rows, replace=False)) if n > rows else np.arange(n)
     return np.asarray(X[index], dtype=np.float64)
-
-
-def _relevance_weights(kernel, n_features):
-    """Per-input inverse length-scales ``sqrt(γ α_c)`` of an ARD RBF kernel (alone, or the one
-    ARD RBF term of a sum, as the minibatch default for regression), or None for other kernels."""
-    from .kernels import RBFARD
-    from .kernels.combinators import Sum
-    parts = kernel.kernels if isinstance(kernel, Sum) else [kernel]
-    ard = [k for k in parts if isinstance(k, RBFARD)]
-    if len(ard) != 1:
-        return None
-    weights = np.sqrt(ard[0].get_params()["inverse_width"] * np.asarray(ard[0]._column_scales(), dtype=np.float64))
-    if weights.shape != (n_features,) or not np.all(np.isfinite(weights)) or np.any(weights <= 0.0):
-        return None
-    return weights
 
 
 class _SparseGPBase(EPEvidenceMixin, GPEstimator):
@@ -201,7 +190,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         if min_rows is None:
             min_rows = MINIBATCH_MIN_ROWS
         mode = options["learning"]
-        if isinstance(likelihood, StudentT) or (isinstance(likelihood, str) and likelihood == "student_t"):
+        if likelihood is not None and likelihood.ep_variant == "fractional":
             if mode == "minibatch":
                 raise ValueError("learning='minibatch' is not available with a Student-t likelihood (its "
                                  "fractional EP sites may be negative); use learning='full-batch'")
@@ -405,16 +394,14 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         minibatch fit of this problem to continue from (:meth:`_previous_minibatch_fits`)."""
         if options.get("minibatch"):
             return self._fit_minibatch(X, y, Z, kernel, likelihood, options, learn_likelihood, start)
-        problem_class = _StudentTSparseEP if isinstance(likelihood, StudentT) else _BinarySparseEP
+        problem_class = _PROBLEMS[likelihood.ep_variant]
 
         def make_problem(Z):
             return problem_class(kernel, likelihood, Z, X, y, options, learn_likelihood, self._learns_inducing())
 
         def choose(m, fitted):
-            likelihood = fitted.likelihood
-            if isinstance(likelihood, StudentT):        # the IVM's selection scores Gaussian sites of that scale
-                likelihood = Gaussian(noise_variance=likelihood.scale ** 2)
-            return self._inducing_inputs(X, options, fitted.kernel, likelihood, [y], m=m)[0]
+            return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood.selection_likelihood(), [y],
+                                         m=m)[0]
 
         return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
 
@@ -450,7 +437,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
         fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, source, options, hyper,
                                           learn=self.optimizer is not None, start=start)
         if start is None and self._places_inducing_by_relevance() and fitted.info.stopped != "callback":
-            weights = _relevance_weights(fitted.kernel, X.shape[1])
+            weights = relevance_weights(fitted.kernel, X.shape[1])
             if weights is not None:
                 # the second stage: k-means++ in the learnt kernel's metric, learning continued there
                 Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
@@ -1002,8 +989,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
     def _fit_multinomial(self, X, y, client, kernel, options):
         """``multi_class='multinomial'``: one joint problem of c latent GPs sharing the inducing
         inputs (:mod:`fastep._sparse.multinomial`)."""
-        if not (self.likelihood is None or (isinstance(self.likelihood, Probit) and self.likelihood == Probit())) \
-                or self.learn_likelihood:
+        if not (self.likelihood is None or self.likelihood == Probit()) or self.learn_likelihood:
             raise ValueError("multi_class='multinomial' uses the multinomial probit likelihood: leave likelihood "
                              f"at its default and learn_likelihood=False (got {self.likelihood!r}, "
                              f"learn_likelihood={self.learn_likelihood!r})")
@@ -1135,7 +1121,8 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         Variance σ² of the Gaussian noise (the starting point when learnt); None starts from var(y) / 10.
     likelihood : None, 'gaussian', 'student_t', Gaussian or StudentT, default None
         The noise model. None or ``'gaussian'``: Gaussian with ``noise_variance``.
-        ``'student_t'``: ``StudentT(dof=4, scale=sqrt(var(y)/10))``. A likelihood object is the
+        ``'student_t'``: ``StudentT(dof=4, scale=sqrt(noise_variance))``, with ``noise_variance``
+        var(y) / 10 unless given. A likelihood object is the
         start as it is (then ``noise_variance`` must be None). The Student-t runs the damped
         parallel schedule (``schedule``, ``order`` and ``negative_precision`` do not apply;
         ``damping`` None means 0.5), and its double-loop fallback runs up to ``5 * max_sweeps``
@@ -1217,26 +1204,19 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
         if getattr(self, "_continuing", False):
             options["learning"] = "minibatch"
         kernel = check_kernel(self.kernel)
-        noise = check_noise_model(self.likelihood, self.noise_variance)
-        student_t = noise == "student_t" or isinstance(noise, StudentT)
-        if student_t:
-            options["power"] = 0.5 if self.power is None else options["power"]
-            options["max_halvings"] = 10
-            if self.damping is None:
-                options["damping"] = 0.5
+        noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
+        fractional = noise_class.ep_variant == "fractional"
+        if fractional:
+            use_fractional_ep(options, noise_class, None if self.power is None else options["power"], self.damping)
         noise_variance = check_noise_variance(self.noise_variance)
         # a placeholder noise model for the checks before the data are read; None becomes var(y) / 10 below
-        if isinstance(noise, (Gaussian, StudentT)):
-            likelihood = noise
-        elif noise == "student_t":
-            likelihood = StudentT()
-        else:
-            likelihood = Gaussian(noise_variance=1.0 if noise_variance is None else noise_variance)
+        likelihood = (noise_class.from_noise_variance(1.0 if noise_variance is None else noise_variance)
+                      if noise is None else noise)
         learn_noise = v.check_bool(self.learn_noise, "learn_noise")
         self._check_fit_options(options, kernel, likelihood, learn_noise)
         on_cluster = client is not None or _chunked.is_dask_array(X)
-        if on_cluster and student_t:
-            raise ValueError("the Student-t likelihood is fitted in core only: a dask X (or a client) "
+        if on_cluster and fractional:
+            raise ValueError(f"the {noise_class.__name__} likelihood is fitted in core only: a dask X (or a client) "
                              "needs likelihood=None (Gaussian noise)")
         if on_cluster and not self._dask_learns_from_minibatches(X, options, likelihood):
             _, X, problems = self._fit_chunked(X, y, client, kernel, likelihood, options, learn_noise,
@@ -1254,21 +1234,17 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             else:
                 gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
             previous = None
-            if self._learns_from_minibatches(X.shape[0], options, noise):
+            if self._learns_from_minibatches(X.shape[0], options, likelihood):
                 options["n_features"] = X.shape[1]
                 previous = self._previous_minibatch_fits(X, options, 1)
                 start = previous[0].kernel if previous else self._minibatch_start(kernel, X, y, regression=True)
             kernel = start
-            if isinstance(noise, Gaussian):
-                gaussian = noise                   # the likelihood given (``likelihood`` above)
-            if noise == "student_t":
-                likelihood = StudentT(dof=4.0, scale=float(np.sqrt(gaussian.noise_variance)))
-            elif not student_t:
-                likelihood = gaussian
+            if noise is None:
+                likelihood = noise_class.from_noise_variance(gaussian.noise_variance)
             self._check_kernel_gradients(kernel, X, self._learns_inducing())
-            # the IVM initialisation scores inclusions under Gaussian noise of the same scale
+            # the IVM initialisation scores inclusions under Gaussian noise of the targets' scale
             (Z,) = ([previous[0].Z] if previous
-                    else self._inducing_inputs(X, options, kernel, gaussian if student_t else likelihood, [y]))
+                    else self._inducing_inputs(X, options, kernel, gaussian if fractional else likelihood, [y]))
             self._check_memory(X.shape[0], Z.shape[0], 1, options)
             problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise,
                                           start=previous[0] if previous else None)]

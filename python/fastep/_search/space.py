@@ -3,7 +3,7 @@
 :class:`SearchSpace` maps the hyperparameters θ (the kernel's unconstrained ``theta``, then the
 likelihood's, then an extra block such as inducing inputs) to the coordinates the optimiser
 moves, ``u``: the log of every positive parameter (``'softplus'``- and ``'log'``-transformed
-kernel parameters, the likelihood's ``log_*`` parameters), the others as they are. On the log
+kernel parameters, the likelihood's log-scale parameters), the others as they are. On the log
 scale a variance that grows from 1 to 1000 moves by 7, not by 1000 as in softplus
 coordinates, and the gradient of the evidence is of a size L-BFGS-B steps well with.
 
@@ -74,18 +74,19 @@ class SearchSpace:
     Parameters
     ----------
     kernel : Kernel
-    likelihood_names : list of str
-        Names of the learnt likelihood parameters (:meth:`fastep.likelihoods.Likelihood.theta_names`).
+    likelihood_parameters : list of LikelihoodParameter
+        The learnt likelihood parameters (:meth:`fastep.likelihoods.Likelihood.parameters`); the
+        hyperprior acts on those whose coordinate is a log scale.
     n_extra : int
         Size of the trailing block without log scale (inducing inputs).
     theta0 : ndarray (p,)
     bounds : ndarray (p, 2)
     """
 
-    def __init__(self, kernel, likelihood_names, n_extra, theta0, bounds):
+    def __init__(self, kernel, likelihood_parameters, n_extra, theta0, bounds):
         kernel_kinds = list(kernel.theta_transforms)
         kinds = kernel_kinds + [
-            "log" if name.startswith("log_") else "identity" for name in likelihood_names] + ["identity"] * n_extra
+            "log" if parameter.log_scale else "identity" for parameter in likelihood_parameters] + ["identity"] * n_extra
         self.softplus = np.array([k == "softplus" for k in kinds], dtype=bool)
         #: the kernel's log coordinates, searched without bounds (below)
         self.unbounded = np.array([k in ("softplus", "log") for k in kernel_kinds]
@@ -142,8 +143,8 @@ class SearchSpace:
 
 
 def search_space_of(kernel, likelihood, learn_likelihood, n_extra, theta0, bounds):
-    names = likelihood.theta_names() if learn_likelihood else []
-    return SearchSpace(kernel, names, n_extra, theta0, bounds)
+    parameters = likelihood.parameters() if learn_likelihood else []
+    return SearchSpace(kernel, parameters, n_extra, theta0, bounds)
 
 
 class Search:

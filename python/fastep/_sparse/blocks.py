@@ -80,20 +80,6 @@ def cavity_moments(likelihood, y, d, tau, nu, g_mean, g_var, options):
     return m_c, var_f, a, b
 
 
-def likelihood_gradient(likelihood, y, cavity_mean, cavity_var, a, b, power):
-    """``Σ_i (1/α) ∂ log Z_i/∂t`` over the given sites for the learnable likelihood parameters."""
-    if power == 1.0:
-        return likelihood.theta_gradient(y, cavity_mean, cavity_var)
-    names = likelihood.theta_names()
-    if names == ["log_dof", "log_scale"]:          # Student-t: powered moments, any α
-        return likelihood.theta_gradient(y, cavity_mean, cavity_var, power=power)
-    if names != ["log_noise"]:
-        raise ValueError(f"learning the likelihood parameters {names} is not supported with power < 1")
-    # Z = (2πσ²)^((1-α)/2) α^(-1/2) N(y; m, v + σ²/α):  ∂ log Z/∂σ² = (1-α)/(2σ²) + (a² - b)/(2α)
-    s2 = likelihood.noise_variance
-    return np.array([float(np.sum(0.5 * (1.0 - power) + s2 * (a * a - b) / (2.0 * power))) / power])
-
-
 def _u_block(L, Vt):
     """``U = K_mm⁻¹ K_m,block = L⁻ᵀ V_block`` (m x rows)."""
     return solve_triangular(L, Vt.T, lower=True, trans="T")
@@ -115,7 +101,7 @@ def gradient_first_sums(L, Vt, d, y, tau, nu, g_mean, g_var, likelihood, options
     U = _u_block(L, Vt)
     P = matmul(U * tau, Vt)
     Ua = matmul(U, a)
-    lik = likelihood_gradient(likelihood, y, m_c, var_f, az, bz, power) if learn_likelihood else 0.0
+    lik = likelihood.power_ep_theta_gradient(y, m_c, var_f, az, bz, power) if learn_likelihood else 0.0
     return P, Ua, lik, a, c
 
 

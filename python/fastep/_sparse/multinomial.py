@@ -137,7 +137,7 @@ def select_across_classes(X, labels, n_classes, kernel, m, seed=0):
     class's one-vs-rest problem with a budget of ``ceil(m / c)`` (rows in class order, then
     inclusion order; a row chosen by two classes is kept once, and the budget left by such rows is
     filled from the classes' next choices in turn)."""
-    from ..ivm import select_active_set
+    from .._ivm.selection import select_active_set
     from ..likelihoods import Probit
 
     n = X.shape[0]

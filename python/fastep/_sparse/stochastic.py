@@ -93,7 +93,7 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
 from .._linalg import inner, matmul
-from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums, likelihood_gradient
+from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums
 
 #: Factor on Adam's step in the second stage of a default minibatch fit, where the inducing
 #: inputs are learnt too (``learn_inducing='auto'``): the stage starts near the learnt kernel.
@@ -385,7 +385,7 @@ class MinibatchSparseEP:
         scale = self.n / max(X.shape[0] + int(np.count_nonzero(bad)), 1)
         g_kernel, Gmm, g_z = gradient_second_sums(self.kernel, self.Z, X, L, Vt, tau, a, c, Ua, PA,
                                                   learn_inducing)
-        lik = (scale * likelihood_gradient(self.likelihood, y, mean, var_f, alpha, beta, power)
+        lik = (scale * self.likelihood.power_ep_theta_gradient(y, mean, var_f, alpha, beta, power)
                if learn_likelihood else 0.0)
         return gradient_from_sums(self.kernel, self.Z, scale * g_kernel, scale * Gmm,
                                   None if g_z is None else scale * g_z, lik, learn_likelihood, learn_inducing)

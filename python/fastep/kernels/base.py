@@ -803,3 +803,17 @@ class _Composite(Kernel):
         inner = f" {self._symbol} ".join(
             f"({k!r})" if isinstance(k, _Composite) else repr(k) for k in self.kernels)
         return inner if len(self.kernels) > 1 else f"{type(self).__name__}([{inner}])"
+
+
+def check_kernel(kernel):
+    """An estimator's ``kernel`` parameter: None (the estimator's data-aware start) or a
+    :class:`Kernel`.
+
+    Raises
+    ------
+    TypeError
+        Naming ``kernel`` and the type given.
+    """
+    if kernel is not None and not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a fastep.kernels.Kernel or None, got {type(kernel).__name__}")
+    return kernel

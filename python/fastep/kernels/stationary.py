@@ -311,3 +311,35 @@ class Bias(_InputFreeVariance):
     def _cross_grads_constrained(self, X, Y, pairs):
         for _ in pairs:
             yield np.ones((X.shape[0], Y.shape[0]))
+
+
+def relevance_weights(kernel, n_features):
+    """Per-input inverse length-scales ``sqrt(γ α_c)`` of an ARD RBF kernel, alone or as the one
+    :class:`RBFARD` term of a sum; None for any other kernel, or when a weight is not finite and
+    positive.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    n_features : int
+        The number of inputs the weights must cover.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep.kernels import RBFARD, White
+    >>> from fastep.kernels.stationary import relevance_weights
+    >>> relevance_weights(RBFARD(np.array([1.0, 0.25]), inverse_width=4.0) + White(0.1), 2)
+    array([2., 1.])
+    >>> relevance_weights(White(0.1), 2) is None
+    True
+    """
+    from .combinators import Sum
+    parts = kernel.kernels if isinstance(kernel, Sum) else [kernel]
+    ard = [k for k in parts if isinstance(k, RBFARD)]
+    if len(ard) != 1:
+        return None
+    weights = np.sqrt(ard[0].get_params()["inverse_width"] * np.asarray(ard[0]._column_scales(), dtype=np.float64))
+    if weights.shape != (n_features,) or not np.all(np.isfinite(weights)) or np.any(weights <= 0.0):
+        return None
+    return weights

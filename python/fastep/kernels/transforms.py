@@ -2,6 +2,7 @@
 value an optimiser moves (softplus, log, sigmoid); see :mod:`fastep.kernels`."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, overload
 
 import numpy as np
@@ -10,7 +11,7 @@ from .._special import expit
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["Transform", "TRANSFORMS", "FIXED"]
+__all__ = ["Transform", "TRANSFORMS", "FIXED", "IDENTITY"]
 
 #: Marks a hyperparameter that keeps its value (left out of ``theta`` and the gradients).
 FIXED = "fixed"
@@ -64,6 +65,14 @@ class Transform:
         """dx/dt at t."""
         raise NotImplementedError
 
+    def forward_scalar(self, t: float) -> float:
+        """``forward`` of one value, as a Python float (a likelihood's parameter)."""
+        return float(self.forward(t))
+
+    def inverse_scalar(self, x: float) -> float:
+        """``inverse`` of one value, as a Python float."""
+        return float(self.inverse(x))
+
     def check(self, x: ArrayLike, name: str) -> None:
         """Raise ``ValueError`` naming ``name`` unless every x is in (0, upper)."""
         x = np.asarray(x, dtype=float)
@@ -107,6 +116,12 @@ class _Log(Transform):
         with np.errstate(over="ignore"):
             return np.exp(t)
 
+    def forward_scalar(self, t):
+        return math.exp(t)
+
+    def inverse_scalar(self, x):
+        return math.log(x)
+
 
 class _Sigmoid(Transform):
     name = "sigmoid"
@@ -123,6 +138,34 @@ class _Sigmoid(Transform):
     def derivative(self, t):
         return expit(t) * expit(-np.asarray(t, dtype=float))
 
+
+class _Identity(Transform):
+    """x = t: a parameter that takes any real value (a likelihood's bias).  Not offered to
+    kernels, whose parameters are positive."""
+    name = "identity"
+
+    def forward(self, t):
+        return t
+
+    def inverse(self, x):
+        return x
+
+    def forward_scalar(self, t):
+        return float(t)
+
+    def inverse_scalar(self, x):
+        return float(x)
+
+    def derivative(self, t):
+        return np.ones_like(np.asarray(t, dtype=float))
+
+    def check(self, x, name):
+        if not np.all(np.isfinite(np.asarray(x, dtype=float))):
+            raise ValueError(f"{name} must be finite")
+
+
+#: The unconstrained transform, for parameters on the whole real line.
+IDENTITY = _Identity()
 
 #: The available transforms by name (``'fixed'`` is accepted in ``transforms=`` too).
 TRANSFORMS: dict[str, Transform] = {t.name: t for t in (_Softplus(), _Log(), _Sigmoid())}
