@@ -51,7 +51,7 @@ def test_version_and_first_use_still_work():
 #: fastep's modules that ``import fastep`` leaves to first use (an estimator's first use imports
 #: its module, its compiled engine and the search machinery).
 DEFERRED = ("fastep.gp", "fastep.sparse", "fastep.ivm", "fastep.linear", "fastep.horseshoe", "fastep.multioutput",
-            "fastep.batch", "fastep._gp_base", "fastep._dense", "fastep._sparse", "fastep._ivm", "fastep._horseshoe",
+            "fastep.batch", "fastep._gp", "fastep._dense", "fastep._sparse", "fastep._ivm", "fastep._horseshoe",
             "fastep._student_t", "fastep._search", "fastep._memory", "fastep._show_versions", "fastep.cli",
             "fastep._epcore.gp_ep", "fastep._epcore.sparse_ep", "fastep._epcore.ivm", "fastep._epcore.linear_ep",
             "fastep._epcore.horseshoe", "fastep._epcore.rank_k_ep", "fastep._epcore.multiclass_ep")

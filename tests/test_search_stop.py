@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fastep import GaussianProcessClassifier
-from fastep._gp_base import Hyperparameters
+from fastep._gp.hyperparameters import Hyperparameters
 from fastep.exceptions import ConvergenceWarning
 from fastep._search import space as search_space
 from fastep._search.optimize import maximize_log_likelihood

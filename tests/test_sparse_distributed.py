@@ -24,7 +24,7 @@ from fastep.kernels import RBF
 from fastep.likelihoods import Gaussian
 from fastep.reference import sites as ref_sites
 from fastep.reference import sparse_ep as ref
-from fastep.sparse import _BinarySparseEP
+from fastep._sparse.problem import _BinarySparseEP
 
 def _data(n, seed, classes=2, dim=2):
     rng = np.random.default_rng(seed)
@@ -363,7 +363,7 @@ def test_minibatch_fits_from_memory_a_memmap_and_a_dask_array_are_the_same(clien
     """Minibatch learning reads a dask X a chunk at a time to the driver: for one random_state
     the batches, and so every step and the fitted model, are those of the in-core fit (bitwise).
     With learning='auto' a dask X learns from minibatches from the same number of rows on."""
-    import fastep.sparse as sparse_module
+    import fastep._sparse.estimator as sparse_module
 
     X, y, t = _data(2500, seed=21, dim=3)
     path = tmp_path / "X.npy"

@@ -10,7 +10,7 @@ import pytest
 
 import fastep
 from fastep import SparseGPClassifier, SparseGPRegressor
-from fastep._gp_base import Hyperparameters
+from fastep._gp.hyperparameters import Hyperparameters
 from fastep._sparse import stochastic as sto
 from fastep._sparse.problem import _BinarySparseEP
 from fastep.kernels import RBF, RBFARD

@@ -3,7 +3,7 @@
 The compiled engine :mod:`fastep._epcore.gp_ep` runs the EP sweeps on the n×n
 kernel matrix; this module holds the estimators (options, validation, one problem per
 class, prediction); one problem's EP runs, evidence gradient and prediction state live in
-:mod:`fastep._dense.problem`, the hyperparameter search in :mod:`fastep._gp_base`.
+:mod:`fastep._dense.problem`, the hyperparameter search in :mod:`fastep._gp.problem`.
 
 Prediction (R&W Alg. 3.6): with ``s = sqrt(site_precision)``,
 ``B = I + S^½ K S^½ = L Lᵀ`` and ``b = (K + S⁻¹)⁻¹ S⁻¹ ν = ν − s ⊙ B⁻¹(s ⊙ K ν)``,
@@ -26,10 +26,11 @@ from . import _validation as v
 from ._memory import check_memory, concurrent_problems, dense_gp_bytes, format_bytes, student_t_gp_bytes
 from ._epcore import gp_ep as _engine
 from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
-from ._gp_base import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
-                       REGRESSOR_ATTRIBUTES, EPEvidenceMixin, GPClassifierMixin, GPEstimator,
-                       GPRegressorMixin, Hyperparameters, check_classifier_likelihood,
-                       ep_option_constraints, start_kernel, use_fractional_ep)
+from ._gp.docs import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
+                       REGRESSOR_ATTRIBUTES)
+from ._gp.estimator import EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegressorMixin
+from ._gp.hyperparameters import Hyperparameters
+from ._gp.options import check_classifier_likelihood, ep_option_constraints, start_kernel, use_fractional_ep
 from ._constraints import Integer, validate_params
 from ._dense.problem import DenseGPProblem
 from ._dense.multiclass import ADAPTIVE_DAMPING_START, MultinomialGPProblem

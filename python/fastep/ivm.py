@@ -105,9 +105,10 @@ import numpy as np
 from . import _validation as v
 from ._base import EXAMPLES_DOC, ClassifierMixin, fill_doc, records_feature_names
 from ._epcore import ivm as _engine
-from ._gp_base import (CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC, GPClassifierMixin,
-                       GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin, check_classifier_likelihood,
-                       check_optimizer, stack_problems, start_kernel)
+from ._gp.docs import CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC
+from ._gp.estimator import (GPClassifierMixin, GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin,
+                            stack_problems)
+from ._gp.options import check_classifier_likelihood, check_optimizer, start_kernel
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from ._ivm.selection import select_active_set
 from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_BATCH_SIZE, MINIBATCH_LEARNING_RATE,
@@ -187,7 +188,7 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
     def _options(self, X, kernel=None):
         """The validated options of a fit on the inputs ``X``; ``kernel``: the starting kernel
         when the estimator has made it (the regressor), else ``self.kernel`` or the data-aware
-        start (:func:`~fastep._gp_base.start_kernel`), validated on X."""
+        start (:func:`~fastep._gp.options.start_kernel`), validated on X."""
         n_samples = X.shape[0]
         given = check_kernel(self.kernel)
         d = self.active_set_size

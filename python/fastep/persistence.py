@@ -119,6 +119,9 @@ _MOVED_CLASSES = {
     "fastep.ivm._IVMProblem": "fastep._ivm.problem._IVMProblem",
     "fastep.sparse._BinarySparseEP": "fastep._sparse.problem._BinarySparseEP",
     "fastep.sparse._StudentTSparseEP": "fastep._sparse.problem._StudentTSparseEP",
+    "fastep._gp_base.Hyperparameters": "fastep._gp.hyperparameters.Hyperparameters",
+    "fastep._gp_base.SiteProblem": "fastep._gp.problem.SiteProblem",
+    "fastep._gp_base.DensePredictor": "fastep._gp.predictor.DensePredictor",
 }
 
 

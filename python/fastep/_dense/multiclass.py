@@ -30,7 +30,7 @@ from scipy.linalg import lapack, solve_triangular
 from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepDriver
 from .._epcore.gp_ep import _check_kernel_matrix
-from .._gp_base import SiteProblem
+from .._gp.problem import SiteProblem
 from .._prediction import PREDICT_BATCH
 from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)

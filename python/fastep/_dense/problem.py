@@ -2,7 +2,7 @@
 matrix, its evidence gradient and its prediction state (Minka §2, eqs 77-88).
 
 The compiled engine :class:`fastep._epcore.gp_ep.DenseEP` runs the EP sweeps; the search
-(:meth:`fastep._gp_base.SiteProblem.fit`) evaluates the problem at each point.
+(:meth:`fastep._gp.problem.SiteProblem.fit`) evaluates the problem at each point.
 
 Prediction (R&W Alg. 3.6): with ``s = sqrt(site_precision)``,
 ``B = I + S^½ K S^½ = L Lᵀ`` and ``b = (K + S⁻¹)⁻¹ S⁻¹ ν = ν − s ⊙ B⁻¹(s ⊙ K ν)``,
@@ -22,7 +22,8 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import gp_ep as _engine
-from .._gp_base import DensePredictor, SiteProblem
+from .._gp.predictor import DensePredictor
+from .._gp.problem import SiteProblem
 from .._linalg import inner, matmul, symmetrize_from_lower
 from ..progress import sweep_callback_of
 

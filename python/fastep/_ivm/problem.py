@@ -21,7 +21,9 @@ from scipy.linalg import lapack
 from .._epcore import ivm as _engine
 from .._epcore import sparse_ep as _sparse_engine
 from .._epcore.ivm_refine import ExchangeResult, RefineResult
-from .._gp_base import DensePredictor, GPClassifierMixin, Hyperparameters
+from .._gp.estimator import GPClassifierMixin
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.predictor import DensePredictor
 from .._search.checks import kernel_structure, warn_if_kernel_stuck
 from .._linalg import cholesky_lower, matmul
 from ..progress import StopRequested

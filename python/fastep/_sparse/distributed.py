@@ -30,7 +30,7 @@ import numpy as np
 from .. import _validation as v
 from .._epcore import sparse_ep as _engine
 from .._epcore._common import SweepDriver, SweepResult
-from .._gp_base import SiteProblem
+from .._gp.problem import SiteProblem
 from .._sparse.blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, posterior_from_sums, project_rows,
                              times_inverse_a)
@@ -318,7 +318,7 @@ def run_parallel_ep(executor, chunks, likelihood, options):
 class DistributedSparseEP(SiteProblem):
     """One binary (or regression) sparse EP problem over row chunks (parallel schedule).
 
-    The counterpart of :class:`fastep.sparse._BinarySparseEP` for chunked data: the same
+    The counterpart of :class:`fastep._sparse.problem._BinarySparseEP` for chunked data: the same
     evidence, gradient and prediction state, computed by map-reduce over ``chunks`` with
     ``executor``.  Holds no array of length n: the sites stay in the chunks.
     """
@@ -358,7 +358,7 @@ class DistributedSparseEP(SiteProblem):
         return chunks, R, w_mean, info
 
     def evaluate(self, params, *, gradient, warm, keep=False):
-        """As :meth:`fastep.sparse._BinarySparseEP.evaluate`, by map-reduce over the chunks."""
+        """As :meth:`fastep._sparse.problem._BinarySparseEP.evaluate`, by map-reduce over the chunks."""
         if self.executor is None:
             raise ValueError("this model was fitted on a Dask cluster and then saved or pickled: its training "
                              "data stayed on the cluster, so the evidence cannot be evaluated again; refit it")

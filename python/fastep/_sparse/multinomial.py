@@ -75,7 +75,7 @@ from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepDriver
 from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, _outer_sites,
                                  class_probabilities)
-from .._gp_base import SiteProblem
+from .._gp.problem import SiteProblem
 from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_solve, inner, matmul,
                        symmetrize_from_lower)
 from .._prediction import BatchedPredictor

@@ -37,7 +37,7 @@ import numpy as np
 
 from .._epcore import sparse_ep as _engine
 from .._epcore import student_t_ep as _student_t_engine
-from .._gp_base import SiteProblem
+from .._gp.problem import SiteProblem
 from ..progress import sweep_callback_of
 from .._sparse.blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)

@@ -62,7 +62,7 @@ gradient at the given sites: summed over a partition of the data into minibatche
 full gradient (Hernández-Lobato and Hernández-Lobato, *Scalable Gaussian Process
 Classification via Expectation Propagation*, AISTATS 2016, Section 3: the gradient of the EP
 evidence at fixed sites is a sum over the data).  The hyperparameters (the search coordinates
-of :class:`fastep._gp_base.Hyperparameters`: logs of the positive parameters) take Adam steps
+of :class:`fastep._gp.hyperparameters.Hyperparameters`: logs of the positive parameters) take Adam steps
 (Kingma and Ba 2015) on the estimate plus the hyperprior's gradient.
 
 Stopping rule
@@ -485,7 +485,7 @@ def learn_minibatch(state, hyper, source, *, batch_size, learning_rate, window, 
     ----------
     state : MinibatchSparseEP
         Updated in place (its kernel, likelihood and Z follow the hyperparameters).
-    hyper : fastep._gp_base.Hyperparameters
+    hyper : fastep._gp.hyperparameters.Hyperparameters
         θ's packing, its search coordinates and the hyperprior; ``hyper.unpack`` gives the
         kernel, the likelihood and Z (when learnt) of a θ.
     source : RowSource

@@ -24,7 +24,7 @@ from scipy.linalg import cho_factor
 
 from .._student_t.double_loop import run_double_loop_ep
 from .._epcore import student_t_ep as _engine
-from .._gp_base import SiteProblem
+from .._gp.problem import SiteProblem
 from .._prediction import BatchedPredictor
 from .._linalg import inner, matmul
 from ..progress import sweep_callback_of
@@ -100,7 +100,7 @@ class RejectStuckDuringSearch:
     reject_stuck = False
 
     def evaluate(self, params, *, gradient, warm, keep=False):
-        """As :meth:`fastep._gp_base.SiteProblem.evaluate`; a search evaluation (``gradient``)
+        """As :meth:`fastep._gp.problem.SiteProblem.evaluate`; a search evaluation (``gradient``)
         rejects a stuck run."""
         with self._search_evaluation(gradient):
             return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
