@@ -27,11 +27,12 @@ Modules: ``base`` (:class:`Likelihood`, :class:`LikelihoodParameter`), ``binary`
 A new likelihood is one subclass of :class:`Likelihood` (see its docstring).
 """
 from .base import Likelihood, LikelihoodParameter
-from .binary import Logistic, Probit, Step
+from .binary import BinaryLikelihood, Logistic, Probit, Step
 from .ordinal import OrderedCategorical
 from .regression import Gaussian, StudentT
 
 __all__ = [
+    "BinaryLikelihood",
     "Gaussian",
     "Likelihood",
     "LikelihoodParameter",
@@ -43,6 +44,6 @@ __all__ = [
 ]
 
 # The public classes are documented, pickled and shown as ``fastep.likelihoods.<name>``.
-for _cls in (Likelihood, LikelihoodParameter, Logistic, Probit, Step, OrderedCategorical, Gaussian, StudentT):
+for _cls in (Likelihood, LikelihoodParameter, BinaryLikelihood, Logistic, Probit, Step, OrderedCategorical, Gaussian, StudentT):
     _cls.__module__ = __name__
 del _cls

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["Probit", "Step", "Logistic"]
+__all__ = ["BinaryLikelihood", "Probit", "Step", "Logistic"]
 
 _LOG = TRANSFORMS["log"]
 
@@ -47,8 +47,31 @@ class _HalfSigmoid(Transform):
         return 0.5 * expit(t) * expit(-np.asarray(t, dtype=float))
 
 
-class _Binary(Likelihood):
-    """Binary likelihoods: targets in {-1, +1}."""
+class BinaryLikelihood(Likelihood):
+    """Base class of the binary classification likelihoods: targets in {-1, +1}.
+
+    A new binary likelihood subclasses it and defines what :class:`Likelihood` asks of a
+    subclass; the classifiers (:class:`fastep.GaussianProcessClassifier`,
+    :class:`fastep.SparseGPClassifier`, :class:`fastep.IVMClassifier`,
+    :class:`fastep.LinearEPClassifier`) accept it as their ``likelihood``.  The predictive
+    ``p(y = +1)`` is the site normaliser at ``y = +1``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastep._epcore.sites import LIKELIHOOD_CODES, SiteSpec
+    >>> from fastep.likelihoods import BinaryLikelihood
+    >>> class SharpProbit(BinaryLikelihood):
+    ...     # Φ(3 y f): a probit of fixed slope 3, nothing to learn
+    ...     def _validate(self, params):
+    ...         return {}
+    ...     def _make_spec(self):
+    ...         return SiteSpec(LIKELIHOOD_CODES["probit"], [3.0, 0.0])
+    ...     def parameters(self):
+    ...         return []
+    >>> np.round(SharpProbit().predictive(np.array([2.0]), np.array([1.0])), 4)
+    array([0.9711])
+    """
 
     is_classification = True
 
@@ -71,7 +94,7 @@ class _Binary(Likelihood):
 _HALF_SIGMOID = _HalfSigmoid()
 
 
-class Probit(_Binary):
+class Probit(BinaryLikelihood):
     """Probit likelihood ``p(y | f) = Phi(slope * y * (f + bias))`` (IVM eqs 19-21, Minka eqs 56-60).
 
     Parameters
@@ -140,7 +163,7 @@ class Probit(_Binary):
         return super().predictive(mean, var)
 
 
-class Step(_Binary):
+class Step(BinaryLikelihood):
     """Step likelihood with label noise ``p(y | f) = eps + (1 - 2 eps) Theta(y f)`` (Minka eqs 50-55).
 
     Parameters
@@ -193,7 +216,7 @@ class Step(_Binary):
         return out
 
 
-class Logistic(_Binary):
+class Logistic(BinaryLikelihood):
     """Logistic likelihood ``p(y | f) = sigma(y f)`` (Minka eqs 61-66).
 
     Parameters

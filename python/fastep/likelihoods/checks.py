@@ -7,7 +7,7 @@ import numpy as np
 from fastep._epcore.rank_k_ep import RankKLikelihood
 from fastep._epcore.sites import SiteSpec
 from .base import Likelihood
-from .binary import Probit, _Binary
+from .binary import BinaryLikelihood, Probit
 from .ordinal import OrderedCategorical
 from .regression import Gaussian, StudentT
 
@@ -33,7 +33,7 @@ def check_binary_likelihood(likelihood):
         For anything else.
     """
     lik = Probit() if likelihood is None else likelihood
-    if not isinstance(lik, _Binary):
+    if not isinstance(lik, BinaryLikelihood):
         raise TypeError("likelihood must be a binary classification likelihood (fastep.likelihoods.Probit, Step "
                         f"or Logistic), got {lik!r}")
     return lik
