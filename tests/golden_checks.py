@@ -1241,7 +1241,7 @@ def twin_linear(name, rec):
     report = Report(f"{name}: twin (reference.linear_ep)")
     evidence = linear_ep.log_evidence(X, targets, np.zeros(d), np.eye(d), probit, run["site_precision"],
                                       run["site_natural_mean"])
-    report.close("log evidence", evidence, rec["log_evidence_"], evidence_tolerance(len(y), tol))
+    report.close("log evidence", evidence, rec["log_marginal_likelihood_value_"], evidence_tolerance(len(y), tol))
     report.close("posterior mean", run["post_mean"], rec["posterior_mean_"], 10 * tol, 10 * tol)
     report.close("posterior covariance", run["post_cov"], rec["posterior_cov_"], 10 * tol, 10 * tol)
     report.close("site precision", run["site_precision"], rec["site_precision_"],

@@ -44,7 +44,7 @@ def test_demo_runs_and_reports_accuracy_evidence_time():
     models = demo(n_train=200, n_test=200, out=out)
     text = out.getvalue()
     assert "log evidence" in text and "test accuracy" in text and "fit time" in text
-    assert np.isfinite(models["linear"].log_evidence_)
+    assert np.isfinite(models["linear"].log_marginal_likelihood_value_)
     assert models["linear"].converged_
     assert "GP classifier" in text
     for name in ("gp_fixed", "gp_learnt"):

@@ -149,7 +149,7 @@ PERTURBATIONS = [
     ("horseshoe", "twin", _log_shifted("rho2_"), "fixed-point residual", False),
     ("horseshoe_dependent", "twin", _scaled("sites_.pi_u", 1.01), "fixed-point residual", False),
     ("horseshoe_multitask", "twin", _scaled("sites_[1].h_w", 1.01), "task 1", False),
-    ("linear_probit", "twin", _shifted("log_evidence_", 1e-3), "log evidence", False),
+    ("linear_probit", "twin", _shifted("log_marginal_likelihood_value_", 1e-3), "log evidence", False),
     # stationarity: the hyperparameters moved by 0.05 in log space
     ("gpc_learnt", "stationarity", _log_shifted("kernel_.params.variance"), "projected gradient", False),
     ("gpr_learnt", "stationarity", _log_shifted("kernel_.params.k0__inverse_width"), "projected gradient", False),

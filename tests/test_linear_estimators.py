@@ -44,7 +44,7 @@ def test_regressor_equals_bayesian_linear_regression(regression_data, update_for
     m, V, log_ev = _blr_closed_form(X, y, m0, V0, 0.3)
     np.testing.assert_allclose(reg.posterior_mean_, m, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(reg.posterior_cov_, V, rtol=1e-10, atol=1e-13)
-    assert reg.log_evidence_ == pytest.approx(log_ev, rel=1e-10, abs=1e-9)
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(log_ev, rel=1e-10, abs=1e-9)
     mean, std = reg.predict(X[:5], return_std=True)
     np.testing.assert_allclose(mean, X[:5] @ m, rtol=1e-10)
     np.testing.assert_allclose(std**2, np.einsum("ij,jk,ik->i", X[:5], V, X[:5]) + 0.3, rtol=1e-10)
@@ -59,7 +59,7 @@ def test_regressor_intercept_is_an_extra_feature(regression_data):
     m, _, log_ev = _blr_closed_form(Xa, y, np.zeros(7), V0, 0.2)
     np.testing.assert_allclose(reg.coef_, m[:6], rtol=1e-10)
     assert reg.intercept_ == pytest.approx(m[6], rel=1e-10)
-    assert reg.log_evidence_ == pytest.approx(log_ev, rel=1e-10)
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(log_ev, rel=1e-10)
 
 
 def test_classifier_conventions(classification_data):
@@ -86,7 +86,7 @@ def test_classifier_likelihoods_fit_and_agree_on_direction(classification_data, 
     X, y = classification_data
     clf = LinearEPClassifier(likelihood, max_sweeps=300, damping=0.8).fit(X, y)
     assert clf.converged_
-    assert np.isfinite(clf.log_evidence_)
+    assert np.isfinite(clf.log_marginal_likelihood_value_)
     assert clf.coef_[0] > 0 and clf.coef_[1] < 0
 
 
@@ -111,12 +111,12 @@ def test_predict_before_fit_and_feature_mismatch(classification_data):
 def test_bad_input_leaves_state_unchanged(classification_data, bad_fit, match, exc):
     X, y = classification_data
     clf = LinearEPClassifier().fit(X, y)
-    before = clf.posterior_mean_.copy(), clf.log_evidence_, clf.classes_.copy()
+    before = clf.posterior_mean_.copy(), clf.log_marginal_likelihood_value_, clf.classes_.copy()
     Xb, yb = bad_fit(X, y)
     with pytest.raises(exc, match=match):
         clf.fit(Xb, yb)
     np.testing.assert_array_equal(clf.posterior_mean_, before[0])
-    assert clf.log_evidence_ == before[1]
+    assert clf.log_marginal_likelihood_value_ == before[1]
     np.testing.assert_array_equal(clf.classes_, before[2])
 
 
@@ -179,3 +179,14 @@ def test_no_warning_when_converged(classification_data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LinearEPClassifier().fit(X, y)
+
+
+def test_log_evidence_is_a_deprecated_alias_of_log_marginal_likelihood_value():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    y = np.where(X[:, 0] > 0, 1, -1)
+    clf = LinearEPClassifier().fit(X, y)
+    with pytest.warns(FutureWarning, match="log_evidence_ is deprecated.*log_marginal_likelihood_value_"):
+        old = clf.log_evidence_
+    assert old == clf.log_marginal_likelihood_value_
+    assert "log_evidence_" not in vars(clf)

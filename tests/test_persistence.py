@@ -77,7 +77,7 @@ def _outputs(model, X, y):
     if isinstance(model, fastep.MultiTaskHorseshoeRegression):
         return {"predict": [model.predict(X[t], task=t, return_std=True) for t in range(len(X))]}
     if isinstance(model, fastep.RankKEP):         # no predict: its posterior is the output
-        return {name: getattr(model, name) for name in ("posterior_mean_", "posterior_cov_", "log_evidence_")}
+        return {name: getattr(model, name) for name in ("posterior_mean_", "posterior_cov_", "log_marginal_likelihood_value_")}
     out = {}
     for method in METHODS:
         if hasattr(model, method):

@@ -101,6 +101,9 @@ def compare_outputs(name):
     n = _n_points(X)
     with np.load(stem + ".outputs.npz", allow_pickle=False) as archive:
         then = {key: archive[key] for key in archive.files}
+    for old_name, new_name in type(model)._renamed_attributes.items():     # attributes renamed since the file
+        then = {(new_name + key[len(old_name):] if key.startswith(old_name) else key): value
+                for key, value in then.items()}
     assert sorted(then) == sorted(now)
     rows, tolerance = [], {}
     for key, value in then.items():

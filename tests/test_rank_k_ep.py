@@ -583,7 +583,7 @@ def test_rankkep_matches_conjugate():
     mc, Vc, evc = conjugate(X, Y, m0, V0, R)
     np.testing.assert_allclose(est.posterior_mean_, mc, atol=1e-10)
     np.testing.assert_allclose(est.posterior_cov_, Vc, atol=1e-11)
-    assert abs(est.log_evidence_ - evc) < 1e-9
+    assert abs(est.log_marginal_likelihood_value_ - evc) < 1e-9
     assert est.converged_ and est.n_skipped_ == 0
     assert est.site_precision_.shape == (X.shape[0], 3, 3)
     assert np.array_equal(X, X0) and np.array_equal(Y, Y0)

@@ -14,7 +14,7 @@ from .progress import Progress, check_callback, check_verbose
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, TypeVar
+    from typing import Any, ClassVar, TypeVar
 
     from numpy.typing import ArrayLike, NDArray
     from typing_extensions import Self
@@ -164,6 +164,20 @@ KERNEL_EXAMPLES_DOC = """Examples
     >>> X = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])"""
 
 
+def deprecated_alias(old: str, new: str) -> property:
+    """A read-only attribute ``old`` that returns ``new`` with a ``FutureWarning``: a public name
+    renamed to the glossary's (``docs/glossary.rst``) keeps working, with a warning, for one
+    release.  Also list the pair in the class's ``_renamed_attributes`` so that a model file
+    written before the rename loads under the new name (:mod:`fastep.persistence`).
+    """
+    def getter(self: Any) -> Any:
+        import warnings
+        warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
+                      stacklevel=2)
+        return getattr(self, new)
+    return property(getter, doc=f"Deprecated alias of ``{new}`` (removed in the next release).")
+
+
 class BaseEstimator:
     """Minimal scikit-learn-compatible base: ``get_params``, ``set_params``, ``repr``.
 
@@ -177,6 +191,9 @@ class BaseEstimator:
     callback: Callback
     #: Set by ``fit`` when ``X`` is a data frame whose column names are all strings.
     feature_names_in_: NDArray[np.object_]
+    #: Fitted attributes renamed since earlier releases: ``{old name: new name}`` (each old name
+    #: is a :func:`deprecated_alias`); a model file that holds the old name loads under the new one.
+    _renamed_attributes: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def _param_names(cls):

@@ -114,7 +114,7 @@ def demo(n_train: int = 500, n_test: int = 500, grid: int = 12, seed: int = 0, o
     model = LinearEPClassifier(Probit(), prior_cov=25.0, fit_intercept=True, intercept_prior_var=25.0)
     elapsed = _timed_fit(model, F_train, y_train)
     print(f"  sweeps {model.n_sweeps_} (converged: {model.converged_}), fit time {elapsed * 1e3:.1f} ms", file=out)
-    print(f"  log evidence        {model.log_evidence_:.4f}", file=out)
+    print(f"  log evidence        {model.log_marginal_likelihood_value_:.4f}", file=out)
     _print_scores(model, F_train, y_train, F_test, y_test, out)
 
     from .kernels import RBF

@@ -12,7 +12,8 @@ import numpy as np
 from ._special import expit
 
 from . import _validation as v
-from ._base import EXAMPLES_DOC, BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
+from ._base import (EXAMPLES_DOC, BaseEstimator, ClassifierMixin, RegressorMixin, check_is_fitted, deprecated_alias,
+                    fill_doc, records_feature_names)
 from ._epcore import linear_ep as _engine
 from ._linalg import matmul
 from .exceptions import ConvergenceWarning
@@ -45,7 +46,9 @@ class WeightSpacePosterior:
     posterior_cov_: NDArray[np.float64]
     site_precision_: NDArray[np.float64]
     site_natural_mean_: NDArray[np.float64]
-    log_evidence_: float
+    log_marginal_likelihood_value_: float
+    _renamed_attributes = {"log_evidence_": "log_marginal_likelihood_value_"}
+    log_evidence_ = deprecated_alias("log_evidence_", "log_marginal_likelihood_value_")
     n_sweeps_: int
     converged_: bool
 
@@ -141,7 +144,7 @@ class _LinearEPBase(WeightSpacePosterior, BaseEstimator):
         self.posterior_cov_ = post_cov
         self.site_precision_ = site_precision
         self.site_natural_mean_ = site_natural_mean
-        self.log_evidence_ = float(log_evidence)
+        self.log_marginal_likelihood_value_ = float(log_evidence)
         self.n_sweeps_ = int(info.n_sweeps)
         self.converged_ = bool(info.converged)
         self.n_skipped_updates_ = int(info.n_skipped)
@@ -200,7 +203,7 @@ _SHARED_PARAMETERS_DOC = fill_doc("""prior_mean : None, float or array of shape 
 _SHARED_ATTRIBUTES_DOC = """posterior_mean_, posterior_cov_ : ndarray
     site_precision_, site_natural_mean_ : ndarray of shape (n_samples,)
         Site parameters v_i^-1 and v_i^-1 m_i (eq 20 onward).
-    log_evidence_ : float
+    log_marginal_likelihood_value_ : float
     n_sweeps_ : int
     converged_ : bool
 """
@@ -219,7 +222,7 @@ class LinearEPClassifier(ClassifierMixin, _LinearEPBase):
     Model: ``w ~ N(prior_mean, prior_cov)``, ``p(y_i | w) = t(y_i x_i^T w)``
     for a binary likelihood ``t`` (probit, step with flip noise, or logistic).
     EP (Minka 2001, §1.1, eqs 23–49) approximates the posterior by
-    ``N(posterior_mean_, posterior_cov_)`` and gives the evidence ``log_evidence_``.
+    ``N(posterior_mean_, posterior_cov_)`` and gives the evidence ``log_marginal_likelihood_value_``.
 
     Parameters
     ----------

@@ -99,7 +99,7 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
     posterior_cov_ : ndarray (d, d)
     site_precision_ : ndarray (n, k, k)
     site_natural_mean_ : ndarray (n, k)
-    log_evidence_ : float
+    log_marginal_likelihood_value_ : float
         EP approximation of log p(Y) (Minka eqs 48-49, 109-110).
     n_sweeps_ : int
     converged_ : bool
@@ -230,7 +230,7 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
         self.posterior_cov_ = state.post_cov
         self.site_precision_ = state.site_precision
         self.site_natural_mean_ = state.site_natural_mean
-        self.log_evidence_ = log_evidence
+        self.log_marginal_likelihood_value_ = log_evidence
         self.n_sweeps_ = info.n_sweeps
         self.converged_ = info.converged
         self.n_skipped_ = info.n_skipped

@@ -294,9 +294,19 @@ class _Decoder:
             else:
                 value.__dict__.update(state)
             if isinstance(value, BaseEstimator):
+                _rename_attributes(value)
                 _add_new_parameters(value)
         self.objects[node["id"]] = value
         return value
+
+
+def _rename_attributes(estimator):
+    """Fitted attributes a file written by an earlier release holds under a name since renamed
+    (the class's ``_renamed_attributes``) take the new name."""
+    state = vars(estimator)
+    for old, new in type(estimator)._renamed_attributes.items():
+        if old in state and new not in state:
+            state[new] = state.pop(old)
 
 
 def _add_new_parameters(estimator):
@@ -329,6 +339,8 @@ def _summary(estimator):
     summary = {}
     for attribute in ("kernel_", "likelihood_", "log_marginal_likelihood_value_", "log_evidence_",
                       "n_features_in_", "classes_", "fit_time_"):
+        if attribute in type(estimator)._renamed_attributes:
+            continue                                   # a deprecated alias of another entry
         value = getattr(estimator, attribute, None)
         if value is None:
             continue
