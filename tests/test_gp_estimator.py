@@ -377,7 +377,7 @@ class _Indefinite(Kernel):
     ({"tol": -1.0}, "tol"),
     ({"max_sweeps": 0}, "max_sweeps"),
     ({"block_size": 0}, "block_size"),
-    ({"refactor_every": 0}, "refactor_every"),
+    ({"refresh_every": 0}, "refresh_every"),
     ({"jitter": -1e-3}, "jitter"),
     ({"optimizer": "bfgs"}, "optimizer"),
     ({"n_restarts_optimizer": -1}, "n_restarts_optimizer"),
@@ -431,3 +431,31 @@ def test_white_kernel_handles_duplicate_inputs():
     y = np.concatenate([y, y[:5]])
     clf = GaussianProcessClassifier(unit_rbf() + White(variance=1e-6), optimizer=None).fit(X, y)
     assert np.isfinite(clf.log_marginal_likelihood_value_)
+
+
+def test_refactor_every_is_a_deprecated_name_of_refresh_every(tmp_path):
+    import warnings
+
+    from fastep import load, save
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    y = np.where(X[:, 0] > 0, 1, -1)
+    kw = dict(optimizer=None, schedule="parallel")
+    with pytest.warns(FutureWarning, match="refactor_every is deprecated.*refresh_every"):
+        old = GaussianProcessClassifier(refactor_every=3, **kw).fit(X, y)
+    new = GaussianProcessClassifier(refresh_every=3, **kw).fit(X, y)
+    np.testing.assert_array_equal(old.site_precision_, new.site_precision_)
+    with pytest.raises(ValueError, match="give refresh_every only"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        GaussianProcessClassifier(refactor_every=3, refresh_every=3, **kw).fit(X, y)
+    path = tmp_path / "model.npz"
+    save(new, path)
+    assert load(path).refresh_every == 3
+    # a model file written by fastep 0.1 holds the old name: it loads under the new one and refits
+    # without a warning
+    from pathlib import Path
+    legacy = load(Path(__file__).parent / "legacy_models" / "GaussianProcessClassifier.npz")
+    assert "refresh_every" in legacy.get_params() and legacy.refactor_every == "deprecated"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        legacy.set_params(optimizer=None).fit(X, y)

@@ -18,6 +18,7 @@ kernel matrix is numerically indefinite, B's Cholesky factorisation fails and
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,7 +77,8 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
     tol: float
     max_sweeps: int
     block_size: int | None
-    refactor_every: int | None
+    refresh_every: int | None
+    refactor_every: int | None | Literal["deprecated"]
     negative_precision: Literal["clip", "skip"]
     optimizer: Literal["L-BFGS-B"] | None
     n_restarts_optimizer: int
@@ -86,15 +88,23 @@ class _GPEPBase(EPEvidenceMixin, GPEstimator):
     hyperprior: Hyperprior
     X_train_: NDArray[np.float64]
 
+    _renamed_parameters = {"refactor_every": "refresh_every"}
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
-                                  block_size=Integer(1, allow_none=True), refactor_every=Integer(1, allow_none=True))
+                                  block_size=Integer(1, allow_none=True), refresh_every=Integer(1, allow_none=True))
 
     def _engine_options(self):
         p = validate_params(self, self._parameter_constraints)
         damping = p["damping"]
         if damping is None:
             damping = 0.5 if self.schedule == "parallel" else 1.0
-        refactor_every = p["refactor_every"]
+        refactor_every = p["refresh_every"]
+        if self.refactor_every != "deprecated":
+            warnings.warn("refactor_every is deprecated and will be removed in the next release; use refresh_every",
+                          FutureWarning, stacklevel=3)
+            if refactor_every is not None:
+                raise ValueError(f"give refresh_every only (refactor_every={self.refactor_every!r} is its deprecated "
+                                 f"name; refresh_every={refactor_every!r})")
+            refactor_every = Integer(1, allow_none=True).check(self.refactor_every, "refactor_every")
         if refactor_every is None:
             refactor_every = _DEFAULT_REFACTOR_EVERY[self.schedule]
         return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": p["random_state"],
@@ -149,10 +159,12 @@ _EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, defau
         Sweeps before EP gives up (with a :class:`~fastep.ConvergenceWarning`).
     block_size : int or None, default None
         Sites per BLAS-3 block of the 'blocked' schedule (None: the engine's default).
-    refactor_every : int or None, default None
-        Sweeps between full refactorisations of the posterior from the Cholesky factor of
-        ``B = I + S^½ K S^½``; the returned posterior and log Z always come from a fresh one.
-        None: 1 for 'sequential' and 'parallel', 10 for 'blocked'.
+    refresh_every : int or None, default None
+        Sweeps between refreshes of the posterior: a full refactorisation from the Cholesky
+        factor of ``B = I + S^½ K S^½``; the returned posterior and log Z always come from a
+        fresh one. None: 1 for 'sequential' and 'parallel', 10 for 'blocked'.
+    refactor_every : int or None
+        Deprecated name of ``refresh_every`` (a ``FutureWarning``; removed in the next release).
     negative_precision : {'clip', 'skip'}, default 'clip'
         Policy for negative site precisions (possible for the step likelihood with flip
         noise): clip to 0 keeping the tilted mean matched, or skip the update.
@@ -225,7 +237,7 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         the default probit, ``learn_likelihood`` False). It runs damped parallel EP; ``damping``
         None starts every run at 0.9 and multiplies it by 0.7 whenever an iteration's largest
         site change exceeds the previous one's, down to 0.25 (the fixed point is the same as
-        with any fixed damping); ``schedule``, ``order``, ``block_size``, ``refactor_every``,
+        with any fixed damping); ``schedule``, ``order``, ``block_size``, ``refresh_every``,
         ``negative_precision`` and ``n_jobs`` do not apply. Two classes give the binary probit
         model with the same kernel. ``decision_function`` then returns the latent means (n, c)
         (two classes: the predictive log-odds of ``classes_[1]``, as the binary classifiers).
@@ -285,13 +297,13 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
                  schedule: Literal["blocked", "sequential", "parallel"] = "blocked",
                  order: Literal["fixed", "random", "entropy"] = "fixed", damping: float | None = None,
                  tol: float = 1e-4, max_sweeps: int = 200, block_size: int | None = None,
-                 refactor_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
+                 refresh_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  learn_likelihood: bool = False, jitter: float = 0.0, random_state: int | None = None,
                  warm_start: bool = True, n_jobs: int | None = None,
                  multi_class: Literal["one_vs_rest", "multinomial"] = "one_vs_rest",
                  hyperprior: Hyperprior = "auto", verbose: int = 0,
-                 callback: Callback = None) -> None:
+                 callback: Callback = None, refactor_every: int | None | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
     @records_feature_names
@@ -418,7 +430,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         the Student-t's ν and σ.
     %EP_PARAMS%
         With a Student-t likelihood EP always runs the damped parallel schedule: ``schedule``,
-        ``order``, ``block_size``, ``refactor_every`` and ``negative_precision`` do not apply,
+        ``order``, ``block_size``, ``refresh_every`` and ``negative_precision`` do not apply,
         ``damping`` (None: 0.5) is the first step of every iteration, the double-loop fallback
         runs up to ``5 * max_sweeps`` outer iterations, and a kernel matrix that is numerically
         singular gets up to ``1e-6`` (relative) extra jitter.
@@ -468,11 +480,11 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
                  schedule: Literal["blocked", "sequential", "parallel"] = "blocked",
                  order: Literal["fixed", "random", "entropy"] = "fixed", damping: float | None = None,
                  tol: float = 1e-4, max_sweeps: int = 200, block_size: int | None = None,
-                 refactor_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
+                 refresh_every: int | None = None, negative_precision: Literal["clip", "skip"] = "clip",
                  optimizer: Literal["L-BFGS-B"] | None = "L-BFGS-B", n_restarts_optimizer: int = 0,
                  jitter: float = 0.0, random_state: int | None = None, warm_start: bool = True,
                  hyperprior: Hyperprior = "auto", verbose: int = 0,
-                 callback: Callback = None) -> None:
+                 callback: Callback = None, refactor_every: int | None | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
     @records_feature_names

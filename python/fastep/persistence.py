@@ -307,6 +307,9 @@ def _rename_attributes(estimator):
     for old, new in type(estimator)._renamed_attributes.items():
         if old in state and new not in state:
             state[new] = state.pop(old)
+    for old, new in getattr(type(estimator), "_renamed_parameters", {}).items():
+        if old in state and new not in state:          # the deprecated parameter takes its default (below)
+            state[new] = state.pop(old)
 
 
 def _add_new_parameters(estimator):
