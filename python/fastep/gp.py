@@ -29,7 +29,7 @@ from ._epcore import gp_ep as _engine
 from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
 from ._gp.docs import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
                        REGRESSOR_ATTRIBUTES)
-from ._gp.estimator import EPEvidenceMixin, GPClassifierMixin, GPEstimator, GPRegressorMixin
+from ._gp.estimator import EPEvidenceMixin, EPParameters, GPClassifierMixin, GPEstimator, GPRegressorMixin
 from ._gp.hyperparameters import Hyperparameters
 from ._gp.options import check_classifier_likelihood, ep_option_constraints, start_kernel, use_fractional_ep
 from ._constraints import Integer, validate_params
@@ -68,24 +68,14 @@ _POLICIES = {"clip": _engine.NEGATIVE_CLIP, "skip": _engine.NEGATIVE_SKIP}
 _DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
 
 
-class _GPEPBase(EPEvidenceMixin, GPEstimator):
+class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
     """Engine options and the per-problem fit shared by the dense GP estimators."""
 
     schedule: Literal["blocked", "sequential", "parallel"]
     order: Literal["fixed", "random", "entropy"]
-    damping: float | None
-    tol: float
-    max_sweeps: int
     block_size: int | None
     refresh_every: int | None
     refactor_every: int | None | Literal["deprecated"]
-    negative_precision: Literal["clip", "skip"]
-    optimizer: Literal["L-BFGS-B"] | None
-    n_restarts_optimizer: int
-    jitter: float
-    random_state: int | None
-    warm_start: bool
-    hyperprior: Hyperprior
     X_train_: NDArray[np.float64]
 
     _renamed_parameters = {"refactor_every": "refresh_every"}

@@ -17,15 +17,31 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike, NDArray
 
-    from .._typing import MeanStd
+    from .._typing import Hyperprior, MeanStd
 from .options import check_noise_variance, start_kernel
 
-__all__ = ["stack_problems", "GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin"]
+__all__ = ["stack_problems", "EPParameters", "GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin"]
 
 
 def stack_problems(arrays):
     """One problem: its array; several (one-vs-rest): stacked along a new first axis."""
     return arrays[0] if len(arrays) == 1 else np.stack(arrays)
+
+
+class EPParameters:
+    """The constructor parameters the dense and sparse EP estimators share, declared once (their
+    docstrings give them)."""
+
+    damping: float | None
+    tol: float
+    max_sweeps: int
+    negative_precision: Literal["clip", "skip"]
+    optimizer: Literal["L-BFGS-B"] | None
+    n_restarts_optimizer: int
+    jitter: float
+    random_state: int | None
+    warm_start: bool
+    hyperprior: Hyperprior
 
 
 class GPEstimator(BaseEstimator):

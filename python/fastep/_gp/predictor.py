@@ -33,11 +33,8 @@ class DensePredictor(BatchedPredictor):
     """
 
     def __init__(self, kernel, X_basis, weights, chol, sqrt_precision):
-        self.kernel = kernel
-        self.X_basis = X_basis
-        self.weights = weights
-        self.chol = chol
-        self.sqrt_precision = sqrt_precision
+        self.kernel, self.X_basis, self.weights = kernel, X_basis, weights
+        self.chol, self.sqrt_precision = chol, sqrt_precision
 
     def _latent_batch(self, X):
         Ks = self.kernel._unchecked_call(X, self.X_basis)                           # (batch, n)

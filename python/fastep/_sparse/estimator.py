@@ -12,7 +12,7 @@ from . import distributed as _chunked
 from .. import _validation as v
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
-from .._gp.estimator import EPEvidenceMixin, GPEstimator, stack_problems
+from .._gp.estimator import EPEvidenceMixin, EPParameters, GPEstimator, stack_problems
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.options import ep_option_constraints, start_kernel
 from .._constraints import Boolean, Choice, Integer, Interval, validate_params
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike, NDArray
     from typing_extensions import Self
-
-    from .._typing import Hyperprior
 
 __all__ = ["_SparseGPBase"]
 
@@ -90,7 +88,7 @@ def _kmeans_sample(X, m, rng):
     return np.asarray(X[index], dtype=np.float64)
 
 
-class _SparseGPBase(EPEvidenceMixin, GPEstimator):
+class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
     """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
     #: What ``inducing_init='auto'`` means in core: the IVM's selection (True) or k-means++.
@@ -107,17 +105,7 @@ class _SparseGPBase(EPEvidenceMixin, GPEstimator):
     sites: Literal["tied", "per-point"]
     schedule: Literal["sequential", "parallel"]
     order: Literal["fixed", "random"]
-    damping: float | None
-    tol: float
-    max_sweeps: int
-    negative_precision: Literal["clip", "skip"]
     n_quadrature: int
-    optimizer: Literal["L-BFGS-B"] | None
-    n_restarts_optimizer: int
-    jitter: float
-    random_state: int | None
-    warm_start: bool
-    hyperprior: Hyperprior
     #: One-vs-rest: a list of arrays when ``n_inducing='auto'`` chose different sizes.
     inducing_inputs_: NDArray[np.float64] | list[NDArray[np.float64]]
     n_inducing_: int | NDArray[np.int_]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastep._epcore import sites as _sites
+from fastep._epcore.sites import _as_input as _as_1d
 from ..kernels.transforms import Transform
 
 if TYPE_CHECKING:
@@ -48,14 +49,20 @@ def _as_float(name: str, value: Any) -> float:
     return value
 
 
-def _as_1d(name: str, values: Any) -> NDArray[np.float64]:
-    arr = np.asarray(values)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.float64)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    return arr
+def _positive_finite(name: str, value: Any) -> float:
+    """``value`` as a float, or ``ValueError`` naming ``name`` unless it is finite and > 0."""
+    value = _as_float(name, value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return value
+
+
+def _finite(name: str, value: Any) -> float:
+    """``value`` as a float, or ``ValueError`` naming ``name`` unless it is finite."""
+    value = _as_float(name, value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
 
 
 def _fmt(value):

@@ -9,7 +9,7 @@ import numpy as np
 from fastep._epcore import sites as _sites
 from fastep._epcore import student_t_sites as _student_t_sites
 from ..kernels.transforms import TRANSFORMS
-from .base import Likelihood, LikelihoodParameter, _as_1d, _as_float
+from .base import Likelihood, LikelihoodParameter, _as_1d, _positive_finite
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
@@ -45,10 +45,7 @@ class Gaussian(Likelihood):
 
     @staticmethod
     def _validate(params):
-        noise_variance = _as_float("noise_variance", params["noise_variance"])
-        if not (noise_variance > 0 and math.isfinite(noise_variance)):
-            raise ValueError(f"noise_variance must be finite and > 0, got {noise_variance!r}")
-        return {"noise_variance": noise_variance}
+        return {"noise_variance": _positive_finite("noise_variance", params["noise_variance"])}
 
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["gaussian"], [self._params["noise_variance"]])
@@ -136,12 +133,8 @@ class StudentT(Likelihood):
 
     @staticmethod
     def _validate(params):
-        dof = _as_float("dof", params["dof"])
-        scale = _as_float("scale", params["scale"])
-        if not (dof > 0 and math.isfinite(dof)):
-            raise ValueError(f"dof must be finite and > 0, got {dof!r}")
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"scale must be finite and > 0, got {scale!r}")
+        dof = _positive_finite("dof", params["dof"])
+        scale = _positive_finite("scale", params["scale"])
         if not (math.isfinite(dof * scale * scale) and dof * scale * scale > 0):
             raise ValueError(f"dof * scale**2 must be finite and > 0, got dof={dof!r}, scale={scale!r}")
         return {"dof": dof, "scale": scale}
