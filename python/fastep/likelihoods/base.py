@@ -49,10 +49,13 @@ def _as_float(name: str, value: Any) -> float:
     return value
 
 
-def _positive_finite(name: str, value: Any) -> float:
-    """``value`` as a float, or ``ValueError`` naming ``name`` unless it is finite and > 0."""
+def _positive_finite(name: str, value: Any, *, may_be_inf: bool = False) -> float:
+    """``value`` as a float, or ``ValueError`` naming ``name`` unless it is > 0 and finite (or
+    ``inf`` where ``may_be_inf``)."""
     value = _as_float(name, value)
-    if not (value > 0 and math.isfinite(value)):
+    if may_be_inf and not value > 0:
+        raise ValueError(f"{name} must be > 0 (may be inf), got {value!r}")
+    if not may_be_inf and not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
     return value
 

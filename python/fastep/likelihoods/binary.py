@@ -9,7 +9,7 @@ import numpy as np
 from fastep._epcore import sites as _sites
 from .._special import expit, logit
 from ..kernels.transforms import IDENTITY, TRANSFORMS, Transform
-from .base import Likelihood, LikelihoodParameter, _as_1d, _as_float, _finite
+from .base import Likelihood, LikelihoodParameter, _as_1d, _as_float, _finite, _positive_finite
 
 if TYPE_CHECKING:
     from typing import Literal
@@ -125,10 +125,8 @@ class Probit(BinaryLikelihood):
 
     @staticmethod
     def _validate(params):
-        slope = _as_float("slope", params["slope"])
-        if not slope > 0:
-            raise ValueError(f"slope must be > 0 (may be inf), got {slope!r}")
-        return {"slope": slope, "bias": _finite("bias", params["bias"])}
+        return {"slope": _positive_finite("slope", params["slope"], may_be_inf=True),
+                "bias": _finite("bias", params["bias"])}
 
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["probit"],

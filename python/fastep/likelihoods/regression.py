@@ -128,9 +128,6 @@ class StudentT(Likelihood):
     dof: float
     scale: float
 
-    def __init__(self, dof: float = 4.0, scale: float = 1.0) -> None:
-        super().__init__(dof=dof, scale=scale)
-
     @staticmethod
     def _validate(params):
         dof = _positive_finite("dof", params["dof"])
@@ -138,6 +135,9 @@ class StudentT(Likelihood):
         if not (math.isfinite(dof * scale * scale) and dof * scale * scale > 0):
             raise ValueError(f"dof * scale**2 must be finite and > 0, got dof={dof!r}, scale={scale!r}")
         return {"dof": dof, "scale": scale}
+
+    def __init__(self, dof: float = 4.0, scale: float = 1.0) -> None:
+        super().__init__(dof=dof, scale=scale)
 
     def _make_spec(self):
         return _sites.SiteSpec(_sites.LIKELIHOOD_CODES["student_t"], [self._params["dof"], self._params["scale"]])
