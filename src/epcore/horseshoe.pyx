@@ -1,8 +1,15 @@
 # cython: language_level=3
-"""Horseshoe-prior EP: tilted moments by one-dimensional quadrature, vectorised over features.
+"""Horseshoe-prior EP, the per-feature work: tilted moments by one-dimensional quadrature,
+vectorised over features, and the site step of all features at once.
 
 Equation numbers refer to the supplement of Hernández-Lobato & Hernández-Lobato,
 *Learning Feature Selection Dependencies in Multi-task Learning* (NIPS 2013).
+
+:func:`tilted_moments` is the Python entry to the quadrature; ``site_targets`` (cdef, see
+horseshoe.pxd) is the engine's site step (:class:`fastep._epcore.horseshoe_ep.HorseshoeEP`):
+from the cavities (eq 14), marginals and current sites (a ``SiteState``) it writes the
+undamped site targets (eqs 22-25), the site normalisers (eq 26), the scaled residuals and the
+relevances of all features (a ``SiteTargets``), over OpenMP threads, with the GIL released.
 
 The factor ``g_j(w, u, v) = N(w | 0, u²/v²)`` times the cavity
 ``N(w | m, η) N(u | 0, ν) N(v | 0, ξ)`` (eq 14) has, with ``a = ν/ξ`` (``u/v`` is then Cauchy

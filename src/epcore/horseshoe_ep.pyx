@@ -325,7 +325,7 @@ def _result_from_dict(fields):
 # the engine
 # --------------------------------------------------------------------------------------
 cdef double* _pointer(dict buffers, str name, Py_ssize_t d):
-    buffers[name] = np.zeros(max(d, 1))
+    buffers[name] = np.empty(max(d, 1))
     return <double*><size_t>buffers[name].ctypes.data
 
 

@@ -242,7 +242,8 @@ cdef class MarginalsWork:
         return <double*><size_t>self.buffers[name].ctypes.data
 
     cdef double* _buffer(self, str name, Py_ssize_t size, dtype=np.float64):
-        self.buffers[name] = np.zeros(max(size, 1), dtype=dtype)
+        # every buffer is written before it is read (the BLAS outputs are zeroed by the wrappers)
+        self.buffers[name] = np.empty(max(size, 1), dtype=dtype)
         return self._pointer(name)
 
     cdef int ensure_capacity(self, int k) except -1:
