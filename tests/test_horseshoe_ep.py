@@ -1,10 +1,14 @@
 """Horseshoe EP engine (fastep._epcore.horseshoe_ep.HorseshoeEP) against dense linear algebra, its reference
 twin, exact evidences by numerical integration and finite differences (supplement eqs 2-50); the engine contract
 (options, result, callback, restore, cimport)."""
+import _thread
 import pickle
+import queue
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -404,6 +408,30 @@ def test_callback_stops_the_run_and_an_exception_restores_the_sites():
     with pytest.raises(RuntimeError, match="from the callback"):
         engine.run(sweep_callback=fail)
     np.testing.assert_array_equal(engine.pi_w, start)
+
+
+def test_ctrl_c_stops_the_run_and_restores_the_sites():
+    """A SIGINT seen by Python while the engine iterates (the engine polls the signal handlers
+    between iterations) ends the run with KeyboardInterrupt and the engine's sites as they were."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        engine = _engine(tol=0.0, max_iter=10 ** 6)
+        start = engine.pi_w.copy()
+        marks = queue.SimpleQueue()            # put() runs no Python frame: only the engine's polling sees the signal
+
+        def interrupt_after_the_first_iteration():
+            marks.get(timeout=300)
+            _thread.interrupt_main()
+
+        thread = threading.Thread(target=interrupt_after_the_first_iteration, daemon=True)
+        thread.start()
+        with pytest.raises(KeyboardInterrupt):
+            engine.run(sweep_callback=marks.put)
+        thread.join(timeout=300)
+        np.testing.assert_array_equal(engine.pi_w, start)
+        assert _engine(tol=1e-9).run().converged              # and EP still works afterwards
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_threads_do_not_change_the_result():
