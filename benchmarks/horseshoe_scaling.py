@@ -1,13 +1,17 @@
 """Horseshoe EP: cost of one parallel EP iteration against d (n = 100), and time to convergence.
 
 One iteration is O(n²d + m²d) linear algebra (eqs 2-13: the split Woodbury form for V_w,
-the low-rank form for V_u, V_v) plus d one-dimensional quadratures (eqs 15-21, compiled).
-The script times both parts separately (median of repeats, hyperparameters fixed, sites
-from a converged run so that the split set S holds the relevant features as in practice),
+the low-rank form for V_u, V_v) plus d one-dimensional quadratures (eqs 15-21), all in the
+compiled engine (HorseshoeEP). The script times one iteration as the difference between a run
+of one iteration and the evaluation of the same sites (``max_iter=0``), and the quadratures
+alone (``tilted_moments`` at the cavities; the marginals are the rest), medians of repeats,
+hyperparameters fixed, sites from a converged run so that the split set S holds the relevant
+features as in practice,
 fits the log-log slope of the iteration time against d (1 = linear), and runs EP from the
 cold start to tol = 1e-8 at every d (the d = 10 000 row is the time-to-convergence target's).
-Memory: the peak of numpy allocations (tracemalloc) during one iteration and during the
-whole EP run, next to the size a d x d matrix would take; the process's peak RSS at the end.
+Memory: the peak of numpy allocations (tracemalloc; the engine's buffers are numpy arrays)
+during a one-iteration run and during the whole EP run, next to the size a d x d matrix would
+take; the process's peak RSS at the end.
 
     python benchmarks/horseshoe_scaling.py                 # d = 1000 ... 20000
     python benchmarks/horseshoe_scaling.py --quick         # d = 1000, 2000
@@ -16,8 +20,8 @@ whole EP run, next to the size a d x d matrix would take; the process's peak RSS
 
 Unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for this command if they are set (ENGINEERING.md).
 
-Measured (2 cores shared with other jobs, load 2-6; OMP_NUM_THREADS=1, --blas-threads 1,
-medians of 11): one iteration 0.011 / 0.014 / 0.048 / 0.063 / 0.125 s at d = 1000 / 2000 /
+Measured with the numpy loop that preceded the compiled engine (2 cores shared with other jobs,
+load 2-6; OMP_NUM_THREADS=1, --blas-threads 1, medians of 11): one iteration 0.011 / 0.014 / 0.048 / 0.063 / 0.125 s at d = 1000 / 2000 /
 5000 / 10 000 / 20 000 (log-log slope 0.85), EP to 1e-8 at d = 10 000 in 12.2 s (142
 iterations); peak traced memory of one iteration 17 MB at d = 10 000 and 34 MB at 20 000
 (a d x d array: 800 MB / 3.2 GB), peak RSS 200 MB. With the default two BLAS threads the
@@ -34,8 +38,8 @@ import tracemalloc
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from fastep._horseshoe import parallel_ep as eng
 from fastep._epcore import horseshoe as core
+from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior
 
 
 def make(n, d, m, seed=0, n_relevant=10):
@@ -47,7 +51,7 @@ def make(n, d, m, seed=0, n_relevant=10):
     X -= X.mean(axis=0)
     y -= y.mean()
     P = 0.3 * rng.normal(size=(d, m))
-    return eng.Task(X, y), eng.CorrelationFactors(P, np.ones(d))
+    return X, y, P
 
 
 def median_time(fn, repeats):
@@ -90,13 +94,13 @@ def main():
           f"{'d x d MB':>9}")
     rows = []
     for d in sizes:
-        task, cf = make(args.n, d, args.m)
-        sites = eng.initial_sites(d, r2, g2)
+        X, y, P = make(args.n, d, args.m)
+        prior = HorseshoePrior(r2, g2, P, np.ones(d))
         result = {}
 
         def ep():
             t0 = time.perf_counter()
-            result["res"] = eng.run_task_ep(task, s2, r2, g2, cf, sites, tol=1e-8, max_iter=2000)
+            result["res"] = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=1e-8, max_iter=2000)).run()
             result["time"] = time.perf_counter() - t0
 
         if args.no_trace:
@@ -105,19 +109,24 @@ def main():
         else:  # tracemalloc costs per allocation, not per flop: negligible next to the BLAS work here
             peak_ep = traced_peak_mb(ep)
         res, t_conv = result["res"], result["time"]
-        state = eng._marginals(task, s2, r2, g2, cf, sites)
-        k = int(np.sum(eng.split_set(task, s2, sites["pi_w"])))
-        t_marg = median_time(lambda: eng._marginals(task, s2, r2, g2, cf, sites), args.repeats)
-        args_step = (state["w"]["cav_mean"], state["cav_var"], state["u"]["cav_var"], state["v"]["cav_var"],
-                     state["w"]["mean"], state["w"]["var"], state["u"]["var"], state["v"]["var"],
-                     sites["pi_w"], sites["h_w"], sites["pi_u"], sites["pi_v"])
-        t_step = median_time(lambda: core.site_step(*args_step), args.repeats)
-        peak_iter = float("nan") if args.no_trace else traced_peak_mb(
-            lambda: (eng._marginals(task, s2, r2, g2, cf, sites), core.site_step(*args_step)))
-        rows.append((d, t_marg + t_step))
-        print(f"{d:>7} {t_marg:>14.4f} {t_step:>14.4f} {t_marg + t_step:>14.4f} {k:>6} {res['n_iter']:>8} "
-              f"{t_conv:>15.2f} {t_conv / max(res['n_iter'], 1):>10.4f} {peak_iter:>13.1f} {peak_ep:>11.1f} "
-              f"{8e-6 * d * d:>9.0f}  ({res['status']})")
+        sites = res.sites
+        k = int(np.sum(res.factors[1])) if res.factors[0] == "split" else d
+
+        def evaluation():
+            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_iter=0), sites).run()
+
+        def iteration():
+            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=0.0, max_iter=1), sites).run()
+
+        cavities = (res.cavity_mean, res.cavity_var, res.cavity_var_u, res.cavity_var_v)
+        t_iter = max(median_time(iteration, args.repeats) - median_time(evaluation, args.repeats), 0.0)
+        t_step = median_time(lambda: core.tilted_moments(*cavities), args.repeats)
+        t_marg = max(t_iter - t_step, 0.0)
+        peak_iter = float("nan") if args.no_trace else traced_peak_mb(iteration)
+        rows.append((d, t_iter))
+        print(f"{d:>7} {t_marg:>14.4f} {t_step:>14.4f} {t_iter:>14.4f} {k:>6} {res.n_sweeps:>8} "
+              f"{t_conv:>15.2f} {t_conv / max(res.n_sweeps, 1):>10.4f} {peak_iter:>13.1f} {peak_ep:>11.1f} "
+              f"{8e-6 * d * d:>9.0f}  ({res.status})")
     if len(rows) > 1:
         ds, ts = np.log([r[0] for r in rows]), np.log([r[1] for r in rows])
         slope = np.polyfit(ds, ts, 1)[0]

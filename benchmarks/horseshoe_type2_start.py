@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 
 from fastep import HorseshoeRegression
-from fastep._horseshoe import parallel_ep as eng
+from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior
 
 TRUE_SIGMA2 = 0.25
 
@@ -46,24 +46,24 @@ def relative_error(estimate, coef):
 
 def reference_grid(X, y, coef):
     """Best log evidence over the grid, and the error of EP at the true σ² (best ρ² there)."""
-    task = eng.Task(X - X.mean(0), y - y.mean())
+    Xc, yc = X - X.mean(0), y - y.mean()
     d = X.shape[1]
-    cf = eng.CorrelationFactors(np.zeros((d, 0)), np.ones(d))
-    options = dict(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3, tol=1e-8,
-                   max_iter=1000, n_threads=1 if d < 4096 else None)
+    options = HorseshoeOptions(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3,
+                               tol=1e-8, max_iter=1000, n_threads=1 if d < 4096 else 0)
     best, at_truth = (-np.inf, None), (-np.inf, None)
     for sigma2 in (TRUE_SIGMA2 * 4, TRUE_SIGMA2, 1e-3 * np.var(y), 0.1 * np.var(y)):
         sites = None
         for k in range(1, 8):
             rho2 = 10.0 ** -k
-            sites = eng.initial_sites(d, rho2, 1.0) if sites is None else sites
+            prior = HorseshoePrior(rho2, 1.0, np.zeros((d, 0)), np.ones(d))
             try:
-                result = eng.run_task_ep(task, sigma2, rho2, 1.0, cf, sites, **options)
+                result = HorseshoeEP(Xc, yc, sigma2, prior, options, sites).run()
             except ValueError:
                 break
-            if not result["converged"]:
+            sites = result.sites
+            if not result.converged:
                 break
-            point = (result["log_z"], (sigma2, rho2, relative_error(result["state"]["w"]["mean"], coef)))
+            point = (result.log_z, (sigma2, rho2, relative_error(result.mean, coef)))
             best = max(best, point, key=lambda p: p[0])
             if sigma2 == TRUE_SIGMA2:
                 at_truth = max(at_truth, point, key=lambda p: p[0])

@@ -258,22 +258,23 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     high as every point of a grid over σ² (the truth and 0.1 Var(y)) x ρ² (decades, each σ²
     walked from weak shrinkage with warm starts), with a coefficient error within 1.5x of EP at
     the true σ² and its best ρ², and without warnings."""
-    from fastep._horseshoe import parallel_ep as eng
+    from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior, initial_sites
     X, y, w = _sparse_recovery_problem(seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         model = HorseshoeRegression().fit(X, y)
-    task = eng.Task(X - X.mean(0), y - y.mean())
-    cf = eng.CorrelationFactors(np.zeros((1000, 0)), np.ones(1000))
-    options = dict(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3, tol=1e-8,
-                   max_iter=1000, n_threads=1)
+    Xc, yc = X - X.mean(0), y - y.mean()
+    options = HorseshoeOptions(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3,
+                               tol=1e-8, max_iter=1000, n_threads=1)
     grid = {}
     for sigma2 in (0.25, 0.1 * np.var(y)):
-        sites = eng.initial_sites(1000, 1e-2, 1.0)
+        sites = initial_sites(1000, 1e-2, 1.0)
         for k in range(2, 7):
-            result = eng.run_task_ep(task, sigma2, 10.0 ** -k, 1.0, cf, sites, **options)
-            assert result["converged"]
-            grid[sigma2, k] = (result["log_z"], np.linalg.norm(result["state"]["w"]["mean"] - w))
+            prior = HorseshoePrior(10.0 ** -k, 1.0, np.zeros((1000, 0)), np.ones(1000))
+            result = HorseshoeEP(Xc, yc, sigma2, prior, options, sites).run()
+            sites = result.sites
+            assert result.converged
+            grid[sigma2, k] = (result.log_z, np.linalg.norm(result.mean - w))
     best_grid = max(value for value, _ in grid.values())
     error_at_truth = max((v for (s2, _), v in grid.items() if s2 == 0.25), key=lambda v: v[0])[1]
     assert model.log_evidence_ >= best_grid
@@ -284,19 +285,19 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
 @pytest.mark.slow
 def test_type2_ml_never_evaluates_a_point_twice(monkeypatch):
     """Every EP evaluation of the search is at a new (σ², ρ², P, tol); repeats come from memory."""
-    import fastep._horseshoe.search as search
+    from fastep._horseshoe.search import EvidenceSearch
     seen = []
-    real = search.run_tasks
+    real = EvidenceSearch.run_ep
 
-    def recording(tasks, sigma2, rho2, gamma2, cf, starts, ep_options, **kwargs):
-        seen.append((tuple(np.asarray(sigma2).tolist()), rho2, cf.P.tobytes(), kwargs.get("tol")))
-        return real(tasks, sigma2, rho2, gamma2, cf, starts, ep_options, **kwargs)
+    def recording(self, sigma2, rho2, P, starts, **kwargs):
+        seen.append((tuple(np.asarray(sigma2).tolist()), rho2, P.tobytes(), kwargs.get("tol")))
+        return real(self, sigma2, rho2, P, starts, **kwargs)
 
-    monkeypatch.setattr(search, "run_tasks", recording)
+    monkeypatch.setattr(EvidenceSearch, "run_ep", recording)
     X, y, _ = sparse_task(30, 40, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model = MultiTaskHorseshoeRegression(n_components=2, random_state=0, max_opt_iter=20).fit([X, X[::-1]],
                                                                                                    [y, y[::-1]])
-    assert len(seen) == model.n_evaluations_ > 10
+    assert len(seen) == model.n_evaluations_ + 1 > 11     # the evaluations and the final EP
     assert len(set(seen)) == len(seen)

@@ -4,8 +4,8 @@ import warnings
 import numpy as np
 
 from fastep import MultiTaskHorseshoeRegression
-from fastep._horseshoe import parallel_ep as eng
 from fastep._epcore import horseshoe as core
+from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior
 
 
 def _cavities(d, seed=0):
@@ -23,7 +23,7 @@ def _task(n, d, seed=0):
     w = np.zeros(d)
     w[:10] = rng.uniform(1, 3, 10)
     y = X @ w + 0.5 * rng.normal(size=n)
-    return eng.Task(X - X.mean(axis=0), y - y.mean())
+    return X - X.mean(axis=0), y - y.mean()
 
 
 class TiltedMoments:
@@ -40,8 +40,10 @@ class TiltedMoments:
 
 
 class EPIteration:
-    """One parallel EP iteration (marginals eqs 2-13 + site step eqs 14-25) at n = 100, from the
-    converged sites (made once per class, ``setup_cache``)."""
+    """One parallel EP iteration (marginals eqs 2-13 + site step eqs 14-25, then the evidence and
+    gradients at the new sites) at n = 100, from the converged sites (made once per class,
+    ``setup_cache``); and the evaluation of the converged sites alone (marginals, site targets,
+    evidence and gradients: ``max_iter=0``)."""
     params = [[1000, 10_000], [0, 10]]
     param_names = ["d", "m"]
     timeout = 600
@@ -50,28 +52,26 @@ class EPIteration:
         sites = {}
         for d in self.params[0]:
             for m in self.params[1]:
-                task, cf, hyper, site = self._problem(d, m)
-                eng.run_task_ep(task, *hyper, cf, site, tol=1e-6, max_iter=300)
-                sites[d, m] = site
+                X, y, prior = self._problem(d, m)
+                sites[d, m] = HorseshoeEP(X, y, 0.25, prior, HorseshoeOptions(tol=1e-6, max_iter=300)).run().sites
         return sites
 
     setup_cache.timeout = 900
 
     @staticmethod
     def _problem(d, m):
-        cf = eng.CorrelationFactors(0.1 * np.random.default_rng(1).normal(size=(d, m)), np.ones(d))
-        return _task(100, d), cf, (0.25, 1e-3, 1.0), eng.initial_sites(d, 1e-3, 1.0)
+        prior = HorseshoePrior(1e-3, 1.0, 0.1 * np.random.default_rng(1).normal(size=(d, m)), np.ones(d))
+        return (*_task(100, d), prior)
 
     def setup(self, sites, d, m):
-        self.task, self.cf, self.hyper, _ = self._problem(d, m)
+        self.X, self.y, self.prior = self._problem(d, m)
         self.sites = sites[d, m]
 
-    def time_marginals(self, sites, d, m):
-        eng._marginals(self.task, *self.hyper, self.cf, self.sites)
+    def time_evaluation(self, sites, d, m):
+        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(max_iter=0), self.sites).run()
 
     def time_iteration(self, sites, d, m):
-        eng.run_task_ep(self.task, *self.hyper, self.cf, {k: v.copy() for k, v in self.sites.items()},
-                        tol=0.0, max_iter=1)
+        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(tol=0.0, max_iter=1), self.sites).run()
 
 
 class SmallFit:

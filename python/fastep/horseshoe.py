@@ -11,9 +11,8 @@ The correlation matrix ``C = Δ D Δ + Δ P Pᵀ Δ`` (``D`` diagonal, ``P`` ``d
 diagonal with ``diag C = 1``) is shared by all tasks: features with correlated ``u`` and
 ``v`` tend to be relevant or irrelevant together, and ``P`` is learnt from all tasks.
 
-Inference is parallel EP with damping (supplement §1; engine in
-:mod:`fastep._horseshoe.parallel_ep`, per-feature quadratures compiled in
-:mod:`fastep._epcore.horseshoe`), the evidence is eq (27) and the hyperparameters
+Inference is parallel EP with damping (supplement §1; the compiled engine
+:class:`fastep._epcore.horseshoe_ep.HorseshoeEP`), the evidence is eq (27) and the hyperparameters
 (``σ_t²``, ``ρ²``, ``P``) maximise it with L-BFGS-B using the exact gradients of eqs
 (33)-(50), started from the best point of a coarse search over ``(σ², ρ²)`` (parameter
 ``rho2``; :mod:`fastep._horseshoe.search`), every EP evaluation warm-started from the
@@ -22,7 +21,7 @@ sites of the nearest point evaluated before and none repeated. ``γ²`` is held 
 ``ρ² ∂/∂ρ² + γ² ∂/∂γ² = 0`` at every fixed point), so learning both would only move along a
 flat ridge.
 
-Numerical policies (details in :func:`fastep._horseshoe.parallel_ep.run_task_ep`): negative
+Numerical policies (details in :class:`fastep._epcore.horseshoe_ep.HorseshoeEP`): negative
 u- and v-site precisions are accepted; negative w-site precisions are kept ``>= -0.1/η_j``
 (``negative_precision='clip'``, ``η_j`` the cavity variance) or left free (``'allow'``);
 a damped step that would make the posterior or a cavity improper is halved, and if that
@@ -41,11 +40,12 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
+from ._epcore.horseshoe_ep import HorseshoeOptions, HorseshoePrior
 from ._horseshoe import parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
-from ._horseshoe.search import EvidenceSearch, run_tasks
+from ._horseshoe.search import EvidenceSearch
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
 
@@ -193,9 +193,9 @@ class _HorseshoeBase(BaseEstimator):
 
     # ------------------------------------------------------------------ EP over tasks
     def _ep_options(self):
-        return {"negative_precision": self.negative_precision,
-                "damping": float(self.damping), "damping_decay": float(self.damping_decay),
-                "min_damping": float(self.min_damping), "tol": float(self.tol), "max_iter": int(self.max_iter)}
+        return HorseshoeOptions(negative_precision=self.negative_precision, damping=float(self.damping),
+                                damping_decay=float(self.damping_decay), min_damping=float(self.min_damping),
+                                tol=float(self.tol), max_iter=int(self.max_iter))
 
     def _fit_tasks(self, Xs, ys):
         Xs, ys = self._check_tasks(Xs, ys)
@@ -222,10 +222,8 @@ class _HorseshoeBase(BaseEstimator):
         rho2 = opts["rho2"] if opts["rho2"] is not None else 0.1
         starts = [None] * T
         n_evals = 0
-        ep_iterations = np.zeros(T, dtype=int)
+        search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter, progress=progress)
         if self.learn_hyperparameters:
-            search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter,
-                                    progress=progress)
             # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
             bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
@@ -250,36 +248,35 @@ class _HorseshoeBase(BaseEstimator):
                 P = P.copy()
                 starts = best["sites"]
             n_evals = search.n_evaluations
-            ep_iterations += search.ep_iterations
-        cf = _eng.CorrelationFactors(P, D)
-        out = run_tasks(tasks, sigma2, rho2, gamma2, cf, starts, self._ep_options(), iterations=ep_iterations)
+        out = search.run_ep(sigma2, rho2, P, starts)
+        ep_iterations = search.ep_iterations
         results, sites_list = (None, None) if out is None else out
         if results is None:
             raise ValueError(f"EP cannot start at sigma2={sigma2}, rho2={rho2}, gamma2={gamma2}: the cold-start "
                              "posterior or a cavity is improper (extreme hyperparameters?)")
         for t, r in enumerate(results):
-            if r["status"] == "stuck":
+            if r.status == "stuck":
                 warnings.warn(
-                    f"EP for task {t} stopped (stuck) after {r['n_iter']} iterations with scaled site residual "
-                    f"{r['residual']:.3g} > tol={self.tol:g}: for more than 25 iterations every step towards "
+                    f"EP for task {t} stopped (stuck) after {r.n_sweeps} iterations with scaled site residual "
+                    f"{r.residual:.3g} > tol={self.tol:g}: for more than 25 iterations every step towards "
                     "the targets made a cavity improper and site-precision decreases were held back "
                     "(typically when C correlates features strongly); the last proper state is returned",
                     ConvergenceWarning, stacklevel=3)
-            elif not r["converged"]:
+            elif not r.converged:
                 warnings.warn(
-                    f"EP for task {t} stopped ({r['status']}) after {r['n_iter']} iterations with scaled site "
-                    f"residual {r['residual']:.3g} > tol={self.tol:g}; increase max_iter, lower min_damping "
+                    f"EP for task {t} stopped ({r.status}) after {r.n_sweeps} iterations with scaled site "
+                    f"residual {r.residual:.3g} > tol={self.tol:g}; increase max_iter, lower min_damping "
                     "or check the data", ConvergenceWarning, stacklevel=3)
-        coef = np.array([r["state"]["w"]["mean"] for r in results])
-        coef_var = np.array([r["state"]["w"]["var"] for r in results])
-        inclusion = np.array([r["site"][6] for r in results])
-        log_z = np.array([r["log_z"] for r in results])
+        coef = np.array([r.mean for r in results])
+        coef_var = np.array([r.var for r in results])
+        inclusion = np.array([r.relevance for r in results])
+        log_z = np.array([r.log_z for r in results])
         if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(coef_var)) and np.all(np.isfinite(log_z))
                 and np.all(np.isfinite(inclusion))):
             raise FloatingPointError("EP produced a non-finite posterior or evidence; this is a bug, please report it")
         # Everything computed: only now set fitted attributes (no half-fitted state on error).
         self._tasks = tasks
-        self._factors = [r["state"]["w"]["factors"] for r in results]
+        self._factors = [r.factors for r in results]
         self.sites_ = [{k: s.copy() for k, s in st.items()} for st in sites_list]
         self._coef = coef
         self._coef_var = coef_var
@@ -293,7 +290,7 @@ class _HorseshoeBase(BaseEstimator):
         self.D_ = D
         self._log_z = log_z
         self.n_iter_ = ep_iterations
-        self.converged_ = bool(all(r["converged"] for r in results))
+        self.converged_ = bool(all(r.converged for r in results))
         self.n_evaluations_ = int(n_evals)
         self.n_features_in_ = d
         self.n_tasks_ = T
@@ -306,9 +303,9 @@ class _HorseshoeBase(BaseEstimator):
     def correlation_(self) -> NDArray[np.float64]:
         """The learnt ``C = ΔDΔ + ΔPPᵀΔ`` (``d x d``, formed on request; ``diag C = 1``)."""
         check_is_fitted(self, "P_")
-        cf = _eng.CorrelationFactors(self.P_, self.D_)
-        C = gram(cf.U)
-        C[np.diag_indices_from(C)] += cf.a
+        prior = HorseshoePrior(self.rho2_, self.gamma2_, self.P_, self.D_)
+        C = gram(prior.U)
+        C[np.diag_indices_from(C)] += prior.a
         return C
 
     def _predict_task(self, X, t, return_std):
@@ -365,7 +362,7 @@ _PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
         (exact EP, but it can diverge when many features are ambiguous; see
-        :func:`fastep._horseshoe.parallel_ep.run_task_ep`). Where a site is clipped the evidence
+        :class:`fastep._epcore.horseshoe_ep.HorseshoeEP`). Where a site is clipped the evidence
         gradient is approximate (that site is not at an EP fixed point).
     damping, damping_decay, min_damping : float, default 0.5, 0.99, 0.3
         EP step ``ε_k = max(damping · damping_decay^k, floor)`` at iteration ``k``

@@ -1,8 +1,15 @@
 # cython: language_level=3
-"""Horseshoe-prior EP: tilted moments by one-dimensional quadrature, vectorised over features.
+"""Horseshoe-prior EP, the per-feature work: tilted moments by one-dimensional quadrature,
+vectorised over features, and the site step of all features at once.
 
 Equation numbers refer to the supplement of Hernández-Lobato & Hernández-Lobato,
 *Learning Feature Selection Dependencies in Multi-task Learning* (NIPS 2013).
+
+:func:`tilted_moments` is the Python entry to the quadrature; ``site_targets`` (cdef, see
+horseshoe.pxd) is the engine's site step (:class:`fastep._epcore.horseshoe_ep.HorseshoeEP`):
+from the cavities (eq 14), marginals and current sites (a ``SiteState``) it writes the
+undamped site targets (eqs 22-25), the site normalisers (eq 26), the scaled residuals and the
+relevances of all features (a ``SiteTargets``), over OpenMP threads, with the GIL released.
 
 The factor ``g_j(w, u, v) = N(w | 0, u²/v²)`` times the cavity
 ``N(w | m, η) N(u | 0, ν) N(v | 0, ξ)`` (eq 14) has, with ``a = ν/ξ`` (``u/v`` is then Cauchy
@@ -312,121 +319,90 @@ cdef void _moments_range(const double[::1] mv, const double[::1] ev, const doubl
         o[3, j] = tm.eu2; o[4, j] = tm.ev2; o[5, j] = tm.t
 
 
-cdef void _site_range(const double* cav_mean, const double* cav_var, const double* cav_nu,
-                      const double* cav_xi, const double* mean, const double* var, const double* var_u,
-                      const double* var_v, const double* pi_w, const double* h_w, const double* pi_u,
-                      const double* pi_v, double* out, int* status, Py_ssize_t d, Py_ssize_t start,
-                      Py_ssize_t end, double w_floor) noexcept nogil:
-    # out rows: 0 target pi_w, 1 target h_w, 2 target pi_u, 3 target pi_v, 4 log Z'_j,
-    #           5 residual_j, 6 E[r] (relevance)
+cdef void _site_range(const SiteState* s, const SiteTargets* out, Py_ssize_t start, Py_ssize_t end,
+                      double w_floor) noexcept nogil:
     cdef TiltedMoments tm
     cdef Py_ssize_t j
     cdef double eta, mc, nu, xi, tpw, thw, tpu, tpv, res, r
     cdef int st
     for j in range(start, end):
-        mc = cav_mean[j]
-        eta = cav_var[j]
-        nu = cav_nu[j]
-        xi = cav_xi[j]
+        mc = s.cavity_mean[j]
+        eta = s.cavity_var[j]
+        nu = s.cavity_var_u[j]
+        xi = s.cavity_var_v[j]
         st = tilted_moments_one(mc, eta, nu, xi, &tm)
-        if st == HS_OK and not (var[j] > 0.0 and var_u[j] > 0.0 and var_v[j] > 0.0 and isfinite(mean[j])):
+        if st == HS_OK and not (s.var[j] > 0.0 and s.var_u[j] > 0.0 and s.var_v[j] > 0.0
+                                and isfinite(s.mean[j])):
             st = HS_BAD_CAVITY
-        status[j] = st
+        out.status[j] = st
         if st != HS_OK:
-            out[j] = NAN; out[d + j] = NAN; out[2 * d + j] = NAN; out[3 * d + j] = NAN
-            out[4 * d + j] = NAN; out[5 * d + j] = NAN; out[6 * d + j] = NAN
+            out.pi_w[j] = NAN; out.h_w[j] = NAN; out.pi_u[j] = NAN; out.pi_v[j] = NAN
+            out.log_z[j] = NAN; out.residual[j] = NAN; out.relevance[j] = NAN
             continue
         tpw = 1.0 / tm.var - 1.0 / eta                 # eq (22)
         thw = tm.mean / tm.var - mc / eta              # eq (23)
         if tpw * eta < w_floor:
-            # policy 'clip': the w-site precision is kept >= w_floor/η (a bounded negative or a
-            # flat site), with the marginal mean still matching E[w]
+            # the w-site precision is kept >= w_floor/η (a bounded negative or a flat site),
+            # with the marginal mean still matching E[w]
             tpw = w_floor / eta
             thw = tm.mean * (1.0 + w_floor) / eta - mc / eta
-            status[j] = -1
+            out.status[j] = -1
         tpu = 1.0 / tm.eu2 - 1.0 / nu                  # eq (24)
         tpv = 1.0 / tm.ev2 - 1.0 / xi                  # eq (25)
-        out[j] = tpw
-        out[d + j] = thw
-        out[2 * d + j] = tpu
-        out[3 * d + j] = tpv
-        # log Z'_j (eq 26 for the current sites, without the m̃²/η̃ term)
-        out[4 * d + j] = (tm.log_s - 0.5 * log(var[j] / eta) - 0.5 * mean[j] * mean[j] / var[j]
-                          + 0.5 * mc * mc / eta - 0.5 * log(var_u[j] / nu) - 0.5 * log(var_v[j] / xi))
+        out.pi_w[j] = tpw
+        out.h_w[j] = thw
+        out.pi_u[j] = tpu
+        out.pi_v[j] = tpv
+        # log Z̃'_j (eq 26 for the current sites, without the m̃²/η̃ term)
+        out.log_z[j] = (tm.log_s - 0.5 * log(s.var[j] / eta) - 0.5 * s.mean[j] * s.mean[j] / s.var[j]
+                        + 0.5 * mc * mc / eta - 0.5 * log(s.var_u[j] / nu) - 0.5 * log(s.var_v[j] / xi))
         # residual: site changes relative to cavity + |site| precision (the marginal's scale)
-        r = 1.0 / eta + fabs(pi_w[j])
-        res = fabs(tpw - pi_w[j]) / r
-        r = fabs(thw - h_w[j]) / sqrt(r)
+        r = 1.0 / eta + fabs(s.pi_w[j])
+        res = fabs(tpw - s.pi_w[j]) / r
+        r = fabs(thw - s.h_w[j]) / sqrt(r)
         if r > res:
             res = r
-        r = fabs(tpu - pi_u[j]) / (1.0 / nu + fabs(pi_u[j]))
+        r = fabs(tpu - s.pi_u[j]) / (1.0 / nu + fabs(s.pi_u[j]))
         if r > res:
             res = r
-        r = fabs(tpv - pi_v[j]) / (1.0 / xi + fabs(pi_v[j]))
+        r = fabs(tpv - s.pi_v[j]) / (1.0 / xi + fabs(s.pi_v[j]))
         if r > res:
             res = r
-        out[5 * d + j] = res
-        out[6 * d + j] = tm.r
+        out.residual[j] = res
+        out.relevance[j] = tm.r
 
 
-def site_step(cav_mean, cav_var, cav_nu, cav_xi, mean, var, var_u, var_v, pi_w, h_w, pi_u, pi_v, *,
-              w_floor=-0.1, n_threads=None):
-    """Tilted moments (eqs 15-21), undamped site targets (eqs 22-25) and site normalisers (eq 26) for all features.
+cdef int site_targets(const SiteState* state, const SiteTargets* out, Py_ssize_t d, double w_floor,
+                      int n_threads, int* n_clipped) noexcept nogil:
+    """Tilted moments (eqs 15-21), undamped site targets (eqs 22-25) and site normalisers
+    (eq 26) of all ``d`` features, over ``n_threads`` OpenMP threads (0: :func:`max_threads`;
+    results do not depend on it).
 
-    Parameters
-    ----------
-    cav_mean, cav_var, cav_nu, cav_xi : ndarray (d,)
-        Cavities ``m_j, η_j, ν_j, ξ_j`` (eq 14; the engine computes them from the
-        marginals without the cancellation of ``1/V_jj - 1/η̃_j``).
-    mean, var, var_u, var_v : ndarray (d,)
-        Marginal mean and variance of ``w`` and marginal variances of ``u``, ``v`` under ``q``.
-    pi_w, h_w, pi_u, pi_v : ndarray (d,)
-        Current sites in natural form (``1/η̃``, ``m̃/η̃``, ``1/ν̃``, ``1/ξ̃``).
-    w_floor : float, default -0.1
-        Negative-precision policy for the w-sites (``-inf`` or ``<= -1``: none): a target
-        ``1/η̃_j < w_floor/η_j`` (``η_j`` the cavity variance) is raised to ``w_floor/η_j``,
-        with ``m̃_j/η̃_j`` set so that the marginal mean still matches ``E[w_j]``. The u- and
-        v-sites always keep their targets (eqs 18-21 make one of them negative for almost
-        every feature).
+    ``w_floor`` is the negative-precision policy of the w-sites (``-inf``: none): a target
+    ``1/η̃_j < w_floor/η_j`` (``η_j`` the cavity variance) is raised to ``w_floor/η_j``, with
+    ``m̃_j/η̃_j`` set so that the marginal mean still matches ``E[w_j]``. The u- and v-sites
+    always keep their targets (eqs 18-21 make one of them negative for almost every feature).
 
-    Returns
-    -------
-    out : ndarray (7, d)
-        Rows: target ``pi_w``, ``h_w``, ``pi_u``, ``pi_v``; ``log Z̃'_j`` (eq 26 for the
-        current sites without the ``m̃²/η̃`` term, which cancels in eq 27); the scaled
-        residual ``max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)`` with
-        ``p_w = 1/η + |π_w|``, ``p_u = 1/ν + |π_u|``, ``p_v = 1/ξ + |π_v|``; the tilted
-        ``E[λ²/(λ² + η)]`` (the relevance of feature j: ``E[w_j] = r_j m_j``).
-    n_bad : int
-        Number of features with an improper cavity or marginal (their rows are NaN).
-    n_clipped : int
-        Number of w-site targets raised to ``w_floor/η``.
+    Returns the number of features with an improper cavity or marginal (their outputs are
+    NaN, their ``status`` positive); ``n_clipped`` receives the number of w-site targets raised
+    to the floor (``status`` -1).
     """
-    cdef Py_ssize_t d = np.asarray(cav_mean).shape[0]
-    cdef double floor = float(w_floor)
-    cdef const double[::1] c0 = _vec(cav_mean, d, "cav_mean"), c1 = _vec(cav_var, d, "cav_var")
-    cdef const double[::1] c2 = _vec(cav_nu, d, "cav_nu"), c3 = _vec(cav_xi, d, "cav_xi")
-    cdef const double[::1] a0 = _vec(mean, d, "mean"), a1 = _vec(var, d, "var")
-    cdef const double[::1] a2 = _vec(var_u, d, "var_u"), a3 = _vec(var_v, d, "var_v")
-    cdef const double[::1] a4 = _vec(pi_w, d, "pi_w"), a5 = _vec(h_w, d, "h_w")
-    cdef const double[::1] a6 = _vec(pi_u, d, "pi_u"), a7 = _vec(pi_v, d, "pi_v")
-    out = np.empty((7, d))
-    cdef double[:, ::1] o = out
-    cdef int[::1] status = np.zeros(max(d, 1), dtype=np.intc)
-    cdef Py_ssize_t c, n_chunks = (d + CHUNK - 1) // CHUNK
-    cdef int nt = fastep_hs_max_threads() if n_threads is None else max(1, int(n_threads))
+    cdef Py_ssize_t c, j, n_chunks = (d + CHUNK - 1) // CHUNK
+    cdef int nt = fastep_hs_max_threads() if n_threads <= 0 else n_threads
+    cdef int n_bad = 0
+    n_clipped[0] = 0
     if d == 0:
-        return out, 0, 0
+        return 0
     if nt > n_chunks:
         nt = <int>n_chunks
-    with nogil:
-        if nt <= 1:
-            _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0], &a5[0],
-                        &a6[0], &a7[0], &o[0, 0], &status[0], d, 0, d, floor)
-        else:
-            for c in prange(n_chunks, schedule='dynamic', num_threads=nt):
-                _site_range(&c0[0], &c1[0], &c2[0], &c3[0], &a0[0], &a1[0], &a2[0], &a3[0], &a4[0],
-                            &a5[0], &a6[0], &a7[0], &o[0, 0], &status[0], d, c * CHUNK,
-                            min((c + 1) * CHUNK, d), floor)
-    st = np.asarray(status)
-    return out, int(np.count_nonzero(st > 0)), int(np.count_nonzero(st < 0))
+    if nt <= 1:
+        _site_range(state, out, 0, d, w_floor)
+    else:
+        for c in prange(n_chunks, schedule='dynamic', num_threads=nt):
+            _site_range(state, out, c * CHUNK, min((c + 1) * CHUNK, d), w_floor)
+    for j in range(d):
+        if out.status[j] > 0:
+            n_bad += 1
+        elif out.status[j] < 0:
+            n_clipped[0] += 1
+    return n_bad

@@ -1,1 +1,1 @@
-"""Horseshoe-prior EP: the damped parallel loop around the compiled site step, and the type-II ML search of its hyperparameters."""
+"""Horseshoe-prior EP around the compiled engine (fastep._epcore.horseshoe_ep): one task as the estimators keep it, its predictive variances, and the type-II ML search of the hyperparameters."""

@@ -22,12 +22,12 @@ import warnings
 
 import numpy as np
 
-from .._horseshoe import parallel_ep as _eng
+from .._epcore.horseshoe_ep import HorseshoeEP, HorseshoePrior
 from .._search.optimize import GRADIENT_WARN_RTOL, _LBFGSB_FTOL, _projected_gradient_size, maximize_log_likelihood
 from ..exceptions import ConvergenceWarning
 from ..progress import StopRequested, quiet
 
-__all__ = ["EvidenceSearch", "maximize_in_trust_boxes", "run_tasks"]
+__all__ = ["EvidenceSearch", "maximize_in_trust_boxes"]
 
 #: Features per task below which the compiled site step runs on one OpenMP thread.
 SINGLE_OMP_THREAD_BELOW = 4096
@@ -53,53 +53,7 @@ KEEP_SITES = 32
 
 
 def _accepted(result):
-    return result["converged"] or (result["status"] == "max_iter" and result["residual"] < ACCEPT_RESIDUAL)
-
-
-def run_tasks(tasks, sigma2, rho2, gamma2, cf, starts, ep_options, *, tol=None, max_iter=None, iterations=None):
-    """EP for every task; returns ``(results, sites)``, or ``None`` where EP cannot be used.
-
-    ``starts[t]`` holds the sites to start task ``t`` from (copied, never modified) or
-    ``None`` for the cold start (:func:`fastep._horseshoe.parallel_ep.initial_sites`). A warm
-    start that is invalid here, or whose EP gets 'stuck', is retried from the cold start; one
-    whose EP runs into ``max_iter`` with a residual above ``ACCEPT_RESIDUAL`` returns ``None``
-    (a cold start would cost as much again and rarely converges where a nearby fixed point
-    does not), as does a cold start that is improper. ``max_iter`` and ``tol`` override
-    ``ep_options``; ``iterations`` (one count per task), if given, is increased by the EP
-    iterations run.
-    """
-    options = dict(ep_options)
-    if tol is not None:
-        options["tol"] = float(tol)
-    if max_iter is not None:
-        options["max_iter"] = int(max_iter)
-    results, sites_out = [], []
-    for t, task in enumerate(tasks):
-        threads = 1 if task.d < SINGLE_OMP_THREAD_BELOW else None
-        res = None
-        if starts[t] is not None:
-            sites = {k: a.copy() for k, a in starts[t].items()}
-            try:
-                res = _eng.run_task_ep(task, sigma2[t], rho2, gamma2, cf, sites, n_threads=threads, **options)
-            except ValueError:                  # the start gives an improper posterior here
-                res = None
-            if res is not None and iterations is not None:
-                iterations[t] += res["n_iter"]
-            if res is not None and not _accepted(res):
-                if res["status"] == "max_iter":
-                    return None         # EP is too slow here from a nearby fixed point; a cold start is no better
-                res = None
-        if res is None:
-            sites = _eng.initial_sites(task.d, rho2, gamma2)
-            try:
-                res = _eng.run_task_ep(task, sigma2[t], rho2, gamma2, cf, sites, n_threads=threads, **options)
-            except ValueError:                  # hyperparameters so extreme that even the cold start is improper
-                return None
-            if iterations is not None:
-                iterations[t] += res["n_iter"]
-        results.append(res)
-        sites_out.append(sites)
-    return results, sites_out
+    return result.converged or (result.status == "max_iter" and result.residual < ACCEPT_RESIDUAL)
 
 
 class EvidenceSearch:
@@ -113,8 +67,8 @@ class EvidenceSearch:
     P : ndarray (d, m)
         ``P`` at the start (and throughout when ``learn_P`` is False).
     learn_P : bool
-    ep_options : dict
-        Keyword arguments of :func:`fastep._horseshoe.parallel_ep.run_task_ep` (``tol`` included).
+    ep_options : fastep._epcore.horseshoe_ep.HorseshoeOptions
+        The options of every EP run (``tol`` and ``max_iter`` those of the full evaluations).
     max_opt_iter : int
         L-BFGS-B iterations over all rounds.
     progress : fastep.progress.Progress, optional
@@ -126,7 +80,7 @@ class EvidenceSearch:
     n_evaluations : int
         EP evaluations of the evidence (memoised repeats not counted).
     ep_iterations : ndarray (T,)
-        EP iterations run per task.
+        EP iterations run per task (by :meth:`run_ep`).
     best : dict or None
         The point of largest evidence evaluated at the full EP tolerance: ``theta``,
         ``value``, ``grad``, ``sites``.
@@ -139,14 +93,13 @@ class EvidenceSearch:
         self.D = D
         self.P = P
         self.learn_P = bool(learn_P)
-        self.ep_options = dict(ep_options)
+        self.ep_options = ep_options
         self.max_opt_iter = int(max_opt_iter)
         self.progress = progress if progress is not None else quiet()
         self.points = []
         self.n_evaluations = 0
         self.ep_iterations = np.zeros(self.T, dtype=int)
         self.best = None
-        self._fixed_cf = _eng.CorrelationFactors(P, D)
 
     # ---------------------------------------------------------------- parameters
     def pack(self, sigma2, rho2, P=None):
@@ -171,6 +124,53 @@ class EvidenceSearch:
                     best, best_dist = p, dist
         return None if best is None else best["sites"]
 
+    def run_ep(self, sigma2, rho2, P, starts, *, tol=None, max_iter=None):
+        """EP for every task at ``(σ_t², ρ², P)``: ``(results, sites)``, a
+        :class:`~fastep._epcore.horseshoe_ep.HorseshoeResult` and the returned sites per task,
+        or ``None`` where EP cannot be used.
+
+        ``starts[t]`` holds the sites to start task ``t`` from (never modified) or ``None`` for
+        the cold start (:func:`fastep._epcore.horseshoe_ep.initial_sites`). A warm start that
+        is invalid here, or whose EP gets 'stuck', is retried from the cold start; one whose EP
+        runs into ``max_iter`` with a residual above ``ACCEPT_RESIDUAL`` returns ``None`` (a cold
+        start would cost as much again and rarely converges where a nearby fixed point does
+        not), as does a cold start that is improper. ``tol`` and ``max_iter`` override the
+        options; the EP iterations run are added to :attr:`ep_iterations`.
+        """
+        changes = {}
+        if tol is not None:
+            changes["tol"] = float(tol)
+        if max_iter is not None:
+            changes["max_iter"] = int(max_iter)
+        try:
+            prior = HorseshoePrior(rho2, self.gamma2, P, self.D)
+        except ValueError:                      # ρ² over- or underflowed: no EP there
+            return None
+        results, sites_out = [], []
+        for t, task in enumerate(self.tasks):
+            options = self.ep_options.replace(n_threads=1 if task.d < SINGLE_OMP_THREAD_BELOW else 0, **changes)
+            res = None
+            if starts[t] is not None:
+                try:
+                    res = HorseshoeEP(task.X, task.y, sigma2[t], prior, options, sites=starts[t]).run()
+                except ValueError:              # the start gives an improper posterior here
+                    res = None
+                if res is not None:
+                    self.ep_iterations[t] += res.n_sweeps
+                if res is not None and not _accepted(res):
+                    if res.status == "max_iter":
+                        return None     # EP is too slow here from a nearby fixed point; a cold start is no better
+                    res = None
+            if res is None:
+                try:
+                    res = HorseshoeEP(task.X, task.y, sigma2[t], prior, options).run()
+                except ValueError:              # hyperparameters so extreme that even the cold start is improper
+                    return None
+                self.ep_iterations[t] += res.n_sweeps
+            results.append(res)
+            sites_out.append(res.sites)
+        return results, sites_out
+
     def evaluate(self, theta, *, tol=None, start="nearest"):
         """The evidence at ``theta`` (a dict: ``theta``, ``tol``, ``value``, ``grad``, ``sites``).
 
@@ -179,7 +179,7 @@ class EvidenceSearch:
         nearest evaluated point, in ``θ``), ``'cold'``, or a list of site dicts per task.
         """
         theta = np.array(theta, dtype=float)
-        tol = float(self.ep_options["tol"] if tol is None else tol)
+        tol = float(self.ep_options.tol if tol is None else tol)
         for p in self.points:
             if p["tol"] == tol and np.array_equal(p["theta"], theta):
                 return p
@@ -187,22 +187,19 @@ class EvidenceSearch:
             start = self._nearest_sites(theta) if start == "nearest" else None
         starts = start if start is not None else [None] * self.T
         sigma2, rho2, P = self.unpack(theta)
-        cf = _eng.CorrelationFactors(P, self.D) if self.learn_P else self._fixed_cf
         self.n_evaluations += 1
-        max_iter = None if tol == self.ep_options["tol"] else min(START_MAX_ITER, self.ep_options["max_iter"])
-        out = run_tasks(self.tasks, sigma2, rho2, self.gamma2, cf, starts, self.ep_options, tol=tol,
-                        max_iter=max_iter, iterations=self.ep_iterations)
+        max_iter = None if tol == self.ep_options.tol else min(START_MAX_ITER, self.ep_options.max_iter)
+        out = self.run_ep(sigma2, rho2, P, starts, tol=tol, max_iter=max_iter)
         point = {"theta": theta, "tol": tol, "value": -np.inf, "grad": np.zeros_like(theta), "sites": None,
                  "keep": False}
         if out is not None and all(_accepted(r) for r in out[0]):
             results, sites = out
-            value = sum(r["log_z"] for r in results)
+            value = sum(r.log_z for r in results)
             grad = np.empty_like(theta)
-            grad[:self.T] = [r["state"]["w"]["grad_sigma2"] * s for r, s in zip(results, sigma2)]
-            grad[self.T] = rho2 * sum(r["state"]["u"]["grad_scale2"] for r in results)
+            grad[:self.T] = [r.grad_sigma2 * s for r, s in zip(results, sigma2)]
+            grad[self.T] = rho2 * sum(r.grad_rho2 for r in results)
             if self.learn_P:
-                grad[self.T + 1:] = sum(r["state"]["u"]["grad_P"] + r["state"]["v"]["grad_P"]
-                                        for r in results).ravel()
+                grad[self.T + 1:] = sum(r.grad_P_u + r.grad_P_v for r in results).ravel()
             if np.isfinite(value) and np.all(np.isfinite(grad)):
                 point.update(value=float(value), grad=grad, sites=sites)
         if np.isfinite(point["value"]):
@@ -212,7 +209,7 @@ class EvidenceSearch:
             self.progress.message(f"type-II ML {self.n_evaluations}: EP failed at sigma2 {np.round(sigma2, 5)}, "
                                   f"rho2 {rho2:.5g}")
         self.points.append(point)
-        if (point["sites"] is not None and tol == self.ep_options["tol"]
+        if (point["sites"] is not None and tol == self.ep_options.tol
                 and (self.best is None or point["value"] > self.best["value"])):
             self.best = point
         kept = [p for p in self.points if p["sites"] is not None and p is not self.best and not p["keep"]]
