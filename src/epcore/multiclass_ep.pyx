@@ -247,15 +247,14 @@ cdef int nested_site(const NestedSiteOptions* opts, int label, const double* cav
     return NESTED_OK
 
 
-
-
-cdef int _update_sites(const NestedSiteOptions* opts, int n, const int* labels, const double* cav_prec,
+cdef int _update_sites(const NestedSiteOptions* opts, Py_ssize_t n, const int* labels, const double* cav_prec,
                        const double* cav_lin, double* alpha, double* beta, double* log_z, int* status,
                        double* work) noexcept nogil:
     """:func:`nested_site` at the n sites (rows of the C-contiguous arrays); a site whose inner EP
     fails keeps its inner sites and gets ``log_z`` NaN. ``work`` holds
     ``nested_work_size(c) + 2 c`` doubles. Returns the number of failed sites."""
-    cdef int c = opts.n_classes, i, j, n_failed = 0
+    cdef Py_ssize_t c = opts.n_classes, i, j
+    cdef int n_failed = 0
     cdef double* saved_alpha = work + nested_work_size(c)
     cdef double* saved_beta = saved_alpha + c
     for i in range(n):
@@ -273,9 +272,9 @@ cdef int _update_sites(const NestedSiteOptions* opts, int n, const int* labels, 
     return n_failed
 
 
-cdef double _largest_change(int count, const double* old, const double* new) noexcept nogil:
+cdef double _largest_change(Py_ssize_t count, const double* old, const double* new) noexcept nogil:
     """``max_k |new_k - old_k| / max(1, |old_k|)`` over ``count`` entries; NaN if one is NaN."""
-    cdef int k
+    cdef Py_ssize_t k
     cdef double scale, change, largest = 0.0
     for k in range(count):
         scale = fabs(old[k])
@@ -638,10 +637,10 @@ cdef class NestedEP:
         opts.tol = 0.0
         log_tilted = np.empty(self.n)
         cdef double[::1] lz = log_tilted
-        cdef int n = self.n, c = self.n_classes
+        cdef Py_ssize_t n = self.n, size = <Py_ssize_t>self.n * self.n_classes
         with nogil:
-            memcpy(&scratch_alpha[0, 0], &alpha[0, 0], n * c * sizeof(double))
-            memcpy(&scratch_beta[0, 0], &beta[0, 0], n * c * sizeof(double))
+            memcpy(&scratch_alpha[0, 0], &alpha[0, 0], size * sizeof(double))
+            memcpy(&scratch_beta[0, 0], &beta[0, 0], size * sizeof(double))
             _update_sites(&opts, n, &labels[0], &cav_prec[0, 0, 0], &cav_lin[0, 0], &scratch_alpha[0, 0],
                           &scratch_beta[0, 0], &lz[0], &status[0], work)
         log_z, n_failed = post.log_evidence(log_tilted)
@@ -663,8 +662,8 @@ cdef class NestedEP:
         Returns
         -------
         NestedEPResult
-            ``log_z`` the outer EP evidence of the returned sites; ``posterior`` holds their
-            posterior afterwards.
+            ``log_z`` the outer EP evidence of the returned sites; the engine's ``posterior``
+            holds their posterior afterwards.
 
         Raises
         ------
@@ -679,6 +678,7 @@ cdef class NestedEP:
         cdef double[:, ::1] alpha = inner_precision
         cdef double[:, ::1] beta = inner_natural_mean
         cdef int n = self.n, c = self.n_classes, sweep = 0, n_site_failed
+        cdef Py_ssize_t size = <Py_ssize_t>n * c
         cdef const int[::1] labels = self.labels
         cdef const double[:, :, ::1] cav_prec
         cdef const double[:, ::1] cav_lin
@@ -706,12 +706,12 @@ cdef class NestedEP:
                 cav_prec, cav_lin = self._cavities(post)
                 opts.damping = damping
                 with nogil:
-                    memcpy(&old_alpha[0, 0], &alpha[0, 0], n * c * sizeof(double))
-                    memcpy(&old_beta[0, 0], &beta[0, 0], n * c * sizeof(double))
+                    memcpy(&old_alpha[0, 0], &alpha[0, 0], size * sizeof(double))
+                    memcpy(&old_beta[0, 0], &beta[0, 0], size * sizeof(double))
                     n_site_failed = _update_sites(&opts, n, &labels[0], &cav_prec[0, 0, 0], &cav_lin[0, 0],
                                                   &alpha[0, 0], &beta[0, 0], &log_z_sites[0], &status[0], work)
-                    max_change = _largest_change(n * c, &old_alpha[0, 0], &alpha[0, 0])
-                    change_b = _largest_change(n * c, &old_beta[0, 0], &beta[0, 0])
+                    max_change = _largest_change(size, &old_alpha[0, 0], &alpha[0, 0])
+                    change_b = _largest_change(size, &old_beta[0, 0], &beta[0, 0])
                     if change_b > max_change:
                         max_change = change_b
                     if adaptive and max_change > previous_change:
