@@ -376,7 +376,8 @@ class MultinomialGPProblem(SiteProblem):
         if keep:
             self.kernel = kernel
             self.predictor = MultinomialPredictor(kernel, self.X, post.weights, post.M, post.E)
-            self.log_ml, self.info = float(info.log_z), info
+            # the outer sites are kept once, as site_precision and site_natural_mean
+            self.log_ml, self.info = float(info.log_z), info.replace(outer_precision=None, outer_natural_mean=None)
         return float(info.log_z), grad, info
 
     def _has_sites(self):
