@@ -102,8 +102,8 @@ _ENGINE_STATES_PYX = """
     from fastep._epcore.ivm_refine cimport fetch_column
     from fastep._epcore.sites cimport SiteSpec
     from fastep._epcore._common cimport SweepResult
-    from fastep._epcore.multiclass_ep cimport (NestedEP, NestedEPResult, InnerEP, NestedSiteOptions, nested_site,
-                                               nested_work_size)
+    from fastep._epcore.multiclass_ep cimport (MultinomialEP, MultinomialResult, InnerEP, NestedSiteOptions,
+                                               nested_site, nested_work_size)
     from libc.stdlib cimport malloc, free
 
     def dense_run(obj, tau, nu, post_cov, post_mean):
@@ -132,10 +132,10 @@ _ENGINE_STATES_PYX = """
         return fields, result, engine.log_evidence(tau, nu, post_mean, post_cov)
 
     def nested_run(obj, alpha, beta):
-        cdef NestedEP engine = obj
+        cdef MultinomialEP engine = obj
         fields = (engine.n, engine.n_classes, engine.damping, engine.adaptive_damping, engine.tol,
                   engine.max_sweeps, engine.validate, engine.labels, engine.posterior_of)
-        cdef NestedEPResult result = engine.run(alpha, beta)
+        cdef MultinomialResult result = engine.run(alpha, beta)
         cdef SweepResult base = result
         return fields, result, (base.n_sweeps, base.log_z, result.final_damping), engine.posterior
 
@@ -309,7 +309,7 @@ def test_cimported_nested_ep_runs_as_from_python(engine_states):
     K = _rbf(x, x) + 1e-8 * np.eye(12)
     labels = np.repeat(np.arange(3, dtype=np.int32), 4)
     posterior_of = dense_posterior_of(K)
-    engine = multiclass_ep.NestedEP(posterior_of, labels, 3, damping=0.7, tol=1e-9)
+    engine = multiclass_ep.MultinomialEP(posterior_of, labels, 3, damping=0.7, tol=1e-9)
     alpha, beta = np.zeros((12, 3)), np.zeros((12, 3))
     expected = engine.run(alpha, beta)
     alpha2, beta2 = np.zeros((12, 3)), np.zeros((12, 3))

@@ -183,7 +183,7 @@ def _nested_engine(n=150, c=3):
     posterior_of = dense_posterior_of(K)
 
     def run(site_precision, site_natural_mean, max_sweeps, mark):
-        multiclass_ep.NestedEP(posterior_of, labels, c, damping=0.5, tol=1e-300, max_sweeps=max_sweeps).run(
+        multiclass_ep.MultinomialEP(posterior_of, labels, c, damping=0.5, tol=1e-300, max_sweeps=max_sweeps).run(
             site_precision.reshape(n, c), site_natural_mean.reshape(n, c), sweep_callback=mark)
     return n * c, run
 

@@ -13,7 +13,7 @@ from scipy.stats import norm
 from fastep import GaussianProcessClassifier, load, save
 from fastep._epcore import multiclass_ep
 from fastep._dense.multiclass import MultinomialGPProblem, MultinomialPosterior, _outer_sites, dense_posterior_of
-from fastep._epcore.multiclass_ep import InnerEP, NestedEP, NestedEPResult
+from fastep._epcore.multiclass_ep import InnerEP, MultinomialEP, MultinomialResult
 from fastep.kernels import RBF, Bias
 from fastep.reference import multiclass_ep as ref
 from support import dense_nested_ep
@@ -195,7 +195,7 @@ def test_engine_runs_the_problem_bitwise_and_checks_its_inputs():
     K = np.ascontiguousarray(kernel(X))
     labels = y.astype(np.int32)
     engine, result, alpha, _ = dense_nested_ep(K, labels, 3, damping=0.5, tol=1e-8, max_sweeps=200)
-    assert isinstance(result, NestedEPResult) and result == info
+    assert isinstance(result, MultinomialResult) and result == info
     assert result.log_z == log_z and result.n_sweeps == info.n_sweeps and result.converged
     assert result.final_damping == 0.5
     np.testing.assert_array_equal(alpha, problem.inner_precision)
@@ -203,20 +203,20 @@ def test_engine_runs_the_problem_bitwise_and_checks_its_inputs():
     np.testing.assert_array_equal(result.outer_natural_mean.T, problem.site_natural_mean)
     assert isinstance(engine.posterior, MultinomialPosterior)
     with pytest.raises(TypeError, match="labels"):
-        NestedEP(dense_posterior_of(K), y.astype(np.int64), 3)
+        MultinomialEP(dense_posterior_of(K), y.astype(np.int64), 3)
     with pytest.raises(ValueError, match="labels"):
-        NestedEP(dense_posterior_of(K), labels, 2)
+        MultinomialEP(dense_posterior_of(K), labels, 2)
     with pytest.raises(ValueError, match="n_classes"):
-        NestedEP(dense_posterior_of(K), labels, 1)
+        MultinomialEP(dense_posterior_of(K), labels, 1)
     with pytest.raises(ValueError, match="K must be symmetric"):
         dense_posterior_of(K + np.triu(np.ones_like(K), 1))
     with pytest.raises(TypeError, match="posterior_of"):
-        NestedEP(K, labels, 3)
+        MultinomialEP(K, labels, 3)
     with pytest.raises(ValueError, match="damping"):
-        NestedEP(dense_posterior_of(K), labels, 3, damping=0.0)
+        MultinomialEP(dense_posterior_of(K), labels, 3, damping=0.0)
     with pytest.raises(ValueError, match="max_sweeps"):
-        NestedEP(dense_posterior_of(K), labels, 3, max_sweeps=-1)
-    engine = NestedEP(dense_posterior_of(K), labels, 3)
+        MultinomialEP(dense_posterior_of(K), labels, 3, max_sweeps=-1)
+    engine = MultinomialEP(dense_posterior_of(K), labels, 3)
     with pytest.raises(TypeError, match="inner_precision"):
         engine.run(np.zeros((30, 2)), np.zeros((30, 3)))
     with pytest.raises(TypeError, match="inner_natural_mean"):
@@ -237,12 +237,12 @@ def test_result_is_typed_and_round_trips():
     np.testing.assert_array_equal(result.outer_precision, pi)
     np.testing.assert_array_equal(result.outer_natural_mean, nu)
     again = pickle.loads(pickle.dumps(result))
-    assert type(again) is NestedEPResult and again == result and again.final_damping == 0.7
+    assert type(again) is MultinomialResult and again == result and again.final_damping == 0.7
     np.testing.assert_array_equal(again.outer_precision, pi)
     changed = result.replace(algorithm="nested EP", final_damping=0.5)
-    assert type(changed) is NestedEPResult and changed.algorithm == "nested EP" and changed != result
+    assert type(changed) is MultinomialResult and changed.algorithm == "nested EP" and changed != result
     assert changed.outer_precision is result.outer_precision
-    assert result.as_dict()["final_damping"] == 0.7 and "NestedEPResult(" in repr(result)
+    assert result.as_dict()["final_damping"] == 0.7 and "MultinomialResult(" in repr(result)
     with pytest.raises(TypeError, match="unknown"):
         result.replace(posterior=None)
 
@@ -274,7 +274,7 @@ def test_a_run_that_fails_or_is_stopped_leaves_the_sites_as_they_were():
 
     alpha, beta = np.zeros((25, 3)), np.zeros((25, 3))
     with pytest.raises(np.linalg.LinAlgError, match="the posterior failed"):
-        NestedEP(failing, labels, 3).run(alpha, beta)
+        MultinomialEP(failing, labels, 3).run(alpha, beta)
     assert len(calls) == 3 and not np.any(alpha) and not np.any(beta)
 
     def raising(sweep, max_change, log_z):
@@ -299,7 +299,7 @@ def test_posterior_of_must_return_cavities_of_the_sites_shape():
         cavity_natural_mean = np.zeros((9, 3))
 
     with pytest.raises(ValueError, match="expected"):
-        NestedEP(lambda pi, nu: Wrong(), labels, 3).run(np.zeros((10, 3)), np.zeros((10, 3)))
+        MultinomialEP(lambda pi, nu: Wrong(), labels, 3).run(np.zeros((10, 3)), np.zeros((10, 3)))
 
 
 def test_engine_converges_to_the_twin_fixed_point():

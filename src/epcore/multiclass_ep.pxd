@@ -28,15 +28,15 @@ cdef class InnerEP:
     cdef NestedSiteOptions options
 
 
-# The result of NestedEP.run.
-cdef class NestedEPResult(SweepResult):
+# The result of MultinomialEP.run.
+cdef class MultinomialResult(SweepResult):
     cdef readonly object outer_precision
     cdef readonly object outer_natural_mean
     cdef readonly double final_damping
 
 
-# The outer iteration (NestedEP.__init__, run).
-cdef class NestedEP:
+# The outer iteration (MultinomialEP.__init__, run).
+cdef class MultinomialEP:
     cdef readonly object posterior_of
     cdef readonly object labels
     cdef readonly int n

@@ -35,16 +35,16 @@ The tilted normaliser is the inner EP's evidence,
 The outer iteration (§4) is parallel EP: every site is updated from one posterior by one damped
 inner sweep, then the posterior of the new outer sites is formed, with its cavities and the
 evidence. How the posterior is formed depends on the prior (the dense GP's eqs 16-20 in
-:mod:`fastep._dense.multiclass`), so :class:`NestedEP` takes it as a callable and runs
+:mod:`fastep._dense.multiclass`), so :class:`MultinomialEP` takes it as a callable and runs
 everything else: the site kernel over all sites (without the GIL), the adaptive damping, and the
 convergence test, callback, interrupt polling and site restore of the shared sweep driver
 (:class:`~fastep._epcore._common.SweepDriver`).
 
 Python API: :class:`InnerEP` (the site kernel over a set of sites, with its constants),
-:func:`outer_sites` (eqs 13-15), :class:`NestedEP` (the outer iteration; :meth:`NestedEP.run`
-returns a :class:`NestedEPResult`), :func:`nested_log_probabilities` (class probabilities of
-Gaussian latent predictives by inner EP run to convergence). The plain-numpy twin is
-:mod:`fastep.reference.multiclass_ep`.
+:func:`outer_sites` (eqs 13-15), :class:`MultinomialEP` (the engine: the outer iteration;
+:meth:`MultinomialEP.run` returns a :class:`MultinomialResult`), :func:`nested_log_probabilities`
+(class probabilities of Gaussian latent predictives by inner EP run to convergence). The
+plain-numpy twin is :mod:`fastep.reference.multiclass_ep`.
 """
 import numpy as np
 
@@ -315,7 +315,7 @@ cdef class InnerEP:
     Holds the constants of one kind of update (inner sweeps, damping, tolerance); :meth:`update`
     runs the inner EP of Riihimäki, Jylänki & Vehtari, "Nested expectation propagation for
     Gaussian process classification with a multinomial probit likelihood" (2013), §3, at every
-    site given (module docstring), without the GIL. The outer iteration of :class:`NestedEP`,
+    site given (module docstring), without the GIL. The outer iteration of :class:`MultinomialEP`,
     the joint sparse model and its minibatch learner all update their sites with it.
 
     Parameters
@@ -439,10 +439,11 @@ def outer_sites(labels, inner_precision, inner_natural_mean):
     return pi, nu
 
 
-cdef class NestedEPResult(SweepResult):
-    """What one run of :class:`NestedEP` reports: the :class:`~fastep._epcore._common.SweepResult`
-    fields (``n_sweeps`` counts outer iterations; ``n_failed`` the sites whose inner EP or
-    evidence term failed in the last one) and the outer sites of the returned inner sites.
+cdef class MultinomialResult(SweepResult):
+    """What one run of :class:`MultinomialEP` reports: the fields of
+    :class:`~fastep._epcore._common.SweepResult` (``n_sweeps`` counts outer iterations;
+    ``n_failed`` the sites whose inner EP or evidence term failed in the last one) and the outer
+    sites of the returned inner sites.
 
     Parameters
     ----------
@@ -482,7 +483,7 @@ cdef class NestedEPResult(SweepResult):
     def replace(self, **changes):
         """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
         extra = {name: changes.pop(name) if name in changes else getattr(self, name) for name in self._EXTRA}
-        return NestedEPResult(self._sweep_result().replace(**changes), **extra)
+        return MultinomialResult(self._sweep_result().replace(**changes), **extra)
 
     def as_dict(self):
         """The SweepResult fields and ``final_damping`` as a plain dict (for logging and JSON)."""
@@ -491,28 +492,28 @@ cdef class NestedEPResult(SweepResult):
         return out
 
     def __eq__(self, other):
-        if isinstance(other, NestedEPResult) and not (
+        if isinstance(other, MultinomialResult) and not (
                 self.final_damping == other.final_damping
                 or (self.final_damping != self.final_damping and other.final_damping != other.final_damping)):
             return False
         return SweepResult.__eq__(self, other)
 
     def __reduce__(self):
-        return (NestedEPResult, (self._sweep_result(), self.outer_precision, self.outer_natural_mean,
+        return (MultinomialResult, (self._sweep_result(), self.outer_precision, self.outer_natural_mean,
                                  self.final_damping))
 
     def __repr__(self):
-        return (f"NestedEPResult(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
+        return (f"MultinomialResult(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
                 f"log_z={self.log_z!r}, max_change={self.max_change!r}, final_damping={self.final_damping!r})")
 
 
-cdef class NestedEP:
+cdef class MultinomialEP:
     """Nested EP's outer iteration for the multinomial probit (Riihimäki, Jylänki & Vehtari,
     "Nested expectation propagation for Gaussian process classification with a multinomial
     probit likelihood", 2013, §4): damped parallel EP over all outer sites.
 
     Built once from validated inputs; :meth:`run` iterates from given inner sites, updating them
-    in place, and returns a :class:`NestedEPResult`. Every iteration updates all sites from one
+    in place, and returns a :class:`MultinomialResult`. Every iteration updates all sites from one
     posterior by one damped inner sweep each (:class:`InnerEP`, without the GIL), forms the
     posterior of the new outer sites (:func:`outer_sites`) by ``posterior_of``, and evaluates
     the EP evidence there; the shared :class:`~fastep._epcore._common.SweepDriver` tests
@@ -559,12 +560,12 @@ cdef class NestedEP:
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._epcore.multiclass_ep import NestedEP
+    >>> from fastep._epcore.multiclass_ep import MultinomialEP
     >>> from fastep._dense.multiclass import dense_posterior_of
     >>> X = np.linspace(-2, 2, 12)[:, None]
     >>> K = np.exp(-0.5 * (X - X.T) ** 2) + 1e-8 * np.eye(12)
     >>> labels = np.repeat(np.arange(3, dtype=np.int32), 4)
-    >>> engine = NestedEP(dense_posterior_of(K), labels, 3, damping=0.8, tol=1e-8)
+    >>> engine = MultinomialEP(dense_posterior_of(K), labels, 3, damping=0.8, tol=1e-8)
     >>> alpha, beta = np.zeros((12, 3)), np.zeros((12, 3))
     >>> result = engine.run(alpha, beta)
     >>> result.converged, result.outer_precision.shape
@@ -661,7 +662,7 @@ cdef class NestedEP:
 
         Returns
         -------
-        NestedEPResult
+        MultinomialResult
             ``log_z`` the outer EP evidence of the returned sites; the engine's ``posterior``
             holds their posterior afterwards.
 
@@ -737,7 +738,7 @@ cdef class NestedEP:
             driver.restore()
             raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
                                         "or add a White kernel term")
-        return NestedEPResult(driver.result(), pi, nu, damping)
+        return MultinomialResult(driver.result(), pi, nu, damping)
 
 
 def nested_log_probabilities(const double[:, ::1] mean, const double[:, :, ::1] cov, *,

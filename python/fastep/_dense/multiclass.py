@@ -6,7 +6,7 @@ classification with a multinomial probit likelihood" (JMLR 14, 2013). c latent f
 The site kernel (inner EP, :mod:`fastep._epcore.multiclass_ep`) gives every outer site the
 structured precision ``T̃_i = D_i - D_i 1 1ᵀ D_i / S_i`` (``D_i = diag(π_i)``, ``S_i = 1ᵀπ_i``,
 π >= 0) and the linear term ``ν̃_i``; the compiled engine
-:class:`~fastep._epcore.multiclass_ep.NestedEP` runs damped parallel outer EP on the O(c n³)
+:class:`~fastep._epcore.multiclass_ep.MultinomialEP` runs damped parallel outer EP on the O(c n³)
 posterior algebra of the paper's §4 (eqs 16-20) that this module does (:class:`MultinomialPosterior`,
 handed to the engine by :func:`dense_posterior_of`):
 
@@ -55,7 +55,7 @@ _outer_sites = _nested.outer_sites
 
 class MultinomialPosterior:
     """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring), with
-    the cavities and the evidence that :class:`~fastep._epcore.multiclass_ep.NestedEP` asks of it.
+    the cavities and the evidence that :class:`~fastep._epcore.multiclass_ep.MultinomialEP` asks of it.
 
     Per class j, with ``B_j = L_j L_jᵀ``: ``W_j = L_j⁻¹ D_j^½ K`` gives ``diag(K - K M_j K)``
     as ``diag(K) - colsum(W_j²)``, ``M_j K = D_j^½ L_j⁻ᵀ W_j`` and ``E_j K = L_C⁻¹ (M_j K)``:
@@ -266,7 +266,7 @@ def class_probabilities(mean, cov):
 
 
 def dense_posterior_of(K, *, validate=True):
-    """The dense model's outer posterior for :class:`~fastep._epcore.multiclass_ep.NestedEP`:
+    """The dense model's outer posterior for :class:`~fastep._epcore.multiclass_ep.MultinomialEP`:
     ``(π, ν̃) ↦ MultinomialPosterior(K, π, ν̃)``.
 
     Parameters
@@ -348,7 +348,7 @@ class MultinomialGPProblem(SiteProblem):
         n, c = self.X.shape[0], self.n_classes
         alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
         beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
-        engine = _nested.NestedEP(dense_posterior_of(prior, validate=False), self.y, c, damping=opts["damping"],
+        engine = _nested.MultinomialEP(dense_posterior_of(prior, validate=False), self.y, c, damping=opts["damping"],
                                   adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"],
                                   max_sweeps=opts["max_sweeps"], validate=False)
         info = engine.run(alpha, beta, sweep_callback=sweep_callback_of(opts))

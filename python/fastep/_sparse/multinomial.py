@@ -350,7 +350,7 @@ class MultinomialSparseEP:
     damping : float in (0, 1]
     adaptive_damping : bool
         Shrink the damping after an iteration whose largest site change grew (as the dense
-        :class:`~fastep._epcore.multiclass_ep.NestedEP`).
+        :class:`~fastep._epcore.multiclass_ep.MultinomialEP`).
     tol : float
         Convergence threshold on the largest relative inner-site change and the change of log Z.
     max_sweeps : int

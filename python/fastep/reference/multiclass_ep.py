@@ -4,7 +4,7 @@ Plain numpy, written for clarity: the independent check of :mod:`fastep._epcore.
 and of the O(c n³) posterior algebra in :mod:`fastep._dense.multiclass` (Riihimäki, Jylänki &
 Vehtari, "Nested expectation propagation for Gaussian process classification with a
 multinomial probit likelihood", JMLR 2013), and of the compiled outer iteration
-:class:`fastep._epcore.multiclass_ep.NestedEP` (:func:`nested_ep`). Never imports the compiled core.
+:class:`fastep._epcore.multiclass_ep.MultinomialEP` (:func:`nested_ep`). Never imports the compiled core.
 
 Inner EP of one site with label k and cavity ``N(f; m, V)`` (natural parameters ``Λ = V⁻¹``,
 ``η = Λ m``): the augmented ``z = (f, u)`` has prior ``N(z; (m, 0), blkdiag(V, 1))`` and factors
