@@ -45,13 +45,13 @@ def fit_one(kind, seed, noise, damping):
     X, y = make(kind, 200, 10 * seed, noise)
     Xt, yt = make(kind, 2000, 10 * seed + 1, noise)
     iterations = []
-    run = multiclass.MultinomialEP.run
+    run = multiclass.MultinomialGPProblem._run_once
 
     def counted(self, *args, **kwargs):
-        result = run(self, *args, **kwargs)
-        iterations.append(result.n_sweeps)
-        return result
-    multiclass.MultinomialEP.run = counted
+        state = run(self, *args, **kwargs)
+        iterations.append(state["info"].n_sweeps)
+        return state
+    multiclass.MultinomialGPProblem._run_once = counted
     try:
         start = time.perf_counter()
         with warnings.catch_warnings():
@@ -60,7 +60,7 @@ def fit_one(kind, seed, noise, damping):
                                             damping=damping).fit(X, y)
         elapsed = time.perf_counter() - start
     finally:
-        multiclass.MultinomialEP.run = run
+        multiclass.MultinomialGPProblem._run_once = run
     p = clf.predict_proba(Xt)
     return (elapsed, int(clf.n_evaluations_), len(iterations), int(sum(iterations)),
             float(np.mean(clf.predict(Xt) != yt)), float(-np.mean(np.log(p[np.arange(yt.size), yt]))))

@@ -171,3 +171,25 @@ def configured(overrides: dict[str, dict] | None = None, *, exclude: dict[str, s
 
 def _factory(spec, params):
     return lambda: spec.make(**params)
+
+
+# ---------------------------------------------------------------------------------------------
+# engines built from arrays (the compiled engines take validated arrays and a run's in/out sites)
+# ---------------------------------------------------------------------------------------------
+
+def dense_nested_ep(K, labels, n_classes, inner_precision=None, inner_natural_mean=None, **options):
+    """The dense multinomial model's nested EP on kernel matrix ``K`` in one call: ``(engine, result,
+    inner_precision, inner_natural_mean)``, the inner sites as the run left them (zeros to start
+    when not given; given arrays are updated in place). ``options`` go to
+    :class:`fastep._epcore.multiclass_ep.MultinomialEP` (``damping``, ``adaptive_damping``, ``tol``,
+    ``max_sweeps``, ``validate``); ``sweep_callback`` to its ``run``."""
+    from fastep._dense.multiclass import dense_posterior_of
+    from fastep._epcore.multiclass_ep import MultinomialEP
+
+    callback = options.pop("sweep_callback", None)
+    n = K.shape[0]
+    alpha = np.zeros((n, n_classes)) if inner_precision is None else inner_precision
+    beta = np.zeros((n, n_classes)) if inner_natural_mean is None else inner_natural_mean
+    engine = MultinomialEP(dense_posterior_of(K, validate=options.get("validate", True)), labels, n_classes, **options)
+    result = engine.run(alpha, beta, sweep_callback=callback)
+    return engine, result, alpha, beta

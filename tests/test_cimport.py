@@ -89,8 +89,8 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
 
 
 # --- the engine state classes, cimported, typed and run ---------------------------------------
-# One downstream module for the four engine states declared in gp_ep.pxd, sparse_ep.pxd,
-# linear_ep.pxd and ivm.pxd: typed variables read the declared fields (through the object
+# One downstream module for the engine states declared in gp_ep.pxd, sparse_ep.pxd,
+# linear_ep.pxd, ivm.pxd and multiclass_ep.pxd: typed variables read the declared fields (through the object
 # layout the .pxd promises) and call the engines; IVMState's cdef methods go through the
 # vtable declared in ivm.pxd. Built once per module (cython, then the C compiler).
 _ENGINE_STATES_PYX = """
@@ -101,6 +101,10 @@ _ENGINE_STATES_PYX = """
     from fastep._epcore.ivm cimport IVMState, IVMArrays
     from fastep._epcore.ivm_refine cimport fetch_column
     from fastep._epcore.sites cimport SiteSpec
+    from fastep._epcore._common cimport SweepResult
+    from fastep._epcore.multiclass_ep cimport (MultinomialEP, MultinomialResult, InnerEP, NestedSiteOptions,
+                                               nested_site, nested_work_size)
+    from libc.stdlib cimport malloc, free
 
     def dense_run(obj, tau, nu, post_cov, post_mean):
         cdef DenseEP engine = obj
@@ -126,6 +130,27 @@ _ENGINE_STATES_PYX = """
                   engine.prior_mean, engine.prior_cov)
         result = engine.run(tau, nu, post_mean, post_cov)
         return fields, result, engine.log_evidence(tau, nu, post_mean, post_cov)
+
+    def nested_run(obj, alpha, beta):
+        cdef MultinomialEP engine = obj
+        fields = (engine.n, engine.n_classes, engine.damping, engine.adaptive_damping, engine.tol,
+                  engine.max_sweeps, engine.validate, engine.labels, engine.posterior_of)
+        cdef MultinomialResult result = engine.run(alpha, beta)
+        cdef SweepResult base = result
+        return fields, result, (base.n_sweeps, base.log_z, result.final_damping), engine.posterior
+
+    def nested_one_site(InnerEP inner, int n_classes, int label, double[:, ::1] cav_prec, double[::1] cav_lin,
+                        double[::1] alpha, double[::1] beta):
+        # nested_site through the options struct that InnerEP holds
+        cdef NestedSiteOptions opts = inner.options
+        cdef double log_z = 0.0
+        cdef int status
+        cdef double* work = <double*>malloc(nested_work_size(n_classes) * sizeof(double))
+        opts.n_classes = n_classes
+        with nogil:
+            status = nested_site(&opts, label, &cav_prec[0, 0], &cav_lin[0], &alpha[0], &beta[0], &log_z, work)
+        free(work)
+        return status, log_z
 
     def ivm_select(obj, int n_points, column_fn):
         # IVMState.select step by step through the cdef methods declared in ivm.pxd
@@ -274,3 +299,35 @@ def test_cimported_ivm_state_selects_as_from_python(engine_states, criterion):
         np.testing.assert_array_equal(got, getattr(expected, name))
     for name in ("active", "chosen_score", "score_values", "M", "L"):
         np.testing.assert_array_equal(getattr(typed, name), getattr(expected, name))
+
+
+@pytest.mark.downstream
+def test_cimported_nested_ep_runs_as_from_python(engine_states):
+    from fastep._dense.multiclass import dense_posterior_of
+    from fastep._epcore import multiclass_ep
+    x = np.linspace(-2, 2, 12)
+    K = _rbf(x, x) + 1e-8 * np.eye(12)
+    labels = np.repeat(np.arange(3, dtype=np.int32), 4)
+    posterior_of = dense_posterior_of(K)
+    engine = multiclass_ep.MultinomialEP(posterior_of, labels, 3, damping=0.7, tol=1e-9)
+    alpha, beta = np.zeros((12, 3)), np.zeros((12, 3))
+    expected = engine.run(alpha, beta)
+    alpha2, beta2 = np.zeros((12, 3)), np.zeros((12, 3))
+    fields, result, typed, posterior = engine_states.nested_run(engine, alpha2, beta2)
+    assert fields == (12, 3, 0.7, False, 1e-9, engine.max_sweeps, True, labels, posterior_of)
+    assert fields[-2] is labels and fields[-1] is posterior_of and posterior is engine.posterior
+    assert result == expected and result.converged
+    assert typed == (expected.n_sweeps, expected.log_z, 0.7)
+    np.testing.assert_array_equal(alpha2, alpha)
+    np.testing.assert_array_equal(beta2, beta)
+    # one site through the cimported nested_site and the options struct InnerEP holds
+    inner = multiclass_ep.InnerEP(n_inner_sweeps=5, damping=0.8)
+    prec = np.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 1.5]])
+    lin = np.array([0.4, -0.2, 0.1])
+    a, b = np.zeros(3), np.zeros(3)
+    status, log_z = engine_states.nested_one_site(inner, 3, 1, prec, lin, a, b)
+    a_py, b_py = np.zeros((1, 3)), np.zeros((1, 3))
+    log_z_py, status_py = inner.update(np.array([1], dtype=np.int32), prec[None], lin[None], a_py, b_py)
+    assert status == status_py[0] == multiclass_ep.NESTED_OK and log_z == log_z_py[0]
+    np.testing.assert_array_equal(a, a_py[0])
+    np.testing.assert_array_equal(b, b_py[0])

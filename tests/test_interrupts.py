@@ -172,6 +172,22 @@ def _linear_engine(n=20_000, d=40):
     return n, run
 
 
+def _nested_engine(n=150, c=3):
+    """Nested EP (multinomial probit) on a dense kernel matrix: n inputs, c classes, n c inner
+    sites of each kind (the test's flat site arrays, viewed as (n, c))."""
+    from fastep._dense.multiclass import dense_posterior_of
+    from fastep._epcore import multiclass_ep
+    X, _ = _toy(n)
+    K = 4.0 * np.exp(-0.5 * np.sum((X[:, None] - X[None]) ** 2, axis=-1)) + 1e-8 * np.eye(n)
+    labels = np.arange(n, dtype=np.int32) % c
+    posterior_of = dense_posterior_of(K)
+
+    def run(site_precision, site_natural_mean, max_sweeps, mark):
+        multiclass_ep.MultinomialEP(posterior_of, labels, c, damping=0.5, tol=1e-300, max_sweeps=max_sweeps).run(
+            site_precision.reshape(n, c), site_natural_mean.reshape(n, c), sweep_callback=mark)
+    return n * c, run
+
+
 # (engine, whether it puts the in/out site arrays back when interrupted)
 ENGINES = {
     "dense sequential": (lambda: _dense_engine(gp_ep.SCHEDULE_SEQUENTIAL), True),
@@ -179,6 +195,7 @@ ENGINES = {
     "sparse": (_sparse_engine, True),
     # the linear engine keeps no copy of the sites (its estimators discard them on an error)
     "linear": (_linear_engine, False),
+    "nested": (_nested_engine, True),
 }
 
 

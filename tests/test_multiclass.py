@@ -4,15 +4,19 @@ The compiled inner-EP site kernel against its reference twin, the O(c n³) poste
 against the dense (cn)×(cn) posterior, two classes against the binary probit model, the
 probability simplex, evidence gradients against finite differences, and the estimator's API.
 """
+import pickle
+
 import numpy as np
 import pytest
 from scipy.stats import norm
 
 from fastep import GaussianProcessClassifier, load, save
 from fastep._epcore import multiclass_ep
-from fastep._dense.multiclass import MultinomialEP, MultinomialGPProblem, MultinomialPosterior, _outer_sites
+from fastep._dense.multiclass import MultinomialGPProblem, MultinomialPosterior, _outer_sites, dense_posterior_of
+from fastep._epcore.multiclass_ep import InnerEP, MultinomialEP, MultinomialResult
 from fastep.kernels import RBF, Bias
 from fastep.reference import multiclass_ep as ref
+from support import dense_nested_ep
 
 
 def _random_cavity(rng, c, scale=1.0):
@@ -38,8 +42,7 @@ def test_inner_ep_matches_reference(c, n_sweeps, damping):
     alpha[np.arange(n), labels] = 0.0
     beta[np.arange(n), labels] = 0.0
     a_ref, b_ref = alpha.copy(), beta.copy()
-    log_z, status = multiclass_ep.nested_site_updates(labels, precs, lins, alpha, beta,
-                                                      n_inner_sweeps=n_sweeps, damping=damping)
+    log_z, status = InnerEP(n_inner_sweeps=n_sweeps, damping=damping).update(labels, precs, lins, alpha, beta)
     assert np.all(status == multiclass_ep.NESTED_OK)
     for i in range(n):
         a, b, lz = ref.nested_site(precs[i], lins[i], labels[i], a_ref[i], b_ref[i], n_sweeps, damping)
@@ -72,13 +75,14 @@ def test_improper_cavity_leaves_the_site_unchanged():
     prec = -np.eye(3)[None]
     alpha, beta = np.array([[0.0, 0.4, 0.2]]), np.array([[0.0, 0.1, -0.3]])
     before = alpha.copy(), beta.copy()
-    log_z, status = multiclass_ep.nested_site_updates(labels, prec, np.zeros((1, 3)), alpha, beta)
+    log_z, status = InnerEP().update(labels, prec, np.zeros((1, 3)), alpha, beta)
     assert status[0] == multiclass_ep.NESTED_IMPROPER_CAVITY and np.isnan(log_z[0])
     np.testing.assert_array_equal(alpha, before[0])
     np.testing.assert_array_equal(beta, before[1])
     with pytest.raises(ValueError, match="labels"):
-        multiclass_ep.nested_site_updates(np.array([3], dtype=np.int32), np.eye(3)[None], np.zeros((1, 3)),
-                                          alpha, beta)
+        InnerEP().update(np.array([3], dtype=np.int32), np.eye(3)[None], np.zeros((1, 3)), alpha, beta)
+    with pytest.raises(ValueError, match="damping"):
+        InnerEP(damping=0.0)
 
 
 def _toy(n=60, c=3, seed=0):
@@ -186,25 +190,132 @@ def test_evidence_matches_the_dense_energy_of_the_same_sites():
     assert log_z == pytest.approx(total, rel=1e-9)
 
 
-def test_state_class_runs_the_problem_bitwise_and_checks_its_inputs():
+def test_engine_runs_the_problem_bitwise_and_checks_its_inputs():
     X, y, kernel, problem, log_z, info = _evaluated_problem(1e-8, 200)
     K = np.ascontiguousarray(kernel(X))
-    engine = MultinomialEP(K, y.astype(np.int32), 3, damping=0.5, tol=1e-8, max_sweeps=200)
-    result = engine.run()
-    assert result.log_z == log_z and result.n_sweeps == info.n_sweeps and result.converged
-    np.testing.assert_array_equal(engine.inner_precision, problem.inner_precision)
-    np.testing.assert_array_equal(engine.pi.T, problem.site_precision)
     labels = y.astype(np.int32)
+    engine, result, alpha, _ = dense_nested_ep(K, labels, 3, damping=0.5, tol=1e-8, max_sweeps=200)
+    assert isinstance(result, MultinomialResult) and result == info
+    assert result.log_z == log_z and result.n_sweeps == info.n_sweeps and result.converged
+    assert result.final_damping == 0.5
+    np.testing.assert_array_equal(alpha, problem.inner_precision)
+    np.testing.assert_array_equal(result.outer_precision.T, problem.site_precision)
+    np.testing.assert_array_equal(result.outer_natural_mean.T, problem.site_natural_mean)
+    assert isinstance(engine.posterior, MultinomialPosterior)
     with pytest.raises(TypeError, match="labels"):
-        MultinomialEP(K, y.astype(np.int64), 3)
+        MultinomialEP(dense_posterior_of(K), y.astype(np.int64), 3)
     with pytest.raises(ValueError, match="labels"):
-        MultinomialEP(K, labels, 2)
+        MultinomialEP(dense_posterior_of(K), labels, 2)
+    with pytest.raises(ValueError, match="n_classes"):
+        MultinomialEP(dense_posterior_of(K), labels, 1)
     with pytest.raises(ValueError, match="K must be symmetric"):
-        MultinomialEP(K + np.triu(np.ones_like(K), 1), labels, 3)
-    with pytest.raises(TypeError, match="inner_precision"):
-        MultinomialEP(K, labels, 3, inner_precision=np.zeros((30, 2)))
+        dense_posterior_of(K + np.triu(np.ones_like(K), 1))
+    with pytest.raises(TypeError, match="posterior_of"):
+        MultinomialEP(K, labels, 3)
     with pytest.raises(ValueError, match="damping"):
-        MultinomialEP(K, labels, 3, damping=0.0)
+        MultinomialEP(dense_posterior_of(K), labels, 3, damping=0.0)
+    with pytest.raises(ValueError, match="max_sweeps"):
+        MultinomialEP(dense_posterior_of(K), labels, 3, max_sweeps=-1)
+    engine = MultinomialEP(dense_posterior_of(K), labels, 3)
+    with pytest.raises(TypeError, match="inner_precision"):
+        engine.run(np.zeros((30, 2)), np.zeros((30, 3)))
+    with pytest.raises(TypeError, match="inner_natural_mean"):
+        engine.run(np.zeros((30, 3)), np.zeros((30, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        engine.run(np.full((30, 3), np.nan), np.zeros((30, 3)))
+    shared = np.zeros((30, 3))
+    with pytest.raises(ValueError, match="share memory"):
+        engine.run(shared, shared)
+
+
+def test_result_is_typed_and_round_trips():
+    X, y = _toy(n=25, c=3, seed=6)
+    K = np.ascontiguousarray(RBF(1.5, 0.8)(X) + 1e-8 * np.eye(25))
+    labels = y.astype(np.int32)
+    _, result, alpha, beta = dense_nested_ep(K, labels, 3, damping=0.7, tol=1e-9)
+    pi, nu = _outer_sites(labels, alpha, beta)
+    np.testing.assert_array_equal(result.outer_precision, pi)
+    np.testing.assert_array_equal(result.outer_natural_mean, nu)
+    again = pickle.loads(pickle.dumps(result))
+    assert type(again) is MultinomialResult and again == result and again.final_damping == 0.7
+    np.testing.assert_array_equal(again.outer_precision, pi)
+    changed = result.replace(algorithm="nested EP", final_damping=0.5)
+    assert type(changed) is MultinomialResult and changed.algorithm == "nested EP" and changed != result
+    assert changed.outer_precision is result.outer_precision
+    assert result.as_dict()["final_damping"] == 0.7 and "MultinomialResult(" in repr(result)
+    with pytest.raises(TypeError, match="unknown"):
+        result.replace(posterior=None)
+
+
+def test_zero_sweeps_only_evaluate_the_sites():
+    X, y = _toy(n=25, c=3, seed=7)
+    K = np.ascontiguousarray(RBF(1.5, 0.8)(X) + 1e-8 * np.eye(25))
+    labels = y.astype(np.int32)
+    _, converged, alpha, beta = dense_nested_ep(K, labels, 3, damping=0.7, tol=1e-9)
+    start = alpha.copy(), beta.copy()
+    _, result, alpha, beta = dense_nested_ep(K, labels, 3, alpha, beta, max_sweeps=0)
+    assert result.n_sweeps == 0 and not result.converged
+    assert result.log_z == pytest.approx(converged.log_z, rel=1e-10)
+    np.testing.assert_array_equal(alpha, start[0])
+    np.testing.assert_array_equal(beta, start[1])
+
+
+def test_a_run_that_fails_or_is_stopped_leaves_the_sites_as_they_were():
+    X, y = _toy(n=25, c=3, seed=8)
+    K = np.ascontiguousarray(RBF(1.5, 0.8)(X) + 1e-8 * np.eye(25))
+    labels = y.astype(np.int32)
+    calls = []
+
+    def failing(pi, nu):
+        calls.append(1)
+        if len(calls) == 3:
+            raise np.linalg.LinAlgError("the posterior failed")
+        return MultinomialPosterior(K, pi, nu)
+
+    alpha, beta = np.zeros((25, 3)), np.zeros((25, 3))
+    with pytest.raises(np.linalg.LinAlgError, match="the posterior failed"):
+        MultinomialEP(failing, labels, 3).run(alpha, beta)
+    assert len(calls) == 3 and not np.any(alpha) and not np.any(beta)
+
+    def raising(sweep, max_change, log_z):
+        if sweep == 2:
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        dense_nested_ep(K, labels, 3, alpha, beta, damping=0.5, sweep_callback=raising)
+    assert not np.any(alpha) and not np.any(beta)
+    seen = []
+    _, result, alpha, _ = dense_nested_ep(K, labels, 3, damping=0.5,
+                                          sweep_callback=lambda sweep, *_: seen.append(sweep) or sweep < 3)
+    assert result.stopped and result.n_sweeps == 3 and seen == [1, 2, 3] and np.any(alpha)
+
+
+def test_posterior_of_must_return_cavities_of_the_sites_shape():
+    K = np.ascontiguousarray(RBF(1.0, 1.0)(np.linspace(-1, 1, 10)[:, None]) + 1e-8 * np.eye(10))
+    labels = np.arange(10, dtype=np.int32) % 3
+
+    class Wrong:
+        cavity_precision = np.tile(np.eye(3), (9, 1, 1))
+        cavity_natural_mean = np.zeros((9, 3))
+
+    with pytest.raises(ValueError, match="expected"):
+        MultinomialEP(lambda pi, nu: Wrong(), labels, 3).run(np.zeros((10, 3)), np.zeros((10, 3)))
+
+
+def test_engine_converges_to_the_twin_fixed_point():
+    """Against the reference twin's outer EP (dense (cn)×(cn) posterior, inner EP from scratch)."""
+    X, y = _toy(n=20, c=3, seed=9)
+    K = np.ascontiguousarray(RBF(2.0, 0.8)(X) + 1e-8 * np.eye(20))
+    labels = y.astype(np.int32)
+    for adaptive in (False, True):
+        _, result, alpha, beta = dense_nested_ep(K, labels, 3, damping=0.9 if adaptive else 0.6,
+                                                 adaptive_damping=adaptive, tol=1e-12, max_sweeps=500)
+        a_ref, b_ref, log_z_ref, _ = ref.nested_ep(K, labels, 3, damping=0.6, tol=1e-12)
+        assert result.converged
+        np.testing.assert_allclose(alpha, a_ref, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(beta, b_ref, rtol=1e-7, atol=1e-9)
+        assert result.log_z == pytest.approx(log_z_ref, rel=1e-9)
+        assert result.log_z == pytest.approx(ref.evidence(K, labels, alpha, beta), rel=1e-10)
 
 
 def test_adaptive_damping_ends_the_oscillation_of_undamped_updates_at_the_same_fixed_point():
@@ -214,9 +325,9 @@ def test_adaptive_damping_ends_the_oscillation_of_undamped_updates_at_the_same_f
     K.flat[:: K.shape[0] + 1] += 1e-6
 
     def run(damping, adaptive):
-        engine = MultinomialEP(K, labels, 3, damping=damping, adaptive_damping=adaptive, tol=1e-9,
-                               max_sweeps=300)
-        return engine, engine.run()
+        engine, result, _, _ = dense_nested_ep(K, labels, 3, damping=damping, adaptive_damping=adaptive, tol=1e-9,
+                                               max_sweeps=300)
+        return engine, result
 
     _, undamped = run(1.0, False)
     assert not undamped.converged
@@ -224,8 +335,9 @@ def test_adaptive_damping_ends_the_oscillation_of_undamped_updates_at_the_same_f
     for start in (1.0, 0.9):
         adaptive, result = run(start, True)
         assert result.converged and result.n_sweeps < 300
+        assert result.final_damping < start
         assert result.log_z == pytest.approx(fixed_result.log_z, abs=1e-6)
-        np.testing.assert_allclose(adaptive.pi, fixed.pi, atol=1e-5)
+        np.testing.assert_allclose(result.outer_precision, fixed_result.outer_precision, atol=1e-5)
         np.testing.assert_allclose(adaptive.posterior.mean, fixed.posterior.mean, atol=1e-5)
 
 

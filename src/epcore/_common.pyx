@@ -297,22 +297,6 @@ cdef class SweepResult:
     diagnostics : dict
         Engine-specific details (e.g. the double loop's Newton steps and energy trace).
     """
-    cdef readonly int n_sweeps
-    cdef readonly bint converged
-    cdef readonly double max_change
-    cdef readonly double log_z
-    cdef readonly double log_z_change
-    cdef readonly long n_skipped
-    cdef readonly long n_clipped
-    cdef readonly long n_failed
-    cdef readonly bint stopped
-    cdef readonly int block_size
-    cdef readonly long n_rebuilds
-    cdef readonly long n_halvings
-    cdef readonly bint stuck
-    cdef readonly str algorithm
-    cdef readonly dict diagnostics
-
     _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "log_z_change", "n_skipped",
                "n_clipped", "n_failed", "stopped", "block_size", "n_rebuilds", "n_halvings",
                "stuck", "algorithm", "diagnostics")

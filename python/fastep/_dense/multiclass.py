@@ -5,8 +5,10 @@ classification with a multinomial probit likelihood" (JMLR 14, 2013). c latent f
 ``f_j ~ GP(0, k)`` (one shared kernel), ``p(y_i = k | f_i) = ∫ N(u) Π_{j≠k} Φ(u + f_ik - f_ij) du``.
 The site kernel (inner EP, :mod:`fastep._epcore.multiclass_ep`) gives every outer site the
 structured precision ``T̃_i = D_i - D_i 1 1ᵀ D_i / S_i`` (``D_i = diag(π_i)``, ``S_i = 1ᵀπ_i``,
-π >= 0) and the linear term ``ν̃_i``; this module runs damped parallel outer EP and does the
-O(c n³) posterior algebra of the paper's §4 (eqs 16-20):
+π >= 0) and the linear term ``ν̃_i``; the compiled engine
+:class:`~fastep._epcore.multiclass_ep.MultinomialEP` runs damped parallel outer EP on the O(c n³)
+posterior algebra of the paper's §4 (eqs 16-20) that this module does (:class:`MultinomialPosterior`,
+handed to the engine by :func:`dense_posterior_of`):
 
 * per class, ``B_j = I + D_j^½ K D_j^½ = L_j L_jᵀ`` and ``M_j = (K + D_j⁻¹)⁻¹ = D_j^½ B_j⁻¹ D_j^½``;
 * ``C = Σ_j M_j`` (n×n; ``= S - Rᵀ D Σ₀ D R``), ``C = L_C L_Cᵀ``, ``E_j = L_C⁻¹ M_j``;
@@ -24,11 +26,12 @@ kernel's θ at the fixed point: ``Σ_j ½ b_jᵀ ∂K b_j - ½ tr((C - Σ_j E_j�
 Prediction: ``E[f*_j] = k*ᵀ b_j``, ``Cov[f*]_jl = δ_jl (k** - k*ᵀ M_j k*) + (E_j k*)·(E_l k*)``;
 class probabilities by inner EP on the predictive (normalised over the classes).
 """
+from functools import partial
+
 import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
-from .._epcore._common import SweepDriver
 from .._epcore.gp_ep import _check_kernel_matrix
 from .._gp.problem import SiteProblem
 from .._prediction import PREDICT_BATCH
@@ -37,34 +40,62 @@ from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse
 from ..progress import sweep_callback_of
 from .._student_t.problem import dense_kernel_matrix
 
-__all__ = ["MultinomialEP", "MultinomialGPProblem", "class_probabilities"]
+__all__ = ["MultinomialGPProblem", "MultinomialPosterior", "class_probabilities", "dense_posterior_of"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: First damping of the estimators' outer iterations (``damping=None``), with adaptive damping.
 ADAPTIVE_DAMPING_START = 0.9
 #: Factor on the damping after an outer iteration whose largest site change grew (adaptive damping).
-DAMPING_SHRINK = 0.7
+DAMPING_SHRINK = _nested.DAMPING_SHRINK
 #: Smallest damping of adaptive damping.
-MIN_DAMPING = 0.25
-
-
-def _outer_sites(labels, inner_precision, inner_natural_mean):
-    """``(π, ν̃)``, each (n, c), of the outer sites from the inner ones (module docstring)."""
-    pi = inner_precision.copy()
-    pi[np.arange(labels.size), labels] = 1.0
-    total = inner_natural_mean.sum(axis=1)
-    nu = pi * (total / pi.sum(axis=1))[:, None] - inner_natural_mean
-    return pi, nu
+MIN_DAMPING = _nested.MIN_DAMPING
+#: ``(π, ν̃)``, each (n, c), of the outer sites from the inner ones (module docstring).
+_outer_sites = _nested.outer_sites
 
 
 class MultinomialPosterior:
-    """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring).
+    """The outer posterior of sites ``(π, ν̃)`` on kernel matrix ``K`` (module docstring), with
+    the cavities and the evidence that :class:`~fastep._epcore.multiclass_ep.MultinomialEP` asks of it.
 
     Per class j, with ``B_j = L_j L_jᵀ``: ``W_j = L_j⁻¹ D_j^½ K`` gives ``diag(K - K M_j K)``
     as ``diag(K) - colsum(W_j²)``, ``M_j K = D_j^½ L_j⁻ᵀ W_j`` and ``E_j K = L_C⁻¹ (M_j K)``:
     four n³ flops per class and outer iteration (two triangular solves, the factor and its
     inverse for ``C``, one solve for ``E_j K``), every product on scipy's BLAS. ``E_j`` itself
     (the gradient and the predictor need it) is formed by the :attr:`E` property, on first use.
+
+    The algebra is numpy and scipy around BLAS and LAPACK: its sums are numpy's reductions
+    (pairwise ``sum``, ``einsum``) and its logarithms numpy's, whose rounding a compiled loop
+    does not reproduce bit for bit, so it stays here and the engine calls it once per outer
+    iteration.
+
+    Parameters
+    ----------
+    K : ndarray (n, n)
+        Kernel matrix shared by the c latent functions.
+    pi, nu : ndarray (n, c)
+        The outer sites (:func:`~fastep._epcore.multiclass_ep.outer_sites`).
+
+    Attributes
+    ----------
+    mean : ndarray (n, c)
+        Posterior means ``μ``.
+    cov : ndarray (n, c, c)
+        The c×c posterior covariance of every input.
+    log_det : float
+        ``log|I + K Π|``.
+    quad : float
+        ``ν̃ᵀ μ``.
+    weights : ndarray (c, n)
+        ``b = ν̃ - Π μ``.
+    cavity_precision : ndarray (n, c, c)
+        Cavity precisions ``Λ_i``.
+    cavity_natural_mean : ndarray (n, c)
+        Cavity linear terms ``η_i``.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        A factorisation fails, or a c×c marginal covariance is not positive definite.
     """
 
     def __init__(self, K, pi, nu):
@@ -120,6 +151,7 @@ class MultinomialPosterior:
         self.quad = float(np.sum(nu * self.mean))                          # ν̃ᵀ μ
         Pi_mu = pi * self.mean - pi * (np.sum(pi * self.mean, axis=1) / pi.sum(axis=1))[:, None]
         self.weights = (nu - Pi_mu).T.copy()                               # b = ν̃ - Π μ, (c, n)
+        self.cavity_precision, self.cavity_natural_mean, self._marginal_precision, _ = self.cavities(pi, nu)
 
     @property
     def E(self):
@@ -146,6 +178,27 @@ class MultinomialPosterior:
         n, c = pi.shape
         site_prec[:, np.arange(c), np.arange(c)] += pi
         return np.ascontiguousarray(prec - site_prec), np.ascontiguousarray(lin - nu), prec, lin
+
+    def log_evidence(self, log_tilted):
+        """The outer EP energy ``log Z`` (module docstring) given the sites' tilted normalisers.
+
+        Parameters
+        ----------
+        log_tilted : ndarray (n,)
+            ``log Ẑ_i`` at the cavities (NaN where the inner EP failed).
+
+        Returns
+        -------
+        log_z : float
+            ``-½ log|I + KΠ| + ½ ν̃ᵀμ + Σ_i [log Ẑ_i + Ψ(cavity_i) - Ψ(marginal_i)]`` over the
+            sites whose term is finite.
+        n_failed : int
+            The sites left out (improper cavity or failed inner EP).
+        """
+        terms = log_tilted + _log_normaliser_difference(self.cavity_precision, self.cavity_natural_mean,
+                                                        self._marginal_precision, self.mean)
+        ok = np.isfinite(terms)
+        return -0.5 * self.log_det + 0.5 * self.quad + float(np.sum(terms[ok])), int(np.sum(~ok))
 
 
 def _log_normaliser_difference(cav_prec, cav_lin, marg_prec, marg_mean):
@@ -212,160 +265,27 @@ def class_probabilities(mean, cov):
     return p / p.sum(axis=1, keepdims=True)
 
 
-class MultinomialEP:
-    """Nested EP for the multinomial probit GP on one kernel matrix (module docstring): damped
-    parallel outer EP (the paper's §4) around the inner-EP site kernel
-    :func:`~fastep._epcore.multiclass_ep.nested_site_updates` (§3).
-
-    Built once from validated inputs; :meth:`run` iterates from the current inner sites,
-    updating them in place, and returns a :class:`~fastep._epcore._common.SweepResult`. After a
-    run ``pi``, ``nu`` (each (n, c)) are the outer sites of the returned inner sites and
-    ``posterior`` their :class:`MultinomialPosterior`.
-
-    The outer iteration is Python around compiled pieces (the site kernel, scipy's BLAS and
-    LAPACK): its posterior algebra sums with numpy's reductions (pairwise ``sum``, ``einsum``),
-    whose order of additions a compiled loop does not reproduce bit for bit.
+def dense_posterior_of(K, *, validate=True):
+    """The dense model's outer posterior for :class:`~fastep._epcore.multiclass_ep.MultinomialEP`:
+    ``(π, ν̃) ↦ MultinomialPosterior(K, π, ν̃)``.
 
     Parameters
     ----------
     K : ndarray (n, n), float64, C-contiguous
         Kernel matrix shared by the c latent functions (symmetric PSD, jitter included).
-    labels : int32 ndarray (n,)
-        Class of every input, 0..c-1.
-    n_classes : int >= 2
-        c.
-    inner_precision, inner_natural_mean : ndarray (n, c), float64, C-contiguous, optional
-        The inner sites ``α̃``, ``β̃`` (column ``labels[i]`` unused, 0), updated in place by
-        :meth:`run`; zeros (a cold start) when omitted.
-    damping : float in (0, 1]
-        Fraction of every inner site change applied per outer iteration (the first one's, with
-        ``adaptive_damping``).
-    adaptive_damping : bool, default False
-        Shrink the damping during the run: whenever an iteration's largest relative site change
-        exceeds the previous iteration's (the parallel updates overshoot), the fraction is
-        multiplied by ``DAMPING_SHRINK``, down to ``MIN_DAMPING``. A run starts at ``damping``
-        again. The fixed point does not depend on the damping; a large first fraction saves
-        iterations where the updates do not overshoot, the shrinking ends the oscillation where
-        they do.
-    tol : float >= 0
-        Convergence threshold on the relative site change and the change of log Z
-        (:class:`~fastep._epcore._common.SweepDriver`).
-    max_sweeps : int >= 0
-        Outer iterations at most (0 only evaluates the posterior and log Z of the sites).
     validate : bool, default True
-        Check the inputs here (ValueError or TypeError naming the argument). ``False`` is the
-        one path for callers that checked them already (the estimator, at every optimiser step).
+        Check K here (TypeError or ValueError naming it); ``False`` for callers that built it.
+
+    Returns
+    -------
+    callable
+        ``posterior_of(pi, nu)``.
     """
-
-    def __init__(self, K, labels, n_classes, inner_precision=None, inner_natural_mean=None, *,
-                 damping=1.0, adaptive_damping=False, tol=1e-8, max_sweeps=100, validate=True):
-        if validate:
-            _check_nested_ep(K, labels, n_classes, inner_precision, inner_natural_mean, damping, tol,
-                             max_sweeps)
-        n = K.shape[0]
-        if inner_precision is None:
-            inner_precision = np.zeros((n, n_classes))
-        if inner_natural_mean is None:
-            inner_natural_mean = np.zeros((n, n_classes))
-        self.K, self.labels, self.n_classes = K, labels, n_classes
-        self.inner_precision, self.inner_natural_mean = inner_precision, inner_natural_mean
-        self.damping, self.tol, self.max_sweeps = damping, tol, max_sweeps
-        self.adaptive_damping = bool(adaptive_damping)
-        self.pi = self.nu = self.posterior = None
-
-    def _evidence(self, post, pi, nu):
-        """``(log Z, number of failed sites, (cavity precisions, cavity linear terms))`` of the outer
-        sites ``(π, ν̃)`` of the current inner sites, with their posterior ``post``."""
-        cav_prec, cav_lin, marg_prec, _ = post.cavities(pi, nu)
-        log_z_sites, status = _nested.nested_site_updates(self.labels, cav_prec, cav_lin,
-                                                          self.inner_precision.copy(),
-                                                          self.inner_natural_mean.copy(), n_inner_sweeps=0)
-        terms = log_z_sites + _log_normaliser_difference(cav_prec, cav_lin, marg_prec, post.mean)
-        ok = np.isfinite(terms)
-        return (-0.5 * post.log_det + 0.5 * post.quad + float(np.sum(terms[ok])),
-                int(np.sum(~ok)), (cav_prec, cav_lin))
-
-    def run(self, *, sweep_callback=None):
-        """Outer EP iterations from the current inner sites, to convergence or ``max_sweeps``.
-
-        Every iteration updates all sites from one posterior by one damped inner sweep each,
-        then rebuilds the posterior (eqs 16-20) and the evidence of the new sites.
-
-        Parameters
-        ----------
-        sweep_callback : callable, optional
-            ``sweep_callback(sweep, max_change, log_z)`` after every iteration; returning
-            ``False`` stops the iterations (``stopped`` is True).
-
-        Returns
-        -------
-        SweepResult
-            ``log_z`` the outer EP evidence of the returned sites, ``n_failed`` the sites whose
-            inner EP or evidence term failed.
-
-        Raises
-        ------
-        numpy.linalg.LinAlgError
-            A posterior factorisation fails, or the final log Z is not finite.
-        """
-        K, labels, alpha, beta = self.K, self.labels, self.inner_precision, self.inner_natural_mean
-        pi, nu = _outer_sites(labels, alpha, beta)
-        post = MultinomialPosterior(K, pi, nu)
-        log_z, n_failed, cavity = self._evidence(post, pi, nu)
-        driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback)
-        driver.set_log_z(log_z)
-        sweep = 0
-        damping, previous_change = self.damping, np.inf
-        while sweep < driver.max_sweeps:
-            sweep += 1
-            old_alpha, old_beta = alpha.copy(), beta.copy()
-            _, status = _nested.nested_site_updates(labels, cavity[0], cavity[1], alpha, beta,
-                                                    n_inner_sweeps=1, damping=damping)
-            scale_a = np.maximum(1.0, np.abs(old_alpha))
-            scale_b = np.maximum(1.0, np.abs(old_beta))
-            max_change = float(max(np.max(np.abs(alpha - old_alpha) / scale_a),
-                                   np.max(np.abs(beta - old_beta) / scale_b)))
-            if self.adaptive_damping and max_change > previous_change:
-                damping = max(MIN_DAMPING, damping * DAMPING_SHRINK)
-            previous_change = max_change
-            pi, nu = _outer_sites(labels, alpha, beta)
-            post = MultinomialPosterior(K, pi, nu)
-            new_log_z, n_failed, cavity = self._evidence(post, pi, nu)
-            n_failed += int(np.sum(status != 0))
-            if driver.end_sweep(sweep, max_change, new_log_z, n_failed):
-                break
-        self.pi, self.nu, self.posterior = pi, nu, post
-        if not np.isfinite(driver.log_z):
-            raise np.linalg.LinAlgError("nested EP's log marginal likelihood is not finite; increase jitter "
-                                        "or add a White kernel term")
-        return driver.result()
-
-
-def _check_nested_ep(K, labels, n_classes, inner_precision, inner_natural_mean, damping, tol, max_sweeps):
-    """The checks of :class:`MultinomialEP` (ValueError or TypeError naming the argument)."""
-    if not (isinstance(K, np.ndarray) and K.dtype == np.float64 and K.ndim == 2 and K.flags.c_contiguous):
-        raise TypeError("K must be a C-contiguous float64 ndarray of shape (n, n)")
-    n = _check_kernel_matrix(K)
-    if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
-        raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
-    if not (isinstance(labels, np.ndarray) and labels.dtype == np.int32 and labels.shape == (n,)):
-        raise TypeError(f"labels must be an int32 ndarray of shape ({n},)")
-    if np.any((labels < 0) | (labels >= n_classes)):
-        raise ValueError(f"labels must be in 0..{n_classes - 1}")
-    for name, arr in (("inner_precision", inner_precision), ("inner_natural_mean", inner_natural_mean)):
-        if arr is None:
-            continue
-        if not (isinstance(arr, np.ndarray) and arr.dtype == np.float64 and arr.flags.c_contiguous
-                and arr.flags.writeable and arr.shape == (n, n_classes)):
-            raise TypeError(f"{name} must be a writeable C-contiguous float64 ndarray of shape {(n, n_classes)}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be finite")
-    if not 0.0 < damping <= 1.0:
-        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
-    if not tol >= 0.0:
-        raise ValueError(f"tol must be >= 0, got {tol!r}")
-    if isinstance(max_sweeps, bool) or not isinstance(max_sweeps, (int, np.integer)) or max_sweeps < 0:
-        raise ValueError(f"max_sweeps must be an integer >= 0, got {max_sweeps!r}")
+    if validate:
+        if not (isinstance(K, np.ndarray) and K.dtype == np.float64 and K.ndim == 2 and K.flags.c_contiguous):
+            raise TypeError("K must be a C-contiguous float64 ndarray of shape (n, n)")
+        _check_kernel_matrix(K)
+    return partial(MultinomialPosterior, K)
 
 
 class MultinomialGPProblem(SiteProblem):
@@ -426,14 +346,13 @@ class MultinomialGPProblem(SiteProblem):
     def _run_once(self, prior, likelihood, warm):
         opts = self.options
         n, c = self.X.shape[0], self.n_classes
-        engine = MultinomialEP(prior, self.y, c, self.inner_precision.copy() if warm else np.zeros((n, c)),
-                               self.inner_natural_mean.copy() if warm else np.zeros((n, c)),
-                               damping=opts["damping"], adaptive_damping=opts.get("adaptive_damping", False),
-                               tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-                               validate=False)
-        info = engine.run(sweep_callback=sweep_callback_of(opts))
-        return {"alpha": engine.inner_precision, "beta": engine.inner_natural_mean, "pi": engine.pi,
-                "nu": engine.nu, "post": engine.posterior, "info": info}
+        alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
+        beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
+        engine = _nested.MultinomialEP(dense_posterior_of(prior, validate=False), self.y, c, damping=opts["damping"],
+                                  adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"],
+                                  max_sweeps=opts["max_sweeps"], validate=False)
+        info = engine.run(alpha, beta, sweep_callback=sweep_callback_of(opts))
+        return {"alpha": alpha, "beta": beta, "post": engine.posterior, "info": info}
 
     def _ep_input(self, params):
         """The kernel matrix (shared by the classes): the engine's input; ``params`` =
@@ -445,8 +364,9 @@ class MultinomialGPProblem(SiteProblem):
         """Evidence gradient and, with ``keep``, the prediction state from nested EP's state."""
         kernel = params[0]
         self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
-        self.site_precision, self.site_natural_mean = state["pi"].T.copy(), state["nu"].T.copy()
         post, info = state["post"], state["info"]
+        self.site_precision = info.outer_precision.T.copy()
+        self.site_natural_mean = info.outer_natural_mean.T.copy()
         self._training_marginals = None if keep else (post.mean, post.cov)   # for the search only
         grad = None
         if gradient:
@@ -456,7 +376,8 @@ class MultinomialGPProblem(SiteProblem):
         if keep:
             self.kernel = kernel
             self.predictor = MultinomialPredictor(kernel, self.X, post.weights, post.M, post.E)
-            self.log_ml, self.info = float(info.log_z), info
+            # the outer sites are kept once, as site_precision and site_natural_mean
+            self.log_ml, self.info = float(info.log_z), info.replace(outer_precision=None, outer_natural_mean=None)
         return float(info.log_z), grad, info
 
     def _has_sites(self):

@@ -334,7 +334,7 @@ class MultinomialSparsePosterior:
 # -- the engine ------------------------------------------------------------------------------------
 class MultinomialSparseEP:
     """Nested EP for the joint multiclass sparse GP on fixed projections (module docstring):
-    damped parallel outer iterations around :func:`~fastep._epcore.multiclass_ep.nested_site_updates`.
+    damped parallel outer iterations around :class:`~fastep._epcore.multiclass_ep.InnerEP`.
 
     Parameters
     ----------
@@ -350,7 +350,7 @@ class MultinomialSparseEP:
     damping : float in (0, 1]
     adaptive_damping : bool
         Shrink the damping after an iteration whose largest site change grew (as the dense
-        :class:`~fastep._dense.multiclass.MultinomialEP`).
+        :class:`~fastep._epcore.multiclass_ep.MultinomialEP`).
     tol : float
         Convergence threshold on the largest relative inner-site change and the change of log Z.
     max_sweeps : int
@@ -381,8 +381,9 @@ class MultinomialSparseEP:
         mean, S = post.marginals(self.Vt)
         C, m_c = cavities_from_marginals(S, mean, P, h)
         cav_prec, cav_lin, proper = f_cavities(C, m_c, self.fitc_variance)
-        log_z_sites, _ = _nested.nested_site_updates(self.labels, cav_prec, cav_lin, self.inner_precision.copy(),
-                                                     self.inner_natural_mean.copy(), n_inner_sweeps=0)
+        log_z_sites, _ = _nested.InnerEP(n_inner_sweeps=0).update(self.labels, cav_prec, cav_lin,
+                                                                  self.inner_precision.copy(),
+                                                                  self.inner_natural_mean.copy())
         terms = log_z_sites - site_log_normalisers(C, m_c, P, h)
         ok = proper & np.isfinite(terms)
         log_z = -0.5 * post.log_det + 0.5 * post.quad + float(np.sum(terms[ok]))
@@ -401,8 +402,8 @@ class MultinomialSparseEP:
         while sweep < driver.max_sweeps:
             sweep += 1
             old_alpha, old_beta = alpha.copy(), beta.copy()
-            _, status = _nested.nested_site_updates(self.labels, *state["cavity"], alpha, beta,
-                                                    n_inner_sweeps=1, damping=damping)
+            _, status = _nested.InnerEP(n_inner_sweeps=1, damping=damping).update(self.labels, *state["cavity"],
+                                                                                  alpha, beta)
             max_change = float(max(np.max(np.abs(alpha - old_alpha) / np.maximum(1.0, np.abs(old_alpha))),
                                    np.max(np.abs(beta - old_beta) / np.maximum(1.0, np.abs(old_beta)))))
             if self.adaptive_damping and max_change > previous_change:

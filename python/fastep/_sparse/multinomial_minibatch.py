@@ -169,8 +169,8 @@ class MinibatchMultinomialSparseEP:
             C, m_c = S, mean
             alpha, beta = np.zeros((size, c)), np.zeros((size, c))
             cav_prec, cav_lin, proper = f_cavities(C, m_c, d)
-            log_z, status = _nested.nested_site_updates(labels, cav_prec, cav_lin, alpha, beta,
-                                                        n_inner_sweeps=INNER_SWEEPS, tol=INNER_TOL)
+            log_z, status = _nested.InnerEP(n_inner_sweeps=INNER_SWEEPS, tol=INNER_TOL).update(
+                labels, cav_prec, cav_lin, alpha, beta)
         else:
             post = self.posterior()
             mean, S = post.marginals(Vt)
@@ -180,8 +180,8 @@ class MinibatchMultinomialSparseEP:
             cav_prec, cav_lin, proper = f_cavities(C, m_c, d)
             alpha, beta = self.inner_precision[index], self.inner_natural_mean[index]
             old_alpha, old_beta = alpha.copy(), beta.copy()
-            log_z, status = _nested.nested_site_updates(labels, cav_prec, cav_lin, alpha, beta,
-                                                        n_inner_sweeps=1, damping=eps)
+            log_z, status = _nested.InnerEP(n_inner_sweeps=1, damping=eps).update(labels, cav_prec, cav_lin,
+                                                                                 alpha, beta)
         failed = ~proper | (status != 0) | ~np.isfinite(log_z)
         out = {"log_predictive": log_z[~failed], "n_failed": int(np.count_nonzero(failed))}
         pi, nu = _outer_sites(labels, alpha, beta)
@@ -280,8 +280,8 @@ class MinibatchMultinomialSparseEP:
                 mean, C = self.cavity().marginals(Vt)
                 cav_prec, cav_lin, proper = f_cavities(C, mean, d)
                 alpha, beta = np.zeros((pick.size, self.n_classes)), np.zeros((pick.size, self.n_classes))
-                log_z, _ = _nested.nested_site_updates(labels, cav_prec, cav_lin, alpha, beta,
-                                                       n_inner_sweeps=INNER_SWEEPS, tol=INNER_TOL)
+                log_z, _ = _nested.InnerEP(n_inner_sweeps=INNER_SWEEPS, tol=INNER_TOL).update(
+                    labels, cav_prec, cav_lin, alpha, beta)
                 log_z = np.where(proper, log_z, np.nan)
             else:
                 mean, S = post.marginals(Vt)
@@ -289,8 +289,9 @@ class MinibatchMultinomialSparseEP:
                 P = outer_site_precisions(kappa)
                 C, m_c = cavities_from_marginals(S, mean, P, h)
                 cav_prec, cav_lin, proper = f_cavities(C, m_c, d)
-                log_z, _ = _nested.nested_site_updates(labels, cav_prec, cav_lin, self.inner_precision[pick].copy(),
-                                                       self.inner_natural_mean[pick].copy(), n_inner_sweeps=0)
+                log_z, _ = _nested.InnerEP(n_inner_sweeps=0).update(labels, cav_prec, cav_lin,
+                                                                    self.inner_precision[pick].copy(),
+                                                                    self.inner_natural_mean[pick].copy())
                 log_z = np.where(proper, log_z - site_log_normalisers(C, m_c, P, h), np.nan)
             terms.append(log_z)
         terms = np.concatenate(terms)
