@@ -54,7 +54,7 @@ DEFERRED = ("fastep.gp", "fastep.sparse", "fastep.ivm", "fastep.linear", "fastep
             "fastep.batch", "fastep._gp", "fastep._dense", "fastep._sparse", "fastep._ivm", "fastep._horseshoe",
             "fastep._student_t", "fastep._search", "fastep._memory", "fastep._show_versions", "fastep.cli",
             "fastep._epcore.gp_ep", "fastep._epcore.sparse_ep", "fastep._epcore.ivm", "fastep._epcore.linear_ep",
-            "fastep._epcore.horseshoe", "fastep._epcore.rank_k_ep", "fastep._epcore.multiclass_ep")
+            "fastep._epcore.horseshoe", "fastep._epcore.horseshoe_ep", "fastep._epcore.horseshoe_marginals", "fastep._epcore.rank_k_ep", "fastep._epcore.multiclass_ep")
 
 FRESH = """
 import json, sys
