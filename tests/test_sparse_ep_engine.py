@@ -438,6 +438,25 @@ def test_projection_bad_input():
     engine.sparse_projection(Kdup, Knm, kdiag, jitter=1e-6)
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["Kmm", "Knm", "kdiag"])
+def test_projection_rejects_every_non_finite_entry_before_writing(name, value):
+    # the checks scan the bit patterns a row at a time: any entry, any row, nothing overwritten
+    Kmm, Knm, kdiag, _, _, _ = problem(12, 5, 16)
+    arrays = {"Kmm": Kmm, "Knm": np.ascontiguousarray(Knm), "kdiag": kdiag}
+    for index in [(0, 0), (-1, -1), (3, 2)] if name != "kdiag" else [(0,), (-1,), (6,)]:
+        bad = {k: v.copy() for k, v in arrays.items()}
+        bad[name][index] = value
+        before = bad["Knm"].copy()
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            engine.sparse_projection(bad["Kmm"], bad["Knm"], bad["kdiag"], overwrite_knm=True)
+        np.testing.assert_array_equal(bad["Knm"], before)
+    extreme = {k: v.copy() for k, v in arrays.items()}
+    extreme["kdiag"][0] = np.finfo(float).max          # finite extremes pass
+    extreme["Knm"][0, 0] = np.finfo(float).tiny / 4
+    engine.sparse_projection(extreme["Kmm"], extreme["Knm"], extreme["kdiag"])
+
+
 def test_empty_problem():
     m = 3
     R, wm = np.empty((m, m)), np.empty(m)

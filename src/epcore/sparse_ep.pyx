@@ -79,7 +79,8 @@ the sites).
 import numpy as np
 
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
-from libc.string cimport memset
+from libc.stdint cimport uint64_t
+from libc.string cimport memcpy, memset
 from fastep._epcore._blas cimport (
     UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     ddot, daxpy, dscal, dcopy, gemv, gemv_t, syrk, trsv, potrf, trsm_right,
@@ -439,6 +440,20 @@ def _check_factor_outputs(R, w_mean, int m):
         raise ValueError(f"post_w_mean must have length m = {m}; got {w_mean.shape[0]}")
 
 
+cdef uint64_t EXPONENT_BITS = 0x7ff0000000000000ULL     # of an IEEE double
+
+
+cdef inline bint _has_non_finite(const double* x, Py_ssize_t count) noexcept nogil:
+    """Whether ``x[0:count]`` holds an infinity or a NaN: the exponent bits all ones, tested
+    branch-free on the bit patterns (the loop vectorises)."""
+    cdef uint64_t acc = 0, bits
+    cdef Py_ssize_t j
+    for j in range(count):
+        memcpy(&bits, x + j, 8)
+        acc |= ((bits & EXPONENT_BITS) ^ EXPONENT_BITS) - 1     # top bit set iff all ones
+    return (acc >> 63) != 0
+
+
 cdef Py_ssize_t _first_non_finite_rows(const double* a, Py_ssize_t rows, Py_ssize_t cols,
                                        Py_ssize_t stride) noexcept nogil:
     """Flat index ``i * cols + j`` of the first non-finite entry of a strided matrix, or -1."""
@@ -446,9 +461,10 @@ cdef Py_ssize_t _first_non_finite_rows(const double* a, Py_ssize_t rows, Py_ssiz
     cdef const double* row
     for i in range(rows):
         row = a + i * stride
-        for j in range(cols):
-            if not isfinite(row[j]):
-                return i * cols + j
+        if _has_non_finite(row, cols):
+            for j in range(cols):
+                if not isfinite(row[j]):
+                    return i * cols + j
     return -1
 
 

@@ -272,9 +272,10 @@ def run_parallel_ep(executor, chunks, likelihood, options):
     ``chunks``: the output of :func:`chunk_start` (projections and starting sites).  The loop,
     the convergence test (largest relative site change and relative change of log Z below
     ``tol``, no failed site) and the counts are those of
-    :class:`~fastep._epcore.sparse_ep.SparseEP` with ``schedule=SPARSE_PARALLEL``.  Each map step returns the evidence of the sites it
-    received and updates them, so the test for iteration k completes one step later; the
-    update made in that step is then undone (:func:`chunk_rollback`).
+    :class:`~fastep._epcore.sparse_ep.SparseEP` with ``schedule=SPARSE_PARALLEL``.  Each map
+    step returns the evidence of the sites it received and updates them, so the test for
+    iteration k completes one step later; the update made in that step is then undone
+    (:func:`chunk_rollback`).
 
     Returns ``(chunks, R, w_mean, info)`` with the final chunks (sites, marginals), the
     posterior factor and mean and the engine's info dict.  Raises
