@@ -2,8 +2,11 @@
 
 A refactoring that is meant to leave the speed alone is checked here: each workload runs in
 a fresh process of one interpreter, then of the other, alternately, ``--rounds`` times; the
-report gives each build's median and the ratio new/old. The workloads use only APIs that both
-builds share (the estimators and the validated engine functions).
+report gives each build's median and the ratio new/old. The workloads are the estimators and
+the validated engines: a build's engine class (``DenseEP``, ``SparseEP``, ``LinearEP``) where it
+has one, else its function form (``run_gp_ep``, ``run_sparse_ep``, ``run_linear_ep``), so one
+script times builds on either side of that change; both paths check the inputs, build the
+engine and run it.
 
     python benchmarks/compare_builds.py --old /path/to/old/venv/bin/python \\
         --new /path/to/new/venv/bin/python --rounds 5
@@ -33,19 +36,46 @@ def _binary(n, d, seed=0):
     return X, y
 
 
+def _dense_run(K, y, spec, **options):
+    """One validated dense GP EP run from zero sites (a callable)."""
+    from fastep._epcore import gp_ep
+    n = K.shape[0]
+    if hasattr(gp_ep, "DenseEP"):
+        return lambda: gp_ep.DenseEP(K, y, spec, **options).run(np.zeros(n), np.zeros(n), np.empty((n, n)),
+                                                                np.empty(n))
+    return lambda: gp_ep.run_gp_ep(K, y, spec, np.zeros(n), np.zeros(n), np.empty((n, n)), np.empty(n),
+                                   **options)
+
+
+def _sparse_run(Vt, d, y, spec, **options):
+    """One validated sparse EP run from zero sites (a callable)."""
+    from fastep._epcore import sparse_ep
+    n, m = Vt.shape
+    if hasattr(sparse_ep, "SparseEP"):
+        return lambda: sparse_ep.SparseEP(Vt, d, y, spec, **options).run(np.zeros(n), np.zeros(n),
+                                                                         np.empty((m, m)), np.empty(m))
+    return lambda: sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(n), np.zeros(n), np.empty((m, m)),
+                                           np.empty(m), **options)
+
+
+def _linear_run(X, y, prior_mean, prior_cov, spec, **options):
+    """One validated linear EP run from zero sites (a callable)."""
+    from fastep._epcore import linear_ep
+    n, d = X.shape
+    if hasattr(linear_ep, "LinearEP"):
+        return lambda: linear_ep.LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(
+            np.zeros(n), np.zeros(n), np.empty(d), np.empty((d, d)))
+    return lambda: linear_ep.run_linear_ep(X, y, prior_mean, prior_cov, spec, np.zeros(n), np.zeros(n),
+                                           np.empty(d), np.empty((d, d)), **options)
+
+
 def _dense_case(schedule_name, **options):
     """Dense GP EP at n = 1500 with one schedule, from zero sites."""
     from fastep import Probit
     from fastep._epcore import gp_ep
     X, y = _binary(1500, 3)
     K = _rbf(X) + 1e-6 * np.eye(1500)
-    spec = Probit().site_spec()
-    schedule = getattr(gp_ep, schedule_name)
-
-    def run():
-        gp_ep.run_gp_ep(K, y, spec, np.zeros(1500), np.zeros(1500), np.empty((1500, 1500)), np.empty(1500),
-                        schedule=schedule, **options)
-    return run
+    return _dense_run(K, y, Probit().site_spec(), schedule=getattr(gp_ep, schedule_name), **options)
 
 
 def case_dense_blocked():
@@ -70,40 +100,23 @@ def _projection(n, m, seed=0):
 
 def case_sparse_sequential():
     from fastep import Probit
-    from fastep._epcore import sparse_ep
     Vt, d, y = _projection(20000, 200)
-    spec = Probit().site_spec()
-
-    def run():
-        sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(20000), np.zeros(20000), np.empty((200, 200)),
-                                np.empty(200), tol=1e-6, max_sweeps=20)
-    return run
+    return _sparse_run(Vt, d, y, Probit().site_spec(), tol=1e-6, max_sweeps=20)
 
 
 def case_sparse_parallel():
     from fastep import Probit
     from fastep._epcore import sparse_ep
     Vt, d, y = _projection(20000, 200)
-    spec = Probit().site_spec()
-
-    def run():
-        sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(20000), np.zeros(20000), np.empty((200, 200)),
-                                np.empty(200), schedule=sparse_ep.SPARSE_PARALLEL, damping=0.5, tol=1e-6,
-                                max_sweeps=40)
-    return run
+    return _sparse_run(Vt, d, y, Probit().site_spec(), schedule=sparse_ep.SPARSE_PARALLEL, damping=0.5,
+                       tol=1e-6, max_sweeps=40)
 
 
 def case_linear():
     from fastep import Probit
-    from fastep._epcore import linear_ep
     X, y = _binary(10000, 100)
     X = np.ascontiguousarray(X)
-    spec = Probit().site_spec()
-
-    def run():
-        linear_ep.run_linear_ep(X, y, np.zeros(100), np.eye(100), spec, np.zeros(10000), np.zeros(10000),
-                                np.empty(100), np.empty((100, 100)), tol=1e-6, max_sweeps=20)
-    return run
+    return _linear_run(X, y, np.zeros(100), np.eye(100), Probit().site_spec(), tol=1e-6, max_sweeps=20)
 
 
 def case_student_t_dense():

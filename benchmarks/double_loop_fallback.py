@@ -8,7 +8,7 @@ outliers' tilted distributions are bimodal). For every setting where parallel fr
 sites (tol 1e-4, at most 1000 outer iterations). Prints one row per failure and a summary per η.
 
 ``--model fitc`` / ``dtc`` runs the sparse engines instead (m inducing inputs evenly spaced on
-[-3, 3], ``--m``), with ``student_t_ep.run_sparse`` and ``run_sparse_double_loop_ep``, and reports
+[-3, 3], ``--m``), with ``student_t_ep.SparseStudentTEP`` and ``SparseDoubleLoopEP``, and reports
 the double loop's peak traced memory (tracemalloc) beside the n² doubles a dense run would need.
 
     python benchmarks/double_loop_fallback.py [--n 60] [--seeds 6] [--model dense|fitc|dtc] [--m 30]
@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from fastep import StudentT
-from fastep._student_t.double_loop import run_double_loop_ep, run_sparse_double_loop_ep
+from fastep._student_t.double_loop import DenseDoubleLoopEP, SparseDoubleLoopEP
 from fastep._epcore import student_t_ep, sparse_ep
 
 
@@ -49,12 +49,16 @@ class Dense:
     def parallel(self, y, dof, scale, power):
         tau, nu = np.zeros(self.n), np.zeros(self.n)
         self.outputs = [np.empty(self.n) for _ in range(4)]
-        info = student_t_ep.run_dense(self.K, y, dof, scale, power, tau, nu, *self.outputs, damping=0.5,
-                                          tol=1e-6, max_sweeps=500)
+        post_mean, post_var, cavity_mean, cavity_var = self.outputs
+        engine = student_t_ep.DenseStudentTEP(self.K, y, dof, scale, power=power, damping=0.5, tol=1e-6,
+                                              max_sweeps=500)
+        info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
         return info, tau, nu
 
     def double_loop(self, y, dof, scale, power, tau, nu):
-        return run_double_loop_ep(self.K, y, dof, scale, power, tau, nu, *self.outputs, tol=1e-4, max_outer=1000)
+        post_mean, post_var, cavity_mean, cavity_var = self.outputs
+        engine = DenseDoubleLoopEP(self.K, y, dof, scale, power=power, tol=1e-4, max_outer=1000)
+        return engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
 
 
 class Sparse:
@@ -71,14 +75,16 @@ class Sparse:
 
     def parallel(self, y, dof, scale, power):
         tau, nu = np.zeros(self.n), np.zeros(self.n)
-        info = student_t_ep.run_sparse(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(), tau,
-                                              nu, *self._outputs(), power=power, damping=0.5, tol=1e-6,
-                                              max_sweeps=500)
+        R, w, g_mean, g_var = self._outputs()
+        engine = student_t_ep.SparseStudentTEP(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(),
+                                               power=power, damping=0.5, tol=1e-6, max_sweeps=500)
+        info = engine.run(tau, nu, R, w, g_mean=g_mean, g_var=g_var)
         return info, tau, nu
 
     def double_loop(self, y, dof, scale, power, tau, nu):
-        return run_sparse_double_loop_ep(self.Vt, self.d, y, dof, scale, power, tau, nu, *self._outputs(),
-                                         tol=1e-4, max_outer=1000)
+        R, w, g_mean, g_var = self._outputs()
+        engine = SparseDoubleLoopEP(self.Vt, self.d, y, dof, scale, power=power, tol=1e-4, max_outer=1000)
+        return engine.run(tau, nu, R, w, g_mean=g_mean, g_var=g_var)
 
 
 def main():

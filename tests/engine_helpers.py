@@ -1,13 +1,107 @@
-"""Function forms of the compiled engines, for tests that want one call per EP run.
+"""Function forms of the engine classes, for tests that call one run or one evidence at a time.
 
-The package's engines are classes (``HorseshoeEP(...).run()``); these helpers build the class
-from plain arguments, run it and return what the tests compare.
+Each helper builds the engine from the problem and the options (validated: the checks a direct
+caller gets) and calls its one method; the arguments are those of the class followed by those
+of the method, in that order.
 """
-from __future__ import annotations
-
 import numpy as np
 
+from fastep._epcore.gp_ep import DenseEP
 from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior
+from fastep._epcore.linear_ep import LinearEP
+from fastep._epcore.rank_k_ep import RankKState
+from fastep._epcore.sparse_ep import SparseEP
+from fastep._epcore.student_t_ep import DenseStudentTEP, SparseStudentTEP
+from fastep._student_t.double_loop import DenseDoubleLoopEP, SparseDoubleLoopEP
+
+
+def run_gp_ep(K, y, spec, site_precision, site_natural_mean, post_cov, post_mean, *, seed=0, post_var=None,
+              cavity_mean=None, cavity_var=None, sweep_callback=None, **options):
+    """``DenseEP(K, y, spec, **options).run(...)``."""
+    return DenseEP(K, y, spec, **options).run(site_precision, site_natural_mean, post_cov, post_mean, seed=seed,
+                                              post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+                                              sweep_callback=sweep_callback)
+
+
+def run_sparse_ep(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean, *, seed=0,
+                  g_mean=None, g_var=None, sweep_callback=None, **options):
+    """``SparseEP(Vt, d, y, spec, **options).run(...)``."""
+    return SparseEP(Vt, d, y, spec, **options).run(site_precision, site_natural_mean, post_factor, post_w_mean,
+                                                   seed=seed, g_mean=g_mean, g_var=g_var,
+                                                   sweep_callback=sweep_callback)
+
+
+def run_linear_ep(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean, post_mean, post_cov, *,
+                  sweep_callback=None, **options):
+    """``LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(...)``."""
+    return LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(
+        site_precision, site_natural_mean, post_mean, post_cov, sweep_callback=sweep_callback)
+
+
+def linear_log_evidence(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean, post_mean, post_cov):
+    """``LinearEP(X, y, prior_mean, prior_cov, spec).log_evidence(...)``."""
+    return LinearEP(X, y, prior_mean, prior_cov, spec).log_evidence(site_precision, site_natural_mean, post_mean,
+                                                                    post_cov)
+
+
+def run_rank_k_ep(X, y, prior_mean, prior_cov, likelihood, site_precision, site_natural_mean, post_mean, post_cov,
+                  *, sweep_callback=None, **options):
+    """``RankKState(X, ..., post_cov, **options).run(...)`` on the caller's arrays, updated in place."""
+    state = RankKState(X, y, prior_mean, prior_cov, likelihood, site_precision, site_natural_mean, post_mean,
+                       post_cov, **options)
+    return state.run(sweep_callback=sweep_callback)
+
+
+def rank_k_log_evidence(X, y, prior_mean, prior_cov, likelihood, site_precision, site_natural_mean):
+    """``RankKState(...).log_evidence()`` of copies of the given sites (left unchanged)."""
+    return RankKState(X, y, prior_mean, prior_cov, likelihood, np.array(site_precision, dtype=np.float64),
+                      np.array(site_natural_mean, dtype=np.float64)).log_evidence()
+
+
+def run_student_t_dense(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
+                        cavity_mean, cavity_var, *, post_cov=None, sweep_callback=None, **options):
+    """``DenseStudentTEP(K, y, dof, scale, power=power, **options).run(...)``."""
+    return DenseStudentTEP(K, y, dof, scale, power=power, **options).run(
+        site_precision, site_natural_mean, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+        post_cov=post_cov, sweep_callback=sweep_callback)
+
+
+def run_student_t_sparse(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean, g_mean,
+                         g_var, *, sweep_callback=None, **options):
+    """``SparseStudentTEP(Vt, d, y, spec, **options).run(...)``."""
+    return SparseStudentTEP(Vt, d, y, spec, **options).run(
+        site_precision, site_natural_mean, post_factor, post_w_mean, g_mean=g_mean, g_var=g_var,
+        sweep_callback=sweep_callback)
+
+
+def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
+                       cavity_mean, cavity_var, *, post_cov=None, sweep_callback=None, **options):
+    """``DenseDoubleLoopEP(K, y, dof, scale, power=power, **options).run(...)``."""
+    return DenseDoubleLoopEP(K, y, dof, scale, power=power, **options).run(
+        site_precision, site_natural_mean, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
+        post_cov=post_cov, sweep_callback=sweep_callback)
+
+
+def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_natural_mean, post_factor,
+                              post_w_mean, g_mean, g_var, *, sweep_callback=None, **options):
+    """``SparseDoubleLoopEP(Vt, d, y, dof, scale, power=power, **options).run(...)``."""
+    return SparseDoubleLoopEP(Vt, d, y, dof, scale, power=power, **options).run(
+        site_precision, site_natural_mean, post_factor, post_w_mean, g_mean=g_mean, g_var=g_var,
+        sweep_callback=sweep_callback)
+
+
+def dense_incremental_sweep(K, y, spec, site_precision, site_natural_mean, post_cov, post_mean, *, seed=0,
+                            **options):
+    """``DenseEP(K, y, spec, **options).incremental_sweep(...)``."""
+    return DenseEP(K, y, spec, **options).incremental_sweep(site_precision, site_natural_mean, post_cov, post_mean,
+                                                            seed=seed)
+
+
+def sparse_incremental_sweep(Vt, d, y, spec, site_precision, site_natural_mean, post_factor, post_w_mean,
+                             **options):
+    """``SparseEP(Vt, d, y, spec, **options).incremental_sweep(...)``."""
+    return SparseEP(Vt, d, y, spec, **options).incremental_sweep(site_precision, site_natural_mean, post_factor,
+                                                                 post_w_mean)
 
 
 def run_horseshoe_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, **options):

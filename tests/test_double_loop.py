@@ -14,9 +14,9 @@ import pytest
 from scipy.integrate import IntegrationWarning
 from scipy.stats import multivariate_normal
 
+from engine_helpers import run_double_loop_ep, run_student_t_dense
 from fastep import ConvergenceWarning, GaussianProcessRegressor, StudentT
 from fastep._student_t import double_loop as double_loop
-from fastep._epcore import student_t_ep
 from fastep.kernels import RBF
 from fastep.reference import student_t_ep as ref_student_t
 
@@ -42,7 +42,7 @@ def _outputs(n):
 def _parallel(K, y, dof, scale, power=0.5):
     n = y.size
     tau, nu = np.zeros(n), np.zeros(n)
-    info = student_t_ep.run_dense(K, y, dof, scale, power, tau, nu, *_outputs(n), damping=0.5, tol=1e-6,
+    info = run_student_t_dense(K, y, dof, scale, power, tau, nu, *_outputs(n), damping=0.5, tol=1e-6,
                                       max_sweeps=500)
     return tau, nu, info
 
@@ -60,8 +60,8 @@ def test_converges_to_a_fixed_point_where_parallel_ep_stalls(seed, dof, scale):
     assert parallel.stuck and not parallel.converged
     out = _outputs(y.size)
     cov = np.empty((y.size, y.size))
-    info = double_loop.run_double_loop_ep(K, y, dof, scale, 0.5, tau, nu, *out, tol=1e-6, max_outer=500,
-                                          post_cov=cov)
+    info = run_double_loop_ep(K, y, dof, scale, 0.5, tau, nu, *out, tol=1e-6, max_outer=500,
+                              post_cov=cov)
     assert info.converged and info.n_failed == 0 and info.diagnostics["n_limited"] == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IntegrationWarning)
@@ -91,8 +91,8 @@ def test_inner_solution_is_the_minimum_of_the_reference_objective():
     cov, mean = ref_student_t.posterior(K, tau, nu)
     theta_tau, theta_nu = 1 / np.diag(cov), mean / np.diag(cov)
     start_tau, start_nu = tau.copy(), nu.copy()
-    info = double_loop.run_double_loop_ep(K, y, dof, scale, power, tau, nu, *_outputs(y.size), tol=1e-12,
-                                          max_outer=1)
+    info = run_double_loop_ep(K, y, dof, scale, power, tau, nu, *_outputs(y.size), tol=1e-12,
+                              max_outer=1)
     assert info.n_sweeps == 1 and info.diagnostics["inner_failures"] == 0
     cavities = np.concatenate([theta_tau - power * tau, theta_nu - power * nu])
     with warnings.catch_warnings():
@@ -126,7 +126,7 @@ def test_a_fixed_point_of_parallel_ep_is_one_of_the_double_loop():
     assert parallel.converged
     out = _outputs(y.size)
     dl_tau, dl_nu = tau.copy(), nu.copy()
-    info = double_loop.run_double_loop_ep(K, y, 3.0, 0.2, 0.5, dl_tau, dl_nu, *out, tol=1e-6)
+    info = run_double_loop_ep(K, y, 3.0, 0.2, 0.5, dl_tau, dl_nu, *out, tol=1e-6)
     assert info.converged and info.n_sweeps <= 2
     assert info.log_z == pytest.approx(parallel.log_z, rel=1e-9)
     np.testing.assert_allclose(dl_tau, tau, rtol=1e-4, atol=1e-4)
@@ -139,8 +139,8 @@ def test_gaussian_limit_is_exact_gp_regression():
     tau, nu = np.zeros(30), np.zeros(30)
     out = _outputs(30)
     cov = np.empty((30, 30))
-    info = double_loop.run_double_loop_ep(K, y, 1e13, sigma, 0.5, tau, nu, *out, tol=1e-10, max_outer=500,
-                                          post_cov=cov)
+    info = run_double_loop_ep(K, y, 1e13, sigma, 0.5, tau, nu, *out, tol=1e-10, max_outer=500,
+                              post_cov=cov)
     assert info.converged
     exact = multivariate_normal(np.zeros(30), K + sigma ** 2 * np.eye(30)).logpdf(y)
     assert info.log_z == pytest.approx(exact, rel=1e-7)
@@ -154,17 +154,17 @@ def test_callback_stops_and_bad_arguments_are_rejected():
     K = _rbf(x)
     seen = []
     tau, nu = np.zeros(20), np.zeros(20)
-    info = double_loop.run_double_loop_ep(K, y, 4.0, 0.1, 0.5, tau, nu, *_outputs(20),
-                                          sweep_callback=lambda k, change, log_z: seen.append(k) or False)
+    info = run_double_loop_ep(K, y, 4.0, 0.1, 0.5, tau, nu, *_outputs(20),
+                              sweep_callback=lambda k, change, log_z: seen.append(k) or False)
     assert info.stopped and seen == [1] and not info.converged
     for kwargs in ({"tol": 0.0}, {"max_outer": 0}, {"cavity_variance_limit": 1.0}):
         with pytest.raises(ValueError):
-            double_loop.run_double_loop_ep(K, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20), *_outputs(20),
-                                           **kwargs)
+            run_double_loop_ep(K, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20), *_outputs(20),
+                               **kwargs)
     with pytest.raises(ValueError, match="power"):
-        double_loop.run_double_loop_ep(K, y, 4.0, 0.1, 1.5, np.zeros(20), np.zeros(20), *_outputs(20))
+        run_double_loop_ep(K, y, 4.0, 0.1, 1.5, np.zeros(20), np.zeros(20), *_outputs(20))
     with pytest.raises(np.linalg.LinAlgError, match="improper"):
-        double_loop.run_double_loop_ep(K, y, 4.0, 0.1, 0.5, np.full(20, -1e6), np.zeros(20), *_outputs(20))
+        run_double_loop_ep(K, y, 4.0, 0.1, 0.5, np.full(20, -1e6), np.zeros(20), *_outputs(20))
 
 
 @pytest.mark.slow
@@ -199,13 +199,14 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
 
     calls = []
 
-    def improper(*args, **kwargs):
-        info = double_loop.run_double_loop_ep(*args, **kwargs)
-        calls.append(info)
-        args[5][:] = np.nan                                  # would poison the sites if kept
-        return info.replace(log_z=float("nan"), converged=False, n_failed=3)
+    class Improper(double_loop.DenseDoubleLoopEP):
+        def run(self, site_precision, *args, **kwargs):
+            info = super().run(site_precision, *args, **kwargs)
+            calls.append(info)
+            site_precision[:] = np.nan                       # would poison the sites if kept
+            return info.replace(log_z=float("nan"), converged=False, n_failed=3)
 
-    monkeypatch.setattr(student_t_gp, "run_double_loop_ep", improper)
+    monkeypatch.setattr(student_t_gp, "DenseDoubleLoopEP", Improper)
     x, y = _outlier_data(0)
     est = GaussianProcessRegressor(RBF(1.0, 1 / 0.3 ** 2), likelihood=StudentT(dof=10.0, scale=0.01),
                                    optimizer=None, jitter=1e-8, tol=1e-6, max_sweeps=500)

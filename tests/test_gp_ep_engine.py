@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import integrate, stats
 
 import fastep
+from engine_helpers import dense_incremental_sweep, run_gp_ep
 from fastep._epcore import gp_ep as engine
 from fastep.kernels import RBF
 from fastep.reference import gp_ep as ref
@@ -52,7 +53,7 @@ def run(K, y, spec, tau0=None, nu0=None, **options):
     tau = np.zeros(n) if tau0 is None else np.array(tau0, dtype=float)
     nu = np.zeros(n) if nu0 is None else np.array(nu0, dtype=float)
     post_cov, post_mean = np.empty((n, n)), np.empty(n)
-    info = engine.run_gp_ep(K, y, spec, tau, nu, post_cov, post_mean, **options)
+    info = run_gp_ep(K, y, spec, tau, nu, post_cov, post_mean, **options)
     return tau, nu, post_cov, post_mean, info
 
 
@@ -273,7 +274,7 @@ def test_refactorisation_matches_incremental_updates(options, start_sweeps):
         tau, nu = np.zeros(n), np.zeros(n)
         S, m = refactored(K, tau, nu)
     np.testing.assert_array_equal(S, S.T)
-    out = engine.incremental_sweep(y, spec, tau, nu, S, m, **options)
+    out = dense_incremental_sweep(K, y, spec, tau, nu, S, m, **options)
     assert out["n_failed"] == 0 and out["max_change"] > 0
     S_ref, m_ref = refactored(K, tau, nu)
     assert np.max(np.abs(S - S_ref)) < 1e-10 * np.max(np.abs(K))
@@ -290,7 +291,7 @@ def test_blocked_sweep_is_the_sequential_sweep(order):
     for options in (dict(schedule=SEQ), dict(schedule=BLK, block_size=1), dict(schedule=BLK, block_size=6),
                     dict(schedule=BLK, block_size=n)):
         tau, nu, S, m = tau0.copy(), nu0.copy(), S0.copy(), m0.copy()
-        engine.incremental_sweep(y, spec, tau, nu, S, m, order=order, seed=99, **options)
+        dense_incremental_sweep(K, y, spec, tau, nu, S, m, order=order, seed=99, **options)
         results.append((tau, nu, S, m))
     for tau, nu, S, m in results[1:]:
         assert close(tau, results[0][0]) < 1e-12 and close(nu, results[0][1]) < 1e-12
@@ -555,8 +556,8 @@ def test_bad_input_raises_and_changes_nothing(message, arrays, options):
     args.update({k: np.array(v, copy=True) for k, v in arrays.items()})
     before = {k: v.copy() for k, v in args.items()}
     with pytest.raises(ValueError, match=message):
-        engine.run_gp_ep(args["K"], args["y"], fastep.Probit().site_spec(), args["tau"], args["nu"],
-                         args["S"], args["m"], **options)
+        run_gp_ep(args["K"], args["y"], fastep.Probit().site_spec(), args["tau"], args["nu"],
+                  args["S"], args["m"], **options)
     for k in args:
         np.testing.assert_array_equal(args[k], before[k], err_msg=k)
 
@@ -567,9 +568,9 @@ def test_aliasing_outputs_rejected():
     tau = np.zeros(n)
     S, m = np.zeros((n, n)), np.zeros(n)
     with pytest.raises(ValueError, match="must not share memory"):
-        engine.run_gp_ep(K, y, fastep.Probit().site_spec(), tau, tau, S, m)
+        run_gp_ep(K, y, fastep.Probit().site_spec(), tau, tau, S, m)
     with pytest.raises(ValueError, match="post_cov must not share memory with K"):
-        engine.run_gp_ep(K, y, fastep.Probit().site_spec(), tau, np.zeros(n), K, m)
+        run_gp_ep(K, y, fastep.Probit().site_spec(), tau, np.zeros(n), K, m)
 
 
 def test_log_marginal_likelihood_bad_input():
@@ -588,8 +589,8 @@ def test_not_psd_kernel_raises_linalg_error_and_restores_sites():
     for schedule in (SEQ, BLK, PAR):
         tau, nu = tau0.copy(), nu0.copy()
         with pytest.raises(np.linalg.LinAlgError, match="not positive semi-definite"):
-            engine.run_gp_ep(K, y, fastep.Probit().site_spec(), tau, nu, np.empty((2, 2)), np.empty(2),
-                             schedule=schedule, damping=0.5)
+            run_gp_ep(K, y, fastep.Probit().site_spec(), tau, nu, np.empty((2, 2)), np.empty(2),
+                      schedule=schedule, damping=0.5)
         np.testing.assert_array_equal(tau, tau0)
         np.testing.assert_array_equal(nu, nu0)
     with pytest.raises(np.linalg.LinAlgError):
@@ -658,8 +659,8 @@ def test_engine_allocates_one_work_matrix(schedule):
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        engine.run_gp_ep(K, y, spec, tau, nu, S, m, schedule=schedule, damping=0.5 if schedule == PAR else 1.0,
-                         max_sweeps=3)
+        run_gp_ep(K, y, spec, tau, nu, S, m, schedule=schedule, damping=0.5 if schedule == PAR else 1.0,
+                  max_sweeps=3)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -717,7 +718,7 @@ def test_incremental_sweep_bad_input():
     S_bad = S.copy()
     S_bad[4, 2] = np.nan
     with pytest.raises(ValueError, match=r"post_cov must be finite; post_cov\[4, 2\]"):
-        engine.incremental_sweep(y, spec, tau, nu, S_bad, m)
+        engine.DenseEP(K, y, spec).incremental_sweep(tau, nu, S_bad, m)
     with pytest.raises(ValueError, match="SCHEDULE_SEQUENTIAL"):
-        engine.incremental_sweep(y, spec, tau, nu, S, m, schedule=PAR)
+        engine.DenseEP(K, y, spec, schedule=PAR).incremental_sweep(tau, nu, S, m)
     np.testing.assert_array_equal(tau, 0.0)

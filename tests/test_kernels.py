@@ -660,14 +660,14 @@ def test_theta_and_set_params_errors():
     lambda: K.RBFARD([0.4, 0.6, 0.2], 1.5, 0.8) + K.Bias(0.3),
 ])
 def test_weighted_gradient_is_the_contraction_of_the_gradient_matrices(make):
-    """``_unchecked_weighted_gradient`` (the RBF family's one-pass form, and a sum's
+    """``_weighted_grads`` (the RBF family's one-pass form, and a sum's
     concatenation of its terms') equals Σ_ij W_ij ∂K_ij/∂θ_s from the gradient matrices, for K(X, Y) and K(X, X)."""
     rng = np.random.default_rng(5)
     kernel = make()
     X, Y = rng.normal(size=(17, 3)) + 4.0, rng.normal(size=(9, 3)) + 4.0      # off-centre inputs
     for Y_, W in ((Y, rng.normal(size=(17, 9))), (None, rng.normal(size=(17, 17)))):
-        grads = kernel._unchecked_gradient_iter(X) if Y_ is None else kernel._unchecked_cross_gradient_iter(X, Y_)
+        grads = kernel.gradient_iter(X) if Y_ is None else kernel.cross_gradient_iter(X, Y_)
         expected = np.array([np.sum(W * g) for g in grads])
-        got = kernel._unchecked_weighted_gradient(X, Y_, W)
+        got = kernel._weighted_grads(X, Y_, W)
         assert got.shape == (kernel.n_theta,)
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())

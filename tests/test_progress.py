@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import fastep
+from engine_helpers import run_gp_ep, run_rank_k_ep, run_sparse_ep
 from support import ESTIMATORS as REGISTRY
 from fastep import ConvergenceWarning, ProgressRecord
-from fastep._epcore import gp_ep, linear_ep, sparse_ep
-from fastep._epcore.rank_k_ep import RankKLikelihood, run_rank_k_ep
+from fastep._epcore import gp_ep, linear_ep
+from fastep._epcore.rank_k_ep import RankKLikelihood
 from fastep.kernels import RBF
 
 
@@ -220,8 +221,8 @@ def test_gp_engine_stopped_by_the_callback_equals_a_run_capped_at_that_sweep(sch
 
     def run(**kwargs):
         tau, nu, cov, mean = np.zeros(n), np.zeros(n), np.empty((n, n)), np.empty(n)
-        info = gp_ep.run_gp_ep(K, y, spec, tau, nu, cov, mean, schedule=schedule, tol=1e-12,
-                               refactor_every=refactor_every, **kwargs)
+        info = run_gp_ep(K, y, spec, tau, nu, cov, mean, schedule=schedule, tol=1e-12,
+                         refactor_every=refactor_every, **kwargs)
         return info, tau, nu, cov, mean
 
     calls = []
@@ -244,8 +245,8 @@ def test_an_engine_callback_exception_restores_the_sites():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        gp_ep.run_gp_ep(K, y, fastep.Probit().site_spec(), tau, nu, np.empty((n, n)), np.empty(n),
-                        sweep_callback=interrupt)
+        run_gp_ep(K, y, fastep.Probit().site_spec(), tau, nu, np.empty((n, n)), np.empty(n),
+                  sweep_callback=interrupt)
     np.testing.assert_array_equal(tau, saved[0])
     np.testing.assert_array_equal(nu, saved[1])
 
@@ -260,8 +261,8 @@ def test_sparse_linear_and_rank_k_engines_stop_on_request():
     L = np.linalg.cholesky(Kmm)
     Vt = np.ascontiguousarray(np.linalg.solve(L, Knm.T).T)
     d = np.maximum(4.0 - np.sum(Vt ** 2, axis=1), 0.0)
-    out = sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(n), np.zeros(n), np.empty((8, 8)), np.empty(8),
-                                  tol=1e-12, sweep_callback=lambda s, c, z: s < 3)
+    out = run_sparse_ep(Vt, d, y, spec, np.zeros(n), np.zeros(n), np.empty((8, 8)), np.empty(8),
+                        tol=1e-12, sweep_callback=lambda s, c, z: s < 3)
     assert out.stopped and out.n_sweeps == 3 and np.isfinite(out.log_z)
 
     design = np.ascontiguousarray(X)

@@ -1,6 +1,6 @@
 """The double-loop fallback of sparse fractional EP with Student-t sites (FITC / DTC).
 
-fastep._student_t.double_loop.run_sparse_double_loop_ep solves its inner problem by Newton-CG on the
+fastep._student_t.double_loop.SparseDoubleLoopEP solves its inner problem by Newton-CG on the
 low-rank representation. Checks: the compiled posterior of sites of any sign against the
 reference; where sparse parallel fractional EP stalls, the double loop reaches a fixed point by
 the reference's quadrature test with the reference's energy, never lowering the energy; its
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from scipy.integrate import IntegrationWarning
 
+from engine_helpers import run_double_loop_ep, run_sparse_double_loop_ep, run_student_t_sparse
 from fastep import ConvergenceWarning, SparseGPRegressor, StudentT
 from fastep._student_t import double_loop as double_loop
-from fastep._epcore import sparse_ep, student_t_ep
+from fastep._epcore import sparse_ep
 from fastep.kernels import RBF
 from fastep.reference import sparse_ep as ref_sparse
 
@@ -50,7 +51,7 @@ def _outputs(n, m):
 def _parallel(Vt, d, y, dof, scale):
     n, m = Vt.shape
     tau, nu = np.zeros(n), np.zeros(n)
-    info = student_t_ep.run_sparse(Vt, d, y, StudentT(dof=dof, scale=scale).site_spec(), tau, nu,
+    info = run_student_t_sparse(Vt, d, y, StudentT(dof=dof, scale=scale).site_spec(), tau, nu,
                                           *_outputs(n, m), power=0.5, tol=1e-6, max_sweeps=500)
     return tau, nu, info
 
@@ -89,8 +90,8 @@ def test_converges_to_a_fixed_point_where_sparse_parallel_ep_stalls(approximatio
     tau, nu, parallel = _parallel(Vt, d, y, dof, scale)
     assert parallel.stuck and not parallel.converged
     R, w_mean, g_mean, g_var = _outputs(y.size, m)
-    info = double_loop.run_sparse_double_loop_ep(Vt, d, y, dof, scale, 0.5, tau, nu, R, w_mean, g_mean, g_var,
-                                                 tol=1e-6, max_outer=2000)
+    info = run_sparse_double_loop_ep(Vt, d, y, dof, scale, 0.5, tau, nu, R, w_mean, g_mean, g_var,
+                                     tol=1e-6, max_outer=2000)
     assert info.converged and not info.stuck and info.diagnostics["n_limited"] == 0
     assert np.any(tau < 0)                                   # outliers' sites are negative
     energy = np.array(info.diagnostics["energy"])
@@ -118,8 +119,8 @@ def test_inner_solution_is_the_minimum_of_the_reference_objective():
     _, _, g_mean, g_var = ref_sparse.posterior_from_sites(Vt.T, tau, nu)
     theta_tau, theta_nu = 1 / g_var, g_mean / g_var
     start = np.concatenate([theta_tau - 0.5 * tau, theta_nu - 0.5 * nu])
-    info = double_loop.run_sparse_double_loop_ep(Vt, d, y, dof, scale, 0.5, tau, nu, *_outputs(y.size, m),
-                                                 tol=1e-12, max_outer=1)
+    info = run_sparse_double_loop_ep(Vt, d, y, dof, scale, 0.5, tau, nu, *_outputs(y.size, m),
+                                     tol=1e-12, max_outer=1)
     assert info.n_sweeps == 1 and info.diagnostics["inner_failures"] == 0
     cavities = np.concatenate([theta_tau - 0.5 * tau, theta_nu - 0.5 * nu])
     pm = ref_sparse.student_t_power_moments(dof, scale)
@@ -147,11 +148,11 @@ def test_full_rank_projection_equals_the_dense_double_loop():
     assert not parallel.converged
     dense_tau, dense_nu = tau.copy(), nu.copy()
     dense_out = [np.empty(40) for _ in range(4)]
-    dense = double_loop.run_double_loop_ep(K, y, dof, scale, 0.5, dense_tau, dense_nu, *dense_out, tol=1e-6,
-                                           max_outer=1000)
+    dense = run_double_loop_ep(K, y, dof, scale, 0.5, dense_tau, dense_nu, *dense_out, tol=1e-6,
+                               max_outer=1000)
     R, w_mean, g_mean, g_var = _outputs(40, 40)
-    sparse = double_loop.run_sparse_double_loop_ep(Vt, np.zeros(40), y, dof, scale, 0.5, tau, nu, R, w_mean,
-                                                   g_mean, g_var, tol=1e-6, max_outer=1000)
+    sparse = run_sparse_double_loop_ep(Vt, np.zeros(40), y, dof, scale, 0.5, tau, nu, R, w_mean,
+                                       g_mean, g_var, tol=1e-6, max_outer=1000)
     assert dense.converged and sparse.converged
     assert sparse.log_z == pytest.approx(dense.log_z, rel=1e-10)
     np.testing.assert_allclose(g_mean, dense_out[0], atol=1e-5 * np.sqrt(np.max(g_var)))
@@ -165,8 +166,8 @@ def test_gaussian_limit_is_the_power_ep_fitc_evidence():
     _, Vt, d = sparse_ep.sparse_projection(Kmm, np.ascontiguousarray(Kmn.T), kdiag, jitter=1e-8)
     sigma = 0.3
     tau, nu = np.zeros(30), np.zeros(30)
-    info = double_loop.run_sparse_double_loop_ep(Vt, d, y, 1e13, sigma, 0.5, tau, nu, *_outputs(30, 8), tol=1e-7,
-                                                 max_outer=1000)
+    info = run_sparse_double_loop_ep(Vt, d, y, 1e13, sigma, 0.5, tau, nu, *_outputs(30, 8), tol=1e-7,
+                                     max_outer=1000)
     assert info.converged
     exact = ref_sparse.regression_log_evidence(Kmm, Kmn, kdiag, y, sigma ** 2, power=0.5, jitter=1e-8)
     assert info.log_z == pytest.approx(exact, rel=1e-7)
@@ -176,23 +177,23 @@ def test_callback_stops_and_bad_arguments_are_rejected():
     x, y = _outlier_data(0, n=20)
     Vt, d = _projection(x, 6, "fitc")
     seen = []
-    info = double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
-                                                 *_outputs(20, 6),
-                                                 sweep_callback=lambda k, change, log_z: seen.append(k) or False)
+    info = run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
+                                     *_outputs(20, 6),
+                                     sweep_callback=lambda k, change, log_z: seen.append(k) or False)
     assert info.stopped and seen == [1] and not info.converged
     for kwargs in ({"tol": 0.0}, {"max_outer": 0}, {"cavity_variance_limit": 1.0}):
         with pytest.raises(ValueError):
-            double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
-                                                  *_outputs(20, 6), **kwargs)
+            run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
+                                      *_outputs(20, 6), **kwargs)
     with pytest.raises(ValueError, match="d must be"):
-        double_loop.run_sparse_double_loop_ep(Vt, -d - 1.0, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
-                                              *_outputs(20, 6))
+        run_sparse_double_loop_ep(Vt, -d - 1.0, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
+                                  *_outputs(20, 6))
     with pytest.raises(ValueError, match="post_factor"):
-        double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
-                                              *_outputs(20, 5))
+        run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(20), np.zeros(20),
+                                  *_outputs(20, 5))
     with pytest.raises(np.linalg.LinAlgError, match="improper"):
-        double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.full(20, -1e6), np.zeros(20),
-                                              *_outputs(20, 6))
+        run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.full(20, -1e6), np.zeros(20),
+                                  *_outputs(20, 6))
 
 
 def _estimator(approximation, m, dof, scale):
@@ -228,13 +229,14 @@ def test_estimator_keeps_parallel_ep_when_the_double_loop_ends_improper(monkeypa
 
     calls = []
 
-    def improper(*args, **kwargs):
-        info = double_loop.run_sparse_double_loop_ep(*args, **kwargs)
-        calls.append(info)
-        args[6][:] = np.nan                                  # would poison the sites if kept
-        return info.replace(log_z=float("nan"), converged=False, n_failed=3)
+    class Improper(double_loop.SparseDoubleLoopEP):
+        def run(self, site_precision, *args, **kwargs):
+            info = super().run(site_precision, *args, **kwargs)
+            calls.append(info)
+            site_precision[:] = np.nan                       # would poison the sites if kept
+            return info.replace(log_z=float("nan"), converged=False, n_failed=3)
 
-    monkeypatch.setattr(sparse_module, "run_sparse_double_loop_ep", improper)
+    monkeypatch.setattr(sparse_module, "SparseDoubleLoopEP", Improper)
     approximation, m, seed, dof, scale = STALLING[0]
     x, y = _outlier_data(seed)
     est = _estimator(approximation, m, dof, scale)
@@ -256,8 +258,8 @@ def test_memory_is_linear_in_n():
     Vt, d = _projection(x, m, "fitc")
     tracemalloc.start()
     try:
-        info = double_loop.run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(n), np.zeros(n),
-                                                     *_outputs(n, m), max_outer=1)
+        info = run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, np.zeros(n), np.zeros(n),
+                                         *_outputs(n, m), max_outer=1)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fastep
+from engine_helpers import run_gp_ep, run_sparse_ep, sparse_incremental_sweep
 from fastep._epcore import gp_ep as dense_engine
 from fastep._epcore import power_ep
 from fastep._epcore import sparse_ep as engine
@@ -40,7 +41,7 @@ def run(Vt, d, y, spec, tau0=None, nu0=None, **options):
     tau = np.zeros(n) if tau0 is None else np.array(tau0, dtype=float)
     nu = np.zeros(n) if nu0 is None else np.array(nu0, dtype=float)
     R, wm, gm, gv = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-    info = engine.run_sparse_ep(Vt, d, y, spec, tau, nu, R, wm, g_mean=gm, g_var=gv, **options)
+    info = run_sparse_ep(Vt, d, y, spec, tau, nu, R, wm, g_mean=gm, g_var=gv, **options)
     return _Run(tau=tau, nu=nu, R=R, w_mean=wm, g_mean=gm, g_var=gv, **info.as_dict())
 
 
@@ -57,9 +58,9 @@ def dense(K, y, spec=None):
     n = len(y)
     tau, nu = np.zeros(n), np.zeros(n)
     cov, mean = np.empty((n, n)), np.empty(n)
-    info = dense_engine.run_gp_ep(np.ascontiguousarray(K), y, spec or fastep.Probit().site_spec(), tau,
-                                  nu, cov, mean, schedule=dense_engine.SCHEDULE_SEQUENTIAL, tol=1e-12,
-                                  max_sweeps=300)
+    info = run_gp_ep(np.ascontiguousarray(K), y, spec or fastep.Probit().site_spec(), tau,
+                     nu, cov, mean, schedule=dense_engine.SCHEDULE_SEQUENTIAL, tol=1e-12,
+                     max_sweeps=300)
     return info.log_z, mean, np.diag(cov)
 
 
@@ -275,7 +276,7 @@ def test_rebuild_after_a_sweep_changes_nothing_beyond_rounding():
     start = run(Vt, d, y, spec, max_sweeps=2, tol=1e-300)
     tau, nu, R, wm = start["tau"], start["nu"], start["R"], start["w_mean"]
     for _ in range(2):                                   # two sweeps of rank-1 updates only
-        engine.incremental_sweep(Vt, d, y, spec, tau, nu, R, wm)
+        sparse_incremental_sweep(Vt, d, y, spec, tau, nu, R, wm)
     R_new, wm_new = np.empty_like(R), np.empty_like(wm)
     engine.rebuild(Vt, tau, nu, R_new, wm_new)
     assert np.max(np.abs(R - R_new)) < 1e-10 * np.max(np.abs(R_new))
@@ -344,7 +345,7 @@ def test_memory_is_o_nm():
     _, Vt, d = engine.sparse_projection(k(Z), np.ascontiguousarray(k(X, Z)), k.diag(X), jitter=1e-8)
     tau, nu, R, wm = np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m)
     tracemalloc.start()
-    engine.run_sparse_ep(Vt, d, y, fastep.Probit().site_spec(), tau, nu, R, wm, max_sweeps=2)
+    run_sparse_ep(Vt, d, y, fastep.Probit().site_spec(), tau, nu, R, wm, max_sweeps=2)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     # the engine's own arrays: a few n-vectors, O(m²), one block of 2**17 doubles (no n x m copy)
@@ -390,8 +391,8 @@ def test_bad_input_raises_and_changes_nothing(message, change, options):
         change(a)
     tau_before, nu_before = a["tau"].copy(), a["nu"].copy()
     with pytest.raises(ValueError, match=message):
-        engine.run_sparse_ep(a["Vt"], a["d"], a["y"], fastep.Probit().site_spec(), a["tau"], a["nu"],
-                             a["R"], a["wm"], **options)
+        run_sparse_ep(a["Vt"], a["d"], a["y"], fastep.Probit().site_spec(), a["tau"], a["nu"],
+                      a["R"], a["wm"], **options)
     np.testing.assert_array_equal(a["tau"], tau_before)
     np.testing.assert_array_equal(a["nu"], nu_before)
     if a["R"].shape == (m, m):
@@ -402,8 +403,8 @@ def test_power_below_one_rejected_for_the_step_likelihood():
     Vt, d, y = _base()
     n, m = Vt.shape
     with pytest.raises(ValueError, match="pointwise log density"):
-        engine.run_sparse_ep(Vt, d, y, fastep.Step().site_spec(), np.zeros(n), np.zeros(n),
-                             np.empty((m, m)), np.empty(m), power=0.5)
+        run_sparse_ep(Vt, d, y, fastep.Step().site_spec(), np.zeros(n), np.zeros(n),
+                      np.empty((m, m)), np.empty(m), power=0.5)
     with pytest.raises(ValueError, match="pointwise log density"):
         power_ep.power_moments_array(fastep.Probit(slope=np.inf).site_spec(), y, y, y + 1, power=0.5)
 
@@ -413,7 +414,7 @@ def test_aliasing_outputs_rejected():
     n, m = Vt.shape
     tau = np.zeros(n)
     with pytest.raises(ValueError, match="must not share memory"):
-        engine.run_sparse_ep(Vt, d, y, fastep.Probit().site_spec(), tau, tau, np.empty((m, m)), np.empty(m))
+        run_sparse_ep(Vt, d, y, fastep.Probit().site_spec(), tau, tau, np.empty((m, m)), np.empty(m))
 
 
 def test_projection_bad_input():
@@ -437,10 +438,29 @@ def test_projection_bad_input():
     engine.sparse_projection(Kdup, Knm, kdiag, jitter=1e-6)
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["Kmm", "Knm", "kdiag"])
+def test_projection_rejects_every_non_finite_entry_before_writing(name, value):
+    # the checks scan the bit patterns a row at a time: any entry, any row, nothing overwritten
+    Kmm, Knm, kdiag, _, _, _ = problem(12, 5, 16)
+    arrays = {"Kmm": Kmm, "Knm": np.ascontiguousarray(Knm), "kdiag": kdiag}
+    for index in [(0, 0), (-1, -1), (3, 2)] if name != "kdiag" else [(0,), (-1,), (6,)]:
+        bad = {k: v.copy() for k, v in arrays.items()}
+        bad[name][index] = value
+        before = bad["Knm"].copy()
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            engine.sparse_projection(bad["Kmm"], bad["Knm"], bad["kdiag"], overwrite_knm=True)
+        np.testing.assert_array_equal(bad["Knm"], before)
+    extreme = {k: v.copy() for k, v in arrays.items()}
+    extreme["kdiag"][0] = np.finfo(float).max          # finite extremes pass
+    extreme["Knm"][0, 0] = np.finfo(float).tiny / 4
+    engine.sparse_projection(extreme["Kmm"], extreme["Knm"], extreme["kdiag"])
+
+
 def test_empty_problem():
     m = 3
     R, wm = np.empty((m, m)), np.empty(m)
-    info = engine.run_sparse_ep(np.empty((0, m)), np.empty(0), np.empty(0), fastep.Probit().site_spec(),
-                                np.empty(0), np.empty(0), R, wm)
+    info = run_sparse_ep(np.empty((0, m)), np.empty(0), np.empty(0), fastep.Probit().site_spec(),
+                         np.empty(0), np.empty(0), R, wm)
     assert info.converged and info.log_z == 0.0
     np.testing.assert_array_equal(R, np.eye(m))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fastep
+from engine_helpers import run_gp_ep
 from fastep._epcore import gp_ep as dense_engine
 from fastep.kernels import RBF
 from fastep.reference import gp_ep as dense_ref
@@ -37,9 +38,9 @@ def dense_compiled(K, y):
     n = len(y)
     tau, nu = np.zeros(n), np.zeros(n)
     cov, mean = np.empty((n, n)), np.empty(n)
-    info = dense_engine.run_gp_ep(np.ascontiguousarray(K), y, fastep.Probit().site_spec(), tau, nu,
-                                  cov, mean, schedule=dense_engine.SCHEDULE_SEQUENTIAL, tol=1e-12,
-                                  max_sweeps=200)
+    info = run_gp_ep(np.ascontiguousarray(K), y, fastep.Probit().site_spec(), tau, nu,
+                     cov, mean, schedule=dense_engine.SCHEDULE_SEQUENTIAL, tol=1e-12,
+                     max_sweeps=200)
     return info.log_z, mean, np.diag(cov)
 
 

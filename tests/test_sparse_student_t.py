@@ -1,14 +1,15 @@
 """Sparse robust regression: fractional EP with Student-t sites on the sparse representation.
 
-The engine (``student_t_ep.run_sparse``) against the dense robust engine (whose own twin
+The engine (``student_t_ep.SparseStudentTEP``) against the dense robust engine (whose own twin
 is :mod:`fastep.reference.student_t_ep`) where the two models coincide, the signed natural sums,
 the Gaussian limit, the evidence gradient, outliers, and the estimator's argument checks.
 """
 import numpy as np
 import pytest
 
+from engine_helpers import run_student_t_dense, run_student_t_sparse
 from fastep import SparseGPRegressor, StudentT, load, save
-from fastep._epcore import student_t_ep, sparse_ep
+from fastep._epcore import sparse_ep
 from fastep.kernels import RBF, Bias
 
 
@@ -24,7 +25,7 @@ def _sparse_run(Vt, d, y, likelihood, power, **kw):
     n, m = Vt.shape
     tau, nu = np.zeros(n), np.zeros(n)
     R, w, g_mean, g_var = np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)
-    info = student_t_ep.run_sparse(Vt, d, y, likelihood.site_spec(), tau, nu, R, w, g_mean, g_var,
+    info = run_student_t_sparse(Vt, d, y, likelihood.site_spec(), tau, nu, R, w, g_mean, g_var,
                                           power=power, **kw)
     return info, tau, nu, g_mean, g_var
 
@@ -33,7 +34,7 @@ def _dense_run(K, y, likelihood, power, **kw):
     n = K.shape[0]
     tau, nu = np.zeros(n), np.zeros(n)
     post_mean, post_var, cav_mean, cav_var = (np.empty(n) for _ in range(4))
-    info = student_t_ep.run_dense(K, y, likelihood.dof, likelihood.scale, power, tau, nu, post_mean, post_var,
+    info = run_student_t_dense(K, y, likelihood.dof, likelihood.scale, power, tau, nu, post_mean, post_var,
                                       cav_mean, cav_var, **kw)
     return info, tau, nu, post_mean, post_var
 
@@ -94,10 +95,10 @@ def test_engine_halves_steps_and_reports_an_improper_start():
     tau = np.full(n, -5.0)                             # K⁻¹ - 5 I is not positive definite
     nu = np.zeros(n)
     with pytest.raises(np.linalg.LinAlgError, match="improper"):
-        student_t_ep.run_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), tau, nu, np.empty((m, m)),
+        run_student_t_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), tau, nu, np.empty((m, m)),
                                        np.empty(m), np.empty(n), np.empty(n))
     with pytest.raises(ValueError, match="damping"):
-        student_t_ep.run_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), np.zeros(n), nu,
+        run_student_t_sparse(Vt, np.zeros(n), y, likelihood.site_spec(), np.zeros(n), nu,
                                        np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n), damping=0.0)
     # a full (undamped) step from zero sites overshoots: the engine must halve it
     info, tau, *_ = _sparse_run(Vt, np.zeros(n), y, likelihood, 1.0, damping=1.0, tol=1e-8, max_sweeps=500)

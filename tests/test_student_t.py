@@ -13,8 +13,9 @@ from scipy.integrate import IntegrationWarning
 from scipy.integrate import quad
 from scipy.stats import multivariate_normal, t as student_t_dist
 
+from engine_helpers import run_student_t_dense
 from fastep import GaussianProcessRegressor, StudentT, load, save
-from fastep._epcore import student_t_ep, student_t_sites, sites
+from fastep._epcore import student_t_sites, sites
 from fastep.kernels import RBF, Bias
 from fastep.reference import student_t_ep as ref_student_t
 from fastep.reference import sites as ref_sites
@@ -128,7 +129,7 @@ def _run(K, y, dof, scale, power, **kwargs):
         tau[:], nu[:] = kwargs.pop("tau"), kwargs.pop("nu")
     out = {k: np.empty(n) for k in ("post_mean", "post_var", "cavity_mean", "cavity_var")}
     cov = np.empty((n, n))
-    info = student_t_ep.run_dense(K, y, dof, scale, power, tau, nu, out["post_mean"], out["post_var"],
+    info = run_student_t_dense(K, y, dof, scale, power, tau, nu, out["post_mean"], out["post_var"],
                                       out["cavity_mean"], out["cavity_var"], post_cov=cov, **kwargs)
     return info, tau, nu, out, cov
 

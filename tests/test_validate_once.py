@@ -1,8 +1,9 @@
 """Inputs are validated once, at the public entry.
 
-The estimators' inner loops (every optimiser step) call the kernels' and engines' unchecked
-twins; these must give bit for bit what the checked public functions give, and the public
-functions keep rejecting bad input for direct callers.
+The estimators' inner loops (every optimiser step) call the kernels' implementation methods and
+build the engines with ``validate=False``; these must give bit for bit what the public kernel
+methods and the validated engines give, and the validated engines keep rejecting bad input for
+direct callers.
 """
 import warnings
 
@@ -11,7 +12,7 @@ import pytest
 
 import fastep
 from fastep._epcore import gp_ep, linear_ep, sparse_ep, student_t_ep
-from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, Linear, LinearARD, MLPARD, White
+from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, KernelColumns, Linear, LinearARD, MLPARD, White
 from fastep.likelihoods import Probit, StudentT
 
 
@@ -29,26 +30,30 @@ def _kernels(d):
 
 
 @pytest.mark.parametrize("name", list(_kernels(3)))
-def test_kernel_unchecked_twins_equal_the_public_methods(name):
+def test_kernel_implementation_methods_equal_the_public_methods(name):
+    # what the estimators call on inputs they validated once (the implementation methods)
+    # gives bit for bit what the public, validating methods give
     rng = np.random.default_rng(7)
     d = 3
     kernel = _kernels(d)[name]
     X = rng.normal(size=(30, d))
     Z = rng.normal(size=(6, d))
     W = rng.normal(size=(6, 30))
-    assert np.array_equal(kernel._unchecked_call(X), kernel(X))
-    assert np.array_equal(kernel._unchecked_call(X, Z), kernel(X, Z))
-    assert np.array_equal(kernel._unchecked_diag(X), kernel.diag(X))
+    slots = list(range(kernel.n_theta))
+    assert np.array_equal(kernel._K(X, None), kernel(X))
+    assert np.array_equal(kernel._K(X, Z), kernel(X, Z))
+    assert np.array_equal(kernel._diag(X), kernel.diag(X))
     K, dK = kernel(X, eval_gradient=True)
-    K2, dK2 = kernel._unchecked_value_and_gradient(X)
+    dK2 = np.empty_like(dK)
+    K2 = kernel._value_and_gradient(X, dK2)
     assert np.array_equal(K, K2) and np.array_equal(dK, dK2)
-    for a, b in zip(kernel.gradient_iter(X), kernel._unchecked_gradient_iter(X), strict=True):
+    for a, b in zip(kernel.gradient_iter(X), kernel._grads(X, slots), strict=True):
         assert np.array_equal(a, b)
-    for a, b in zip(kernel.cross_gradient_iter(Z, X), kernel._unchecked_cross_gradient_iter(Z, X), strict=True):
+    for a, b in zip(kernel.cross_gradient_iter(Z, X), kernel._cross_grads(Z, X, slots), strict=True):
         assert np.array_equal(a, b)
-    assert np.array_equal(kernel.diag_gradient(X), kernel._unchecked_diag_gradient(X))
-    assert np.array_equal(kernel.input_gradient(Z, X, W), kernel._unchecked_input_gradient(Z, X, W))
-    cols, cols2 = kernel.columns(X), kernel._unchecked_columns(X)
+    assert np.array_equal(kernel.diag_gradient(X), np.column_stack(list(kernel._diag_grads(X, slots))))
+    assert np.array_equal(kernel.input_gradient(Z, X, W), kernel._input_grad(Z, X, W))
+    cols, cols2 = kernel.columns(X), KernelColumns(kernel, X, None)
     for j in (0, 11, 29):
         assert np.array_equal(cols(j), cols2(j))
 
@@ -65,16 +70,16 @@ def test_public_kernel_methods_still_reject_bad_input():
         RBFARD([0.5, 0.5]).diag_gradient(np.ones((4, 3)))
 
 
-def _dense_unvalidated(K, y, spec, tau, nu, buf, mean, *, seed=0, post_var=None, cavity_mean=None,
-                       cavity_var=None, **options):
-    """The estimators' path: the state built from already-checked arrays."""
-    engine = gp_ep.DenseEP(K, y, spec, validate=False, **options)
+def _dense_run(validate, K, y, spec, tau, nu, buf, mean, *, seed=0, post_var=None, cavity_mean=None,
+               cavity_var=None, **options):
+    """One run of the dense engine; ``validate=False`` is the estimators' path (checked arrays)."""
+    engine = gp_ep.DenseEP(K, y, spec, validate=validate, **options)
     return engine.run(tau, nu, buf, mean, seed=seed, post_var=post_var, cavity_mean=cavity_mean,
                       cavity_var=cavity_var)
 
 
-def _sparse_unvalidated(Vt, d, y, spec, tau, nu, R, w, *, seed=0, g_mean=None, g_var=None, **options):
-    engine = sparse_ep.SparseEP(Vt, d, y, spec, validate=False, **options)
+def _sparse_run(validate, Vt, d, y, spec, tau, nu, R, w, *, seed=0, g_mean=None, g_var=None, **options):
+    engine = sparse_ep.SparseEP(Vt, d, y, spec, validate=validate, **options)
     return engine.run(tau, nu, R, w, seed=seed, g_mean=g_mean, g_var=g_var)
 
 
@@ -87,16 +92,16 @@ def _gp_problem(n, seed):
 
 
 @pytest.mark.parametrize("schedule", [gp_ep.SCHEDULE_SEQUENTIAL, gp_ep.SCHEDULE_PARALLEL, gp_ep.SCHEDULE_BLOCKED])
-def test_gp_ep_unvalidated_state_is_bitwise_the_public_function(schedule):
+def test_gp_ep_unvalidated_state_is_bitwise_the_validated_one(schedule):
     K, y = _gp_problem(60, 1)
     spec = Probit().site_spec()
     outs = []
-    for run in (gp_ep.run_gp_ep, _dense_unvalidated):
+    for validate in (True, False):
         tau, nu = np.zeros(60), np.zeros(60)
         buf, mean, var, cm, cv = np.empty((60, 60)), np.empty(60), np.empty(60), np.empty(60), np.empty(60)
-        info = run(K, y, spec, tau, nu, buf, mean, schedule=schedule, tol=1e-10, max_sweeps=50,
-                   damping=0.7 if schedule == gp_ep.SCHEDULE_PARALLEL else 1.0,
-                   output=gp_ep.OUTPUT_FACTOR, post_var=var, cavity_mean=cm, cavity_var=cv)
+        info = _dense_run(validate, K, y, spec, tau, nu, buf, mean, schedule=schedule, tol=1e-10, max_sweeps=50,
+                          damping=0.7 if schedule == gp_ep.SCHEDULE_PARALLEL else 1.0,
+                          output=gp_ep.OUTPUT_FACTOR, post_var=var, cavity_mean=cm, cavity_var=cv)
         outs.append((info, tau, nu, buf, mean, var, cm, cv))
     (info_a, *arrays_a), (info_b, *arrays_b) = outs
     assert info_a == info_b
@@ -104,36 +109,40 @@ def test_gp_ep_unvalidated_state_is_bitwise_the_public_function(schedule):
         assert np.array_equal(a, b)
 
 
-def test_gp_ep_public_function_still_rejects_bad_input():
+def test_gp_ep_validated_state_still_rejects_bad_input():
     K, y = _gp_problem(5, 2)
     K[0, 1] += 1e-3
-    args = (y, Probit().site_spec(), np.zeros(5), np.zeros(5), np.empty((5, 5)), np.empty(5))
     with pytest.raises(ValueError, match="symmetric"):
-        gp_ep.run_gp_ep(K, *args)
+        gp_ep.DenseEP(K, y, Probit().site_spec())
     K, y = _gp_problem(5, 2)
     with pytest.raises(ValueError, match="damping"):
-        gp_ep.run_gp_ep(K, *args, damping=0.0)
+        gp_ep.DenseEP(K, y, Probit().site_spec(), damping=0.0)
+    engine = gp_ep.DenseEP(K, y, Probit().site_spec())
+    with pytest.raises(ValueError, match="site_precision must be >= 0"):
+        engine.run(-np.ones(5), np.zeros(5), np.empty((5, 5)), np.empty(5))
 
 
 @pytest.mark.parametrize("approximation", ["fitc", "dtc"])
 @pytest.mark.parametrize("schedule", [sparse_ep.SPARSE_SEQUENTIAL, sparse_ep.SPARSE_PARALLEL])
-def test_sparse_ep_unvalidated_state_is_bitwise_the_public_functions(approximation, schedule):
+def test_sparse_ep_unvalidated_state_is_bitwise_the_validated_one(approximation, schedule):
     rng = np.random.default_rng(3)
     X, Z = rng.normal(size=(80, 2)), rng.normal(size=(7, 2))
     kernel = RBF(1.0, 0.8)
     Kmm, Knm, kdiag = kernel(Z), kernel(X, Z), kernel.diag(X)
     y = np.where(X[:, 1] > 0, 1.0, -1.0)
     proj_a = sparse_ep.sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=1e-6)
-    proj_b = sparse_ep._sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=1e-6)
+    proj_b = sparse_ep.sparse_projection(Kmm, Knm.copy(), kdiag, approximation=approximation, jitter=1e-6,
+                                         overwrite_knm=True)
     for a, b in zip(proj_a, proj_b):
         assert np.array_equal(a, b)
     _, Vt, d = proj_a
     spec = Probit(slope=2.0).site_spec()
     outs = []
-    for run in (sparse_ep.run_sparse_ep, _sparse_unvalidated):
+    for validate in (True, False):
         tau, nu, R, w, gm, gv = np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), np.empty(80), np.empty(80)
-        info = run(Vt, d, y, spec, tau, nu, R, w, power=0.5, schedule=schedule, tol=1e-9, max_sweeps=40,
-                   damping=0.5 if schedule == sparse_ep.SPARSE_PARALLEL else 1.0, g_mean=gm, g_var=gv)
+        info = _sparse_run(validate, Vt, d, y, spec, tau, nu, R, w, power=0.5, schedule=schedule, tol=1e-9,
+                           max_sweeps=40, damping=0.5 if schedule == sparse_ep.SPARSE_PARALLEL else 1.0,
+                           g_mean=gm, g_var=gv)
         outs.append((info, tau, nu, R, w, gm, gv))
     (info_a, *arrays_a), (info_b, *arrays_b) = outs
     assert info_a == info_b
@@ -141,8 +150,14 @@ def test_sparse_ep_unvalidated_state_is_bitwise_the_public_functions(approximati
         assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="approximation"):
         sparse_ep.sparse_projection(Kmm, Knm, kdiag, approximation="vfe")
+    Knm_bad = Knm.copy()
+    Knm_bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="Knm must be finite"):
+        sparse_ep.sparse_projection(Kmm, Knm_bad, kdiag, overwrite_knm=True)
+    assert np.isnan(Knm_bad[3, 2]) and np.array_equal(np.delete(Knm_bad.ravel(), 3 * 7 + 2),
+                                                      np.delete(Knm.ravel(), 3 * 7 + 2))   # not overwritten
     with pytest.raises(ValueError, match="tol"):
-        sparse_ep.run_sparse_ep(Vt, d, y, spec, np.zeros(80), np.zeros(80), np.empty((7, 7)), np.empty(7), tol=0.0)
+        sparse_ep.SparseEP(Vt, d, y, spec, tol=0.0)
 
 
 def _robust_problem(n, seed):
@@ -161,20 +176,18 @@ def _same_runs(outs):
             assert np.array_equal(a, b)
 
 
-def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_public_functions():
-    # the estimators' path (validate=False) and a second run of the same engine equal the
-    # validated function forms bit for bit; the dense run also with its optional outputs left out
+def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_validated_ones():
+    # the estimators' path (validate=False) and a second run of the same engine equal a
+    # validated engine bit for bit; the dense run also with its optional outputs left out
     x, y = _robust_problem(40, 5)
     K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 1e-6 * np.eye(40)
     options = dict(damping=0.7, tol=1e-8, max_sweeps=60, max_halvings=6)
     engine = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, power=0.5, validate=False, **options)
     outs = []
-    for run in ("function", "engine", "engine"):
+    for run in ("validated", "engine", "engine"):
         tau, nu, mean, var, cm, cv, cov = (np.zeros(40), np.zeros(40), *np.empty((4, 40)), np.empty((40, 40)))
-        if run == "function":
-            info = student_t_ep.run_dense(K, y, 3.0, 0.1, 0.5, tau, nu, mean, var, cm, cv, post_cov=cov, **options)
-        else:
-            info = engine.run(tau, nu, mean, var, cavity_mean=cm, cavity_var=cv, post_cov=cov)
+        on = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, power=0.5, **options) if run == "validated" else engine
+        info = on.run(tau, nu, mean, var, cavity_mean=cm, cavity_var=cv, post_cov=cov)
         outs.append((info, tau, nu, mean, var, cm, cv, cov))
     tau, nu, mean, var = np.zeros(40), np.zeros(40), np.empty(40), np.empty(40)
     outs.append((engine.run(tau, nu, mean, var), tau, nu, mean, var, *outs[0][5:]))
@@ -188,12 +201,10 @@ def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_public_functio
     spec = StudentT(dof=4.0, scale=0.1).site_spec()
     engine = student_t_ep.SparseStudentTEP(Vt, d, y, spec, power=0.5, validate=False, **options)
     outs = []
-    for run in ("function", "engine", "engine"):
+    for run in ("validated", "engine", "engine"):
         tau, nu, R, w, gm, gv = np.zeros(40), np.zeros(40), np.empty((9, 9)), np.empty(9), np.empty(40), np.empty(40)
-        if run == "function":
-            info = student_t_ep.run_sparse(Vt, d, y, spec, tau, nu, R, w, gm, gv, power=0.5, **options)
-        else:
-            info = engine.run(tau, nu, R, w, g_mean=gm, g_var=gv)
+        on = student_t_ep.SparseStudentTEP(Vt, d, y, spec, power=0.5, **options) if run == "validated" else engine
+        info = on.run(tau, nu, R, w, g_mean=gm, g_var=gv)
         outs.append((info, tau, nu, R, w, gm, gv))
     _same_runs(outs)
     with pytest.raises(ValueError, match="damping"):
@@ -221,11 +232,17 @@ def test_linear_ep_unvalidated_state_is_bitwise_the_validated_one():
     with pytest.raises(ValueError, match="finite"):
         X_bad = X.copy()
         X_bad[3, 1] = np.inf
-        linear_ep.run_linear_ep(X_bad, y, m0, V0, spec, np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5)))
+        linear_ep.LinearEP(X_bad, y, m0, V0, spec).run(np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5)))
+
+
+#: The engine classes the estimators build, by module.
+_ENGINES = ((gp_ep, "DenseEP"), (sparse_ep, "SparseEP"), (linear_ep, "LinearEP"),
+            (student_t_ep, "DenseStudentTEP"), (student_t_ep, "SparseStudentTEP"))
 
 
 def _count_validations(monkeypatch):
-    calls = {"kernel": 0}
+    """Count the kernel's input checks and the validated engine builds (``validate=True``)."""
+    calls = {"kernel": 0, "validated engines": 0}
     original = Kernel._validate_X
 
     def counting(self, X, name):
@@ -233,16 +250,14 @@ def _count_validations(monkeypatch):
         return original(self, X, name)
 
     monkeypatch.setattr(Kernel, "_validate_X", counting)
-    for module, name in ((gp_ep, "run_gp_ep"), (sparse_ep, "run_sparse_ep"),
-                         (sparse_ep, "sparse_projection"), (linear_ep, "run_linear_ep")):
-        calls[name] = 0
-        original_fn = getattr(module, name)
+    for module, name in _ENGINES:
+        engine_class = getattr(module, name)
 
-        def wrapped(*args, _fn=original_fn, _name=name, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
+        def build(*args, _cls=engine_class, validate=True, **kwargs):
+            calls["validated engines"] += bool(validate)
+            return _cls(*args, validate=validate, **kwargs)
 
-        monkeypatch.setattr(module, name, wrapped)
+        monkeypatch.setattr(module, name, build)
     return calls
 
 
@@ -267,6 +282,6 @@ def test_a_fit_validates_X_once_however_many_optimiser_steps(make, monkeypatch):
     # type-II ML evaluated the objective many times; X was checked by the kernel once, at
     # the estimator's entry (its shape against the kernel's number of features)
     assert calls["kernel"] == 1, calls
-    assert calls["run_gp_ep"] == calls["run_sparse_ep"] == calls["sparse_projection"] == 0, calls
+    assert calls["validated engines"] == 0, calls
     assert est.predict(X[:5]).shape == (5,)         # checked against n_features_in_ instead
     assert calls["kernel"] == 1, calls

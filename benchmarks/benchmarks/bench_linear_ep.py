@@ -42,8 +42,9 @@ class LinearEPSweep:
         n, d = shape
         tau, nu = np.zeros(n), np.zeros(n)
         m, V = np.empty(d), np.empty((d, d))
-        linear_ep.run_linear_ep(self.X, self.y, self.prior_mean, self.prior_cov, self.spec, tau, nu, m, V,
-                                max_sweeps=1, refresh_every=1)
+        engine = linear_ep.LinearEP(self.X, self.y, self.prior_mean, self.prior_cov, self.spec, max_sweeps=1,
+                                    refresh_every=1)
+        engine.run(tau, nu, m, V)
 
     def time_bare_rank1_updates(self, shape, threads):
         n, d = shape

@@ -4,9 +4,25 @@ import warnings
 import numpy as np
 
 from fastep import ConvergenceWarning, GaussianProcessClassifier, StudentT
-from fastep._student_t.double_loop import run_double_loop_ep, run_sparse_double_loop_ep
+from fastep._student_t import double_loop
 from fastep._epcore import student_t_ep, sparse_ep
 from fastep.kernels import RBF
+
+
+def _dense_double_loop(K, y, dof, scale, power, tau, nu, post_mean, post_var, cavity_mean, cavity_var, **options):
+    if not hasattr(double_loop, "DenseDoubleLoopEP"):     # asv times older commits with this suite
+        return double_loop.run_double_loop_ep(K, y, dof, scale, power, tau, nu, post_mean, post_var, cavity_mean,
+                                              cavity_var, **options)
+    return double_loop.DenseDoubleLoopEP(K, y, dof, scale, power=power, **options).run(
+        tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
+
+
+def _sparse_double_loop(Vt, d, y, dof, scale, power, tau, nu, post_factor, post_w_mean, g_mean, g_var, **options):
+    if not hasattr(double_loop, "SparseDoubleLoopEP"):    # asv times older commits with this suite
+        return double_loop.run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, tau, nu, post_factor,
+                                                     post_w_mean, g_mean, g_var, **options)
+    return double_loop.SparseDoubleLoopEP(Vt, d, y, dof, scale, power=power, **options).run(
+        tau, nu, post_factor, post_w_mean, g_mean=g_mean, g_var=g_var)
 
 
 def _outlier_problem(n, seed=0):
@@ -28,8 +44,9 @@ class RobustDenseEP:
 
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
-        out = [np.empty(n) for _ in range(4)]
-        student_t_ep.run_dense(self.K, self.y, 4.0, 0.1, 0.5, tau, nu, *out, tol=1e-6)
+        post_mean, post_var, cavity_mean, cavity_var = (np.empty(n) for _ in range(4))
+        student_t_ep.DenseStudentTEP(self.K, self.y, 4.0, 0.1, power=0.5, tol=1e-6).run(
+            tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
 
 
 def _stalling_toy(n):
@@ -52,15 +69,15 @@ class DoubleLoopFallback:
         x, self.y = _stalling_toy(n)
         self.K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-8 * np.eye(n)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
-        out = [np.empty(n) for _ in range(4)]
-        info = student_t_ep.run_dense(self.K, self.y, 1.5, 0.01, 0.5, self.tau, self.nu, *out, tol=1e-6,
-                                          max_sweeps=500)
+        post_mean, post_var, cavity_mean, cavity_var = (np.empty(n) for _ in range(4))
+        info = student_t_ep.DenseStudentTEP(self.K, self.y, 1.5, 0.01, power=0.5, tol=1e-6, max_sweeps=500).run(
+            self.tau, self.nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
         if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
 
     def time_to_convergence(self, n):
         out = [np.empty(n) for _ in range(4)]
-        run_double_loop_ep(self.K, self.y, 1.5, 0.01, 0.5, self.tau.copy(), self.nu.copy(), *out, tol=1e-4,
+        _dense_double_loop(self.K, self.y, 1.5, 0.01, 0.5, self.tau.copy(), self.nu.copy(), *out, tol=1e-4,
                            max_outer=1000)
 
 
@@ -78,9 +95,10 @@ class SparseDoubleLoopFallback:
             np.exp(-0.5 * (z[:, None] - z[None, :]) ** 2 / 0.3 ** 2),
             np.exp(-0.5 * (x[:, None] - z[None, :]) ** 2 / 0.3 ** 2), np.ones(n), jitter=1e-8)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
-        info = student_t_ep.run_sparse(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
-                                              self.tau, self.nu, *self._outputs(n), power=0.5, tol=1e-6,
-                                              max_sweeps=500)
+        R, w, g_mean, g_var = self._outputs(n)
+        engine = student_t_ep.SparseStudentTEP(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
+                                               power=0.5, tol=1e-6, max_sweeps=500)
+        info = engine.run(self.tau, self.nu, R, w, g_mean=g_mean, g_var=g_var)
         if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
 
@@ -89,8 +107,8 @@ class SparseDoubleLoopFallback:
         return [np.empty((30, 30)), np.empty(30), np.empty(n), np.empty(n)]
 
     def time_to_convergence(self, n):
-        run_sparse_double_loop_ep(self.Vt, self.d, self.y, 4.0, 0.01, 0.5, self.tau.copy(), self.nu.copy(),
-                                  *self._outputs(n), tol=1e-4, max_outer=1000)
+        _sparse_double_loop(self.Vt, self.d, self.y, 4.0, 0.01, 0.5, self.tau.copy(), self.nu.copy(),
+                            *self._outputs(n), tol=1e-4, max_outer=1000)
 
 
 class RobustSparseEP:
@@ -109,8 +127,8 @@ class RobustSparseEP:
 
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
-        student_t_ep.run_sparse(self.Vt, self.d, self.y, self.spec, tau, nu, np.empty((50, 50)),
-                                       np.empty(50), np.empty(n), np.empty(n), power=0.5, tol=1e-6)
+        student_t_ep.SparseStudentTEP(self.Vt, self.d, self.y, self.spec, power=0.5, tol=1e-6).run(
+            tau, nu, np.empty((50, 50)), np.empty(50), g_mean=np.empty(n), g_var=np.empty(n))
 
     def peakmem_to_convergence(self, n):
         self.time_to_convergence(n)

@@ -30,8 +30,8 @@ cpdef enum GPOrder:
     ORDER_ENTROPY = 2        # greedy: most negative entropy change first (Minka eq 86)
 
 cpdef enum GPOutput:
-    OUTPUT_COVARIANCE = 0    # run_gp_ep returns Σ in post_cov
-    OUTPUT_FACTOR = 1        # run_gp_ep returns L = chol(I + S^½ K S^½) in post_cov
+    OUTPUT_COVARIANCE = 0    # DenseEP.run returns Σ in post_cov
+    OUTPUT_FACTOR = 1        # DenseEP.run returns L = chol(I + S^½ K S^½) in post_cov
 
 
 # --- order ------------------------------------------------------------------------------

@@ -125,11 +125,11 @@ columns during a blocked sweep).  Everything heavy runs with the GIL released.
 
 Python API
 ----------
-``run_gp_ep`` (the engine), ``log_marginal_likelihood`` (log Z of given sites, from
-scratch), and two hooks for tests and diagnostics: ``refactor_posterior`` (the
-refactorisation alone) and ``incremental_sweep`` (one sequential/blocked sweep on a
-given posterior without refactorising, to compare the rank-1-updated posterior with
-the refactorised one).  ``auto_block_size`` gives the default block size.  Beyond the
+``DenseEP`` (the engine: built once from the problem, ``run`` sweeps from given sites;
+``incremental_sweep`` performs one sequential/blocked sweep on a given posterior without
+refactorising, a hook for tests and diagnostics that compare the rank-1-updated posterior
+with the refactorised one), ``log_marginal_likelihood`` (log Z of given sites, from
+scratch) and ``refactor_posterior`` (the refactorisation alone, a test hook).  ``auto_block_size`` gives the default block size.  Beyond the
 spec's checks, the inputs must have a symmetric K (to 1e-8 of ``max K_ii``) with a
 nonnegative diagonal and targets in the likelihood's support (ValueError); a
 refactorised variance ``Σ_ii < -1e-8 K_ii`` (K not PSD) raises LinAlgError like a
@@ -881,26 +881,100 @@ cdef class DenseEP:
             raise _refactor_error(info, where)
         return driver.result(block_size=k_block)
 
+    def incremental_sweep(self, double[::1] site_precision, double[::1] site_natural_mean,
+                          double[:, ::1] post_cov, double[::1] post_mean, *, unsigned long seed=0):
+        """One sweep of the engine's schedule on the given posterior, without refactorisation.
 
-def run_gp_ep(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
-              double[::1] site_precision, double[::1] site_natural_mean,
-              double[:, ::1] post_cov, double[::1] post_mean,
-              *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
-              double damping=1.0, double tol=1e-8, int max_sweeps=100,
-              int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
-              int output=OUTPUT_COVARIANCE, double[::1] post_var=None,
-              double[::1] cavity_mean=None, double[::1] cavity_var=None, object sweep_callback=None):
-    """One validated dense GP EP run: ``DenseEP(K, y, spec, **options).run(sites, outputs)``.
+        A hook for tests and diagnostics: ``post_cov`` and ``post_mean`` are updated by the
+        rank-1 (sequential) or delayed-rank-1 (blocked) updates only, so they can be compared
+        with :func:`refactor_posterior` of the new sites. The engine's schedule must be
+        sequential or blocked (the parallel schedule has no incremental update); its order,
+        damping, negative-precision policy and block size apply. ``K`` is not read.
 
-    The arguments are those of :class:`DenseEP` and :meth:`DenseEP.run`; returns the
-    :class:`~fastep._epcore._common.SweepResult`.
-    """
-    engine = DenseEP(K, y, spec, schedule=schedule, order=order, damping=damping, tol=tol,
-                     max_sweeps=max_sweeps, negative_precision=negative_precision,
-                     block_size=block_size, refactor_every=refactor_every, output=output)
-    return engine.run(site_precision, site_natural_mean, post_cov, post_mean, seed=seed,
-                      post_var=post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
-                      sweep_callback=sweep_callback)
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64, in/out
+            Sites ``τ_i >= 0`` and ``ν_i``; updated in place.
+        post_cov : (n, n) float64, in/out
+            Σ of the given sites (e.g. from :func:`refactor_posterior` or :meth:`run`);
+            returned full and symmetric.
+        post_mean : (n,) float64, in/out
+            μ of the given sites.
+        seed : int >= 0
+            Seed of ORDER_RANDOM's generator (the permutation of the first sweep of a
+            :meth:`run` with the same seed).
+
+        Returns
+        -------
+        dict
+            ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` of the sweep and
+            ``block_size`` used.
+
+        Raises
+        ------
+        ValueError
+            The engine's schedule is parallel; (``validate=True``) bad shapes, non-finite or
+            negative sites, a non-finite ``post_cov``, outputs aliasing inputs.
+        """
+        cdef int n = self.n
+        cdef int schedule = self.schedule
+        if schedule == SCHEDULE_PARALLEL:
+            raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0) or SCHEDULE_BLOCKED (2) for "
+                             "incremental_sweep (the parallel schedule has no incremental update)")
+        cdef Py_ssize_t bad = -1
+        if self.validate:
+            if post_cov.shape[0] != n or post_cov.shape[1] != n:
+                raise ValueError(f"post_cov must have shape ({n}, {n}); got ({post_cov.shape[0]}, "
+                                 f"{post_cov.shape[1]})")
+            _check_vector("site_precision", site_precision, n, nonnegative=True)
+            _check_vector("site_natural_mean", site_natural_mean, n)
+            _check_vector("post_mean", post_mean, n)
+            if n > 0:
+                with nogil:
+                    bad = _first_non_finite(&post_cov[0, 0], <Py_ssize_t>n * n)
+            if bad >= 0:
+                raise ValueError(f"post_cov must be finite; post_cov[{bad // n}, {bad % n}] = "
+                                 f"{post_cov[bad // n, bad % n]!r}")
+            _check_no_aliasing({"K": self.K, "y": self.y},
+                               {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
+                                "post_cov": post_cov, "post_mean": post_mean})
+        cdef int k_block = self.block_size
+        if n == 0:
+            return dict(max_change=0.0, n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block)
+        cdef const double[::1] y = self.y
+        cdef SiteUpdateOptions opts
+        opts.update_form = UPDATE_NATURAL
+        opts.damping = self.damping
+        opts.negative_precision = self.negative_precision
+        cdef bint entropy = self.order == ORDER_ENTROPY
+        cdef bint shuffled = self.order == ORDER_RANDOM
+        cdef double[:, ::1] rows = np.empty((k_block, n))
+        cdef double[::1] small = np.empty(k_block)
+        cdef double[::1] col = np.empty(n)
+        cdef double[::1] post_diag = np.empty(n)
+        cdef int[::1] perm = np.empty(n, dtype=np.intc)
+        cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
+        cdef unsigned long long rng_state = seed
+        cdef const int* perm_ptr = &perm[0] if shuffled else NULL
+        cdef const SiteModel* model = &self.spec.model
+        cdef SweepStats stats
+        sweep_stats_reset(&stats)
+        stats.interrupt = NULL
+        with nogil:
+            if shuffled:
+                random_permutation(n, &perm[0], &rng_state)
+            if schedule == SCHEDULE_SEQUENTIAL:
+                gp_sweep_sequential(model, &y[0], n, &site_precision[0], &site_natural_mean[0],
+                                    &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
+                                    &done[0], &col[0], &opts, &stats, NULL)
+            else:
+                gp_sweep_blocked(model, &y[0], n, &site_precision[0], &site_natural_mean[0],
+                                 &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
+                                 &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats, NULL)
+            symmetrize(LOWER, n, &post_cov[0, 0], n)
+        return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
+                    n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
+                    n_failed=int(stats.n_failed), block_size=int(k_block))
 
 
 def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpec spec not None,
@@ -914,7 +988,7 @@ def log_marginal_likelihood(const double[:, ::1] K, const double[::1] y, SiteSpe
     Raises
     ------
     ValueError
-        Bad input (as ``run_gp_ep``), or a site whose cavity is improper or whose kernel
+        Bad input (as :class:`DenseEP`), or a site whose cavity is improper or whose kernel
         fails at its cavity (the sites are then not a valid EP state).
     numpy.linalg.LinAlgError
         The Cholesky of B fails (K not PSD).
@@ -960,7 +1034,7 @@ def refactor_posterior(const double[:, ::1] K, const double[::1] site_precision,
     """Recompute Σ = (K⁻¹ + S)⁻¹ and μ = Σν from the sites (the engine's refactorisation).
 
     Exposed for tests and diagnostics (compare with the incrementally updated posterior of
-    ``incremental_sweep``).  ``post_cov`` is returned full and symmetric.  Allocates one
+    :meth:`DenseEP.incremental_sweep`).  ``post_cov`` is returned full and symmetric.  Allocates one
     n x n work array.  Returns ``Σ_i log L_ii = ½ log|B|``.
 
     Raises
@@ -992,81 +1066,3 @@ def refactor_posterior(const double[:, ::1] K, const double[::1] site_precision,
     if info != 0:
         raise _refactor_error(info, "in refactor_posterior")
     return float(log_chol)
-
-
-def incremental_sweep(const double[::1] y, SiteSpec spec not None,
-                      double[::1] site_precision, double[::1] site_natural_mean,
-                      double[:, ::1] post_cov, double[::1] post_mean,
-                      *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, unsigned long seed=0,
-                      double damping=1.0, int negative_precision=NEGATIVE_CLIP, int block_size=0):
-    """One sequential or blocked sweep on the given posterior, WITHOUT refactorisation.
-
-    Exposed for tests and diagnostics: ``post_cov``/``post_mean`` (in/out, must be the
-    posterior of the sites, e.g. from ``refactor_posterior`` or ``run_gp_ep``) are
-    updated by the rank-1 (sequential) or delayed-rank-1 (blocked) updates only, so they
-    can be compared with ``refactor_posterior`` of the new sites.  ``order``/``seed`` as
-    in ``run_gp_ep`` (ORDER_RANDOM uses the permutation of the first sweep of a
-    ``run_gp_ep`` with the same seed).  ``post_cov`` is returned full and symmetric.
-
-    Returns
-    -------
-    dict
-        ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` of the sweep and
-        ``block_size`` used.
-    """
-    cdef int n = post_cov.shape[0]
-    if post_cov.shape[1] != n:
-        raise ValueError(f"post_cov must be square; got shape ({post_cov.shape[0]}, {post_cov.shape[1]})")
-    _check_targets(spec, y, n)
-    _check_vector("site_precision", site_precision, n, nonnegative=True)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_vector("post_mean", post_mean, n)
-    _check_options(schedule, order, damping, negative_precision, block_size)
-    if schedule == SCHEDULE_PARALLEL:
-        raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0) or SCHEDULE_BLOCKED (2) for "
-                         "incremental_sweep (the parallel schedule has no incremental update)")
-    cdef Py_ssize_t bad = -1
-    if n > 0:
-        with nogil:
-            bad = _first_non_finite(&post_cov[0, 0], <Py_ssize_t>n * n)
-    if bad >= 0:
-        raise ValueError(f"post_cov must be finite; post_cov[{bad // n}, {bad % n}] = "
-                         f"{post_cov[bad // n, bad % n]!r}")
-    _check_no_aliasing({"y": y},
-                       {"site_precision": site_precision, "site_natural_mean": site_natural_mean,
-                        "post_cov": post_cov, "post_mean": post_mean})
-    cdef int k_block = _effective_block_size(schedule, block_size, n)
-    if n == 0:
-        return dict(max_change=0.0, n_skipped=0, n_clipped=0, n_failed=0, block_size=k_block)
-    cdef SiteUpdateOptions opts
-    opts.update_form = UPDATE_NATURAL
-    opts.damping = damping
-    opts.negative_precision = negative_precision
-    cdef bint entropy = order == ORDER_ENTROPY
-    cdef bint shuffled = order == ORDER_RANDOM
-    cdef double[:, ::1] rows = np.empty((k_block, n))
-    cdef double[::1] small = np.empty(k_block)
-    cdef double[::1] col = np.empty(n)
-    cdef double[::1] post_diag = np.empty(n)
-    cdef int[::1] perm = np.empty(n, dtype=np.intc)
-    cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
-    cdef unsigned long long rng_state = seed
-    cdef const int* perm_ptr = &perm[0] if shuffled else NULL
-    cdef SweepStats stats
-    sweep_stats_reset(&stats)
-    stats.interrupt = NULL
-    with nogil:
-        if shuffled:
-            random_permutation(n, &perm[0], &rng_state)
-        if schedule == SCHEDULE_SEQUENTIAL:
-            gp_sweep_sequential(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
-                                &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
-                                &done[0], &col[0], &opts, &stats, NULL)
-        else:
-            gp_sweep_blocked(&spec.model, &y[0], n, &site_precision[0], &site_natural_mean[0],
-                             &post_cov[0, 0], &post_mean[0], perm_ptr, entropy, &post_diag[0],
-                             &done[0], k_block, &rows[0, 0], &small[0], &col[0], &opts, &stats, NULL)
-        symmetrize(LOWER, n, &post_cov[0, 0], n)
-    return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
-                n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
-                n_failed=int(stats.n_failed), block_size=int(k_block))

@@ -317,7 +317,7 @@ cdef double gp_log_z(const SiteModel* model, const double* y, int n,
 
 
 # Evidence in the stable form is used wherever some site has (B⁻¹)_ii = 1 - τ_i Σ_ii
-# below this (run_gp_ep's convergence monitor; the reported log Z always uses it).
+# below this (DenseEP.run's convergence monitor; the reported log Z always uses it).
 cdef double _STABLE_EVIDENCE_CUTOFF = 1e-4
 
 

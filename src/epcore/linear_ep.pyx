@@ -684,140 +684,118 @@ cdef class LinearEP:
 
     def log_evidence(self, const double[::1] site_precision, const double[::1] site_natural_mean,
                      const double[::1] post_mean, const double[:, ::1] post_cov):
-        """EP approximation of the log marginal likelihood of the given sites (:func:`log_evidence`)."""
+        """EP approximation of the log marginal likelihood of the given sites, eqs 48-49 regrouped.
+
+        With each site's cavity ``(h_i, lambda_i)`` at the given state (eqs 25, 29) and
+        ``log Z_i`` from the site kernel, the sites are scaled so that
+        ``∫ t~_i(f) N(f; h_i, lambda_i) df = Z_i``; integrating the prior times all sites
+        gives
+
+            log Z_EP = 1/2 log(|V| / |V0|) + 1/2 (m^T V^-1 m - m0^T V0^-1 m0)
+                       + sum_i [ log Z_i + 1/2 log(1 + lambda_i tau_i)
+                                 - 1/2 (2 h_i nu_i + lambda_i nu_i^2 - h_i^2 tau_i) / (1 + lambda_i tau_i) ]
+
+        which equals eqs 48-49 (with ``s_i`` from eqs 32/33 at convergence, eq 15 in
+        general) when every ``tau_i > 0`` and stays finite for ``tau_i = 0``. ``|V|`` and
+        ``m^T V^-1 m = b^T (V^-1)^-1 b`` with ``b = V0^-1 m0 + X^T nu`` come from a Cholesky
+        factorisation of ``V^-1`` (eq 46) built from the sites; the cavities use
+        ``post_mean``/``post_cov``, which must be the posterior of these sites (as left by
+        :meth:`run` or :func:`refresh_posterior`). The ``n`` cavity variances
+        ``diag(X V X^T)`` are computed blockwise with ``symm``.
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64
+            The sites.
+        post_mean, post_cov : (d,), (d, d) float64
+            Their posterior.
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            ``prior_cov`` or the posterior precision is not positive definite.
+        ValueError
+            (``validate=True``) bad shapes or non-finite input; always: a site with an
+            improper cavity or for which the site kernel fails (the sites are then not a
+            valid EP state), or a non-finite result.
+        """
         if self.validate:
             _check_inputs(self.X, self.prior_mean, self.prior_cov, site_precision, site_natural_mean,
                           post_mean, post_cov, y=self.y)
-        return _log_evidence(self.X, self.y, self.prior_mean, self.prior_cov, self.spec, site_precision,
-                             site_natural_mean, post_mean, post_cov)
+        cdef const double[:, ::1] X = self.X
+        cdef const double[::1] y = self.y
+        cdef const double[::1] prior_mean = self.prior_mean
+        cdef const double[:, ::1] prior_cov = self.prior_cov
+        cdef SiteSpec spec = self.spec
+        cdef int n = X.shape[0], d = X.shape[1]
+        cdef double[:, ::1] prior_precision = np.empty((d, d))
+        cdef double[::1] prior_precision_mean = np.empty(d)
+        cdef double[:, ::1] chol = np.empty((d, d))
+        cdef double[::1] rhs = np.empty(d)
+        cdef int scratch_rows = _scratch_rows(n, d)
+        cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
+        cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
+        cdef const double* tau_ptr = &site_precision[0] if n > 0 else NULL
+        cdef const double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
+        cdef const SiteModel* model = &spec.model
+        cdef int prior_info = 0, info = 0, bad_site = -1, bad_kind = 0, j, b0, kk, t, i
+        cdef double log_det_prior = 0.0, prior_quad = 0.0, log_det_post = 0.0, post_quad
+        cdef double total = 0.0, s, h, tau, nu, denom, lam, h_cav, one_plus, log_z, alpha, beta
 
-
-def run_linear_ep(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
-                  const double[:, ::1] prior_cov, SiteSpec spec not None,
-                  double[::1] site_precision, double[::1] site_natural_mean,
-                  double[::1] post_mean, double[:, ::1] post_cov,
-                  int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
-                  int algorithm=ALGORITHM_AUTO, int block_size=0):
-    """One validated linear EP run: ``LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(...)``.
-
-    The arguments are those of :class:`LinearEP` and :meth:`LinearEP.run`; returns the
-    :class:`~fastep._epcore._common.SweepResult`.
-    """
-    engine = LinearEP(X, y, prior_mean, prior_cov, spec, update_form=update_form, damping=damping, tol=tol,
-                      max_sweeps=max_sweeps, refresh_every=refresh_every,
-                      negative_precision=negative_precision, algorithm=algorithm, block_size=block_size)
-    return engine.run(site_precision, site_natural_mean, post_mean, post_cov)
-
-
-def log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
-                 const double[:, ::1] prior_cov, SiteSpec spec not None,
-                 const double[::1] site_precision, const double[::1] site_natural_mean,
-                 const double[::1] post_mean, const double[:, ::1] post_cov):
-    """EP approximation of the log marginal likelihood, eqs 48-49 regrouped.
-
-    With each site's cavity ``(h_i, lambda_i)`` at the given state (eqs 25, 29)
-    and ``log Z_i`` from the site kernel, the sites are scaled so that
-    ``∫ t~_i(f) N(f; h_i, lambda_i) df = Z_i``; integrating the prior times all
-    sites gives
-
-        log Z_EP = 1/2 log(|V| / |V0|) + 1/2 (m^T V^-1 m - m0^T V0^-1 m0)
-                   + sum_i [ log Z_i + 1/2 log(1 + lambda_i tau_i)
-                             - 1/2 (2 h_i nu_i + lambda_i nu_i^2 - h_i^2 tau_i) / (1 + lambda_i tau_i) ]
-
-    which equals eqs 48-49 (with ``s_i`` from eqs 32/33 at convergence, eq 15 in
-    general) when every ``tau_i > 0`` and stays finite for ``tau_i = 0``.
-    ``|V|`` and ``m^T V^-1 m = b^T (V^-1)^-1 b`` with ``b = V0^-1 m0 + X^T nu`` come
-    from a Cholesky factorisation of ``V^-1`` (eq 46) built from the sites; the
-    cavities use ``post_mean``/``post_cov``, which must be the posterior of these
-    sites (as left by ``run_linear_ep`` or ``refresh_posterior``).  The ``n``
-    cavity variances ``diag(X V X^T)`` are computed blockwise with ``symm``.
-
-    Raises
-    ------
-    numpy.linalg.LinAlgError
-        ``prior_cov`` or the posterior precision is not positive definite.
-    ValueError
-        Bad shapes or non-finite input; a site with an improper cavity or for
-        which the site kernel fails (the sites are then not a valid EP state).
-    """
-    cdef int n, d
-    n, d = _check_inputs(X, prior_mean, prior_cov, site_precision, site_natural_mean,
-                         post_mean, post_cov, y=y)
-    return _log_evidence(X, y, prior_mean, prior_cov, spec, site_precision, site_natural_mean,
-                         post_mean, post_cov)
-
-
-def _log_evidence(const double[:, ::1] X, const double[::1] y, const double[::1] prior_mean,
-                  const double[:, ::1] prior_cov, SiteSpec spec not None,
-                  const double[::1] site_precision, const double[::1] site_natural_mean,
-                  const double[::1] post_mean, const double[:, ::1] post_cov):
-    """:func:`log_evidence` on checked inputs (shared by it and :meth:`LinearEP.log_evidence`)."""
-    cdef int n = X.shape[0], d = X.shape[1]
-    cdef double[:, ::1] prior_precision = np.empty((d, d))
-    cdef double[::1] prior_precision_mean = np.empty(d)
-    cdef double[:, ::1] chol = np.empty((d, d))
-    cdef double[::1] rhs = np.empty(d)
-    cdef int scratch_rows = _scratch_rows(n, d)
-    cdef double[:, ::1] scratch = np.empty((scratch_rows, d))
-    cdef const double* x_ptr = &X[0, 0] if n > 0 else NULL
-    cdef const double* tau_ptr = &site_precision[0] if n > 0 else NULL
-    cdef const double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
-    cdef const SiteModel* model = &spec.model
-    cdef int prior_info = 0, info = 0, bad_site = -1, bad_kind = 0, j, b0, kk, t, i
-    cdef double log_det_prior = 0.0, prior_quad = 0.0, log_det_post = 0.0, post_quad
-    cdef double total = 0.0, s, h, tau, nu, denom, lam, h_cav, one_plus, log_z, alpha, beta
-
-    with nogil:
-        prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
-                                   &prior_precision_mean[0], &log_det_prior, &prior_quad)
-        if prior_info == 0:
-            info = posterior_precision_cholesky(x_ptr, n, d, tau_ptr, &prior_precision[0, 0],
-                                                &chol[0, 0], &scratch[0, 0], scratch_rows)
-        if prior_info == 0 and info == 0:
-            for j in range(d):
-                log_det_post -= 2.0 * log(chol[j, j])                 # log|V| = -log|V^-1|
-            dcopy(d, &prior_precision_mean[0], 1, &rhs[0], 1)
-            gemv_t(n, d, 1.0, x_ptr, d, nu_ptr, 1.0, &rhs[0])      # V^-1 m (eq 47)
-            trsv(LOWER, NO_TRANS, d, &chol[0, 0], d, &rhs[0])
-            post_quad = ddot(d, &rhs[0], 1, &rhs[0], 1)            # m^T V^-1 m
-            total = 0.5 * (log_det_post - log_det_prior) + 0.5 * (post_quad - prior_quad)
-            b0 = 0
-            while b0 < n and bad_site < 0:
-                kk = scratch_rows if n - b0 > scratch_rows else n - b0
-                symm_right(LOWER, kk, d, 1.0, &post_cov[0, 0], d, x_ptr + <Py_ssize_t>b0 * d, d,
-                           0.0, &scratch[0, 0], d)
-                for t in range(kk):
-                    i = b0 + t
-                    s = ddot(d, &scratch[t, 0], 1, x_ptr + <Py_ssize_t>i * d, 1)
-                    h = ddot(d, &post_mean[0], 1, x_ptr + <Py_ssize_t>i * d, 1)
-                    tau = tau_ptr[i]
-                    nu = nu_ptr[i]
-                    denom = 1.0 - tau * s
-                    if not (denom > 0.0 and s >= 0.0):
-                        bad_site = i
-                        bad_kind = 1
-                        break
-                    lam = s / denom                                   # eq 25
-                    h_cav = h + lam * (tau * h - nu)                  # eq 29
-                    if site_moments(model, y[i], h_cav, lam, &log_z, &alpha, &beta) != 0 \
-                            or not isfinite(log_z):
-                        bad_site = i
-                        bad_kind = 2
-                        break
-                    one_plus = 1.0 + lam * tau
-                    total += (log_z + 0.5 * log(one_plus)
-                              - 0.5 * (2.0 * h_cav * nu + lam * nu * nu - h_cav * h_cav * tau) / one_plus)
-                b0 += kk
-    if prior_info != 0:
-        raise _prior_error(prior_info)
-    if info != 0:
-        raise _precision_error(info, "in log_evidence")
-    if bad_site >= 0:
-        if bad_kind == 1:
-            raise ValueError(f"site {bad_site} has an improper cavity "
-                             f"(1 - site_precision[i] x_i^T V x_i <= 0); not a valid EP state")
-        raise ValueError(f"site kernel failed for site {bad_site} at its cavity; log evidence undefined")
-    if not isfinite(total):
-        raise ValueError("log evidence is not finite")
-    return float(total)
+        with nogil:
+            prior_info = _prior_factor(&prior_cov[0, 0], &prior_mean[0], d, &prior_precision[0, 0],
+                                       &prior_precision_mean[0], &log_det_prior, &prior_quad)
+            if prior_info == 0:
+                info = posterior_precision_cholesky(x_ptr, n, d, tau_ptr, &prior_precision[0, 0],
+                                                    &chol[0, 0], &scratch[0, 0], scratch_rows)
+            if prior_info == 0 and info == 0:
+                for j in range(d):
+                    log_det_post -= 2.0 * log(chol[j, j])                 # log|V| = -log|V^-1|
+                dcopy(d, &prior_precision_mean[0], 1, &rhs[0], 1)
+                gemv_t(n, d, 1.0, x_ptr, d, nu_ptr, 1.0, &rhs[0])      # V^-1 m (eq 47)
+                trsv(LOWER, NO_TRANS, d, &chol[0, 0], d, &rhs[0])
+                post_quad = ddot(d, &rhs[0], 1, &rhs[0], 1)            # m^T V^-1 m
+                total = 0.5 * (log_det_post - log_det_prior) + 0.5 * (post_quad - prior_quad)
+                b0 = 0
+                while b0 < n and bad_site < 0:
+                    kk = scratch_rows if n - b0 > scratch_rows else n - b0
+                    symm_right(LOWER, kk, d, 1.0, &post_cov[0, 0], d, x_ptr + <Py_ssize_t>b0 * d, d,
+                               0.0, &scratch[0, 0], d)
+                    for t in range(kk):
+                        i = b0 + t
+                        s = ddot(d, &scratch[t, 0], 1, x_ptr + <Py_ssize_t>i * d, 1)
+                        h = ddot(d, &post_mean[0], 1, x_ptr + <Py_ssize_t>i * d, 1)
+                        tau = tau_ptr[i]
+                        nu = nu_ptr[i]
+                        denom = 1.0 - tau * s
+                        if not (denom > 0.0 and s >= 0.0):
+                            bad_site = i
+                            bad_kind = 1
+                            break
+                        lam = s / denom                                   # eq 25
+                        h_cav = h + lam * (tau * h - nu)                  # eq 29
+                        if site_moments(model, y[i], h_cav, lam, &log_z, &alpha, &beta) != 0 \
+                                or not isfinite(log_z):
+                            bad_site = i
+                            bad_kind = 2
+                            break
+                        one_plus = 1.0 + lam * tau
+                        total += (log_z + 0.5 * log(one_plus)
+                                  - 0.5 * (2.0 * h_cav * nu + lam * nu * nu - h_cav * h_cav * tau) / one_plus)
+                    b0 += kk
+        if prior_info != 0:
+            raise _prior_error(prior_info)
+        if info != 0:
+            raise _precision_error(info, "in log_evidence")
+        if bad_site >= 0:
+            if bad_kind == 1:
+                raise ValueError(f"site {bad_site} has an improper cavity "
+                                 f"(1 - site_precision[i] x_i^T V x_i <= 0); not a valid EP state")
+            raise ValueError(f"site kernel failed for site {bad_site} at its cavity; log evidence undefined")
+        if not isfinite(total):
+            raise ValueError("log evidence is not finite")
+        return float(total)

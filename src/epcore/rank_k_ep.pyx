@@ -50,8 +50,7 @@ that its integral against the cavity equals ``Z_i``,
 which stays finite for singular P_i and equals the literal eqs 48, 49, 109 when all
 P_i are PD and the sites are at an EP fixed point.
 
-Python API: ``RankKState`` (one problem with its sites: ``run``, ``log_evidence``), the
-validated function forms ``run_rank_k_ep`` and ``rank_k_log_evidence``, and
+Python API: ``RankKState`` (one problem with its sites: ``run``, ``log_evidence``) and
 ``tilted_moments``; the likelihoods (``RankKLikelihood``) and their moment kernels are in
 :mod:`fastep._epcore.rank_k_sites`.
 """
@@ -67,8 +66,7 @@ from fastep._epcore._blas cimport (
 from fastep._epcore._common cimport SweepDriver
 from fastep._epcore.rank_k_sites import MAX_QUADRATURE_POINTS
 
-__all__ = ["RankKLikelihood", "RankKState", "run_rank_k_ep", "rank_k_log_evidence", "tilted_moments",
-           "MAX_QUADRATURE_POINTS"]
+__all__ = ["RankKLikelihood", "RankKState", "tilted_moments", "MAX_QUADRATURE_POINTS"]
 
 globals()["RankKLikelihood"] = RankKLikelihood     # defined in rank_k_sites, importable from here too
 
@@ -376,18 +374,11 @@ def _check_problem(X, y, prior_mean, prior_cov, RankKLikelihood likelihood):
     return X, y, prior_mean, prior_cov
 
 
-def _check_sites(site_precision, site_natural_mean, n, k, bint in_place):
-    """The site arrays, checked: writeable in place, or converted to float64 C-contiguous."""
-    if in_place:
-        site_precision = _inout(site_precision, "site_precision", (n, k, k))
-        site_natural_mean = _inout(site_natural_mean, "site_natural_mean", (n, k))
-    else:
-        site_precision = np.ascontiguousarray(site_precision, dtype=np.float64)
-        site_natural_mean = np.ascontiguousarray(site_natural_mean, dtype=np.float64)
-        if site_precision.shape != (n, k, k):
-            raise ValueError(f"site_precision must have shape {(n, k, k)}, got {site_precision.shape}")
-        if site_natural_mean.shape != (n, k):
-            raise ValueError(f"site_natural_mean must have shape {(n, k)}, got {site_natural_mean.shape}")
+def _check_sites(site_precision, site_natural_mean, n, k):
+    """The site arrays (updated in place), checked: writeable float64 C-contiguous, finite,
+    symmetric precisions."""
+    site_precision = _inout(site_precision, "site_precision", (n, k, k))
+    site_natural_mean = _inout(site_natural_mean, "site_natural_mean", (n, k))
     if not (np.all(np.isfinite(site_precision)) and np.all(np.isfinite(site_natural_mean))):
         raise ValueError("site_precision and site_natural_mean must be finite")
     if np.any(np.abs(site_precision - site_precision.transpose(0, 2, 1))
@@ -556,7 +547,7 @@ cdef class RankKState:
         if site_natural_mean is None:
             site_natural_mean = np.zeros((n, k))
         if validate:
-            site_precision, site_natural_mean = _check_sites(site_precision, site_natural_mean, n, k, True)
+            site_precision, site_natural_mean = _check_sites(site_precision, site_natural_mean, n, k)
         self.prior_precision, self.prior_precision_mean, self.log_det_prior_cov = _prior_precision(
             prior_mean, prior_cov)
         post_mean = np.empty(d) if post_mean is None else post_mean
@@ -725,33 +716,6 @@ cdef class RankKState:
         if not isfinite(total):
             raise FloatingPointError("log evidence is not finite")
         return float(total)
-
-
-def run_rank_k_ep(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision,
-                  site_natural_mean, post_mean, post_cov, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=200, int refresh_every=1, object sweep_callback=None):
-    """One validated rank-k EP run on the caller's arrays, updated in place:
-    ``RankKState(X, ..., post_cov, **options).run(sweep_callback=sweep_callback)``.
-
-    The arguments are those of :class:`RankKState` (all arrays required) and
-    :meth:`RankKState.run`; returns its SweepResult. Inputs are checked before anything changes.
-    """
-    state = RankKState(X, y, prior_mean, prior_cov, likelihood, site_precision, site_natural_mean,
-                       post_mean, post_cov, damping=damping, tol=tol, max_sweeps=max_sweeps,
-                       refresh_every=refresh_every)
-    return state.run(sweep_callback=sweep_callback)
-
-
-def rank_k_log_evidence(X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision,
-                        site_natural_mean):
-    """EP approximation of log p(y) from the given sites (:meth:`RankKState.log_evidence`), with
-    the inputs checked; the sites may be any array-likes of the right shapes (read only).
-    """
-    X, y, prior_mean, prior_cov = _check_problem(X, y, prior_mean, prior_cov, likelihood)
-    n, k, _ = X.shape
-    site_precision, site_natural_mean = _check_sites(site_precision, site_natural_mean, n, k, False)
-    return RankKState(X, y, prior_mean, prior_cov, likelihood, site_precision, site_natural_mean,
-                      validate=False).log_evidence()
 
 
 def tilted_moments(RankKLikelihood likelihood not None, y, cavity_mean, cavity_cov):

@@ -69,15 +69,18 @@ from one posterior, damped, then a rebuild).
 
 Python API
 ----------
-``sparse_projection`` (Cholesky of ``K_mm + jitter I``, ``Vt`` and ``d``), ``run_sparse_ep``
-(the engine), ``log_marginal_likelihood`` (from scratch), ``power_moments_array`` (the powered
-site kernel over arrays, for gradients and tests), ``rebuild`` and ``incremental_sweep`` (test
-hooks: the representation from the sites, and one sweep without the rebuild).
+``sparse_projection`` (Cholesky of ``K_mm + jitter I``, ``Vt`` and ``d``), ``SparseEP`` (the
+engine: built once from the projection, ``run`` sweeps from given sites;
+``incremental_sweep``, a test hook, performs one sweep without the rebuild),
+``log_marginal_likelihood`` (from scratch), ``power_moments_array`` (the powered site kernel
+over arrays, for gradients and tests) and ``rebuild`` (a test hook: the representation from
+the sites).
 """
 import numpy as np
 
 from libc.math cimport sqrt, log, log1p, exp, fabs, isfinite, INFINITY, NAN
-from libc.string cimport memset
+from libc.stdint cimport uint64_t
+from libc.string cimport memcpy, memset
 from fastep._epcore._blas cimport (
     UPPER, LOWER, NO_TRANS, TRANS, LEFT, RIGHT,
     ddot, daxpy, dscal, dcopy, gemv, gemv_t, syrk, trsv, potrf, trsm_right,
@@ -437,9 +440,41 @@ def _check_factor_outputs(R, w_mean, int m):
         raise ValueError(f"post_w_mean must have length m = {m}; got {w_mean.shape[0]}")
 
 
+cdef uint64_t EXPONENT_BITS = 0x7ff0000000000000ULL     # of an IEEE double
+
+
+cdef inline bint _has_non_finite(const double* x, Py_ssize_t count) noexcept nogil:
+    """Whether ``x[0:count]`` holds an infinity or a NaN: the exponent bits all ones, tested
+    branch-free on the bit patterns (the loop vectorises)."""
+    cdef uint64_t acc = 0, bits
+    cdef Py_ssize_t j
+    for j in range(count):
+        memcpy(&bits, x + j, 8)
+        acc |= ((bits & EXPONENT_BITS) ^ EXPONENT_BITS) - 1     # top bit set iff all ones
+    return (acc >> 63) != 0
+
+
+cdef Py_ssize_t _first_non_finite_rows(const double* a, Py_ssize_t rows, Py_ssize_t cols,
+                                       Py_ssize_t stride) noexcept nogil:
+    """Flat index ``i * cols + j`` of the first non-finite entry of a strided matrix, or -1."""
+    cdef Py_ssize_t i, j
+    cdef const double* row
+    for i in range(rows):
+        row = a + i * stride
+        if _has_non_finite(row, cols):
+            for j in range(cols):
+                if not isfinite(row[j]):
+                    return i * cols + j
+    return -1
+
+
 def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double[::1] kdiag, *,
                       approximation="fitc", double jitter=0.0, bint overwrite_knm=False):
     """Prior representation of FITC / DTC: ``L = chol(K_mm + jitter I)``, ``Vt = K_nm L⁻ᵀ``, ``d``.
+
+    The inputs are checked (shapes, finiteness, ``jitter``, ``approximation``) before
+    anything is computed or overwritten; the checks are one pass over each input, small
+    beside the O(nm²) triangular solve.
 
     Parameters
     ----------
@@ -454,6 +489,8 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
     jitter : float >= 0
         Added to the diagonal of K_mm before its Cholesky factorisation.  It also enters Q:
         ``Q_nn = K_nm (K_mm + jitter I)⁻¹ K_mn``, which only decreases Q (so ``d`` stays >= 0).
+    overwrite_knm : bool, default False
+        Return ``Vt`` in the ``Knm`` buffer itself.
 
     Returns
     -------
@@ -470,6 +507,7 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
         ``K_mm + jitter I`` is not numerically positive definite (increase ``jitter``).
     """
     cdef int m = Kmm.shape[0], n = Knm.shape[0], info, i, j
+    cdef Py_ssize_t bad = -1
     if approximation not in ("fitc", "dtc"):
         raise ValueError(f"approximation must be 'fitc' or 'dtc'; got {approximation!r}")
     if Kmm.shape[1] != m:
@@ -482,20 +520,19 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
         raise ValueError(f"kdiag must have length n = Knm.shape[0] = {n}; got {kdiag.shape[0]}")
     if not (jitter >= 0.0 and isfinite(jitter)):
         raise ValueError(f"jitter must be finite and >= 0; got {jitter}")
-    for name, arr in (("Kmm", Kmm), ("Knm", Knm), ("kdiag", kdiag)):
-        a = np.asarray(arr)
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{name} must be finite")
-    return _sparse_projection(Kmm, Knm, kdiag, approximation=approximation, jitter=jitter,
-                              overwrite_knm=overwrite_knm)
-
-
-def _sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double[::1] kdiag, *,
-                       approximation="fitc", double jitter=0.0, bint overwrite_knm=False):
-    """:func:`sparse_projection` without its input checks, for callers that validated the
-    inputs already (the estimators, at every optimiser step). Same arguments and
-    results; invalid inputs give undefined results instead of an error."""
-    cdef int m = Kmm.shape[0], n = Knm.shape[0], info, i, j
+    with nogil:
+        bad = _first_non_finite_rows(&Kmm[0, 0], m, m, m)
+    if bad >= 0:
+        raise ValueError("Kmm must be finite")
+    if n > 0:
+        with nogil:
+            bad = _first_non_finite_rows(&Knm[0, 0], n, m, m)
+        if bad >= 0:
+            raise ValueError("Knm must be finite")
+        with nogil:
+            bad = _first_non_finite_rows(&kdiag[0], 1, n, n)
+        if bad >= 0:
+            raise ValueError("kdiag must be finite")
     L = np.array(Kmm, dtype=np.float64, order="C", copy=True)
     cdef double[:, ::1] Lv = L
     for i in range(m):
@@ -732,24 +769,67 @@ cdef class SparseEP:
                 f"order {info}): non-finite projections or sites")
         return driver.result(n_rebuilds=total_rebuilds)
 
+    def incremental_sweep(self, double[::1] site_precision, double[::1] site_natural_mean,
+                          double[:, ::1] post_factor, double[::1] post_w_mean):
+        """One sequential sweep on the given representation, without the rebuild.
 
-def run_sparse_ep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-                  SiteSpec spec not None, double[::1] site_precision, double[::1] site_natural_mean,
-                  double[:, ::1] post_factor, double[::1] post_w_mean, *, double power=1.0,
-                  int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
-                  int order=ORDER_FIXED, unsigned long seed=0, double damping=1.0, double tol=1e-8,
-                  int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
-                  double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
-    """One validated sparse EP run: ``SparseEP(Vt, d, y, spec, **options).run(sites, outputs)``.
+        A hook for tests and diagnostics: ``post_factor`` and ``post_w_mean`` are updated by
+        the rank-1 factor updates only, so they can be compared with :func:`rebuild` of the
+        new sites. Fixed order; the engine's power, quadrature, damping and
+        negative-precision policy apply (its schedule and order are not used).
 
-    The arguments are those of :class:`SparseEP` and :meth:`SparseEP.run`; returns the
-    :class:`~fastep._epcore._common.SweepResult`.
-    """
-    engine = SparseEP(Vt, d, y, spec, power=power, n_quadrature=n_quadrature, schedule=schedule,
-                      order=order, damping=damping, tol=tol, max_sweeps=max_sweeps,
-                      negative_precision=negative_precision)
-    return engine.run(site_precision, site_natural_mean, post_factor, post_w_mean, seed=seed,
-                      g_mean=g_mean, g_var=g_var, sweep_callback=sweep_callback)
+        Parameters
+        ----------
+        site_precision, site_natural_mean : (n,) float64, in/out
+            Sites on the projections (τ_i >= 0); updated in place.
+        post_factor : (m, m) float64, in/out
+            Upper-triangular R of the given sites (e.g. from :func:`rebuild`).
+        post_w_mean : (m,) float64, in/out
+            μ_w of the given sites.
+
+        Returns
+        -------
+        dict
+            The sweep's ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed`` and
+            ``n_rebuilds``.
+
+        Raises
+        ------
+        ValueError
+            (``validate=True``) bad shapes, non-finite or negative sites.
+        """
+        cdef int n = self.n, m = self.m
+        if self.validate:
+            _check_vector("site_precision", site_precision, n, nonnegative=True)
+            _check_vector("site_natural_mean", site_natural_mean, n)
+            _check_factor_outputs(post_factor, post_w_mean, m)
+        cdef const double[:, ::1] Vt = self.Vt
+        cdef const double[::1] d = self.d
+        cdef const double[::1] y = self.y
+        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
+        cdef int rows = scratch_rows(n, m)
+        cdef double[:, ::1] scratch = np.empty((rows, m))
+        cdef double[::1] w = np.empty(m)
+        cdef double[::1] z = np.empty(m)
+        cdef double[::1] beta = np.empty(m)
+        cdef const SiteModel* model = &self.spec.model
+        cdef const PowerRule* rule = &self.quadrature.rule
+        cdef SweepStats stats
+        cdef int rebuilt = 0
+        sweep_stats_reset(&stats)
+        stats.interrupt = NULL
+        if n > 0:
+            with nogil:
+                _beta_from_w_mean(&post_factor[0, 0], m, &post_w_mean[0], &beta[0])
+                rebuilt = sparse_sweep_sequential(model, rule, &y[0], &Vt[0, 0],
+                                                  &d[0], n, m, &site_precision[0], &site_natural_mean[0],
+                                                  &post_factor[0, 0], &beta[0], NULL, &w[0], &z[0],
+                                                  &scratch[0, 0], rows, &opts, &stats)
+                dcopy(m, &beta[0], 1, &post_w_mean[0], 1)
+                trsv(UPPER, NO_TRANS, m, &post_factor[0, 0], m, &post_w_mean[0])    # μ_w = R⁻¹ beta
+        return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
+                    n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
+                    n_failed=int(stats.n_failed), n_rebuilds=int(rebuilt))
 
 
 def _natural_sums(const double[:, ::1] Vt, const double[::1] site_precision,
@@ -781,7 +861,7 @@ def _parallel_chunk_step(const double[:, ::1] Vt, const double[::1] d, const dou
     """One block of sites' share of a parallel sparse EP iteration (the map of a map-reduce).
 
     Given the posterior of all sites, ``R`` (upper, ``Rᵀ R = A``) and ``μ_w``, this computes
-    for the block's sites what the parallel schedule of :func:`run_sparse_ep` computes for
+    for the block's sites what the parallel schedule of :meth:`SparseEP.run` computes for
     all of them: the marginals ``E[g_i] = v_iᵀ μ_w`` and ``Var[g_i] = |R⁻ᵀ v_i|²``, their
     evidence terms ``Σ_i (1/α)[log Z_i + Ψ(cavity) - Ψ(marginal)]`` (module docstring,
     "Evidence"; the global ``-½ log|A| + ½ bᵀA⁻¹b`` is the caller's), and, with ``update``,
@@ -915,51 +995,6 @@ def site_posterior(const double[:, ::1] Vt, const double[::1] site_precision,
     if info != 0:
         return None
     return float(half_log_det), float(quad_b)
-
-
-def incremental_sweep(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-                      SiteSpec spec not None, double[::1] site_precision,
-                      double[::1] site_natural_mean, double[:, ::1] post_factor,
-                      double[::1] post_w_mean, *, double power=1.0,
-                      int n_quadrature=DEFAULT_N_QUADRATURE, double damping=1.0,
-                      int negative_precision=NEGATIVE_CLIP):
-    """One sequential sweep on the given representation WITHOUT the rebuild (a test hook).
-
-    ``post_factor`` / ``post_w_mean`` (in/out) must be the representation of the sites (e.g.
-    from ``rebuild``); compare them afterwards with ``rebuild`` of the new sites.  Returns
-    the sweep's ``max_change``, ``n_skipped``, ``n_clipped``, ``n_failed``, ``n_rebuilds``.
-    """
-    cdef int n, m
-    n, m = _check_projection(Vt, d)
-    _check_targets(spec, y, n)
-    _check_vector("site_precision", site_precision, n, nonnegative=True)
-    _check_vector("site_natural_mean", site_natural_mean, n)
-    _check_factor_outputs(post_factor, post_w_mean, m)
-    _check_options(SPARSE_SEQUENTIAL, ORDER_FIXED, damping, negative_precision)
-    _check_power(power, spec, n_quadrature)
-    cdef PowerQuadrature quadrature = PowerQuadrature(power, n_quadrature)
-    cdef SiteUpdateOptions opts = natural_update_options(damping, negative_precision)
-    cdef int rows = scratch_rows(n, m)
-    cdef double[:, ::1] scratch = np.empty((rows, m))
-    cdef double[::1] w = np.empty(m)
-    cdef double[::1] z = np.empty(m)
-    cdef double[::1] beta = np.empty(m)
-    cdef SweepStats stats
-    cdef int rebuilt = 0
-    sweep_stats_reset(&stats)
-    stats.interrupt = NULL
-    if n > 0:
-        with nogil:
-            _beta_from_w_mean(&post_factor[0, 0], m, &post_w_mean[0], &beta[0])
-            rebuilt = sparse_sweep_sequential(&spec.model, &quadrature.rule, &y[0], &Vt[0, 0], &d[0], n, m,
-                                              &site_precision[0], &site_natural_mean[0],
-                                              &post_factor[0, 0], &beta[0], NULL, &w[0],
-                                              &z[0], &scratch[0, 0], rows, &opts, &stats)
-            dcopy(m, &beta[0], 1, &post_w_mean[0], 1)
-            trsv(UPPER, NO_TRANS, m, &post_factor[0, 0], m, &post_w_mean[0])    # μ_w = R⁻¹ beta
-    return dict(max_change=float(max(stats.max_change_precision, stats.max_change_natural_mean)),
-                n_skipped=int(stats.n_skipped), n_clipped=int(stats.n_clipped),
-                n_failed=int(stats.n_failed), n_rebuilds=int(rebuilt))
 
 
 def log_marginal_likelihood(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,

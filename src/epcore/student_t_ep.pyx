@@ -617,23 +617,6 @@ cdef class DenseStudentTEP(FractionalEP):
         return result
 
 
-def run_dense(const double[:, ::1] K, const double[::1] y, double dof, double scale,
-              double power, double[::1] site_precision, double[::1] site_natural_mean,
-              double[::1] post_mean, double[::1] post_var, double[::1] cavity_mean,
-              double[::1] cavity_var, *, double damping=0.5, double tol=1e-4,
-              int max_sweeps=200, int max_halvings=10, post_cov=None, sweep_callback=None):
-    """One validated dense run: ``DenseStudentTEP(K, y, dof, scale, power=power, **options)``
-    then :meth:`DenseStudentTEP.run` on the sites and outputs.
-
-    The arguments are those of :class:`DenseStudentTEP` and :meth:`DenseStudentTEP.run`;
-    returns the :class:`~fastep._epcore._common.SweepResult`.
-    """
-    engine = DenseStudentTEP(K, y, dof, scale, power=power, damping=damping, tol=tol,
-                             max_sweeps=max_sweeps, max_halvings=max_halvings)
-    return engine.run(site_precision, site_natural_mean, post_mean, post_var, cavity_mean=cavity_mean,
-                      cavity_var=cavity_var, post_cov=post_cov, sweep_callback=sweep_callback)
-
-
 # --------------------------------------------------------------------------- #
 # the sparse engine
 # --------------------------------------------------------------------------- #
@@ -850,21 +833,3 @@ cdef class SparseStudentTEP(FractionalEP):
         s.post_factor, s.post_w_mean, s.g_mean, s.g_var = &post_factor[0, 0], &post_w_mean[0], &gm[0], &gv[0]
         s.site_precision, s.site_natural_mean = &site_precision[0], &site_natural_mean[0]
         return self._sweeps(site_precision, site_natural_mean, sweep_callback, "A = I + Vt^T T Vt")
-
-
-def run_sparse(const double[:, ::1] Vt, const double[::1] d, const double[::1] y,
-               SiteSpec spec not None, double[::1] site_precision,
-               double[::1] site_natural_mean, double[:, ::1] post_factor,
-               double[::1] post_w_mean, double[::1] g_mean, double[::1] g_var, *,
-               double power=0.5, double damping=0.5, double tol=1e-4, int max_sweeps=200,
-               int max_halvings=10, object sweep_callback=None):
-    """One validated sparse run, the function form of :class:`SparseStudentTEP`.
-
-    Builds ``SparseStudentTEP(Vt, d, y, spec, power=power, **options)`` and returns the
-    SweepResult of its :meth:`~SparseStudentTEP.run` on the sites and outputs (the arguments
-    are those of the class and the method).
-    """
-    engine = SparseStudentTEP(Vt, d, y, spec, power=power, damping=damping, tol=tol,
-                              max_sweeps=max_sweeps, max_halvings=max_halvings)
-    return engine.run(site_precision, site_natural_mean, post_factor, post_w_mean, g_mean=g_mean,
-                      g_var=g_var, sweep_callback=sweep_callback)

@@ -235,9 +235,9 @@ class MultinomialPredictor:
         cov = np.empty((n_test, c, c))
         for a in range(0, n_test, PREDICT_BATCH):
             z = slice(a, min(a + PREDICT_BATCH, n_test))
-            Ks = self.kernel._unchecked_call(X[z], self.X_basis)            # (b, n)
+            Ks = self.kernel._K(X[z], self.X_basis)            # (b, n)
             mean[z] = matmul(Ks, self.weights.T.copy())
-            diag = self.kernel._unchecked_diag(X[z])
+            diag = self.kernel._diag(X[z])
             P = np.stack([matmul(Ks, self.E[j].T.copy()) for j in range(c)])   # rows (E_j k*)ᵀ
             block = np.einsum("jbm,lbm->bjl", P, P)
             for j in range(c):
@@ -372,7 +372,7 @@ class MultinomialGPProblem(SiteProblem):
         if gradient:
             R = post.diagonal_blocks_of_inverse()
             grad = np.array([sum(0.5 * inner(matmul(b, dK), b) for b in post.weights) - 0.5 * inner(R, dK)
-                             for dK in kernel._unchecked_gradient_iter(self.X)], dtype=float)
+                             for dK in kernel._grads(self.X, list(range(kernel.n_theta)))], dtype=float)
         if keep:
             self.kernel = kernel
             self.predictor = MultinomialPredictor(kernel, self.X, post.weights, post.M, post.E)

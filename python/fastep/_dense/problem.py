@@ -57,7 +57,7 @@ class DenseGPProblem(SiteProblem):
 
     # -- EP --------------------------------------------------------------------------------
     def _kernel_matrix(self, kernel):
-        K = np.ascontiguousarray(kernel._unchecked_call(self.X), dtype=np.float64)
+        K = np.ascontiguousarray(kernel._K(self.X, None), dtype=np.float64)
         if self.options["jitter"]:
             K.flat[:: K.shape[0] + 1] += self.options["jitter"]
         if not np.all(np.isfinite(K)):
@@ -151,7 +151,7 @@ class DenseGPProblem(SiteProblem):
                 symmetrize_from_lower(R)
                 R *= s[:, None]
                 R *= s[None, :]
-                for dK in kernel._unchecked_gradient_iter(self.X):
+                for dK in kernel._grads(self.X, list(range(kernel.n_theta))):
                     grads.append(0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(R, dK))
                 del R, inv
             if self.learn_likelihood:

@@ -37,6 +37,6 @@ class DensePredictor(BatchedPredictor):
         self.chol, self.sqrt_precision = chol, sqrt_precision
 
     def _latent_batch(self, X):
-        Ks = self.kernel._unchecked_call(X, self.X_basis)                           # (batch, n)
+        Ks = self.kernel._K(X, self.X_basis)                           # (batch, n)
         V = solve_triangular(self.chol, self.sqrt_precision[:, None] * Ks.T, lower=True)
-        return matmul(Ks, self.weights), self.kernel._unchecked_diag(X) - np.einsum("ij,ij->j", V, V)
+        return matmul(Ks, self.weights), self.kernel._diag(X) - np.einsum("ij,ij->j", V, V)

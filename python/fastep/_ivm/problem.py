@@ -28,7 +28,7 @@ from .._search.checks import kernel_structure, warn_if_kernel_stuck
 from .._linalg import cholesky_lower, matmul
 from ..progress import StopRequested
 from ..exceptions import ConvergenceWarning
-from ..kernels import ColumnProductCache
+from ..kernels import ColumnProductCache, KernelColumns
 from ..likelihoods import Gaussian
 from .._sparse.stochastic import MINIBATCH_PATIENCE, minibatch_windows
 
@@ -142,7 +142,8 @@ class _IVMProblem:
         reselect the same points under new parameters), at most 2d of them (O(d n) memory,
         like M), dropped by ``finalize``. A problem selected once keeps none
         (``product_cache`` None), so that its memory stays M alone."""
-        return self.kernel._unchecked_columns(self.X, self.product_cache)
+        cache = None if self.product_cache is None else self.product_cache._for(self.X)
+        return KernelColumns(self.kernel, self.X, cache)
 
     # -- Algorithm 1 ---------------------------------------------------------------------
     def select(self):
@@ -222,9 +223,10 @@ class _IVMProblem:
         X_I = self.X[self.active]
         d = self.active.shape[0]
         if n_kernel:
-            K_I, dK = kernel._unchecked_value_and_gradient(X_I)         # shared intermediates (one gram per leaf)
+            dK = np.empty((d, d, n_kernel))
+            K_I = kernel._value_and_gradient(X_I, dK)         # shared intermediates (one gram per leaf)
         else:
-            K_I, dK = kernel._unchecked_call(X_I), np.zeros((d, d, 0))
+            K_I, dK = kernel._K(X_I, None), np.zeros((d, d, 0))
         if not self.joint_noise:
             value, grad, _, _ = _active_log_likelihood(K_I, self.site_mean, self.site_precision, dK)
             return value, grad
@@ -242,7 +244,7 @@ class _IVMProblem:
             # eq 32 tends to zero noise when the data are (nearly) noise-free and every point is
             # active; below 1e-6 of the prior variance the Gaussian sites of the next selection
             # are numerically improper (ν ς >= 1), so the noise variance is kept above that
-            prior_scale = float(np.max(self.kernel._unchecked_diag(self.X)))
+            prior_scale = float(np.max(self.kernel._diag(self.X)))
             floor = np.log(_NOISE_FLOOR * prior_scale)
             noise_bounds[0, 0] = max(noise_bounds[0, 0], floor)
             # the fixed upper bound (e^20) is below the prior variance of targets on a large scale
@@ -271,7 +273,7 @@ class _IVMProblem:
         from .._sparse.problem import _BinarySparseEP
         X = self.X if X is None else X
         Z = np.ascontiguousarray(X[self.active])
-        diag = self.kernel._unchecked_diag(Z)
+        diag = self.kernel._diag(Z)
         options = dict(options, jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
         sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, X, self.y - self.offset, options,
                                  learn_likelihood, False)
@@ -307,7 +309,7 @@ class _IVMProblem:
         """The options of minibatch learning of the full-data objective at the current active set
         (the sparse estimators' minibatch defaults, :mod:`fastep._sparse.stochastic`)."""
         Z = np.ascontiguousarray(self.X[self.active])
-        jitter = _FULL_DATA_JITTER * float(np.mean(self.kernel._unchecked_diag(Z)))
+        jitter = _FULL_DATA_JITTER * float(np.mean(self.kernel._diag(Z)))
         window, site_window = minibatch_windows(self.X.shape[0], Z.shape[0])
         return Z, dict(options, jitter=jitter, sites="tied", window=window, site_window=site_window,
                        patience=MINIBATCH_PATIENCE)
@@ -357,7 +359,7 @@ class _IVMProblem:
         return (value, grad) if eval_gradient else value
 
     def log_likelihood(self):
-        K_I = self.kernel._unchecked_call(self.X[self.active])
+        K_I = self.kernel._K(self.X[self.active], None)
         return _active_log_likelihood(K_I, self.site_mean, self.site_precision)[0]
 
     def noise_objective(self, theta, learn_offset):
@@ -396,7 +398,7 @@ class _IVMProblem:
     def finalize(self):
         """Keep the prediction state (active inputs, L, w, eq 32) and drop the engine state."""
         X_active = self.X[self.active]
-        K_I = self.kernel._unchecked_call(X_active)
+        K_I = self.kernel._K(X_active, None)
         self.log_lik, _, chol, weights = _active_log_likelihood(K_I, self.site_mean, self.site_precision)
         self.predictor = DensePredictor(self.kernel, X_active, weights, chol, np.sqrt(self.site_precision))
         self.state = None

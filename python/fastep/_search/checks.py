@@ -37,7 +37,7 @@ def kernel_structure(kernel, X, max_rows=_MAX_ROWS, latent_scale=None):
     S = X[sample_rows(X.shape[0], max_rows)]
     if S.shape[0] < 2:
         return None
-    K = kernel._unchecked_call(S)          # S is validated training data
+    K = kernel._K(S, None)          # S is validated training data
     scale = float(np.mean(np.diag(K)))
     if not (np.isfinite(scale) and scale > 0.0):
         return None

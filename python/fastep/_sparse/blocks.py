@@ -38,13 +38,13 @@ def project_rows(kernel, X, Z, Kmm, options):
     Knm = np.empty((n, m))
     rows = block_rows(m)
     for s in range(0, n, rows):
-        Knm[s:s + rows] = kernel._unchecked_call(X[s:s + rows], Z)
-    kdiag = np.ascontiguousarray(kernel._unchecked_diag(X), dtype=np.float64)
+        Knm[s:s + rows] = kernel._K(X[s:s + rows], Z)
+    kdiag = np.ascontiguousarray(kernel._diag(X), dtype=np.float64)
     for name, arr in (("K(Z, Z)", Kmm), ("K(X, Z)", Knm), ("diag K(X, X)", kdiag)):
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"the kernel {kernel!r} produced non-finite values in {name}")
-    return _engine._sparse_projection(Kmm, Knm, kdiag, approximation=options["approximation"],
-                                      jitter=options["jitter"], overwrite_knm=True)
+    return _engine.sparse_projection(Kmm, Knm, kdiag, approximation=options["approximation"],
+                                     jitter=options["jitter"], overwrite_knm=True)
 
 
 def posterior_from_sums(precision_sum, natural_mean_sum):
@@ -122,9 +122,9 @@ def gradient_second_sums(kernel, Z, X, L, Vt, tau, a, c, Ua, PA, learn_inducing)
     Gmm = matmul(G, U.T)
     g_kernel = np.zeros(kernel.n_theta)
     if kernel.n_theta:
-        g_kernel = 2.0 * kernel._unchecked_weighted_gradient(Z, X, G)
-        g_kernel += matmul(c, kernel._unchecked_diag_gradient(X))
-    g_z = kernel._unchecked_input_gradient(Z, X, 2.0 * G) if learn_inducing else None
+        g_kernel = 2.0 * kernel._weighted_grads(Z, X, G)
+        g_kernel += matmul(c, np.column_stack(list(kernel._diag_grads(X, list(range(kernel.n_theta))))))
+    g_z = kernel._input_grad(Z, X, 2.0 * G) if learn_inducing else None
     return g_kernel, Gmm, g_z
 
 
@@ -134,12 +134,12 @@ def gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, likelihood_grad, learn_lik
     Gmm = 0.5 * (Gmm + Gmm.T)
     g_kernel = np.array(g_kernel, dtype=float)
     if kernel.n_theta:
-        g_kernel -= kernel._unchecked_weighted_gradient(Z, None, Gmm)
+        g_kernel -= kernel._weighted_grads(Z, None, Gmm)
     grads = [g_kernel]
     if learn_likelihood:
         grads.append(np.atleast_1d(likelihood_grad))
     if learn_inducing:
-        grads.append((g_z - kernel._unchecked_input_gradient(Z, Z, 2.0 * Gmm)).ravel())
+        grads.append((g_z - kernel._input_grad(Z, Z, 2.0 * Gmm)).ravel())
     return np.concatenate(grads)
 
 
@@ -164,8 +164,8 @@ class SparsePredictor(BatchedPredictor):
         self.weights = solve_triangular(chol_mm, w_mean, lower=True, trans="T")   # K_mm⁻¹ E[u]
 
     def _latent_batch(self, Xs):
-        Kms = self.kernel._unchecked_call(self.Z, Xs)                                # (m, batch)
+        Kms = self.kernel._K(self.Z, Xs)                                # (m, batch)
         Pm = solve_triangular(self.chol_mm, Kms, lower=True)    # L⁻¹ k_m(x*)
         Pq = solve_triangular(self.factor, Pm, trans="T")       # R⁻ᵀ L⁻¹ k_m(x*)
         return (matmul(self.weights, Kms),
-                self.kernel._unchecked_diag(Xs) - np.einsum("ij,ij->j", Pm, Pm) + np.einsum("ij,ij->j", Pq, Pq))
+                self.kernel._diag(Xs) - np.einsum("ij,ij->j", Pm, Pm) + np.einsum("ij,ij->j", Pq, Pq))

@@ -271,10 +271,11 @@ def run_parallel_ep(executor, chunks, likelihood, options):
 
     ``chunks``: the output of :func:`chunk_start` (projections and starting sites).  The loop,
     the convergence test (largest relative site change and relative change of log Z below
-    ``tol``, no failed site) and the counts are those of ``run_sparse_ep`` with
-    ``schedule=SPARSE_PARALLEL``.  Each map step returns the evidence of the sites it
-    received and updates them, so the test for iteration k completes one step later; the
-    update made in that step is then undone (:func:`chunk_rollback`).
+    ``tol``, no failed site) and the counts are those of
+    :class:`~fastep._epcore.sparse_ep.SparseEP` with ``schedule=SPARSE_PARALLEL``.  Each map
+    step returns the evidence of the sites it received and updates them, so the test for
+    iteration k completes one step later; the update made in that step is then undone
+    (:func:`chunk_rollback`).
 
     Returns ``(chunks, R, w_mean, info)`` with the final chunks (sites, marginals), the
     posterior factor and mean and the engine's info dict.  Raises
@@ -366,11 +367,11 @@ class DistributedSparseEP(SiteProblem):
         if Z is None:
             Z = self.Z
         opts = self.options
-        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
         if not np.all(np.isfinite(Kmm)):
             raise ValueError(f"the kernel {kernel!r} produced non-finite values in K(Z, Z)")
-        L, _, _ = _engine._sparse_projection(Kmm, np.empty((0, Z.shape[0])), np.empty(0),
-                                             approximation=opts["approximation"], jitter=opts["jitter"])
+        L, _, _ = _engine.sparse_projection(Kmm, np.empty((0, Z.shape[0])), np.empty(0),
+                                            approximation=opts["approximation"], jitter=opts["jitter"])
         projected = self.executor.map(chunk_project, self.chunks, kernel, Z, Kmm, opts)
         result = None
         if warm and self.has_sites:

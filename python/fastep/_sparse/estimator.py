@@ -206,7 +206,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             return False
         x = np.asarray(Z[:1], dtype=np.float64)
         try:
-            kernel._unchecked_input_gradient(x, x, np.ones((1, 1)))
+            kernel._input_grad(x, x, np.ones((1, 1)))
         except NotImplementedError:
             return False
         return True
@@ -264,10 +264,10 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             return
         x = X[:1]
         try:
-            list(kernel._unchecked_cross_gradient_iter(x, x))
-            kernel._unchecked_diag_gradient(x)
+            list(kernel._cross_grads(x, x, list(range(kernel.n_theta))))
+            list(kernel._diag_grads(x, list(range(kernel.n_theta))))
             if learn_inducing:
-                kernel._unchecked_input_gradient(x, x, np.ones((1, 1)))
+                kernel._input_grad(x, x, np.ones((1, 1)))
         except NotImplementedError as exc:
             raise TypeError(f"kernel {kernel!r} cannot be used to learn a sparse GP: {exc} (use "
                             "optimizer=None, or learn_inducing=False if only input gradients are missing)"

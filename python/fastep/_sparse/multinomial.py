@@ -434,10 +434,10 @@ def adjoint_shares(kernel, Z, X, L, Vt, G, c, learn_inducing):
     Gmm = matmul(G, U.T)
     g_kernel = np.zeros(kernel.n_theta)
     if kernel.n_theta:
-        g_kernel = 2.0 * kernel._unchecked_weighted_gradient(Z, X, G)
+        g_kernel = 2.0 * kernel._weighted_grads(Z, X, G)
         if np.any(c):
-            g_kernel += matmul(c, kernel._unchecked_diag_gradient(X))
-    g_z = kernel._unchecked_input_gradient(Z, X, 2.0 * G) if learn_inducing else None
+            g_kernel += matmul(c, np.column_stack(list(kernel._diag_grads(X, list(range(kernel.n_theta))))))
+    g_z = kernel._input_grad(Z, X, 2.0 * G) if learn_inducing else None
     return g_kernel, Gmm, g_z
 
 
@@ -456,7 +456,7 @@ class MultinomialSparsePredictor(BatchedPredictor):
         out_mean, out_cov = [], []
         for s in range(0, Xs.shape[0], self.batch_size):
             X = Xs[s:s + self.batch_size]
-            Kms = self.kernel._unchecked_call(self.Z, X)
+            Kms = self.kernel._K(self.Z, X)
             B = np.ascontiguousarray(solve_triangular(self.chol_mm, Kms, lower=True).T)      # rows b*ᵀ
             c, m = self.mean_w.shape
             mean = matmul(B, self.mean_w.T.copy())
@@ -465,7 +465,7 @@ class MultinomialSparsePredictor(BatchedPredictor):
                 T = matmul(B, self.cov_w[l * m:(l + 1) * m]).reshape(X.shape[0], c, m)
                 cov[:, l, :] = np.einsum("ijk,ik->ij", T, B)
             cov = 0.5 * (cov + _transpose(cov))
-            resid = np.maximum(self.kernel._unchecked_diag(X) - np.einsum("ij,ij->i", B, B), 0.0)
+            resid = np.maximum(self.kernel._diag(X) - np.einsum("ij,ij->i", B, B), 0.0)
             cov[:, np.arange(c), np.arange(c)] += resid[:, None]
             out_mean.append(mean)
             out_cov.append(cov)
@@ -509,7 +509,7 @@ class MultinomialSparseProblem(SiteProblem):
         kernel, _, Z = params
         if Z is None:
             Z = self.Z
-        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
         L, Vt, d = project_rows(kernel, self.X, Z, Kmm, self.options)
         return (Vt, d), (Z, L, Vt, d)
 

@@ -115,9 +115,9 @@ class MinibatchMultinomialSparseEP:
         functions of u (module docstring)."""
         from .._epcore import sparse_ep as _engine
         m = self.Z.shape[0]
-        Kmm = np.ascontiguousarray(self.kernel._unchecked_call(self.Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(self.kernel._K(self.Z, None), dtype=np.float64)
         old = getattr(self, "chol_mm", None)
-        self.chol_mm, _, _ = _engine._sparse_projection(Kmm, np.empty((0, m)), np.empty(0),
+        self.chol_mm, _, _ = _engine.sparse_projection(Kmm, np.empty((0, m)), np.empty(0),
                                                         approximation=self.options["approximation"],
                                                         jitter=self.options["jitter"], overwrite_knm=True)
         if keep_sites_in_u and old is not None:

@@ -41,7 +41,7 @@ from .._gp.problem import SiteProblem
 from ..progress import sweep_callback_of
 from .._sparse.blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
-from .._student_t.double_loop import run_sparse_double_loop_ep
+from .._student_t.double_loop import SparseDoubleLoopEP
 from .._student_t.problem import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 
 #: The arrays one sparse EP run updates, in the order of :meth:`_BinarySparseEP._run_arrays`.
@@ -76,7 +76,7 @@ class _BinarySparseEP(SiteProblem):
         return dict(zip(_RUN_ARRAYS, arrays), info=info)
 
     def _prior(self, kernel, Z):
-        Kmm = np.ascontiguousarray(kernel._unchecked_call(Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
         return project_rows(kernel, self.X, Z, Kmm, self.options)
 
     def _run_once(self, prior, likelihood, warm):
@@ -153,7 +153,7 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     (:class:`fastep._epcore.student_t_ep.SparseStudentTEP`); the evidence gradient is the
     sparse one (its formulas hold for sites of any sign). A run that stalls or does not
     converge continues with the sparse double loop
-    (:func:`fastep._student_t.double_loop.run_sparse_double_loop_ep`) from its last sites, except
+    (:class:`fastep._student_t.double_loop.SparseDoubleLoopEP`) from its last sites, except
     during the type-II ML search (:class:`RejectStuckDuringSearch`)."""
 
     algorithm = "sparse fractional EP"
@@ -171,9 +171,10 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         self._reject_if_stuck(info)
         info, arrays = self._with_double_loop_fallback(
             info, arrays,
-            lambda a: run_sparse_double_loop_ep(Vt, d, self.y, likelihood.dof, likelihood.scale, opts["power"], *a,
-                                                tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
-                                                sweep_callback=sweep_callback_of(opts)))
+            lambda a: SparseDoubleLoopEP(
+                Vt, d, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
+                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(
+                *a[:4], g_mean=a[4], g_var=a[5], sweep_callback=sweep_callback_of(opts)))
         return self._finished(arrays, info, f"sparse fractional EP's log marginal likelihood is not finite at "
                               f"{likelihood!r}; increase jitter or check the kernel")
 

@@ -236,11 +236,11 @@ class MinibatchSparseEP:
         ``keep_sites_in_u``: the sites keep their value as functions of ``u = L w`` (module
         docstring, "Sites and hyperparameter steps"): with ``M = L_old⁻¹ L_new``,
         ``Λ ← Mᵀ Λ M`` and ``b ← Mᵀ b``."""
-        Kmm = np.ascontiguousarray(self.kernel._unchecked_call(self.Z), dtype=np.float64)
+        Kmm = np.ascontiguousarray(self.kernel._K(self.Z, None), dtype=np.float64)
         old = getattr(self, "chol_mm", None)
-        self.chol_mm, _, _ = _engine._sparse_projection(Kmm, np.empty((0, self.Z.shape[0])), np.empty(0),
-                                                        approximation=self.options["approximation"],
-                                                        jitter=self.options["jitter"], overwrite_knm=True)
+        self.chol_mm, _, _ = _engine.sparse_projection(Kmm, np.empty((0, self.Z.shape[0])), np.empty(0),
+                                                       approximation=self.options["approximation"],
+                                                       jitter=self.options["jitter"], overwrite_knm=True)
         if keep_sites_in_u and old is not None:
             M = solve_triangular(old, self.chol_mm, lower=True)
             P = matmul(M.T, matmul(self.precision_sum, M))
@@ -250,10 +250,10 @@ class MinibatchSparseEP:
 
     def project(self, X):
         """``(Vt, d)`` of the rows X: ``Vt = K(X, Z) L⁻ᵀ`` and the FITC diagonal (zeros for DTC)."""
-        Knm = self.kernel._unchecked_call(X, self.Z)
+        Knm = self.kernel._K(X, self.Z)
         Vt = np.ascontiguousarray(solve_triangular(self.chol_mm, Knm.T, lower=True).T)
         if self.options["approximation"] == "fitc":
-            d = np.maximum(self.kernel._unchecked_diag(X) - np.einsum("ij,ij->i", Vt, Vt), 0.0)
+            d = np.maximum(self.kernel._diag(X) - np.einsum("ij,ij->i", Vt, Vt), 0.0)
         else:
             d = np.zeros(X.shape[0])
         if not (np.all(np.isfinite(Vt)) and np.all(np.isfinite(d))):

@@ -32,7 +32,7 @@ the fixed points of fractional EP.
   ``min_a J`` at the current θ gives a concave lower bound of G that touches it there and
   is maximised by that θ, so G never decreases (up to the inner loop's tolerance).
 
-Sparse models (:func:`run_sparse_double_loop_ep`): the sites act on the projections
+Sparse models (:class:`SparseDoubleLoopEP`): the sites act on the projections
 ``g = Vt w``, ``w ~ N(0, I_m)``, and the likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``
 (FITC; ``d = 0`` for DTC), so ``Φ(s) = -½ log|A| + ½ bᵀA⁻¹b`` with ``A = I + Vtᵀ T Vt`` and
 ``b = Vtᵀ ν``, and ``g_i`` is the log-partition of the likelihood convolved with
@@ -66,7 +66,7 @@ from .._epcore._common import SweepDriver, SweepResult
 from .._epcore.student_t_sites import student_t_moments_array
 from .._linalg import inner, matmul
 
-__all__ = ["run_double_loop_ep", "run_sparse_double_loop_ep"]
+__all__ = ["DenseDoubleLoopEP", "SparseDoubleLoopEP"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: A cavity precision this close to its bound (relative) is held there while J's gradient
@@ -384,13 +384,12 @@ def _proper_start(problem, s_tau, s_nu):
         lam = lam * 0.5 if lam > 1e-6 else 0.0
 
 
-def _check_common(y, dof, scale, power, sites, n, tol, max_outer, max_newton, cavity_variance_limit):
-    """Argument checks shared by the dense and the sparse double loop."""
-    for name, arg in (("y", y),) + sites:
-        if np.shape(arg) != (n,):
-            raise ValueError(f"{name} must have shape ({n},), got {np.shape(arg)}")
-    if not (np.all(np.isfinite(y)) and all(np.all(np.isfinite(arg)) for _, arg in sites[:2])):
-        raise ValueError("y and the start sites must be finite")
+def _check_problem(y, n, dof, scale, power, tol, max_outer, max_newton, cavity_variance_limit):
+    """Checks of the targets and options shared by the dense and the sparse double loop."""
+    if np.shape(y) != (n,):
+        raise ValueError(f"y must have shape ({n},), got {np.shape(y)}")
+    if not np.all(np.isfinite(y)):
+        raise ValueError("y must be finite")
     if not (dof > 0 and np.isfinite(dof) and scale > 0 and np.isfinite(scale)):
         raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
     if not (0.0 < power <= 1.0):
@@ -399,98 +398,149 @@ def _check_common(y, dof, scale, power, sites, n, tol, max_outer, max_newton, ca
         raise ValueError("tol must be > 0, max_outer and max_newton >= 1, cavity_variance_limit > 1")
 
 
+def _check_run(n, sites, outputs):
+    """The start sites (finite) and the output arrays of one run must have shape (n,)."""
+    for name, arg in sites + outputs:
+        if np.shape(arg) != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {np.shape(arg)}")
+    if not all(np.all(np.isfinite(arg)) for _, arg in sites):
+        raise ValueError("the start sites must be finite")
+
+
 def _empty_result():
     return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
                        diagnostics={"n_newton": 0, "n_limited": 0, "inner_failures": 0, "energy": []})
 
 
-def run_double_loop_ep(K, y, dof, scale, power, site_precision, site_natural_mean, post_mean, post_var,
-                       cavity_mean, cavity_var, *, tol=1e-4, max_outer=200, max_newton=50,
-                       cavity_variance_limit=100.0, post_cov=None, sweep_callback=None):
-    """Double-loop fractional EP (module docstring) from the given sites, which must give a
-    proper posterior (zeros: the prior).
+class DenseDoubleLoopEP:
+    """Double-loop fractional EP (module docstring) for GP regression with Student-t sites,
+    bound to one kernel matrix, its targets and the likelihood's ν and σ.
+
+    The convergent fallback of :class:`fastep._epcore.student_t_ep.DenseStudentTEP`, with its
+    arguments and outputs. Built once (checks the inputs and options, factorises K);
+    :meth:`run` iterates from given sites and returns a
+    :class:`~fastep._epcore._common.SweepResult`.
 
     Parameters
     ----------
     K : ndarray (n, n)
         Prior covariance, positive definite.
     y : ndarray (n,)
+        Finite targets.
     dof, scale : float > 0
         Student-t ν and σ.
     power : float in (0, 1]
         The fraction η.
-    site_precision, site_natural_mean : ndarray (n,)
-        Start sites, updated in place to the final sites.
-    post_mean, post_var, cavity_mean, cavity_var : ndarray (n,)
-        Outputs: the posterior marginals and the final fractional cavities (cavity variance
-        -1 where a cavity is improper).
     tol : float > 0
+        Convergence threshold (module docstring, "Stopping").
     max_outer : int >= 1
         Outer iterations.
     max_newton : int >= 1
         Newton steps per inner minimisation.
     cavity_variance_limit : float > 1
         A cavity's variance stays below this multiple of the prior variance ``K_ii``.
-    post_cov : ndarray (n, n) or None
-        If given, receives the posterior covariance at the end.
-    sweep_callback : callable or None
-        ``callback(outer, max_change, log_z)`` after every outer iteration; returning False
-        stops the run.
 
-    Returns
-    -------
-    SweepResult
-        As :meth:`fastep._epcore.student_t_ep.DenseStudentTEP.run` (``n_sweeps`` counts outer
-        iterations; ``stuck``: an inner minimisation could not start); its ``diagnostics``
-        dict holds ``n_newton``, ``n_limited`` (cavities at their variance bound),
-        ``inner_failures`` (inner loops that stopped before their tolerance) and ``energy``
-        (G after every outer iteration).
+    Raises
+    ------
+    ValueError
+        Bad shapes, non-finite targets or invalid options.
+    numpy.linalg.LinAlgError
+        K is not positive definite.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._student_t.double_loop import run_double_loop_ep
+    >>> from fastep._student_t.double_loop import DenseDoubleLoopEP
     >>> x = np.linspace(0, 1, 8)
     >>> K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-6 * np.eye(8)
     >>> y = np.sin(3 * x); y[2] = 4.0
-    >>> tau, nu, out = np.zeros(8), np.zeros(8), [np.empty(8) for _ in range(4)]
-    >>> info = run_double_loop_ep(K, y, 4.0, 0.1, 0.5, tau, nu, *out)
+    >>> tau, nu, post_mean, post_var = np.zeros(8), np.zeros(8), np.empty(8), np.empty(8)
+    >>> info = DenseDoubleLoopEP(K, y, 4.0, 0.1).run(tau, nu, post_mean, post_var)
     >>> info.converged
     True
     """
-    K = np.ascontiguousarray(K, dtype=np.float64)
-    y = np.ascontiguousarray(y, dtype=np.float64)
-    n = K.shape[0]
-    if K.ndim != 2 or K.shape[1] != n:
-        raise ValueError(f"K must be a square matrix, got shape {K.shape}")
-    _check_common(y, dof, scale, power, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
-                                         ("post_mean", post_mean), ("post_var", post_var),
-                                         ("cavity_mean", cavity_mean), ("cavity_var", cavity_var)),
-                  n, tol, max_outer, max_newton, cavity_variance_limit)
-    if n == 0:
-        return _empty_result()
-    # extreme inputs overflow in the Gaussian normalisers: the energy is then not finite, which
-    # the result reports (log_z) and the callers check
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        gaussian = _DenseGaussian(K)
-        gaussian.posterior(np.zeros(n), np.zeros(n), False, post_cov=post_cov)    # checks post_cov
-        tilted = _Tilted(y, float(dof), float(scale), float(power))
-        info, point = _double_loop(gaussian, tilted, float(power), site_precision, site_natural_mean, tol,
-                                   max_outer, max_newton, cavity_variance_limit, sweep_callback)
-        post = gaussian.posterior(site_precision, site_natural_mean, True, post_cov=post_cov)
-        log_z, n_failed = _final_energy(post, tilted, float(power), site_precision, site_natural_mean,
-                                        post_mean, post_var, cavity_mean, cavity_var)
-    return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
+
+    def __init__(self, K, y, dof, scale, *, power=0.5, tol=1e-4, max_outer=200, max_newton=50,
+                 cavity_variance_limit=100.0):
+        K = np.ascontiguousarray(K, dtype=np.float64)
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        n = K.shape[0]
+        if K.ndim != 2 or K.shape[1] != n:
+            raise ValueError(f"K must be a square matrix, got shape {K.shape}")
+        _check_problem(y, n, dof, scale, power, tol, max_outer, max_newton, cavity_variance_limit)
+        self.n, self.power, self.tol = n, float(power), tol
+        self.max_outer, self.max_newton, self.cavity_variance_limit = max_outer, max_newton, cavity_variance_limit
+        self.tilted = _Tilted(y, float(dof), float(scale), float(power))
+        self.gaussian = None
+        if n > 0:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                self.gaussian = _DenseGaussian(K)
+
+    def run(self, site_precision, site_natural_mean, post_mean, post_var, *, cavity_mean=None,
+            cavity_var=None, post_cov=None, sweep_callback=None):
+        """Iterate from the given sites, which must give a proper posterior (zeros: the prior).
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : ndarray (n,), in/out
+            Start sites; updated in place to the final sites.
+        post_mean, post_var : ndarray (n,), out
+            The posterior marginals of the final sites.
+        cavity_mean, cavity_var : ndarray (n,), out, optional
+            The final fractional cavities (cavity variance -1 where a cavity is improper).
+        post_cov : ndarray (n, n), out, optional
+            The posterior covariance of the final sites.
+        sweep_callback : callable, optional
+            ``callback(outer, max_change, log_z)`` after every outer iteration; returning
+            False stops the run.
+
+        Returns
+        -------
+        SweepResult
+            As :meth:`fastep._epcore.student_t_ep.DenseStudentTEP.run` (``n_sweeps`` counts
+            outer iterations; ``stuck``: an inner minimisation could not start); its
+            ``diagnostics`` dict holds ``n_newton``, ``n_limited`` (cavities at their
+            variance bound), ``inner_failures`` (inner loops that stopped before their
+            tolerance) and ``energy`` (G after every outer iteration).
+
+        Raises
+        ------
+        ValueError
+            Bad shapes or non-finite start sites.
+        numpy.linalg.LinAlgError
+            The start sites give an improper posterior.
+        """
+        n = self.n
+        if cavity_mean is None:
+            cavity_mean = np.empty(n)
+        if cavity_var is None:
+            cavity_var = np.empty(n)
+        _check_run(n, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean)),
+                   (("post_mean", post_mean), ("post_var", post_var), ("cavity_mean", cavity_mean),
+                    ("cavity_var", cavity_var)))
+        if n == 0:
+            return _empty_result()
+        gaussian, tilted, power = self.gaussian, self.tilted, self.power
+        # extreme inputs overflow in the Gaussian normalisers: the energy is then not finite, which
+        # the result reports (log_z) and the callers check
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            gaussian.posterior(np.zeros(n), np.zeros(n), False, post_cov=post_cov)    # checks post_cov
+            info, point = _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, self.tol,
+                                       self.max_outer, self.max_newton, self.cavity_variance_limit,
+                                       sweep_callback)
+            post = gaussian.posterior(site_precision, site_natural_mean, True, post_cov=post_cov)
+            log_z, n_failed = _final_energy(post, tilted, power, site_precision, site_natural_mean,
+                                            post_mean, post_var, cavity_mean, cavity_var)
+        return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
 
 
-def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_natural_mean, post_factor,
-                              post_w_mean, g_mean, g_var, *, tol=1e-4, max_outer=200, max_newton=50,
-                              cavity_variance_limit=100.0, sweep_callback=None):
+class SparseDoubleLoopEP:
     """Double-loop fractional EP on the sparse (FITC / DTC) representation (module docstring).
 
-    The fallback of :class:`fastep._epcore.student_t_ep.SparseStudentTEP`, with its
-    representation: sites on the projections ``g = Vt w``, ``w ~ N(0, I_m)``, the Student-t
-    likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``. Memory O(nm).
+    The convergent fallback of :class:`fastep._epcore.student_t_ep.SparseStudentTEP`, with
+    its representation: sites on the projections ``g = Vt w``, ``w ~ N(0, I_m)``, the
+    Student-t likelihood on ``f_i = g_i + ε_i``, ``ε_i ~ N(0, d_i)``. Memory O(nm). Built
+    once (checks the inputs and options); :meth:`run` iterates from given sites.
 
     Parameters
     ----------
@@ -498,69 +548,103 @@ def run_sparse_double_loop_ep(Vt, d, y, dof, scale, power, site_precision, site_
         Projections (rows ``v_i``), from :func:`fastep._epcore.sparse_ep.sparse_projection`.
     d : ndarray (n,)
         FITC's ``K_ii - Q_ii`` (zeros for DTC).
-    y, dof, scale, power
-        As :func:`run_double_loop_ep`.
-    site_precision, site_natural_mean : ndarray (n,)
-        Start sites (any sign, proper posterior), updated in place to the final sites.
-    post_factor, post_w_mean : ndarray (m, m), (m,)
-        Outputs: the upper-triangular factor R of ``A = I + Vtᵀ T Vt`` and ``μ_w``.
-    g_mean, g_var : ndarray (n,)
-        Outputs: E[g] and Var[g] of the final posterior.
-    tol, max_outer, max_newton, sweep_callback
-        As :func:`run_double_loop_ep`.
+    y, dof, scale, power, tol, max_outer, max_newton
+        As :class:`DenseDoubleLoopEP`.
     cavity_variance_limit : float > 1
         A cavity's variance stays below this multiple of the prior variance ``Q_ii``.
 
-    Returns
-    -------
-    SweepResult
-        As :func:`run_double_loop_ep`; ``log_z`` is the fractional EP energy that
-        :func:`fastep._epcore.sparse_ep.log_marginal_likelihood` gives the final sites.
+    Raises
+    ------
+    ValueError
+        Bad shapes, non-finite inputs, a negative ``d`` or invalid options.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._student_t.double_loop import run_sparse_double_loop_ep
+    >>> from fastep._student_t.double_loop import SparseDoubleLoopEP
     >>> from fastep._epcore.sparse_ep import sparse_projection
     >>> x, z = np.linspace(0, 1, 12), np.linspace(0, 1, 4)
     >>> k = lambda a, b: np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / 0.3 ** 2)
     >>> _, Vt, d = sparse_projection(k(z, z), k(x, z), np.ones(12), jitter=1e-8)
     >>> y = np.sin(3 * x); y[2] = 4.0
-    >>> tau, nu = np.zeros(12), np.zeros(12)
-    >>> R, w, g_mean, g_var = np.empty((4, 4)), np.empty(4), np.empty(12), np.empty(12)
-    >>> info = run_sparse_double_loop_ep(Vt, d, y, 4.0, 0.1, 0.5, tau, nu, R, w, g_mean, g_var)
+    >>> tau, nu, R, w = np.zeros(12), np.zeros(12), np.empty((4, 4)), np.empty(4)
+    >>> info = SparseDoubleLoopEP(Vt, d, y, 4.0, 0.1).run(tau, nu, R, w)
     >>> info.converged
     True
     """
-    Vt = np.ascontiguousarray(Vt, dtype=np.float64)
-    d = np.ascontiguousarray(d, dtype=np.float64)
-    y = np.ascontiguousarray(y, dtype=np.float64)
-    if Vt.ndim != 2:
-        raise ValueError(f"Vt must be a matrix, got shape {Vt.shape}")
-    n, m = Vt.shape
-    _check_common(y, dof, scale, power, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean),
-                                         ("d", d), ("g_mean", g_mean), ("g_var", g_var)),
-                  n, tol, max_outer, max_newton, cavity_variance_limit)
-    if not (np.all(np.isfinite(Vt)) and np.all(np.isfinite(d)) and np.all(d >= 0)):
-        raise ValueError("Vt and d must be finite and d >= 0")
-    if np.shape(post_factor) != (m, m) or np.shape(post_w_mean) != (m,):
-        raise ValueError(f"post_factor and post_w_mean must have shapes ({m}, {m}) and ({m},)")
-    if n == 0:
-        post_factor[:] = np.eye(m)
-        post_w_mean[:] = 0.0
-        return _empty_result()
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # as run_double_loop_ep
-        gaussian = _SparseGaussian(Vt)
-        tilted = _Tilted(y, float(dof), float(scale), float(power), extra_var=d)
-        info, point = _double_loop(gaussian, tilted, float(power), site_precision, site_natural_mean, tol,
-                                   max_outer, max_newton, cavity_variance_limit, sweep_callback)
-        factor = (np.empty((m, m)), np.empty(m))
-        post = gaussian.posterior(site_precision, site_natural_mean, False, factor_out=factor)
-        cavity_mean, cavity_var = np.empty(n), np.empty(n)
-        log_z, n_failed = _final_energy(post, tilted, float(power), site_precision, site_natural_mean,
-                                        g_mean, g_var, cavity_mean, cavity_var)
-        post_factor[:], post_w_mean[:] = factor
-    return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
+
+    def __init__(self, Vt, d, y, dof, scale, *, power=0.5, tol=1e-4, max_outer=200, max_newton=50,
+                 cavity_variance_limit=100.0):
+        Vt = np.ascontiguousarray(Vt, dtype=np.float64)
+        d = np.ascontiguousarray(d, dtype=np.float64)
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        if Vt.ndim != 2:
+            raise ValueError(f"Vt must be a matrix, got shape {Vt.shape}")
+        n, m = Vt.shape
+        if np.shape(d) != (n,):
+            raise ValueError(f"d must have shape ({n},), got {np.shape(d)}")
+        _check_problem(y, n, dof, scale, power, tol, max_outer, max_newton, cavity_variance_limit)
+        if not (np.all(np.isfinite(Vt)) and np.all(np.isfinite(d)) and np.all(d >= 0)):
+            raise ValueError("Vt and d must be finite and d >= 0")
+        self.n, self.m, self.power, self.tol = n, m, float(power), tol
+        self.max_outer, self.max_newton, self.cavity_variance_limit = max_outer, max_newton, cavity_variance_limit
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            self.gaussian = _SparseGaussian(Vt)
+        self.tilted = _Tilted(y, float(dof), float(scale), float(power), extra_var=d)
+
+    def run(self, site_precision, site_natural_mean, post_factor, post_w_mean, *, g_mean=None, g_var=None,
+            sweep_callback=None):
+        """Iterate from the given sites (any sign, proper posterior; zeros: the prior).
+
+        Parameters
+        ----------
+        site_precision, site_natural_mean : ndarray (n,), in/out
+            Start sites; updated in place to the final sites.
+        post_factor, post_w_mean : ndarray (m, m), (m,), out
+            The upper-triangular factor R of ``A = I + Vtᵀ T Vt`` and ``μ_w``.
+        g_mean, g_var : ndarray (n,), out, optional
+            E[g] and Var[g] of the final posterior.
+        sweep_callback : callable, optional
+            As :meth:`DenseDoubleLoopEP.run`.
+
+        Returns
+        -------
+        SweepResult
+            As :meth:`DenseDoubleLoopEP.run`; ``log_z`` is the fractional EP energy that
+            :func:`fastep._epcore.sparse_ep.log_marginal_likelihood` gives the final sites.
+
+        Raises
+        ------
+        ValueError
+            Bad shapes or non-finite start sites.
+        numpy.linalg.LinAlgError
+            The start sites give an improper posterior.
+        """
+        n, m = self.n, self.m
+        if g_mean is None:
+            g_mean = np.empty(n)
+        if g_var is None:
+            g_var = np.empty(n)
+        _check_run(n, (("site_precision", site_precision), ("site_natural_mean", site_natural_mean)),
+                   (("g_mean", g_mean), ("g_var", g_var)))
+        if np.shape(post_factor) != (m, m) or np.shape(post_w_mean) != (m,):
+            raise ValueError(f"post_factor and post_w_mean must have shapes ({m}, {m}) and ({m},)")
+        if n == 0:
+            post_factor[:] = np.eye(m)
+            post_w_mean[:] = 0.0
+            return _empty_result()
+        gaussian, tilted, power = self.gaussian, self.tilted, self.power
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # as DenseDoubleLoopEP.run
+            info, point = _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, self.tol,
+                                       self.max_outer, self.max_newton, self.cavity_variance_limit,
+                                       sweep_callback)
+            factor = (np.empty((m, m)), np.empty(m))
+            post = gaussian.posterior(site_precision, site_natural_mean, False, factor_out=factor)
+            cavity_mean, cavity_var = np.empty(n), np.empty(n)
+            log_z, n_failed = _final_energy(post, tilted, power, site_precision, site_natural_mean,
+                                            g_mean, g_var, cavity_mean, cavity_var)
+            post_factor[:], post_w_mean[:] = factor
+        return info.replace(log_z=log_z, n_failed=n_failed, converged=bool(info.converged and n_failed == 0))
 
 
 def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol, max_outer, max_newton,

@@ -22,7 +22,7 @@ import contextlib
 import numpy as np
 from scipy.linalg import cho_factor
 
-from .._student_t.double_loop import run_double_loop_ep
+from .._student_t.double_loop import DenseDoubleLoopEP
 from .._epcore import student_t_ep as _engine
 from .._gp.problem import SiteProblem
 from .._prediction import BatchedPredictor
@@ -48,7 +48,7 @@ def dense_kernel_matrix(kernel, X, jitter):
     from :data:`JITTER_LADDER` (times the mean of its diagonal) before giving up with
     ``numpy.linalg.LinAlgError``.
     """
-    K = np.ascontiguousarray(kernel._unchecked_call(X), dtype=np.float64)
+    K = np.ascontiguousarray(kernel._K(X, None), dtype=np.float64)
     if jitter:
         K.flat[:: K.shape[0] + 1] += jitter
     if not np.all(np.isfinite(K)):
@@ -86,9 +86,9 @@ class StudentTPredictor(BatchedPredictor):
         self.inverse = inverse
 
     def _latent_batch(self, X):
-        Ks = self.kernel._unchecked_call(X, self.X_basis)
+        Ks = self.kernel._K(X, self.X_basis)
         return (matmul(Ks, self.weights),
-                self.kernel._unchecked_diag(X) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks))
+                self.kernel._diag(X) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks))
 
 
 class RejectStuckDuringSearch:
@@ -169,9 +169,10 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         self._reject_if_stuck(info)
         info, arrays = self._with_double_loop_fallback(
             info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov],
-            lambda a: run_double_loop_ep(K, self.y, likelihood.dof, likelihood.scale, opts["power"], *a[:6],
-                                         tol=opts["tol"], max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"],
-                                         post_cov=a[6], sweep_callback=sweep_callback_of(opts)))
+            lambda a: DenseDoubleLoopEP(
+                K, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
+                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(
+                *a[:4], cavity_mean=a[4], cavity_var=a[5], post_cov=a[6], sweep_callback=sweep_callback_of(opts)))
         tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
         if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(
@@ -197,7 +198,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         grad = None
         if gradient:
             grads = [0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(inverse, dK)
-                     for dK in kernel._unchecked_gradient_iter(self.X)]
+                     for dK in kernel._grads(self.X, list(range(kernel.n_theta)))]
             if self.learn_likelihood:
                 cavity_mean, cavity_var = state["cavity"]
                 proper = cavity_var > 0

@@ -41,7 +41,12 @@ class Kernel:
     Subclasses implement ``_K(X, Y)``, ``_diag(X)``, ``_grads(X, slots)`` (a
     generator of dK/dθ_s for the requested unconstrained indices, each a fresh
     array) and ``_value_and_gradient(X, dK_out)`` (K, with dK written into
-    ``dK_out``, sharing intermediate results between the two).
+    ``dK_out``, sharing intermediate results between the two); for sparse GPs also
+    ``_cross_grads(X, Y, slots)``, ``_diag_grads(X, slots)``, ``_input_grad(X, Y, W)``
+    and optionally ``_weighted_grads(X, Y, W)``. The public methods validate their
+    inputs and call these; code that validated its inputs once already (the
+    estimators, at every optimiser step) calls these implementation methods directly,
+    on float64 2-D arrays with the kernel's number of columns.
 
     %EXAMPLES%
     >>> from fastep.kernels import RBF, Linear
@@ -170,7 +175,10 @@ class Kernel:
             return self._K(X, Y)
         if not eval_gradient:
             return self._K(X, None)
-        return self._unchecked_value_and_gradient(X)
+        n = X.shape[0]
+        dK = np.empty((n, n, self.n_theta))
+        K = self._value_and_gradient(X, dK)
+        return K, dK
 
     def diag(self, X: ArrayLike) -> NDArray[np.float64]:
         """The diagonal of K(X, X) in O(n d) time and memory, without forming K."""
@@ -190,7 +198,7 @@ class Kernel:
         leaf kernel; the caller may modify or discard each array.
         """
         X = self._validate_X(X, "X")
-        return self._unchecked_gradient_iter(X)
+        return self._grads(X, list(range(self.n_theta)))
 
     def columns(self, X: ArrayLike, product_cache: ColumnProductCache | None = None) -> KernelColumns:
         """Column oracle of K(X, X): ``cols = kernel.columns(X)``, then ``cols(j)`` is ``K(X, X)[:, j]``.
@@ -215,7 +223,7 @@ class Kernel:
         X = self._validate_X(X, "X")
         if product_cache is not None and not isinstance(product_cache, ColumnProductCache):
             raise TypeError(f"product_cache must be a ColumnProductCache, got {type(product_cache).__name__}")
-        return self._unchecked_columns(X, product_cache)
+        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
     def _column_state(self, X):
         """Per-X intermediates for ``_column`` (default: X itself)."""
@@ -229,12 +237,15 @@ class Kernel:
         (its cross-covariance is 0 for any second argument).
         """
         X, Y = self._validate_pair(X, Y)
-        return self._unchecked_cross_gradient_iter(X, Y)
+        return self._cross_grads(X, Y, list(range(self.n_theta)))
 
     def diag_gradient(self, X: ArrayLike) -> NDArray[np.float64]:
         """∂k(x_i, x_i)/∂theta[j] as an (n, n_theta) array, in O(n d) without forming K."""
         X = self._validate_X(X, "X")
-        return self._unchecked_diag_gradient(X)
+        cols = list(self._diag_grads(X, list(range(self.n_theta))))
+        if not cols:
+            return np.zeros((X.shape[0], 0))
+        return np.column_stack(cols)
 
     def input_gradient(self, X: ArrayLike, Y: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
         """Gradient with respect to the rows of X of ``Σ_ij weights_ij k(x_i, y_j)`` with Y held fixed.
@@ -251,47 +262,15 @@ class Kernel:
                              f"got {W.shape}")
         return self._input_grad(X, Y, W)
 
-    # ---- unchecked twins of the methods above --------------------------------------------------
-    # For callers that have validated their inputs once already (the estimators, at every
-    # optimiser step): float64 2-D arrays with the kernel's number of columns. The public
-    # methods validate and then call these; the results are the same bit for bit.
-    def _unchecked_call(self, X, Y=None):
-        return self._K(X, Y)
-
-    def _unchecked_value_and_gradient(self, X):
-        n = X.shape[0]
-        dK = np.empty((n, n, self.n_theta))
-        K = self._value_and_gradient(X, dK)
-        return K, dK
-
-    def _unchecked_diag(self, X):
-        return self._diag(X)
-
-    def _unchecked_gradient_iter(self, X):
-        return self._grads(X, list(range(self.n_theta)))
-
-    def _unchecked_cross_gradient_iter(self, X, Y):
-        return self._cross_grads(X, Y, list(range(self.n_theta)))
-
-    def _unchecked_weighted_gradient(self, X, Y, W):
+    # ---- implementation methods with a default ------------------------------------------------
+    def _weighted_grads(self, X, Y, W):
         """``[Σ_ij W_ij ∂K(X, Y)_ij/∂θ_s for every entry s of theta]`` (``Y`` None: of K(X, X)):
         the contraction the evidence gradients take, without forming each ∂K when the kernel
         knows a shorter way (the RBF family); by default from the gradient matrices."""
         from .._linalg import inner
-        grads = self._unchecked_gradient_iter(X) if Y is None else self._unchecked_cross_gradient_iter(X, Y)
+        slots = list(range(self.n_theta))
+        grads = self._grads(X, slots) if Y is None else self._cross_grads(X, Y, slots)
         return np.array([inner(W, g) for g in grads], dtype=np.float64)
-
-    def _unchecked_diag_gradient(self, X):
-        cols = list(self._diag_grads(X, list(range(self.n_theta))))
-        if not cols:
-            return np.zeros((X.shape[0], 0))
-        return np.column_stack(cols)
-
-    def _unchecked_input_gradient(self, X, Y, weights):
-        return self._input_grad(X, Y, weights)
-
-    def _unchecked_columns(self, X, product_cache=None):
-        return KernelColumns(self, X, None if product_cache is None else product_cache._for(X))
 
     def _validate_pair(self, X: ArrayLike, Y: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         X = self._validate_X(X, "X")
@@ -572,10 +551,10 @@ class _Leaf(Kernel):
     def _grads(self, X, slots, state=None):
         return self._chain_rule(slots, lambda pairs: self._grads_constrained(X, pairs, state))
 
-    def _unchecked_weighted_gradient(self, X, Y, W):
+    def _weighted_grads(self, X, Y, W):
         contract = getattr(self, "_weighted_grads_constrained", None)
         if contract is None:
-            return super()._unchecked_weighted_gradient(X, Y, W)
+            return super()._weighted_grads(X, Y, W)
         pairs = self._slots()
         values = contract(X, Y, W, pairs)
         return np.array([value * self._dxdt(name, j) for (name, j), value in zip(pairs, values)], dtype=np.float64)

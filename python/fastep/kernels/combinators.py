@@ -45,8 +45,8 @@ class Sum(_Composite):
         for c, local in self._runs(slots):
             yield from self.kernels[c]._diag_grads(X, local)
 
-    def _unchecked_weighted_gradient(self, X, Y, W):
-        parts = [k._unchecked_weighted_gradient(X, Y, W) for k in self.kernels]
+    def _weighted_grads(self, X, Y, W):
+        parts = [k._weighted_grads(X, Y, W) for k in self.kernels]
         return np.concatenate(parts) if parts else np.empty(0)
 
     def _input_grad(self, X, Y, W):
