@@ -16,6 +16,7 @@ from scipy.linalg import cho_solve, cholesky
 
 from fastep import ConvergenceWarning, IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
+from fastep._epcore._common import SweepResult
 from fastep._epcore.ivm_refine import ExchangeResult, RefineResult
 from fastep.kernels import RBF, Linear
 from fastep.likelihoods import Gaussian
@@ -276,9 +277,18 @@ def test_random_exchange_is_seeded_and_stops_where_greedy_would():
 def test_refinement_reports_are_read_only_typed_results():
     state, cols, _, _, _, _ = _selected("probit", 150, 40, 3, 0.01)
     sweeps = state.refine(cols, n_sweeps=6)
+    assert sweeps.log_z == state.log_likelihood() and np.isfinite(sweeps.log_z)     # eq 32 at its sites
     moves = state.exchange(cols, tol=1e-8, max_moves=6)
     assert isinstance(sweeps, RefineResult) and isinstance(moves, ExchangeResult)
-    assert set(sweeps.as_dict()) == {"n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected"}
+    assert isinstance(sweeps, SweepResult) and not isinstance(moves, SweepResult)
+    assert set(sweeps.as_dict()) == {"n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed",
+                                     "stopped", "n_updates", "n_rejected"}
+    assert sweeps.n_failed == sweeps.n_rejected and not sweeps.stopped
+    # the constructor keeps the positional order of the reports saved before the common fields
+    old = RefineResult(3, True, 1e-10, 12, 4, 1)
+    assert (old.n_sweeps, old.converged, old.max_change, old.n_updates, old.n_skipped, old.n_rejected,
+            old.n_failed, old.stopped) == (3, True, 1e-10, 12, 4, 1, 1, False) and np.isnan(old.log_z)
+    assert old.replace(n_updates=5) == RefineResult(3, True, 1e-10, 5, 4, 1) != old
     assert set(moves.as_dict()) == {"moves", "n_moves", "converged", "best_gain"}
     assert moves.n_moves == len(moves.moves) > 0
     assert all(type(j) is int and type(i) is int and type(gain) is float for j, i, gain in moves.moves)

@@ -131,7 +131,26 @@ cdef inline double max_relative_site_change(int n, const double* tau_old, const 
     return largest
 
 
-# --- one EP run: the sweep driver --------------------------------------------------------
+# --- one EP run: the sweep driver and its result --------------------------------------------------------
+cdef class SweepResult:
+    """What one EP run reports (see _common.pyx); engines with more to report subclass it."""
+    cdef readonly int n_sweeps
+    cdef readonly bint converged
+    cdef readonly double max_change
+    cdef readonly double log_z
+    cdef readonly double log_z_change
+    cdef readonly long n_skipped
+    cdef readonly long n_clipped
+    cdef readonly long n_failed
+    cdef readonly bint stopped
+    cdef readonly int block_size
+    cdef readonly long n_rebuilds
+    cdef readonly long n_halvings
+    cdef readonly bint stuck
+    cdef readonly str algorithm
+    cdef readonly dict diagnostics
+
+
 cdef class SweepDriver:
     """Bookkeeping of one EP run, shared by every engine (see _common.pyx)."""
     cdef readonly double tol
@@ -158,6 +177,7 @@ cdef class SweepDriver:
     cdef void record_change(self, int sweep, double max_change, int n_failed) noexcept nogil
     cdef bint test(self, double new_log_z, double reference_log_z) noexcept nogil
     cdef bint test_sites(self) noexcept nogil
+    cdef bint test_unchanged(self, long n_changed) noexcept nogil
     cdef bint notify(self, int sweep) noexcept nogil
 
 

@@ -297,22 +297,6 @@ cdef class SweepResult:
     diagnostics : dict
         Engine-specific details (e.g. the double loop's Newton steps and energy trace).
     """
-    cdef readonly int n_sweeps
-    cdef readonly bint converged
-    cdef readonly double max_change
-    cdef readonly double log_z
-    cdef readonly double log_z_change
-    cdef readonly long n_skipped
-    cdef readonly long n_clipped
-    cdef readonly long n_failed
-    cdef readonly bint stopped
-    cdef readonly int block_size
-    cdef readonly long n_rebuilds
-    cdef readonly long n_halvings
-    cdef readonly bint stuck
-    cdef readonly str algorithm
-    cdef readonly dict diagnostics
-
     _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "log_z_change", "n_skipped",
                "n_clipped", "n_failed", "stopped", "block_size", "n_rebuilds", "n_halvings",
                "stuck", "algorithm", "diagnostics")
@@ -461,6 +445,13 @@ cdef class SweepDriver:
         """The convergence test of engines without a log Z between sweeps: largest relative
         site change below ``tol`` and no failed site."""
         self.converged = self.max_change < self.tol and self.n_failed_last == 0
+        return self.converged
+
+    cdef bint test_unchanged(self, long n_changed) noexcept nogil:
+        """The convergence test of engines that leave a site alone when its change is within
+        ``tol`` (the IVM's refinement sweeps): the sweep changed no site and none failed.
+        ``n_changed`` is the number of sites the sweep updated."""
+        self.converged = n_changed == 0 and self.n_failed_last == 0
         return self.converged
 
     cdef bint notify(self, int sweep) noexcept nogil:
