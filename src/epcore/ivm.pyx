@@ -72,23 +72,15 @@ What the rest of fastep uses
 * prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I = B_I^½ L⁻ᵀ L⁻¹ B_I^½ m_I`` and
   ``σ*² = k** - |L⁻¹ B_I^½ k*|²`` (``IVMState.weights``; Seeger §2.2).
 
-Refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
------------------------------------------------------------------
-``IVMState.refine`` (EP deletion-inclusion sweeps over the active points),
-``IVMState.exchange`` (exchange moves scored by eqs (8)-(9) and the entropy criterion)
-and ``IVMState.refactorize`` run the compiled module ``ivm_refine`` (ivm_refine.pyx
-describes the algorithms); both keep the active set size and memory O(d n).
-
-The engine
-----------
-``IVMState(y, spec, diag_k, options, sigma2)`` holds the state; ``options``
-(``IVMOptions``, validated once) say what ``IVMState.run(column_fn, callback)`` does:
-the selection of ``d`` points, then the refinement stages (EP sweeps, exchange moves, EP
-sweeps again after a move). The EP sweeps run through the sweep driver of
-``_common.pyx`` (progress callback, Ctrl-C); ``run`` returns an ``IVMResult``, a
-``SweepResult`` that adds the size of the active set and the report of every stage
-(``RefineResult``, also a ``SweepResult``, and ``ExchangeResult``). The options and
-results are defined in ivm_refine.pyx and exported here.
+The engine, and refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
+--------------------------------------------------------------------------------
+``IVMState(y, spec, diag_k, options, sigma2).run(column_fn, callback)`` selects ``d``
+points, then refines the active set as its ``IVMOptions`` ask: EP deletion-inclusion
+sweeps (``refine``, through the sweep driver of ``_common.pyx``), exchange moves scored by
+eqs (8)-(9) and the entropy criterion (``exchange``), the sweeps again after a move. It
+returns an ``IVMResult`` (a ``SweepResult`` with the stages' ``RefineResult`` and
+``ExchangeResult``). The refinement, the options and the results live in ivm_refine.pyx
+(exported here); both stages keep the active set size and memory O(d n).
 """
 import numpy as np
 
@@ -104,7 +96,7 @@ from fastep._epcore.ivm_refine cimport (KernelRows, IVMOptions, RefineSettings, 
 # The engine's options and results, defined beside the refinement (ivm_refine.pyx), are
 # exported here too (the names are cimported above, so they are set in the module's dict).
 from fastep._epcore import ivm_refine as _ivm_refine
-from fastep._epcore.ivm_refine import CRITERIA
+from fastep._epcore.ivm_refine import CRITERIA, active_set_evidence
 for _name in ("IVMOptions", "IVMResult", "RefineResult", "ExchangeResult"):
     globals()[_name] = getattr(_ivm_refine, _name)
 del _name, _ivm_refine
@@ -118,8 +110,6 @@ for _enum_class in (IVMCriterion, IVMStatus):
     for _member in _enum_class:
         globals()[_member.name] = int(_member)
 del _enum_class, _member
-if CRITERIA != {"entropy": CRITERION_ENTROPY, "info_gain": CRITERION_INFO_GAIN, "random": CRITERION_RANDOM}:
-    raise ImportError("ivm_refine.CRITERIA disagrees with the IVMCriterion codes of ivm.pxd")
 
 
 
@@ -597,38 +587,15 @@ def _readonly(arr):
     return view
 
 
-def active_set_evidence(L, site_mean, site_precision):
-    """Eq 32 and the prediction weights from the factor of the active set's ``A``.
-
-    Given the lower Cholesky factor ``L`` of ``A = I + B^½ K_I B^½`` (``B = diag(β)``, the
-    active sites' precisions) and the site means ``m``, returns ``(value, w)`` with
-    ``value = log N(m; 0, K_I + B⁻¹)`` (the approximate log likelihood of the active set,
-    eq 32 of Lawrence, Seeger & Herbrich, *Fast Sparse Gaussian Process Methods: The
-    Informative Vector Machine*) and ``w = (K_I + B⁻¹)⁻¹ m`` (Seeger's notes §2.2). Both
-    come from ``t = L⁻¹ B^½ m``: ``value = -½ tᵀt - Σ log L_ii + ½ Σ log β_i - (d/2) log 2π``
-    and ``w = B^½ L⁻ᵀ t``.
-    """
-    from scipy.linalg import solve_triangular
-    from scipy.linalg.blas import ddot
-
-    beta = np.ascontiguousarray(site_precision, dtype=np.float64)
-    sb = np.sqrt(beta)
-    t = solve_triangular(L, sb * site_mean, lower=True)
-    value = (-0.5 * float(ddot(t, t)) - float(np.sum(np.log(np.diag(L))))
-             + 0.5 * float(np.sum(np.log(beta))) - 0.5 * beta.shape[0] * np.log(2.0 * np.pi))
-    return value, sb * solve_triangular(L, t, lower=True, trans="T")
-
-
 cdef class IVMState:
     """The IVM engine: the posterior after k inclusions, Algorithm 1's selection and the
     refinement of the active set (Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process
     methods: the informative vector machine*; Seeger, *Notes on Minka's Expectation
     Propagation for Gaussian process classification*, §2.1-2.3).
 
-    :meth:`run` does what :class:`~fastep._epcore.ivm_refine.IVMOptions` asks, in one call:
-    the selection of ``d`` points, then the refinement stages. The steps are methods too
-    (``score``, ``include_point``, ``select``, ``refine``, ``exchange``, ``refactorize``), for
-    a state grown or refined step by step.
+    :meth:`run` does what :class:`~fastep._epcore.ivm_refine.IVMOptions` asks: the selection
+    of ``d`` points, then the refinement stages; the steps are methods too (``score``,
+    ``include_point``, ``select``, ``refine``, ``exchange``, ``refactorize``).
 
     Parameters
     ----------
@@ -895,23 +862,18 @@ cdef class IVMState:
         Returns
         -------
         IVMResult
-            ``n_active``, ``log_z`` (eq 32 at the end), the stage reports ``ep``,
-            ``exchange``, ``ep_after_exchange`` (:class:`RefineResult`,
-            :class:`ExchangeResult` or None) and, over the EP stages, ``n_sweeps``,
-            ``converged``, ``max_change``, ``n_skipped``, ``n_failed``, ``stopped``.
+            ``n_active``, ``log_z`` (eq 32 at the end) and the stage reports.
 
         Raises
         ------
         TypeError
             ``column_fn`` is not callable.
         RuntimeError
-            No inactive point can be included (every site kernel failed or gives no proper
-            update), or an exchange breaks down numerically.
+            No inactive point can be included, or an exchange breaks down numerically.
         numpy.linalg.LinAlgError
-            The kernel is not positive semi-definite (a negative posterior variance after an
-            inclusion, or a failed refactorisation).
+            The kernel is not positive semi-definite.
         KeyboardInterrupt
-            Ctrl-C during an EP sweep (polled between sites): the sweeps' sites are restored.
+            Ctrl-C during an EP sweep (polled between sites): that stage's sites are restored.
         """
         check_column_fn(column_fn)
         if self.options.d > self.a.k:
@@ -956,16 +918,10 @@ cdef class IVMState:
         refactorize(&self.a, self._rows, column_fn)
 
     def refine(self, column_fn, n_sweeps=1, tol=1e-9, refactor_every=1, callback=None):
-        """EP deletion-inclusion sweeps over the active set (Seeger's notes §2.1); the 'ep'
-        stages of :meth:`run`.
-
-        Each sweep visits the active points in slot (inclusion) order and, for each,
-        removes its site to get the cavity from the marginal (step 1:
-        ``λ = (ς_p⁻¹ - β_p)⁻¹``, ``h\\p = μ_p + λ β_p (μ_p - m_p)``), moment-matches with the
-        compiled site kernel (step 2, eq 5: ``β_p = ν/(1 - ν λ)``, ``m_p = h\\p + g/ν``;
-        ``sigma2`` is added to the cavity variance handed to the kernel, as in selection)
-        and applies eq (7) and the h update to Σ[I, I] and μ_I (step 3). The active set
-        and its order never change.
+        """EP deletion-inclusion sweeps over the active set (Seeger's notes §2.1, steps 1-3:
+        cavity from the marginal, moment matching with the site kernel at the cavity plus
+        ``sigma2`` (eq 5), eq (7) and the h update on Σ[I, I] and μ_I; ivm_refine.pyx); the
+        'ep' stages of :meth:`run`. The active set and its order never change.
 
         Parameters
         ----------
@@ -975,12 +931,9 @@ cdef class IVMState:
         n_sweeps : int >= 0, default 1
             Maximum number of sweeps; the loop stops early at convergence.
         tol : float >= 0, default 1e-9
-            Skip threshold: a site whose new parameters change by at most ``tol``, measured as
-            ``max(|Δβ|/β, |Δm| β^½)`` (relative precision change; mean change in units of the
-            site's standard deviation), is skipped and left unchanged. The notes warn that
-            eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹``; here eq (7) is evaluated as
-            ``Δβ/(1 + Δβ a_pp)``, which needs no division by Δβ, so the skip mainly saves
-            work. The sweeps have converged when every site of a sweep is skipped.
+            A site whose parameters would change by at most ``tol``, ``max(|Δβ|/β, |Δm| β^½)``
+            (relative precision change; mean change in site standard deviations), is skipped.
+            The sweeps have converged when a sweep skips every site and rejects none.
         refactor_every : int >= 1, default 1
             Rebuild Σ[I, I] and μ_I from the site parameters (O(k³)) after every
             ``refactor_every`` sweeps. L, M and the marginals ς, μ of all n points are
@@ -991,10 +944,6 @@ cdef class IVMState:
         Returns
         -------
         RefineResult
-            ``n_sweeps`` (run), ``converged``, ``max_change`` (largest site change in the last
-            sweep), ``log_z`` (eq 32 at the returned sites), ``n_updates``, ``n_skipped``,
-            ``n_rejected`` (= ``n_failed``: sites whose cavity, site kernel or new site was
-            improper: left unchanged; summed over the sweeps), ``stopped``.
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments,
         LinAlgError when a refactorisation fails (kernel not PSD). On Ctrl-C (polled
@@ -1019,16 +968,12 @@ cdef class IVMState:
         """Exchange moves on a fixed-size active set (Seeger's notes §2.3); the 'exchange'
         stage of :meth:`run`.
 
-        A move removes an active point j (its site reset to 1) and includes an inactive
-        point i by ADF at the cavity ``q\\j`` (eqs 8-9 give ``λ_i\\j`` and ``h_i\\j`` from
-        A = Σ and h = μ; the new site of i is eq 5 there). Moves are scored by the
-        entropy criterion (Lawrence & Herbrich, Seeger eq 4): the gain is the decrease of
-        the posterior entropy, ``-½ log(1 - ν_i λ_i\\j) + ½ log(1 - β_j ς_j)``, i.e. the
-        increase of ``entropy_reduction()``. A move is applied only if its gain exceeds
-        ``tol``, with the 2x2 Woodbury update of A and h (one rank-2 update of Σ[I, :], ς and
-        μ, O(k n) plus one kernel column); j's slot is removed and i appended, so
-        ``active`` stays in order of entry. The search stops when no move gains more
-        than ``tol`` (converged) or after ``max_moves`` moves.
+        A move removes an active point j and includes an inactive point i by ADF at the
+        cavity ``q\\j`` (eqs 8-9), scored by the decrease of the posterior entropy (Seeger
+        eq 4: the increase of ``entropy_reduction()``) and applied, if it gains more than
+        ``tol``, by the 2x2 Woodbury update (O(k n) and one kernel column; ivm_refine.pyx);
+        i takes the last slot, so ``active`` stays in order of entry. The search stops when
+        no move gains more than ``tol`` (converged) or after ``max_moves`` moves.
 
         Parameters
         ----------
@@ -1054,9 +999,6 @@ cdef class IVMState:
         Returns
         -------
         ExchangeResult
-            ``moves`` (the ``(j_out, i_in, gain)`` of every move), ``n_moves``, ``converged``
-            and ``best_gain`` (the best remaining gain found by the last search; -inf if no
-            pair is eligible; in random mode that of the last slot visited).
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments.
         """

@@ -13,10 +13,6 @@ from fastep._epcore._common cimport SweepResult
 from fastep._epcore.ivm cimport IVMArrays, IVMTargets
 
 
-cdef class _Report:
-    pass
-
-
 cdef class IVMOptions:
     cdef readonly int d                    # active set size (capacity of the state, target of run)
     cdef readonly int criterion            # IVMCriterion
@@ -33,7 +29,7 @@ cdef class RefineResult(SweepResult):
     cdef readonly long n_rejected
 
 
-cdef class ExchangeResult(_Report):
+cdef class ExchangeResult:
     cdef readonly tuple moves
     cdef readonly bint converged
     cdef readonly double best_gain

@@ -5,9 +5,8 @@ the options of the IVM engine and what its runs report.
 Seeger, *Notes on Minka's Expectation Propagation for Gaussian process classification*,
 §2.1 and §2.3, applied to the state of the Informative Vector Machine after selection
 (Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the informative vector
-machine*, 2003; the arrays of ``IVMState`` are listed in ivm.pxd).  The methods
-``IVMState.refactorize``, ``refine``, ``exchange_gains``, ``exchange`` and ``run`` (ivm.pyx)
-run the functions of this module.
+machine*; the arrays of ``IVMState`` are listed in ivm.pxd).  The ``IVMState`` methods
+``refactorize``, ``refine``, ``exchange_gains``, ``exchange`` and ``run`` (ivm.pyx) run them.
 
 Notation: A = Σ (the posterior covariance of f, Seeger's A with C = K), h = μ,
 v_i⁻¹ = β_i (site precision), m_i (site mean), b = B m (natural site means);
@@ -20,8 +19,7 @@ the active points sit in "slots" r = 0..k-1 (``active[r]``, inclusion order).
   (ς, μ), L and M are then rebuilt from the site parameters and K[I, :] (``_refactor``,
   O(k² n)), the periodic refactorisation the notes ask for; Σ[I, I] can also be rebuilt
   between sweeps (``_refactor_active``, O(k³)).  The sweeps run through the sweep driver
-  (``_common.SweepDriver``): progress callback, Ctrl-C polling, the restore of the state
-  when a run ends in an error.
+  (``_common.SweepDriver``: progress callback, Ctrl-C, the state restored on an error).
 * Exchange moves (``exchange_moves``): j ∈ I out, i ∉ I in, scored by eqs (8)-(9) and the
   entropy criterion, which need A[j, i] for every pair: they keep ``S`` = Σ[I, :] (k x n)
   with ς and μ of all points and apply the 2x2 Woodbury update of A and h (one rank-2
@@ -181,6 +179,26 @@ cdef double active_log_z(const IVMArrays* s, double* t) noexcept nogil:
         t[r] = sqrt(s.site_precision[s.active[r]]) * s.site_mean[s.active[r]]
     _trsv(True, False, s.k, s.L, s.d_max, t)
     return _log_z_of_factor(s, t)
+
+
+def active_set_evidence(L, site_mean, site_precision):
+    """Eq 32 and the prediction weights from the factor of the active set's ``A`` (the
+    problems' form of ``active_log_z``, with scipy).
+
+    Given the lower Cholesky factor ``L`` of ``A = I + B^½ K_I B^½`` (``B = diag(β)``, the
+    active sites' precisions) and the site means ``m``, returns ``(value, w)``: ``value =
+    log N(m; 0, K_I + B⁻¹)`` (eq 32 of Lawrence, Seeger & Herbrich) as ``_log_z_of_factor``
+    and ``w = (K_I + B⁻¹)⁻¹ m = B^½ L⁻ᵀ t`` (Seeger's notes §2.2), ``t = L⁻¹ B^½ m``.
+    """
+    from scipy.linalg import solve_triangular
+    from scipy.linalg.blas import ddot
+
+    beta = np.ascontiguousarray(site_precision, dtype=np.float64)
+    sb = np.sqrt(beta)
+    t = solve_triangular(L, sb * site_mean, lower=True)
+    value = (-0.5 * float(ddot(t, t)) - float(np.sum(np.log(np.diag(L))))
+             + 0.5 * float(np.sum(np.log(beta))) - 0.5 * beta.shape[0] * np.log(2.0 * np.pi))
+    return value, sb * solve_triangular(L, t, lower=True, trans="T")
 
 
 cdef inline bint _new_site(const SiteModel* model, double y, double cav_mean, double cav_var,
@@ -440,7 +458,7 @@ cdef void _exchange_search(const SiteModel* model, const double* y, IVMArrays* s
 
 
 # --------------------------------------------------------------------------- #
-# The options of the engine
+# The options of the engine and what it reports
 # --------------------------------------------------------------------------- #
 
 #: The selection criteria by name: their ``IVMCriterion`` codes (ivm.pxd; written out, since
@@ -453,10 +471,8 @@ cdef class IVMOptions:
 
     Read-only; given to ``IVMState`` at construction. ``IVMState.run`` includes ``d`` points
     by Algorithm 1 of Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the
-    informative vector machine* (eqs 14-30), then refines the fixed-size active set as asked
-    (Seeger, *Notes on Minka's Expectation Propagation for Gaussian process classification*,
-    §2.1 and §2.3): ``refine_sweeps`` EP deletion-inclusion sweeps, exchange moves, and, if
-    a move was made, the EP sweeps again.
+    informative vector machine* (eqs 14-30), then refines the active set as asked (Seeger's
+    notes §2.1, §2.3): EP sweeps, exchange moves, and after a move the EP sweeps again.
 
     Parameters
     ----------
@@ -470,51 +486,41 @@ cdef class IVMOptions:
     seed : int in [0, 2**64), default 0
         Seed of the random criterion and of the random exchange search.
     refine_sweeps : int >= 0, default 0
-        Maximum number of EP deletion-inclusion sweeps over the active set (Seeger §2.1);
-        0: none.
+        Maximum number of EP deletion-inclusion sweeps over the active set (0: none).
     refine_tol : float >= 0, default 1e-9
         A site whose parameters would change by at most this, ``max(|Δβ|/β, |Δm| β^½)``, is
         skipped; the sweeps have converged when a sweep skips every site and rejects none.
     exchange : {None, 'greedy', 'random'}, default None
-        Exchange moves (Seeger §2.3): None for none; 'greedy' applies the best of all
-        ``k (n - k)`` pairs each move; 'random' visits the active points in a seeded random
-        order and exchanges the first that gains more than ``exchange_tol``.
+        Exchange moves (Seeger §2.3, ``IVMState.exchange``'s ``mode``), or None for none.
     exchange_tol : float >= 0, default 1e-6
         Minimum gain (nats of the entropy criterion) of an applied move.
     max_exchanges : int >= 0 or None, default None
         Maximum number of moves; None means d.
 
-    Raises
-    ------
-    ValueError
-        An option out of range, naming it.
+    A value out of range raises ValueError naming the option.
     """
 
     def __init__(self, d, criterion="entropy", seed=0, refine_sweeps=0, refine_tol=1e-9,
                  exchange=None, exchange_tol=1e-6, max_exchanges=None):
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
-            raise ValueError(f"d (the active set size, d_max) must be an integer >= 1; got {d!r}")
-        if isinstance(criterion, str):
-            if criterion not in CRITERIA:
-                raise ValueError(f"criterion must be one of {sorted(CRITERIA)}; got {criterion!r}")
-            criterion = CRITERIA[criterion]
-        elif isinstance(criterion, (bool, np.bool_)) or not isinstance(criterion, (int, np.integer)) \
-                or criterion not in CRITERIA.values():
-            raise ValueError("criterion must be CRITERION_ENTROPY (0), CRITERION_INFO_GAIN (1) or "
-                             f"CRITERION_RANDOM (2), or its name; got {criterion!r}")
+        d = _check_int(d, "d (the active set size, d_max)", 1)
+        code = CRITERIA.get(criterion, -1) if isinstance(criterion, str) else criterion
+        if isinstance(code, (bool, np.bool_)) or not isinstance(code, (int, np.integer)) \
+                or code not in CRITERIA.values():
+            raise ValueError(f"criterion must be one of {sorted(CRITERIA)} or its code "
+                             f"(CRITERION_ENTROPY, CRITERION_INFO_GAIN, CRITERION_RANDOM); got {criterion!r}")
         seed = _check_count(seed, "seed", 0)
         if seed >= 2 ** 64:
             raise ValueError(f"seed must be below 2**64; got {seed!r}")
         if exchange is not None and (not isinstance(exchange, str) or exchange not in ("greedy", "random")):
             raise ValueError(f"exchange must be None, 'greedy' or 'random'; got {exchange!r}")
-        self.d = int(d)
-        self.criterion = int(criterion)
+        self.d = d
+        self.criterion = int(code)
         self.seed = seed
-        self.refine_sweeps = _check_count(refine_sweeps, "refine_sweeps", 0)
+        self.refine_sweeps = _check_int(refine_sweeps, "refine_sweeps", 0)
         self.refine_tol = _check_tol(refine_tol, "refine_tol")
         self.exchange = exchange
         self.exchange_tol = _check_tol(exchange_tol, "exchange_tol")
-        self.max_exchanges = None if max_exchanges is None else _check_count(max_exchanges, "max_exchanges", 0)
+        self.max_exchanges = None if max_exchanges is None else _check_int(max_exchanges, "max_exchanges", 0)
 
     _FIELDS = ("d", "criterion", "seed", "refine_sweeps", "refine_tol", "exchange", "exchange_tol",
                "max_exchanges")
@@ -528,42 +534,11 @@ cdef class IVMOptions:
             return NotImplemented
         return self.as_dict() == other.as_dict()
 
-    def __hash__(self):
-        return hash(tuple(self.as_dict().values()))
-
     def __reduce__(self):
         return (IVMOptions, tuple(getattr(self, name) for name in self._FIELDS))
 
     def __repr__(self):
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"IVMOptions({fields})"
-
-
-# --------------------------------------------------------------------------- #
-# What the engine reports
-# --------------------------------------------------------------------------- #
-
-cdef class _Report:
-    """Read-only fields, listed in ``_FIELDS`` in the order of the constructor's arguments;
-    ``as_dict``, equality, pickling and ``repr`` follow from them."""
-
-    _FIELDS = ()
-
-    def as_dict(self):
-        """The fields as a plain dict (for logging and JSON)."""
-        return {name: getattr(self, name) for name in self._FIELDS}
-
-    def __eq__(self, other):
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self._FIELDS)
-
-    def __reduce__(self):
-        return (type(self), tuple(getattr(self, name) for name in self._FIELDS))
-
-    def __repr__(self):
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"{type(self).__name__}({fields})"
+        return _fields_repr(self)
 
 
 def _same_fields(a, b):
@@ -582,11 +557,9 @@ def _fields_repr(result):
 
 cdef class RefineResult(SweepResult):
     """What the EP deletion-inclusion sweeps over the active set report (``IVMState.refine``,
-    the 'ep' and 'ep_after_exchange' stages of ``IVMState.run``; Seeger's notes §2.1).
-
-    The :class:`~fastep._epcore._common.SweepResult` fields that the sweeps keep, and their
-    own counts. Read-only; equality (NaN equals NaN), :meth:`as_dict`, pickling and ``repr``
-    cover the fields of ``_FIELDS``.
+    the 'ep' and 'ep_after_exchange' stages of ``IVMState.run``; Seeger's notes §2.1): the
+    :class:`~fastep._epcore._common.SweepResult` fields the sweeps keep and their own counts.
+    Read-only; equality (NaN equals NaN), ``as_dict``, pickling and ``repr`` cover ``_FIELDS``.
 
     Parameters
     ----------
@@ -602,15 +575,14 @@ cdef class RefineResult(SweepResult):
     max_change : float
         Largest site change ``max(|Δβ|/β, |Δm| β^½)`` in the last sweep (0 if none ran).
     log_z : float
-        The approximate log likelihood of the active set at the returned sites,
-        ``log N(m_I; 0, K_I + B_I⁻¹)`` (eq 32 of Lawrence, Seeger & Herbrich); NaN if no
-        sweep ran.
+        eq 32 (Lawrence, Seeger & Herbrich), ``log N(m_I; 0, K_I + B_I⁻¹)``, at the returned
+        sites; NaN if no sweep ran.
     n_skipped : int
-        Site updates skipped because they would change the site by at most ``tol``, summed
-        over the sweeps (unlike the rank-1 engines' count, without the rejected ones).
+        Site updates skipped (a change of at most ``tol``), summed over the sweeps; unlike
+        the rank-1 engines' count, without the rejected ones.
     n_failed, n_rejected : int
         Site updates rejected (improper cavity, site kernel or new site: the site is left
-        unchanged), summed over the sweeps; ``n_failed`` is the common name.
+        unchanged), summed over the sweeps.
     stopped : bool
         The progress callback returned False.
     n_updates : int
@@ -652,9 +624,10 @@ cdef class RefineResult(SweepResult):
         return _fields_repr(self)
 
 
-cdef class ExchangeResult(_Report):
+cdef class ExchangeResult:
     """What the exchange moves on the active set report (``IVMState.exchange``, the 'exchange'
-    stage of ``IVMState.run``; Seeger's notes §2.3).
+    stage of ``IVMState.run``; Seeger's notes §2.3). Read-only; equality, pickling and
+    ``repr`` cover ``_FIELDS``, ``as_dict`` adds ``n_moves``.
 
     Attributes
     ----------
@@ -682,7 +655,18 @@ cdef class ExchangeResult(_Report):
 
     def as_dict(self):
         """The fields and ``n_moves`` as a plain dict (for logging and JSON)."""
-        return dict(_Report.as_dict(self), n_moves=self.n_moves)
+        return dict(moves=self.moves, converged=self.converged, best_gain=self.best_gain, n_moves=self.n_moves)
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return _same_fields(self, other)
+
+    def __reduce__(self):
+        return (ExchangeResult, (self.moves, self.converged, self.best_gain))
+
+    def __repr__(self):
+        return _fields_repr(self)
 
 
 #: The refinement stages of a run, in the order they run.
@@ -690,23 +674,18 @@ _STAGES = ("ep", "exchange", "ep_after_exchange")
 
 
 cdef class IVMResult(SweepResult):
-    """What one ``IVMState.run`` reports: Algorithm 1's selection and the refinement stages.
-
-    The :class:`~fastep._epcore._common.SweepResult` fields, for the run as a whole, and the
-    IVM's own: the size of the active set and the report of every refinement stage (Lawrence,
-    Seeger & Herbrich, *Fast sparse Gaussian process methods: the informative vector
-    machine*, Algorithm 1; Seeger's notes §2.1 and §2.3). Read-only; equality (NaN equals
-    NaN), pickling and ``repr`` cover the fields of ``_FIELDS``.
+    """What one ``IVMState.run`` reports (Algorithm 1 of Lawrence, Seeger & Herbrich, then the
+    refinement stages of Seeger's notes §2.1, §2.3): the :class:`~fastep._epcore._common.SweepResult`
+    fields for the run as a whole, the size of the active set and every stage's report.
+    Read-only; equality (NaN equals NaN), pickling and ``repr`` cover ``_FIELDS``.
 
     Parameters
     ----------
-    n_active : int
-        The attribute.
-    log_z : float
-        The attribute.
+    n_active, log_z
+        The attributes.
     refinement : dict or None
-        The stage reports by name, as :attr:`refinement` gives them; the common fields are
-        derived from them.
+        The stage reports by name, as :attr:`refinement` gives them (the common fields
+        follow from them).
 
     Attributes
     ----------
@@ -717,22 +696,16 @@ cdef class IVMResult(SweepResult):
     max_change : float
         Largest site change in the last sweep of the last EP stage (0 if none ran).
     log_z : float
-        The approximate log likelihood of the active set at the returned sites,
-        ``log N(m_I; 0, K_I + B_I⁻¹)`` (eq 32).
+        eq 32, ``log N(m_I; 0, K_I + B_I⁻¹)``, at the returned sites.
     n_skipped, n_failed : int
-        Site updates skipped (change at most the tolerance) and rejected (improper), summed
-        over the EP stages.
+        Site updates skipped and rejected, summed over the EP stages.
     stopped : bool
         The progress callback stopped an EP stage (the stages after it did not run).
     n_active : int
         Size of the active set at the end of the run.
-    ep, ep_after_exchange : RefineResult or None
-        The EP sweeps after the selection, and again after exchange moves were made (None
-        where the stage did not run).
-    exchange : ExchangeResult or None
-        The exchange moves (None where the stage did not run).
-
-    ``log_z_change`` and ``n_clipped`` are not tracked (``inf`` and 0).
+    ep, exchange, ep_after_exchange : RefineResult, ExchangeResult, RefineResult or None
+        The EP sweeps after the selection, the exchange moves, the EP sweeps after a move
+        (None where the stage did not run).
     """
 
     _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed", "stopped",
@@ -861,6 +834,11 @@ def _check_count(value, name, int minimum):
     return int(value)
 
 
+def _check_int(value, name, int minimum):
+    """``_check_count`` held to a C int (a larger count is the same as no limit here)."""
+    return min(_check_count(value, name, minimum), 2 ** 31 - 1)
+
+
 def _check_tol(value, name):
     """A finite real >= 0, else ValueError naming ``name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
@@ -872,9 +850,9 @@ def _check_tol(value, name):
 cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except *:
     """The arguments of ``IVMState.refine``, checked."""
     cdef RefineSettings out
-    out.n_sweeps = _check_count(n_sweeps, "n_sweeps", 0)
+    out.n_sweeps = _check_int(n_sweeps, "n_sweeps", 0)
     out.tol = _check_tol(tol, "tol")
-    out.refactor_every = _check_count(refactor_every, "refactor_every", 1)
+    out.refactor_every = _check_int(refactor_every, "refactor_every", 1)
     return out
 
 
@@ -886,8 +864,8 @@ cdef ExchangeSettings check_exchange_settings(int k, mode, tol, max_moves, seed,
         raise ValueError(f"mode must be 'greedy' or 'random'; got {mode!r}")
     out.greedy = mode == "greedy"
     out.tol = _check_tol(tol, "tol")
-    out.max_moves = k if max_moves is None else _check_count(max_moves, "max_moves", 0)
-    out.refactor_every = k if refactor_every is None else _check_count(refactor_every, "refactor_every", 1)
+    out.max_moves = k if max_moves is None else _check_int(max_moves, "max_moves", 0)
+    out.refactor_every = k if refactor_every is None else _check_int(refactor_every, "refactor_every", 1)
     out.seed = _check_count(seed, "seed", 0)
     return out
 
@@ -934,24 +912,14 @@ cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
     _rebuild(s, ki, NULL, &work[0])
 
 
-cdef inline object _view(double* data, Py_ssize_t size):
-    """A numpy view of ``size`` doubles at ``data`` (owned by the state)."""
-    return np.asarray(<double[:size]> data)
-
-
 cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
                                 const RefineSettings* settings, callback):
     """The body of ``IVMState.refine`` (validated settings): EP deletion-inclusion sweeps
     (``_ep_site``) on Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full
-    rebuild.
-
-    The sweeps run through a :class:`~fastep._common.SweepDriver`: ``callback(sweep,
-    max_change, log_z)`` after every sweep (``log_z``: eq 32 at the sites after it; returning
-    False stops the sweeps), Ctrl-C polled about every 1e6 / k² sites. On Ctrl-C, an exception
-    raised by the callback or a failed refactorisation, the sites, g, ν and L are put back
-    as they were before the call (M, ς and μ are rewritten only by the final rebuild) and
-    the exception is raised.
-    """
+    rebuild; through a ``SweepDriver`` (``callback(sweep, max_change, log_z)`` with eq 32 at
+    the sites after each sweep, Ctrl-C polled about every 1e6 / k² sites). On Ctrl-C, an error
+    of the callback or a failed refactorisation, the sites, g, ν and L are put back as they
+    were (M, ς and μ are rewritten only by the final rebuild) and the exception is raised."""
     cdef int k = s.k, r, st, sweep, n_applied = 0, n_sweeps = settings.n_sweeps
     cdef int refactor_every = settings.refactor_every, info
     cdef long n_up = 0
@@ -969,8 +937,9 @@ cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows ro
     cdef double* w = &work[0]
     cdef SweepDriver driver = SweepDriver(tol, n_sweeps, callback, 2.0 * k * k)
     cdef SweepStats* stats = driver.begin_sweep()
-    driver.keep(_view(s.site_mean, s.n), _view(s.site_precision, s.n), _view(s.g, s.n),
-                _view(s.nu, s.n), _view(s.L, <Py_ssize_t>s.d_max * s.d_max))
+    cdef Py_ssize_t l_size = <Py_ssize_t>s.d_max * s.d_max
+    driver.keep(<double[:s.n]> s.site_mean, <double[:s.n]> s.site_precision, <double[:s.n]> s.g,
+                <double[:s.n]> s.nu, <double[:l_size]> s.L)      # views of the state's arrays
     try:
         _refactor_active_checked(s, ki, sii, mui, w)
         for sweep in range(1, n_sweeps + 1):
