@@ -359,7 +359,9 @@ cdef class SweepDriver:
     hands over: ``record_sweep`` (totals and the largest relative site change, from the
     statistics the site steps kept) or ``record_change`` (engines that step all sites at
     once), then ``test`` (the convergence test: largest relative site change below ``tol``,
-    ``|Δ log Z|`` below ``tol · max(1, |log Z|)``, and no failed site in the sweep) and
+    ``|Δ log Z|`` below ``tol · max(1, |log Z|)``, and no failed site in the sweep; engines
+    without log Z between sweeps use ``test_sites``, and those that skip converged sites
+    ``test_unchanged``) and
     ``notify`` (the progress callback, with the GIL, between sweeps; it stops the run by
     returning False). The compiled engines call these from ``nogil`` code; Python paths call
     :meth:`end_sweep`, which does all three.
