@@ -282,10 +282,10 @@ class _StageTimer:
         timer = self
         select, maximize = fivm._IVMProblem.select, fivm._IVMBase._maximize
 
-        def timed_select(problem):
+        def timed_select(problem, *args):
             t0 = time.perf_counter()
             try:
-                return select(problem)
+                return select(problem, *args)
             finally:
                 timer.select += time.perf_counter() - t0
                 timer.n_select += 1
@@ -320,7 +320,7 @@ def install_reference_selection():
             self.post_mean = out["post_mean"]
             self.post_var = np.diag(out["post_cov"]).copy()
 
-    def reference_select(problem):
+    def reference_select(problem, sweep_callback=None):
         lik = problem.likelihood
         if not isinstance(lik, Probit):
             raise TypeError("the reference engine is wired for the probit likelihood only")

@@ -286,8 +286,8 @@ def test_cimported_ivm_state_selects_as_from_python(engine_states, criterion):
         return K[:, j].copy()
 
     def state():
-        return ivm.IVMState(y, spec, np.diag(K).copy(), 5, sigma2=0.01,
-                            criterion=ivm.CRITERIA[criterion])
+        return ivm.IVMState(y, spec, np.diag(K).copy(), ivm.IVMOptions(5, criterion=criterion),
+                            sigma2=0.01)
 
     expected, typed = state(), state()
     chosen_expected = expected.select(4, column)

@@ -306,6 +306,27 @@ def test_ivm_selection_stops_on_ctrl_c(monkeypatch):
     assert len(model.active_set_) == 20
 
 
+def test_ivm_refinement_sweeps_stop_on_ctrl_c_and_leave_the_state_as_it_was():
+    """The EP sweeps over an IVM active set poll between sites (every ~1e6 / k² of them); the
+    interrupt is sent once sweep 1 has been reported, and the state's sites, factors and
+    marginals are those before the call."""
+    from fastep._epcore import ivm
+    X, y = _toy(1500, p=5)
+    cols = RBF(1.0, 0.5).columns(X)
+    state = ivm.IVMState(y.astype(float), fastep.Probit().site_spec(), cols.diag, 300)
+    state.select(300, cols)
+    names = ("site_mean", "site_precision", "post_mean", "post_var", "M", "L", "g", "nu")
+    before = {name: np.array(getattr(state, name)) for name in names}
+    max_sweeps = 500           # tol 0: the sweeps run on (about 0.1 s each here)
+    marks, sent = _run_interrupted(lambda mark: state.refine(cols, n_sweeps=max_sweeps, tol=0.0, callback=mark))
+    assert marks == list(range(1, len(marks) + 1))
+    assert len(marks) - sent <= 1, f"{len(marks) - sent} sweeps were reported after the interrupt"
+    assert len(marks) < max_sweeps
+    for name in names:
+        np.testing.assert_array_equal(getattr(state, name), before[name], err_msg=name)
+    assert state.refine(cols, n_sweeps=3).n_sweeps == 3                    # the state keeps working
+
+
 def test_interrupt_checks_can_be_switched_off_for_benchmarks_only():
     previous = _common.set_interrupt_checks(False)
     try:

@@ -46,8 +46,8 @@ def test_engine_matches_full_covariance_twin(kind, criterion, seed):
     sigma2 = 0.0 if seed == 0 else 0.05
     K = kernel(X)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, d, sigma2=sigma2,
-                            criterion=engine.CRITERIA[criterion])
+    state = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(d, criterion=criterion),
+                            sigma2=sigma2)
     chosen = state.select(d, cols)
     twin = ref.select(K, y, moments, d, sigma2=sigma2, criterion=criterion, spherical_noise=spherical)
     # same points in the same order
@@ -158,7 +158,8 @@ def test_random_criterion_is_seeded_and_valid():
     cols = kernel.columns(X)
 
     def run(seed):
-        st = engine.IVMState(y, lik.site_spec(), cols.diag, 30, criterion=engine.CRITERION_RANDOM, seed=seed)
+        st = engine.IVMState(y, lik.site_spec(), cols.diag,
+                             engine.IVMOptions(30, criterion=engine.CRITERION_RANDOM, seed=seed))
         return st.select(30, cols), st
 
     a, st = run(7)
@@ -203,7 +204,7 @@ def test_bad_input_raises_naming_the_argument_and_leaves_state_unchanged():
     with pytest.raises(ValueError, match="d_max"):
         engine.IVMState(y, spec, cols.diag, 0)
     with pytest.raises(ValueError, match="criterion"):
-        engine.IVMState(y, spec, cols.diag, 5, criterion=7)
+        engine.IVMOptions(5, criterion=7)
     with pytest.raises(ValueError, match="diag_k"):
         engine.IVMState(y, spec, np.where(np.arange(30) == 4, 0.0, cols.diag), 5)
     with pytest.raises(ValueError, match="diag_k"):

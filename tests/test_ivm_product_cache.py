@@ -40,8 +40,8 @@ def test_cache_is_reused_bounded_and_dropped(monkeypatch):
     seen = []
     select = ivm_problem._IVMProblem.select
 
-    def spy(problem):
-        out = select(problem)
+    def spy(problem, *args):
+        out = select(problem, *args)
         seen.append((problem.product_cache.hits, problem.product_cache.misses, problem.product_cache.n_stored))
         return out
 

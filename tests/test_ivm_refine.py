@@ -16,6 +16,7 @@ from scipy.linalg import cho_solve, cholesky
 
 from fastep import ConvergenceWarning, IVMClassifier, IVMOrdinalRegressor, IVMRegressor
 from fastep._epcore import ivm as engine
+from fastep._epcore._common import SweepResult
 from fastep._epcore.ivm_refine import ExchangeResult, RefineResult
 from fastep.kernels import RBF, Linear
 from fastep.likelihoods import Gaussian
@@ -276,9 +277,18 @@ def test_random_exchange_is_seeded_and_stops_where_greedy_would():
 def test_refinement_reports_are_read_only_typed_results():
     state, cols, _, _, _, _ = _selected("probit", 150, 40, 3, 0.01)
     sweeps = state.refine(cols, n_sweeps=6)
+    assert sweeps.log_z == state.log_likelihood() and np.isfinite(sweeps.log_z)     # eq 32 at its sites
     moves = state.exchange(cols, tol=1e-8, max_moves=6)
     assert isinstance(sweeps, RefineResult) and isinstance(moves, ExchangeResult)
-    assert set(sweeps.as_dict()) == {"n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected"}
+    assert isinstance(sweeps, SweepResult) and not isinstance(moves, SweepResult)
+    assert set(sweeps.as_dict()) == {"n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed",
+                                     "stopped", "n_updates", "n_rejected"}
+    assert sweeps.n_failed == sweeps.n_rejected and not sweeps.stopped
+    # the constructor keeps the positional order of the reports saved before the common fields
+    old = RefineResult(3, True, 1e-10, 12, 4, 1)
+    assert (old.n_sweeps, old.converged, old.max_change, old.n_updates, old.n_skipped, old.n_rejected,
+            old.n_failed, old.stopped) == (3, True, 1e-10, 12, 4, 1, 1, False) and np.isnan(old.log_z)
+    assert old.replace(n_updates=5) == RefineResult(3, True, 1e-10, 5, 4, 1) != old
     assert set(moves.as_dict()) == {"moves", "n_moves", "converged", "best_gain"}
     assert moves.n_moves == len(moves.moves) > 0
     assert all(type(j) is int and type(i) is int and type(gain) is float for j, i, gain in moves.moves)
@@ -308,6 +318,163 @@ def test_exchange_and_refine_on_degenerate_active_sets():
     st.select(3, cols)
     assert st.n_active == 8
     _assert_consistent_with_sites(st, kernel(X))
+
+
+# --------------------------------------------------------------------------- the engine's run
+
+_STATE_ARRAYS = ("active", "site_mean", "site_precision", "post_mean", "post_var", "M", "L", "chosen_score",
+                 "g", "nu")
+
+
+def _arrays(state):
+    return {name: np.array(getattr(state, name)) for name in _STATE_ARRAYS}
+
+
+def _assert_same_arrays(a, b):
+    for name in _STATE_ARRAYS:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("kind, exchange", [("probit", "greedy"), ("ordinal", "random"), ("gaussian", "greedy"),
+                                            ("probit", None)])
+def test_run_is_the_selection_and_the_stages_step_by_step_bitwise(kind, exchange):
+    X, y, lik, _, _, kernel = _problem(kind, 120, 21)
+    cols = kernel.columns(X)
+    options = engine.IVMOptions(25, seed=5, refine_sweeps=4, exchange=exchange, exchange_tol=1e-6,
+                                max_exchanges=6)
+    state = engine.IVMState(y, lik.site_spec(), cols.diag, options, sigma2=0.02)
+    result = state.run(cols)
+    steps = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(25, seed=5), sigma2=0.02)
+    steps.select(25, cols)
+    ep = steps.refine(cols, n_sweeps=4)
+    stages = {"ep": ep}
+    if exchange is not None:
+        stages["exchange"] = moves = steps.exchange(cols, exchange, tol=1e-6, max_moves=6, seed=5)
+        if moves.n_moves:
+            stages["ep_after_exchange"] = steps.refine(cols, n_sweeps=4)
+    _assert_same_arrays(_arrays(state), _arrays(steps))
+    assert isinstance(result, engine.IVMResult) and isinstance(result, SweepResult)
+    assert result.refinement == stages and result.ep == ep
+    assert result.exchange == stages.get("exchange") and result.ep_after_exchange == stages.get("ep_after_exchange")
+    sweeps = [stages[name] for name in ("ep", "ep_after_exchange") if name in stages]
+    assert result.n_sweeps == sum(r.n_sweeps for r in sweeps)
+    assert result.n_skipped == sum(r.n_skipped for r in sweeps)
+    assert result.n_failed == sum(r.n_rejected for r in sweeps)
+    assert result.max_change == sweeps[-1].max_change
+    assert result.converged == all(r.converged for r in stages.values())
+    assert result.n_active == state.n_active == 25 and not result.stopped
+    assert result.log_z == state.log_likelihood() == steps.log_likelihood()
+    assert result.log_z == sweeps[-1].log_z or "exchange" in stages
+    assert pickle.loads(pickle.dumps(result)) == result and copy.deepcopy(result) == result
+    assert repr(result).startswith("IVMResult(n_sweeps=")
+    assert set(result.as_dict()) == {"n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed",
+                                     "stopped", "n_active", "ep", "exchange", "ep_after_exchange"}
+    assert result.as_dict()["ep"] == ep.as_dict()
+
+
+def test_run_without_refinement_is_algorithm_1():
+    X, y, lik, _, _, kernel = _problem("probit", 100, 22)
+    cols = kernel.columns(X)
+    for criterion in ("entropy", "info_gain", "random"):
+        options = engine.IVMOptions(20, criterion=criterion, seed=3)
+        a = engine.IVMState(y, lik.site_spec(), cols.diag, options)
+        b = engine.IVMState(y, lik.site_spec(), cols.diag, options)
+        result = a.run(cols)
+        b.select(20, cols)
+        _assert_same_arrays(_arrays(a), _arrays(b))
+        assert result.refinement is None and result.ep is result.exchange is None
+        assert (result.n_sweeps, result.converged, result.max_change, result.n_active) == (0, True, 0.0, 20)
+        assert result.log_z == b.log_likelihood()
+        assert a.run(cols) == result                      # full: nothing more to select or refine
+    # a state grown by hand is completed up to d
+    c = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(20, seed=3))
+    c.select(7, cols)
+    assert c.run(cols).n_active == 20
+    _assert_same_arrays(_arrays(c), _arrays(engine_state_selected(y, lik, cols, 20)))
+
+
+def engine_state_selected(y, lik, cols, d):
+    state = engine.IVMState(y, lik.site_spec(), cols.diag, d)
+    state.select(d, cols)
+    return state
+
+
+def test_the_sweep_callback_sees_every_sweep_and_can_stop_the_refinement():
+    state, cols, _, _, _, _ = _selected("probit", 150, 30, 23, 0.01)
+    seen = []
+    quiet = state.refine(cols, n_sweeps=50, callback=lambda *args: seen.append(args))
+    assert [s for s, _, _ in seen] == list(range(1, quiet.n_sweeps + 1)) and quiet.converged
+    assert seen[-1][1] == quiet.max_change
+    # log_z: eq 32 at the sites after each sweep (the last one as the result's, to rounding)
+    assert seen[-1][2] == pytest.approx(quiet.log_z, rel=1e-12)
+    # a callback that lets the sweeps run changes nothing
+    again, cols2, _, _, _, _ = _selected("probit", 150, 30, 23, 0.01)
+    plain = again.refine(cols2, n_sweeps=50)
+    _assert_same_arrays(_arrays(state), _arrays(again))
+    assert plain == quiet
+    # returning False stops the sweeps (and, in run, the stages after them)
+    options = engine.IVMOptions(30, refine_sweeps=50, exchange="greedy")
+    X, yy, lik, _, _, kernel = _problem("probit", 150, 23)
+    cols3 = kernel.columns(X)
+    st = engine.IVMState(yy, lik.site_spec(), cols3.diag, options, sigma2=0.01)
+    result = st.run(cols3, callback=lambda sweep, change, log_z: sweep < 2)
+    assert result.stopped and result.ep.stopped and result.n_sweeps == result.ep.n_sweeps == 2
+    assert not result.converged and result.refinement == {"ep": result.ep}
+    _assert_consistent_with_sites(st, kernel(X))
+    assert result.log_z == st.log_likelihood()
+
+
+@pytest.mark.parametrize("failure", ["callback", "kernel"])
+def test_a_failed_refinement_leaves_the_state_as_it_was(failure):
+    state, cols, _, _, _, _ = _selected("probit", 120, 25, 24, 0.01)
+    before = _arrays(state)
+
+    class Boom(Exception):
+        pass
+
+    def callback(sweep, change, log_z):
+        if sweep == 2:
+            raise Boom
+
+    if failure == "callback":
+        with pytest.raises(Boom):
+            state.refine(cols, n_sweeps=20, callback=callback)
+    else:
+        # a kernel whose rows make I + B^½ K_I B^½ indefinite: the first refactorisation fails
+        with pytest.raises(np.linalg.LinAlgError):
+            state.refine(lambda j: -10.0 * cols(j), n_sweeps=20)
+    _assert_same_arrays(_arrays(state), before)
+    assert state.refine(cols, n_sweeps=20).converged                # and the state still works
+
+
+def test_options_are_validated_once_and_read_only():
+    options = engine.IVMOptions(10, criterion="info_gain", seed=2 ** 63, refine_sweeps=3, exchange="random",
+                                max_exchanges=4)
+    assert options.criterion == engine.CRITERION_INFO_GAIN and options.seed == 2 ** 63
+    assert options == engine.IVMOptions(10, criterion=engine.CRITERION_INFO_GAIN, seed=2 ** 63, refine_sweeps=3,
+                                        exchange="random", max_exchanges=4)
+    assert pickle.loads(pickle.dumps(options)) == options == copy.copy(options)
+    assert repr(options).startswith("IVMOptions(d=10, criterion=1")
+    with pytest.raises(AttributeError):
+        options.d = 3
+    assert engine.IVMOptions(4).as_dict() == {"d": 4, "criterion": 0, "seed": 0, "refine_sweeps": 0,
+                                              "refine_tol": 1e-9, "exchange": None, "exchange_tol": 1e-6,
+                                              "max_exchanges": None}
+    bad = [(dict(d=0), "d"), (dict(d=2.0), "d"), (dict(d=True), "d"), (dict(d=3, criterion="best"), "criterion"),
+           (dict(d=3, criterion=3), "criterion"), (dict(d=3, seed=-1), "seed"), (dict(d=3, seed=2 ** 64), "seed"),
+           (dict(d=3, refine_sweeps=-1), "refine_sweeps"), (dict(d=3, refine_tol=np.nan), "refine_tol"),
+           (dict(d=3, exchange="best"), "exchange"), (dict(d=3, exchange_tol=-1.0), "exchange_tol"),
+           (dict(d=3, max_exchanges=1.5), "max_exchanges")]
+    for kwargs, name in bad:
+        with pytest.raises(ValueError, match=name):
+            engine.IVMOptions(**kwargs)
+    X, y, lik, _, _, kernel = _problem("probit", 30, 25)
+    cols = kernel.columns(X)
+    state = engine.IVMState(y, lik.site_spec(), cols.diag, options)
+    assert state.options is options and state.d_max == 10 and state.criterion == engine.CRITERION_INFO_GAIN
+    with pytest.raises(TypeError, match="column_fn"):
+        state.run("cols")
+    assert state.n_active == 0
 
 
 # --------------------------------------------------------------------------- bad input

@@ -202,7 +202,7 @@ def test_other_criteria_choose_like_the_per_site_pass(criterion, lik):
     else:
         spec = OrderedCategorical(3, slope=2.0, bias=-0.2, widths=[0.7]).site_spec()
         y = rng.integers(0, 3, size=n).astype(float)
-    a, b = _pair(y, spec, diag, 20, criterion=engine.CRITERIA[criterion], seed=9)
+    a, b = _pair(y, spec, diag, engine.IVMOptions(20, criterion=criterion, seed=9))
     for _ in range(20):
         i = a.score()
         j = b.score_per_site()

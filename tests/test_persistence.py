@@ -145,9 +145,12 @@ def test_ivm_refinement_reports_load_from_files_that_hold_them_as_dicts():
     assert typed["ep"].n_sweeps > 0 and typed["exchange"].n_moves == len(typed["exchange"].moves)
     loaded = fastep.load(io.BytesIO(_saved_bytes(model)))
     assert loaded.refinement_ == typed and loaded._problems[0].refinement == typed
-    # the layout of the older files: each stage a dict of the same fields (moves a list)
+    # the layout of the older files: each stage a dict of its fields then (moves a list), the EP
+    # sweeps without the common fields of SweepResult
     problem = model._problems[0]
-    as_dicts = {stage: dict(result.as_dict(), **({"moves": list(result.moves)} if stage == "exchange" else {}))
+    old_fields = ("n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected")
+    as_dicts = {stage: (dict(result.as_dict(), moves=list(result.moves)) if stage == "exchange"
+                        else {name: getattr(result, name) for name in old_fields})
                 for stage, result in typed.items()}
     model.refinement_, problem.refinement = as_dicts, dict(as_dicts)
     try:
@@ -156,7 +159,18 @@ def test_ivm_refinement_reports_load_from_files_that_hold_them_as_dicts():
         model.refinement_ = problem.refinement = typed
     assert b"ivm_refine" not in old_file
     old = fastep.load(io.BytesIO(old_file))
-    assert old.refinement_ == typed and old._problems[0].refinement == typed
+    then = {stage: result if stage == "exchange" else result.replace(log_z=np.nan)   # not in those files
+            for stage, result in typed.items()}
+    assert old.refinement_ == then and old._problems[0].refinement == then
+    # files written with the common fields load too
+    model.refinement_ = problem.refinement = {stage: dict(result.as_dict(), **({"moves": list(result.moves)}
+                                                                               if stage == "exchange" else {}))
+                                              for stage, result in typed.items()}
+    try:
+        new_file = _saved_bytes(model)
+    finally:
+        model.refinement_ = problem.refinement = typed
+    assert fastep.load(io.BytesIO(new_file)).refinement_ == typed
     assert type(old.refinement_["exchange"]).__name__ == "ExchangeResult"
     expected, got = _outputs(model, X, y), _outputs(old, X, y)
     for method in expected:

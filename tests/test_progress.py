@@ -153,6 +153,26 @@ def test_stopping_algorithm_2_keeps_the_stage_reached():
     assert model.score(X, y) > 0.7
 
 
+def test_the_ivm_refinement_reports_its_sweeps_and_stops_at_the_callback():
+    X, y, _ = _data(6, 120)
+    common = dict(kernel=RBF(1.0, 0.5), optimizer=None, active_set_size=25, refine_sweeps=50, exchange="greedy")
+    records = []
+    model = fastep.IVMClassifier(callback=records.append, **common).fit(X, y)
+    sweeps = [r for r in records if r.stage == "EP sweep"]
+    ep = model.refinement_["ep"]
+    assert [r.iteration for r in sweeps[:ep.n_sweeps]] == list(range(1, ep.n_sweeps + 1))
+    assert sweeps[ep.n_sweeps - 1].change == ep.max_change
+    assert np.all(np.isfinite([r.log_evidence for r in sweeps]))
+    quiet = fastep.IVMClassifier(**common).fit(X, y)                  # listening changes nothing
+    np.testing.assert_array_equal(model.site_mean_, quiet.site_mean_)
+    assert model.refinement_ == quiet.refinement_
+    stop = lambda record: not (record.stage == "EP sweep" and record.iteration == 2)  # noqa: E731
+    with pytest.warns(ConvergenceWarning, match="stopped by the callback after EP sweep 2"):
+        stopped = fastep.IVMClassifier(callback=stop, **common).fit(X, y)
+    assert set(stopped.refinement_) == {"ep"} and stopped.refinement_["ep"].stopped
+    assert stopped.refinement_["ep"].n_sweeps == 2 and stopped.score(X, y) > 0.7
+
+
 def test_stopping_the_horseshoe_search():
     rng = np.random.default_rng(5)
     X = rng.normal(size=(40, 30))

@@ -386,9 +386,12 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
         (``kernel_objective='active_set'``, or no learning).
     refinement_ : dict or None (a list one-vs-rest)
         Reports of the refinement after the final selection, by stage as run: 'ep' and
-        'ep_after_exchange' (the EP sweeps, :class:`~fastep._epcore.ivm_refine.RefineResult`),
-        'exchange' (:class:`~fastep._epcore.ivm_refine.ExchangeResult`); None without
-        refinement.
+        'ep_after_exchange' (the EP sweeps, :class:`~fastep._epcore.ivm_refine.RefineResult`:
+        the ``SweepResult`` fields ``n_sweeps``, ``converged``, ``max_change``, ``log_z``
+        (eq 32 after the sweeps), ``n_skipped``, ``n_failed``, ``stopped``, and ``n_updates``,
+        ``n_rejected``), 'exchange' (:class:`~fastep._epcore.ivm_refine.ExchangeResult`); None
+        without refinement. The sweeps are reported to ``callback`` as ``'EP sweep'`` records;
+        a callback that stops them ends the refinement there.
     X_train_ : ndarray (n_samples, n_features)
         The training inputs.
     n_features_in_ : int

@@ -6,7 +6,8 @@ Every estimator takes ``verbose`` (0, 1 or 2) and ``callback``. A fit builds one
 
 - ``"EP sweep"``: after each EP sweep (level 2), ``iteration`` the sweep, ``change`` the largest
   relative site change, ``log_evidence`` the EP log marginal likelihood as tracked for the
-  convergence test (NaN for the weight-space engines, which do not track it per sweep);
+  convergence test (NaN for the weight-space engines, which do not track it per sweep; for
+  the IVM's refinement sweeps over its active set, the active set's eq 32);
 - ``"type-II ML"``: after each evidence evaluation of the hyperparameter search (level 1),
   ``change`` the gain over the best value before it;
 - ``"Algorithm 2"`` (IVM): after each kernel / noise stage (level 1), and ``"eq 32"`` /

@@ -177,6 +177,7 @@ cdef class SweepDriver:
     cdef void record_change(self, int sweep, double max_change, int n_failed) noexcept nogil
     cdef bint test(self, double new_log_z, double reference_log_z) noexcept nogil
     cdef bint test_sites(self) noexcept nogil
+    cdef bint test_unchanged(self, long n_changed) noexcept nogil
     cdef bint notify(self, int sweep) noexcept nogil
 
 

@@ -359,7 +359,9 @@ cdef class SweepDriver:
     hands over: ``record_sweep`` (totals and the largest relative site change, from the
     statistics the site steps kept) or ``record_change`` (engines that step all sites at
     once), then ``test`` (the convergence test: largest relative site change below ``tol``,
-    ``|Δ log Z|`` below ``tol · max(1, |log Z|)``, and no failed site in the sweep) and
+    ``|Δ log Z|`` below ``tol · max(1, |log Z|)``, and no failed site in the sweep; engines
+    without log Z between sweeps use ``test_sites``, and those that skip converged sites
+    ``test_unchanged``) and
     ``notify`` (the progress callback, with the GIL, between sweeps; it stops the run by
     returning False). The compiled engines call these from ``nogil`` code; Python paths call
     :meth:`end_sweep`, which does all three.
@@ -445,6 +447,13 @@ cdef class SweepDriver:
         """The convergence test of engines without a log Z between sweeps: largest relative
         site change below ``tol`` and no failed site."""
         self.converged = self.max_change < self.tol and self.n_failed_last == 0
+        return self.converged
+
+    cdef bint test_unchanged(self, long n_changed) noexcept nogil:
+        """The convergence test of engines that leave a site alone when its change is within
+        ``tol`` (the IVM's refinement sweeps): the sweep changed no site and none failed.
+        ``n_changed`` is the number of sites the sweep updated."""
+        self.converged = n_changed == 0 and self.n_failed_last == 0
         return self.converged
 
     cdef bint notify(self, int sweep) noexcept nogil:

@@ -15,9 +15,11 @@ n = number of training points, d_max = capacity of the active set:
   active points.
 * ``site_mean`` / ``site_precision`` (n): m_n, β_n of the included points (eqs 22-23), 0
   for inactive points.
-* ``active`` (d_max): the included indices in inclusion order; ``is_active`` (n): 0/1 flags.
+* ``active`` (d_max): the included indices in inclusion order; ``is_active`` (n): 0/1 flags;
+  ``chosen`` (d_max): the criterion value of each active point when it entered.
 
-Everything here is ``noexcept nogil`` and allocation free; the arrays are owned by
+``IVMTargets`` holds the likelihood side (site kernel, targets, the extra cavity variance
+``sigma2``).  Everything here is ``noexcept nogil`` and allocation free; the arrays are owned by
 ``IVMState`` (ivm.pyx).  The refinement of a fixed-size active set (ivm_refine.pxd) works on
 the same arrays.
 """
@@ -54,6 +56,13 @@ cdef struct IVMArrays:
     const double* diag_k       # diag K (for the PSD check)
     int* active
     unsigned char* is_active
+    double* chosen             # (d_max) the criterion value of each active slot at its entry
+
+
+cdef struct IVMTargets:        # the likelihood side: site kernel, targets, extra cavity variance
+    const SiteModel* model
+    const double* y
+    double sigma2
 
 
 cdef int ivm_score(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
@@ -67,14 +76,16 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 
 
 # --- the engine state (ivm.pyx) ------------------------------------------------------------
-# ivm_refine.pxd cimports IVMArrays from this file, so KernelRows is cimported only here,
-# after IVMArrays is declared.
-from fastep._epcore.ivm_refine cimport KernelRows
+# ivm_refine.pxd cimports IVMArrays and IVMTargets from this file, so its classes are cimported
+# only here, after those are declared.
+from fastep._epcore.ivm_refine cimport KernelRows, IVMOptions
 
 
 cdef class IVMState:
     cdef IVMArrays a
+    cdef IVMTargets t
     cdef SiteSpec spec
+    cdef readonly IVMOptions options           # validated once, at construction
     cdef readonly double sigma2
     cdef readonly int criterion
     cdef unsigned long long rng_state

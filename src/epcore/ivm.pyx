@@ -72,12 +72,15 @@ What the rest of fastep uses
 * prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I = B_I^½ L⁻ᵀ L⁻¹ B_I^½ m_I`` and
   ``σ*² = k** - |L⁻¹ B_I^½ k*|²`` (``IVMState.weights``; Seeger §2.2).
 
-Refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
------------------------------------------------------------------
-``IVMState.refine`` (EP deletion-inclusion sweeps over the active points),
-``IVMState.exchange`` (exchange moves scored by eqs (8)-(9) and the entropy criterion)
-and ``IVMState.refactorize`` run the compiled module ``ivm_refine`` (ivm_refine.pyx
-describes the algorithms); both keep the active set size and memory O(d n).
+The engine, and refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
+--------------------------------------------------------------------------------
+``IVMState(y, spec, diag_k, options, sigma2).run(column_fn, callback)`` selects ``d``
+points, then refines the active set as its ``IVMOptions`` ask: EP deletion-inclusion
+sweeps (``refine``, through the sweep driver of ``_common.pyx``), exchange moves scored by
+eqs (8)-(9) and the entropy criterion (``exchange``), the sweeps again after a move. It
+returns an ``IVMResult`` (a ``SweepResult`` with the stages' ``RefineResult`` and
+``ExchangeResult``). The refinement, the options and the results live in ivm_refine.pyx
+(exported here); both stages keep the active set size and memory O(d n).
 """
 import numpy as np
 
@@ -86,8 +89,17 @@ from libc.string cimport memcpy
 from fastep._epcore._blas cimport gemv_t
 from fastep._epcore.sites cimport SiteSpec
 from fastep._epcore._common cimport splitmix64_next
-from fastep._epcore.ivm_refine cimport (KernelRows, fetch_column, refactorize, refine_sweeps,
-                                        exchange_gains, exchange_moves)
+from fastep._epcore.ivm_refine cimport (KernelRows, IVMOptions, RefineSettings, ExchangeSettings,
+                                        fetch_column, check_column_fn, check_refine_settings,
+                                        check_exchange_settings, active_log_z, refactorize,
+                                        refine_sweeps, exchange_gains, exchange_moves, refine_stages)
+# The engine's options and results, defined beside the refinement (ivm_refine.pyx), are
+# exported here too (the names are cimported above, so they are set in the module's dict).
+from fastep._epcore import ivm_refine as _ivm_refine
+from fastep._epcore.ivm_refine import CRITERIA, active_set_evidence
+for _name in ("IVMOptions", "IVMResult", "RefineResult", "ExchangeResult"):
+    globals()[_name] = getattr(_ivm_refine, _name)
+del _name, _ivm_refine
 
 # g and ν at a cavity (inline probit and Gaussian kernels, shared with ivm_refine.pyx),
 # _log1m, the PSD tolerance
@@ -99,7 +111,6 @@ for _enum_class in (IVMCriterion, IVMStatus):
         globals()[_member.name] = int(_member)
 del _enum_class, _member
 
-CRITERIA = {"entropy": int(CRITERION_ENTROPY), "info_gain": int(CRITERION_INFO_GAIN), "random": int(CRITERION_RANDOM)}
 
 
 # --------------------------------------------------------------------------- #
@@ -576,30 +587,15 @@ def _readonly(arr):
     return view
 
 
-def active_set_evidence(L, site_mean, site_precision):
-    """Eq 32 and the prediction weights from the factor of the active set's ``A``.
-
-    Given the lower Cholesky factor ``L`` of ``A = I + B^½ K_I B^½`` (``B = diag(β)``, the
-    active sites' precisions) and the site means ``m``, returns ``(value, w)`` with
-    ``value = log N(m; 0, K_I + B⁻¹)`` (the approximate log likelihood of the active set,
-    eq 32 of Lawrence, Seeger & Herbrich, *Fast Sparse Gaussian Process Methods: The
-    Informative Vector Machine*) and ``w = (K_I + B⁻¹)⁻¹ m`` (Seeger's notes §2.2). Both
-    come from ``t = L⁻¹ B^½ m``: ``value = -½ tᵀt - Σ log L_ii + ½ Σ log β_i - (d/2) log 2π``
-    and ``w = B^½ L⁻ᵀ t``.
-    """
-    from scipy.linalg import solve_triangular
-    from scipy.linalg.blas import ddot
-
-    beta = np.ascontiguousarray(site_precision, dtype=np.float64)
-    sb = np.sqrt(beta)
-    t = solve_triangular(L, sb * site_mean, lower=True)
-    value = (-0.5 * float(ddot(t, t)) - float(np.sum(np.log(np.diag(L))))
-             + 0.5 * float(np.sum(np.log(beta))) - 0.5 * beta.shape[0] * np.log(2.0 * np.pi))
-    return value, sb * solve_triangular(L, t, lower=True, trans="T")
-
-
 cdef class IVMState:
-    """The IVM posterior after k inclusions, with Algorithm 1's selection and inclusion steps.
+    """The IVM engine: the posterior after k inclusions, Algorithm 1's selection and the
+    refinement of the active set (Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process
+    methods: the informative vector machine*; Seeger, *Notes on Minka's Expectation
+    Propagation for Gaussian process classification*, §2.1-2.3).
+
+    :meth:`run` does what :class:`~fastep._epcore.ivm_refine.IVMOptions` asks: the selection
+    of ``d`` points, then the refinement stages; the steps are methods too (``score``,
+    ``include_point``, ``select``, ``refine``, ``exchange``, ``refactorize``).
 
     Parameters
     ----------
@@ -610,25 +606,25 @@ cdef class IVMState:
         spherical fixed-precision model.
     diag_k : (n,) float64
         ``diag K``, all > 0: the prior variances (ς₀, Algorithm 1).
-    d_max : int, 1 <= d_max <= n
-        Capacity of the active set (rows allocated for M and L).
+    options : IVMOptions or int
+        The engine's options; ``options.d`` (1 <= d <= n) is the capacity of the active set
+        (d_max: rows allocated for M and L). An int d stands for ``IVMOptions(d)`` (entropy
+        criterion, no refinement).
     sigma2 : float >= 0, default 0
         Extra variance added to every cavity variance handed to the site kernel.
-    criterion : CRITERION_ENTROPY (default), CRITERION_INFO_GAIN or CRITERION_RANDOM
-    seed : int >= 0
-        Seed of the random criterion.
 
     Attributes (read-only numpy views of the engine's arrays, see ``ivm.pxd``)
     -------------------------------------------------------------------------
-    n, d_max, n_active; active (inclusion order), M (k x n), L (k x k),
-    post_var, post_mean, g, nu, score, site_mean, site_precision (n),
+    options; n, d_max, n_active; criterion, sigma2; active (inclusion order), M (k x n),
+    L (k x k), post_var, post_mean, g, nu, score, site_mean, site_precision (n),
     chosen_score (k): the criterion value of each point when it was included;
     n_deferred: the number of inactive points whose g, ν the last scoring pass did not need
     (entropy with probit sites; computed when ``g``, ``nu`` or ``score_values`` are read).
     """
 
-    def __init__(self, y, SiteSpec spec not None, diag_k, int d_max, double sigma2=0.0,
-                 int criterion=CRITERION_ENTROPY, unsigned long long seed=0):
+    def __init__(self, y, SiteSpec spec not None, diag_k, options, double sigma2=0.0):
+        cdef IVMOptions opts = options if isinstance(options, IVMOptions) else IVMOptions(options)
+        cdef int d_max = opts.d
         y_arr = _as_vector("y", y)
         cdef int n = y_arr.shape[0]
         if n < 1:
@@ -638,18 +634,16 @@ cdef class IVMState:
         if bad.size:
             raise ValueError(f"diag_k (the kernel diagonal) must be > 0 everywhere; "
                              f"diag_k[{bad[0]}] = {diag[bad[0]]!r}")
-        if not 1 <= d_max <= n:
-            raise ValueError(f"d_max must be in [1, n] = [1, {n}]; got {d_max}")
+        if not d_max <= n:
+            raise ValueError(f"the active set size d (d_max) must be in [1, n] = [1, {n}]; got {d_max}")
         if not (sigma2 >= 0.0 and isfinite(sigma2)):
             raise ValueError(f"sigma2 must be finite and >= 0; got {sigma2!r}")
-        if criterion not in (CRITERION_ENTROPY, CRITERION_INFO_GAIN, CRITERION_RANDOM):
-            raise ValueError("criterion must be CRITERION_ENTROPY (0), CRITERION_INFO_GAIN (1) or "
-                             f"CRITERION_RANDOM (2); got {criterion}")
         _check_targets(spec, y_arr, diag, sigma2)
+        self.options = opts
         self.spec = spec
         self.sigma2 = sigma2
-        self.criterion = criterion
-        self.rng_state = seed
+        self.criterion = opts.criterion
+        self.rng_state = opts.seed
         self._y = y_arr
         self._diag = diag
         self._M = np.zeros((d_max, n))
@@ -688,7 +682,11 @@ cdef class IVMState:
         self.a.diag_k = _cptr(self._diag)
         self.a.active = _iptr(self._active)
         self.a.is_active = _bptr(self._is_active)
+        self.a.chosen = _ptr(self._chosen)
         self.y_ptr = _cptr(self._y)
+        self.t.model = &self.spec.model
+        self.t.y = self.y_ptr
+        self.t.sigma2 = sigma2
         self.work_ptr = _ptr(self._work)
         self.post_var = _readonly(self._var)
         self.post_mean = _readonly(self._mean)
@@ -840,6 +838,48 @@ cdef class IVMState:
             self._include(best, fetch_column(column_fn, best, self.a.n, False), True)
         return self._active[start:self.a.k].astype(np.intp)
 
+    def run(self, column_fn, callback=None):
+        """Algorithm 1 up to ``options.d`` points, then the refinement stages the options ask for.
+
+        Selection (Lawrence, Seeger & Herbrich, Algorithm 1): score every inactive point
+        (eqs 14-26) and include the best (eqs 22-30) until the active set holds ``d`` points.
+        Refinement on the fixed-size active set (Seeger's notes §2.1, §2.3): with
+        ``refine_sweeps`` > 0, EP deletion-inclusion sweeps ('ep'); with ``exchange``,
+        exchange moves ('exchange'); when both are asked for and a move was made, the EP
+        sweeps again ('ep_after_exchange'), since the entering points carry ADF sites.
+
+        Parameters
+        ----------
+        column_fn : callable
+            ``column_fn(point) -> K[:, point]`` (length n): one call per inclusion, per
+            entering point of an exchange, and once per active point for the rows K[I, :]
+            the refinement keeps (fetched again only if ``column_fn`` is another object).
+        callback : callable, optional
+            ``callback(sweep, max_change, log_z)`` after every EP sweep (``log_z``: eq 32
+            at the sites after it), with the GIL, between sweeps. Returning False stops the
+            sweeps (the state is rebuilt from the current sites) and the refinement.
+
+        Returns
+        -------
+        IVMResult
+            ``n_active``, ``log_z`` (eq 32 at the end) and the stage reports.
+
+        Raises
+        ------
+        TypeError
+            ``column_fn`` is not callable.
+        RuntimeError
+            No inactive point can be included, or an exchange breaks down numerically.
+        numpy.linalg.LinAlgError
+            The kernel is not positive semi-definite.
+        KeyboardInterrupt
+            Ctrl-C during an EP sweep (polled between sites): that stage's sites are restored.
+        """
+        check_column_fn(column_fn)
+        if self.options.d > self.a.k:
+            self.select(self.options.d - self.a.k, column_fn)
+        return refine_stages(&self.a, &self.t, self._rows, column_fn, self.options, callback)
+
     # -- derived quantities -----------------------------------------------------------------
     def weights(self):
         """Prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I`` (active order), Seeger §2.2."""
@@ -849,11 +889,10 @@ cdef class IVMState:
         return active_set_evidence(self.L, self._site_mean[idx], self._site_prec[idx])[1]
 
     def log_likelihood(self):
-        """Approximate log likelihood of the active set, ``log N(m_I; 0, K_I + B_I⁻¹)`` (eq 32)."""
-        if self.a.k == 0:
-            return 0.0
-        idx = self.active
-        return active_set_evidence(self.L, self._site_mean[idx], self._site_prec[idx])[0]
+        """Approximate log likelihood of the active set, ``log N(m_I; 0, K_I + B_I⁻¹)`` (eq 32;
+        the ``log_z`` of the run's results)."""
+        cdef double[::1] t = np.empty(max(self.a.k, 1))
+        return active_log_z(&self.a, &t[0])
 
     # -- refinement on a fixed-size active set (Seeger's notes §2.1, §2.3; ivm_refine.pyx) ----
     def entropy_reduction(self):
@@ -878,16 +917,11 @@ cdef class IVMState:
         """
         refactorize(&self.a, self._rows, column_fn)
 
-    def refine(self, column_fn, n_sweeps=1, tol=1e-9, refactor_every=1):
-        """EP deletion-inclusion sweeps over the active set (Seeger's notes §2.1).
-
-        Each sweep visits the active points in slot (inclusion) order and, for each,
-        removes its site to get the cavity from the marginal (step 1:
-        ``λ = (ς_p⁻¹ - β_p)⁻¹``, ``h\\p = μ_p + λ β_p (μ_p - m_p)``), moment-matches with the
-        compiled site kernel (step 2, eq 5: ``β_p = ν/(1 - ν λ)``, ``m_p = h\\p + g/ν``;
-        ``sigma2`` is added to the cavity variance handed to the kernel, as in selection)
-        and applies eq (7) and the h update to Σ[I, I] and μ_I (step 3). The active set
-        and its order never change.
+    def refine(self, column_fn, n_sweeps=1, tol=1e-9, refactor_every=1, callback=None):
+        """EP deletion-inclusion sweeps over the active set (Seeger's notes §2.1, steps 1-3:
+        cavity from the marginal, moment matching with the site kernel at the cavity plus
+        ``sigma2`` (eq 5), eq (7) and the h update on Σ[I, I] and μ_I; ivm_refine.pyx); the
+        'ep' stages of :meth:`run`. The active set and its order never change.
 
         Parameters
         ----------
@@ -897,29 +931,28 @@ cdef class IVMState:
         n_sweeps : int >= 0, default 1
             Maximum number of sweeps; the loop stops early at convergence.
         tol : float >= 0, default 1e-9
-            Skip threshold: a site whose new parameters change by at most ``tol``, measured as
-            ``max(|Δβ|/β, |Δm| β^½)`` (relative precision change; mean change in units of the
-            site's standard deviation), is skipped and left unchanged. The notes warn that
-            eq (7) is unstable for ``v_new⁻¹ ≈ v_old⁻¹``; here eq (7) is evaluated as
-            ``Δβ/(1 + Δβ a_pp)``, which needs no division by Δβ, so the skip mainly saves
-            work. The sweeps have converged when every site of a sweep is skipped.
+            A site whose parameters would change by at most ``tol``, ``max(|Δβ|/β, |Δm| β^½)``
+            (relative precision change; mean change in site standard deviations), is skipped.
+            The sweeps have converged when a sweep skips every site and rejects none.
         refactor_every : int >= 1, default 1
             Rebuild Σ[I, I] and μ_I from the site parameters (O(k³)) after every
             ``refactor_every`` sweeps. L, M and the marginals ς, μ of all n points are
             always rebuilt from the sites at the end (O(k² n), ``refactorize``).
+        callback : callable, optional
+            ``callback(sweep, max_change, log_z)`` after every sweep, as for :meth:`run`.
 
         Returns
         -------
-        fastep._epcore.ivm_refine.RefineResult
-            ``n_sweeps`` (run), ``converged``, ``max_change`` (largest site change in the last
-            sweep), ``n_updates``, ``n_skipped``, ``n_rejected`` (sites whose cavity, site
-            kernel or new site was improper: left unchanged; summed over the sweeps).
+        RefineResult
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments,
-        LinAlgError when the refactorisation fails (kernel not PSD).
+        LinAlgError when a refactorisation fails (kernel not PSD). On Ctrl-C (polled
+        between sites), an exception raised by ``callback`` or a refactorisation that fails
+        between sweeps the state is restored before the exception is raised.
         """
-        return refine_sweeps(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows, column_fn,
-                             n_sweeps, tol, refactor_every)
+        check_column_fn(column_fn)
+        cdef RefineSettings settings = check_refine_settings(n_sweeps, tol, refactor_every)
+        return refine_sweeps(&self.a, &self.t, self._rows, column_fn, &settings, callback)
 
     def exchange_gains(self, column_fn):
         """The best exchange for every active slot: ``(partner, gain)`` arrays of length k.
@@ -929,21 +962,18 @@ cdef class IVMState:
         the state from the sites first (``refactorize``). For inspection and tests; O(k n)
         site-kernel calls.
         """
-        return exchange_gains(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows, column_fn)
+        return exchange_gains(&self.a, &self.t, self._rows, column_fn)
 
     def exchange(self, column_fn, mode="greedy", tol=1e-6, max_moves=None, seed=0, refactor_every=None):
-        """Exchange moves on a fixed-size active set (Seeger's notes §2.3).
+        """Exchange moves on a fixed-size active set (Seeger's notes §2.3); the 'exchange'
+        stage of :meth:`run`.
 
-        A move removes an active point j (its site reset to 1) and includes an inactive
-        point i by ADF at the cavity ``q\\j`` (eqs 8-9 give ``λ_i\\j`` and ``h_i\\j`` from
-        A = Σ and h = μ; the new site of i is eq 5 there). Moves are scored by the
-        entropy criterion (Lawrence & Herbrich, Seeger eq 4): the gain is the decrease of
-        the posterior entropy, ``-½ log(1 - ν_i λ_i\\j) + ½ log(1 - β_j ς_j)``, i.e. the
-        increase of ``entropy_reduction()``. A move is applied only if its gain exceeds
-        ``tol``, with the 2x2 Woodbury update of A and h (one rank-2 update of Σ[I, :], ς and
-        μ, O(k n) plus one kernel column); j's slot is removed and i appended, so
-        ``active`` stays in order of entry. The search stops when no move gains more
-        than ``tol`` (converged) or after ``max_moves`` moves.
+        A move removes an active point j and includes an inactive point i by ADF at the
+        cavity ``q\\j`` (eqs 8-9), scored by the decrease of the posterior entropy (Seeger
+        eq 4: the increase of ``entropy_reduction()``) and applied, if it gains more than
+        ``tol``, by the 2x2 Woodbury update (O(k n) and one kernel column; ivm_refine.pyx);
+        i takes the last slot, so ``active`` stays in order of entry. The search stops when
+        no move gains more than ``tol`` (converged) or after ``max_moves`` moves.
 
         Parameters
         ----------
@@ -968,15 +998,14 @@ cdef class IVMState:
 
         Returns
         -------
-        fastep._epcore.ivm_refine.ExchangeResult
-            ``moves`` (the ``(j_out, i_in, gain)`` of every move), ``n_moves``, ``converged``
-            and ``best_gain`` (the best remaining gain found by the last search; -inf if no
-            pair is eligible; in random mode that of the last slot visited).
+        ExchangeResult
 
         Raises ValueError (naming the argument, state unchanged) for bad arguments.
         """
-        return exchange_moves(&self.a, &self.spec.model, self.y_ptr, self.sigma2, self._rows,
-                              _ptr(self._chosen), column_fn, mode, tol, max_moves, seed, refactor_every)
+        check_column_fn(column_fn)
+        cdef ExchangeSettings settings = check_exchange_settings(self.a.k, mode, tol, max_moves, seed,
+                                                                 refactor_every)
+        return exchange_moves(&self.a, &self.t, self._rows, column_fn, &settings)
 
     # -- read-only views ----------------------------------------------------------------------
     @property

@@ -1,34 +1,46 @@
 # cython: language_level=3
 """Refinement on a fixed-size IVM active set (see ivm_refine.pyx): EP deletion-inclusion
 sweeps and exchange moves (Seeger's notes §2.1, §2.3) on the arrays of an ``IVMState``
-(``IVMArrays``, ivm.pxd).
+(``IVMArrays``, ivm.pxd), the engine's options (``IVMOptions``) and what a run reports
+(``RefineResult``, ``ExchangeResult``, ``IVMResult``).
 
 The drivers below hold the GIL (they call ``column_fn`` for kernel rows, allocate their
 O(k n) work arrays and raise); their loops over sites and points run without it.  They
-are the bodies of the ``IVMState`` methods of the same names, whose docstrings describe
-the arguments; ``RefineResult`` and ``ExchangeResult`` are the reports they return.
+are the bodies of the ``IVMState`` methods ``refactorize``, ``refine``, ``exchange_gains``,
+``exchange`` and of the refinement stages of ``run``.
 """
-from fastep._epcore.sites cimport SiteModel
-from fastep._epcore.ivm cimport IVMArrays
+from fastep._epcore._common cimport SweepResult
+from fastep._epcore.ivm cimport IVMArrays, IVMTargets
 
 
-cdef class _Report:
-    pass
+cdef class IVMOptions:
+    cdef readonly int d                    # active set size (capacity of the state, target of run)
+    cdef readonly int criterion            # IVMCriterion
+    cdef readonly unsigned long long seed  # random criterion and random exchange search
+    cdef readonly int refine_sweeps        # 0: no EP sweeps
+    cdef readonly double refine_tol
+    cdef readonly object exchange          # None, 'greedy' or 'random'
+    cdef readonly double exchange_tol
+    cdef readonly object max_exchanges     # None (k) or int >= 0
 
 
-cdef class RefineResult(_Report):
-    cdef readonly int n_sweeps
-    cdef readonly bint converged
-    cdef readonly double max_change
+cdef class RefineResult(SweepResult):
     cdef readonly long n_updates
-    cdef readonly long n_skipped
     cdef readonly long n_rejected
 
 
-cdef class ExchangeResult(_Report):
+cdef class ExchangeResult:
     cdef readonly tuple moves
     cdef readonly bint converged
     cdef readonly double best_gain
+
+
+cdef class IVMResult(SweepResult):
+    cdef readonly int n_active
+    cdef readonly RefineResult ep
+    cdef readonly ExchangeResult exchange
+    cdef readonly RefineResult ep_after_exchange
+    cdef readonly bint refined             # some refinement stage was asked for
 
 
 cdef class KernelRows:
@@ -39,16 +51,40 @@ cdef class KernelRows:
     cdef double* fetch(self, const IVMArrays* s, column_fn) except NULL
 
 
+# The validated settings of one call of the drivers below.
+cdef struct RefineSettings:
+    int n_sweeps             # at most this many sweeps (>= 0)
+    double tol               # skip threshold of a site (>= 0)
+    int refactor_every       # Σ[I, I] and μ_I rebuilt after this many sweeps (>= 1)
+
+cdef struct ExchangeSettings:
+    bint greedy              # greedy search (else seeded random)
+    double tol               # minimum gain of a move (>= 0)
+    int max_moves            # >= 0
+    unsigned long long seed  # of the random search
+    int refactor_every       # Σ[I, :], ς and μ rebuilt after this many moves (>= 1)
+
+
 cdef object fetch_column(column_fn, int point, int n, bint check_finite)
+
+# The arguments of IVMState.refine / IVMState.exchange checked (ValueError naming the argument).
+cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except *
+cdef ExchangeSettings check_exchange_settings(int k, mode, tol, max_moves, seed, refactor_every) except *
+
+cdef int check_column_fn(column_fn) except -1
+
+# eq 32 of the active set from its factor L (``s.L``); ``t``: k doubles of scratch.
+cdef double active_log_z(const IVMArrays* s, double* t) noexcept nogil
 
 cdef refactorize(IVMArrays* s, KernelRows rows, column_fn)
 
-cdef RefineResult refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                                KernelRows rows, column_fn, n_sweeps, tol, refactor_every)
+cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                                const RefineSettings* settings, callback)
 
-cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                          KernelRows rows, column_fn)
+cdef tuple exchange_gains(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn)
 
-cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                                   KernelRows rows, double* chosen, column_fn, mode, tol, max_moves, seed,
-                                   refactor_every)
+cdef ExchangeResult exchange_moves(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                                   const ExchangeSettings* settings)
+
+cdef IVMResult refine_stages(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                             IVMOptions options, callback)

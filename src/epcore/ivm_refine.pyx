@@ -1,11 +1,12 @@
 # cython: language_level=3
-"""Refinement on a fixed-size IVM active set: EP deletion-inclusion sweeps and exchange moves.
+"""Refinement on a fixed-size IVM active set: EP deletion-inclusion sweeps and exchange moves;
+the options of the IVM engine and what its runs report.
 
 Seeger, *Notes on Minka's Expectation Propagation for Gaussian process classification*,
 §2.1 and §2.3, applied to the state of the Informative Vector Machine after selection
-(Lawrence, Seeger & Herbrich 2005; the arrays of ``IVMState`` are listed in ivm.pxd).
-The methods ``IVMState.refactorize``, ``refine``, ``exchange_gains`` and ``exchange``
-(ivm.pyx, where their parameters are documented) run the functions of this module.
+(Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the informative vector
+machine*; the arrays of ``IVMState`` are listed in ivm.pxd).  The ``IVMState`` methods
+``refactorize``, ``refine``, ``exchange_gains``, ``exchange`` and ``run`` (ivm.pyx) run them.
 
 Notation: A = Σ (the posterior covariance of f, Seeger's A with C = K), h = μ,
 v_i⁻¹ = β_i (site precision), m_i (site mean), b = B m (natural site means);
@@ -17,12 +18,16 @@ the active points sit in "slots" r = 0..k-1 (``active[r]``, inclusion order).
   (``SII``) and μ_I: O(k²) per site, O(k³) per sweep.  The marginals of all n points
   (ς, μ), L and M are then rebuilt from the site parameters and K[I, :] (``_refactor``,
   O(k² n)), the periodic refactorisation the notes ask for; Σ[I, I] can also be rebuilt
-  between sweeps (``_refactor_active``, O(k³)).
+  between sweeps (``_refactor_active``, O(k³)).  The sweeps run through the sweep driver
+  (``_common.SweepDriver``: progress callback, Ctrl-C, the state restored on an error).
 * Exchange moves (``exchange_moves``): j ∈ I out, i ∉ I in, scored by eqs (8)-(9) and the
   entropy criterion, which need A[j, i] for every pair: they keep ``S`` = Σ[I, :] (k x n)
   with ς and μ of all points and apply the 2x2 Woodbury update of A and h (one rank-2
   update, O(k n)); greedy or seeded random search.  The criterion is
   ``½ log|I + B_I^½ K_I B_I^½|`` (``IVMState.entropy_reduction``).
+* The refinement stages of a run (``refine_stages``, as ``IVMOptions`` asks): EP sweeps,
+  exchange moves, and the EP sweeps again after any exchange (the entering points carry
+  ADF sites).
 
 Both keep the active set size.  They need K[I, :], fetched through the caller's
 ``column_fn`` and cached per column_fn (``KernelRows``), and one k x k or k x n work
@@ -30,10 +35,11 @@ array, so memory stays O(d n).  Every loop over sites or points runs with the GI
 """
 import numpy as np
 
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, NAN, M_PI
 from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport gemv_t, potrf, trsm, gemm, ger, trsv as _trsv
-from fastep._epcore._common cimport random_permutation
+from fastep._epcore._common cimport (random_permutation, SweepDriver, SweepStats, sweep_stats_reset,
+                                     interrupt_requested)
 
 # g and ν at a cavity (inline, shared with the fused scoring pass of ivm.pyx), _log1m,
 # the PSD tolerance
@@ -148,6 +154,51 @@ cdef int _refactor_active(IVMArrays* s, const double* KI, double* SII, double* m
     gemm(True, False, k, k, k, -1.0, V, k, V, k, 1.0, SII, k)
     gemv_t(k, k, 1.0, V, k, t, 0.0, mu_I)
     return 0
+
+
+cdef double _log_z_of_factor(const IVMArrays* s, const double* t) noexcept nogil:
+    """eq 32 of the active set, ``log N(m_I; 0, K_I + B_I⁻¹)``, from L = chol(I + B_I^½ K_I B_I^½)
+    (``s.L``) and ``t = L⁻¹ B_I^½ m_I``: ``K_I + B_I⁻¹ = B_I^{-½} L Lᵀ B_I^{-½}`` gives
+    ``-½ tᵀt - Σ log L_rr + ½ Σ log β_r - (k/2) log 2π``."""
+    cdef int k = s.k, r
+    cdef double quad = 0.0, log_det = 0.0, log_beta = 0.0
+    for r in range(k):
+        quad += t[r] * t[r]
+        log_det += log(s.L[<Py_ssize_t>r * s.d_max + r])
+        log_beta += log(s.site_precision[s.active[r]])
+    return -0.5 * quad - log_det + 0.5 * log_beta - 0.5 * k * log(2.0 * M_PI)
+
+
+cdef double active_log_z(const IVMArrays* s, double* t) noexcept nogil:
+    """eq 32 of the active set at its sites, from the current factor ``s.L`` (one triangular
+    solve, O(k²)); ``t``: k doubles of scratch. 0 for an empty active set."""
+    cdef int r
+    if s.k == 0:
+        return 0.0
+    for r in range(s.k):
+        t[r] = sqrt(s.site_precision[s.active[r]]) * s.site_mean[s.active[r]]
+    _trsv(True, False, s.k, s.L, s.d_max, t)
+    return _log_z_of_factor(s, t)
+
+
+def active_set_evidence(L, site_mean, site_precision):
+    """Eq 32 and the prediction weights from the factor of the active set's ``A`` (the
+    problems' form of ``active_log_z``, with scipy).
+
+    Given the lower Cholesky factor ``L`` of ``A = I + B^½ K_I B^½`` (``B = diag(β)``, the
+    active sites' precisions) and the site means ``m``, returns ``(value, w)``: ``value =
+    log N(m; 0, K_I + B⁻¹)`` (eq 32 of Lawrence, Seeger & Herbrich) as ``_log_z_of_factor``
+    and ``w = (K_I + B⁻¹)⁻¹ m = B^½ L⁻ᵀ t`` (Seeger's notes §2.2), ``t = L⁻¹ B^½ m``.
+    """
+    from scipy.linalg import solve_triangular
+    from scipy.linalg.blas import ddot
+
+    beta = np.ascontiguousarray(site_precision, dtype=np.float64)
+    sb = np.sqrt(beta)
+    t = solve_triangular(L, sb * site_mean, lower=True)
+    value = (-0.5 * float(ddot(t, t)) - float(np.sum(np.log(np.diag(L))))
+             + 0.5 * float(np.sum(np.log(beta))) - 0.5 * beta.shape[0] * np.log(2.0 * np.pi))
+    return value, sb * solve_triangular(L, t, lower=True, trans="T")
 
 
 cdef inline bint _new_site(const SiteModel* model, double y, double cav_mean, double cav_var,
@@ -272,7 +323,7 @@ cdef int _exchange_row(const SiteModel* model, const double* y, IVMArrays* s, do
 
 
 cdef int _exchange_apply(const SiteModel* model, const double* y, IVMArrays* s, double sigma2,
-                         double* S, double* KI, int* ki_idx, double* chosen, int r, int i,
+                         double* S, double* KI, int* ki_idx, int r, int i,
                          const double* col, double* work, double* gain) noexcept nogil:
     """Exchange the active point j in slot r for the inactive point i (Seeger §2.3).
 
@@ -357,12 +408,12 @@ cdef int _exchange_apply(const SiteModel* model, const double* y, IVMArrays* s, 
                 <size_t>(k - 1 - r) * <size_t>n * sizeof(double))
         memmove(s.active + r, s.active + r + 1, (k - 1 - r) * sizeof(int))
         memmove(ki_idx + r, ki_idx + r + 1, (k - 1 - r) * sizeof(int))
-        memmove(chosen + r, chosen + r + 1, (k - 1 - r) * sizeof(double))
+        memmove(s.chosen + r, s.chosen + r + 1, (k - 1 - r) * sizeof(double))
     memcpy(S + <Py_ssize_t>(k - 1) * nn, rowi, nn * sizeof(double))
     memcpy(KI + <Py_ssize_t>(k - 1) * nn, col, nn * sizeof(double))
     s.active[k - 1] = i
     ki_idx[k - 1] = i
-    chosen[k - 1] = -0.5 * _log1m(nu * lam)
+    s.chosen[k - 1] = -0.5 * _log1m(nu * lam)
     s.is_active[j] = 0
     s.is_active[i] = 1
     s.site_precision[j] = 0.0
@@ -407,34 +458,113 @@ cdef void _exchange_search(const SiteModel* model, const double* y, IVMArrays* s
 
 
 # --------------------------------------------------------------------------- #
-# What the refinement reports
+# The options of the engine and what it reports
 # --------------------------------------------------------------------------- #
 
-cdef class _Report:
-    """Read-only fields, listed in ``_FIELDS`` in the order of the constructor's arguments;
-    ``as_dict``, equality, pickling and ``repr`` follow from them."""
+#: The selection criteria by name: their ``IVMCriterion`` codes (ivm.pxd; written out, since
+#: cimporting a cpdef enum from ivm would import ivm, which imports this module, at import).
+CRITERIA = {"entropy": 0, "info_gain": 1, "random": 2}
 
-    _FIELDS = ()
+
+cdef class IVMOptions:
+    """The options of an IVM engine (:class:`~fastep._epcore.ivm.IVMState`), validated once.
+
+    Read-only; given to ``IVMState`` at construction. ``IVMState.run`` includes ``d`` points
+    by Algorithm 1 of Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the
+    informative vector machine* (eqs 14-30), then refines the active set as asked (Seeger's
+    notes §2.1, §2.3): EP sweeps, exchange moves, and after a move the EP sweeps again.
+
+    Parameters
+    ----------
+    d : int >= 1
+        Size of the active set (d_max): the capacity of the state and the number of points
+        ``run`` includes in all.
+    criterion : {'entropy', 'info_gain', 'random'} or int, default 'entropy'
+        Selection score (``CRITERION_*`` of :mod:`fastep._epcore.ivm`): the entropy
+        reduction (eq 26), the information gain ``KL(q_new ‖ q_old)``, or a seeded uniform
+        draw among the eligible points. Stored as its integer code.
+    seed : int in [0, 2**64), default 0
+        Seed of the random criterion and of the random exchange search.
+    refine_sweeps : int >= 0, default 0
+        Maximum number of EP deletion-inclusion sweeps over the active set (0: none).
+    refine_tol : float >= 0, default 1e-9
+        A site whose parameters would change by at most this, ``max(|Δβ|/β, |Δm| β^½)``, is
+        skipped; the sweeps have converged when a sweep skips every site and rejects none.
+    exchange : {None, 'greedy', 'random'}, default None
+        Exchange moves (Seeger §2.3, ``IVMState.exchange``'s ``mode``), or None for none.
+    exchange_tol : float >= 0, default 1e-6
+        Minimum gain (nats of the entropy criterion) of an applied move.
+    max_exchanges : int >= 0 or None, default None
+        Maximum number of moves; None means d.
+
+    A value out of range raises ValueError naming the option.
+    """
+
+    def __init__(self, d, criterion="entropy", seed=0, refine_sweeps=0, refine_tol=1e-9,
+                 exchange=None, exchange_tol=1e-6, max_exchanges=None):
+        d = _check_int(d, "d (the active set size, d_max)", 1)
+        code = CRITERIA.get(criterion, -1) if isinstance(criterion, str) else criterion
+        if isinstance(code, (bool, np.bool_)) or not isinstance(code, (int, np.integer)) \
+                or code not in CRITERIA.values():
+            raise ValueError(f"criterion must be one of {sorted(CRITERIA)} or its code "
+                             f"(CRITERION_ENTROPY, CRITERION_INFO_GAIN, CRITERION_RANDOM); got {criterion!r}")
+        seed = _check_count(seed, "seed", 0)
+        if seed >= 2 ** 64:
+            raise ValueError(f"seed must be below 2**64; got {seed!r}")
+        if exchange is not None and (not isinstance(exchange, str) or exchange not in ("greedy", "random")):
+            raise ValueError(f"exchange must be None, 'greedy' or 'random'; got {exchange!r}")
+        self.d = d
+        self.criterion = int(code)
+        self.seed = seed
+        self.refine_sweeps = _check_int(refine_sweeps, "refine_sweeps", 0)
+        self.refine_tol = _check_tol(refine_tol, "refine_tol")
+        self.exchange = exchange
+        self.exchange_tol = _check_tol(exchange_tol, "exchange_tol")
+        self.max_exchanges = None if max_exchanges is None else _check_int(max_exchanges, "max_exchanges", 0)
+
+    _FIELDS = ("d", "criterion", "seed", "refine_sweeps", "refine_tol", "exchange", "exchange_tol",
+               "max_exchanges")
 
     def as_dict(self):
-        """The fields as a plain dict (for logging and JSON)."""
+        """The options as a plain dict."""
         return {name: getattr(self, name) for name in self._FIELDS}
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self._FIELDS)
+        return self.as_dict() == other.as_dict()
 
     def __reduce__(self):
-        return (type(self), tuple(getattr(self, name) for name in self._FIELDS))
+        return (IVMOptions, tuple(getattr(self, name) for name in self._FIELDS))
 
     def __repr__(self):
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"{type(self).__name__}({fields})"
+        return _fields_repr(self)
 
 
-cdef class RefineResult(_Report):
-    """What ``IVMState.refine`` reports: EP deletion-inclusion sweeps over the active set.
+def _same_fields(a, b):
+    """Whether two results of one type agree field by field (``_FIELDS``; NaN equals NaN)."""
+    for name in a._FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
+            return False
+    return True
+
+
+def _fields_repr(result):
+    fields = ", ".join(f"{name}={getattr(result, name)!r}" for name in result._FIELDS)
+    return f"{type(result).__name__}({fields})"
+
+
+cdef class RefineResult(SweepResult):
+    """What the EP deletion-inclusion sweeps over the active set report (``IVMState.refine``,
+    the 'ep' and 'ep_after_exchange' stages of ``IVMState.run``; Seeger's notes §2.1): the
+    :class:`~fastep._epcore._common.SweepResult` fields the sweeps keep and their own counts.
+    Read-only; equality (NaN equals NaN), ``as_dict``, pickling and ``repr`` cover ``_FIELDS``.
+
+    Parameters
+    ----------
+    n_sweeps, converged, max_change, n_updates, n_skipped, n_rejected, log_z, stopped
+        The attributes of the same names (``n_failed`` is ``n_rejected``).
 
     Attributes
     ----------
@@ -443,26 +573,61 @@ cdef class RefineResult(_Report):
     converged : bool
         The last sweep skipped every site and rejected none (True for an empty active set).
     max_change : float
-        Largest site change ``max(|Δβ|/β, |Δm| β^½)`` in the last sweep.
-    n_updates, n_skipped, n_rejected : int
-        Site updates applied, skipped (a change of at most ``tol``) and rejected (improper
-        cavity, site kernel or new site: the site is left unchanged), summed over the sweeps.
+        Largest site change ``max(|Δβ|/β, |Δm| β^½)`` in the last sweep (0 if none ran).
+    log_z : float
+        eq 32 (Lawrence, Seeger & Herbrich), ``log N(m_I; 0, K_I + B_I⁻¹)``, at the returned
+        sites; NaN if no sweep ran.
+    n_skipped : int
+        Site updates skipped (a change of at most ``tol``), summed over the sweeps; unlike
+        the rank-1 engines' count, without the rejected ones.
+    n_failed, n_rejected : int
+        Site updates rejected (improper cavity, site kernel or new site: the site is left
+        unchanged), summed over the sweeps.
+    stopped : bool
+        The progress callback returned False.
+    n_updates : int
+        Site updates applied, summed over the sweeps.
+
+    ``log_z_change`` and ``n_clipped`` are not tracked (``inf`` and 0).
     """
 
-    _FIELDS = ("n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected")
+    _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed", "stopped",
+               "n_updates", "n_rejected")
+    _ARGS = ("n_sweeps", "converged", "max_change", "n_updates", "n_skipped", "n_rejected", "log_z",
+             "stopped")
 
     def __init__(self, int n_sweeps=0, bint converged=False, double max_change=0.0, long n_updates=0,
-                 long n_skipped=0, long n_rejected=0):
-        self.n_sweeps = n_sweeps
-        self.converged = converged
-        self.max_change = max_change
+                 long n_skipped=0, long n_rejected=0, double log_z=NAN, bint stopped=False):
+        SweepResult.__init__(self, n_sweeps=n_sweeps, converged=converged, max_change=max_change,
+                             log_z=log_z, n_skipped=n_skipped, n_failed=n_rejected, stopped=stopped)
         self.n_updates = n_updates
-        self.n_skipped = n_skipped
         self.n_rejected = n_rejected
 
+    def replace(self, **changes):
+        """A copy with the given fields changed (those of the constructor)."""
+        unknown = set(changes) - set(self._ARGS)
+        if unknown:
+            raise TypeError(f"unknown RefineResult field(s): {sorted(unknown)}")
+        args = {name: getattr(self, name) for name in self._ARGS}
+        args.update(changes)
+        return RefineResult(**args)
 
-cdef class ExchangeResult(_Report):
-    """What ``IVMState.exchange`` reports: the exchange moves made on the active set.
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return _same_fields(self, other)
+
+    def __reduce__(self):
+        return (RefineResult, tuple(getattr(self, name) for name in self._ARGS))
+
+    def __repr__(self):
+        return _fields_repr(self)
+
+
+cdef class ExchangeResult:
+    """What the exchange moves on the active set report (``IVMState.exchange``, the 'exchange'
+    stage of ``IVMState.run``; Seeger's notes §2.3). Read-only; equality, pickling and
+    ``repr`` cover ``_FIELDS``, ``as_dict`` adds ``n_moves``.
 
     Attributes
     ----------
@@ -490,7 +655,125 @@ cdef class ExchangeResult(_Report):
 
     def as_dict(self):
         """The fields and ``n_moves`` as a plain dict (for logging and JSON)."""
-        return dict(_Report.as_dict(self), n_moves=self.n_moves)
+        return dict(moves=self.moves, converged=self.converged, best_gain=self.best_gain, n_moves=self.n_moves)
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return _same_fields(self, other)
+
+    def __reduce__(self):
+        return (ExchangeResult, (self.moves, self.converged, self.best_gain))
+
+    def __repr__(self):
+        return _fields_repr(self)
+
+
+#: The refinement stages of a run, in the order they run.
+_STAGES = ("ep", "exchange", "ep_after_exchange")
+
+
+cdef class IVMResult(SweepResult):
+    """What one ``IVMState.run`` reports (Algorithm 1 of Lawrence, Seeger & Herbrich, then the
+    refinement stages of Seeger's notes §2.1, §2.3): the :class:`~fastep._epcore._common.SweepResult`
+    fields for the run as a whole, the size of the active set and every stage's report.
+    Read-only; equality (NaN equals NaN), pickling and ``repr`` cover ``_FIELDS``.
+
+    Parameters
+    ----------
+    n_active, log_z
+        The attributes.
+    refinement : dict or None
+        The stage reports by name, as :attr:`refinement` gives them (the common fields
+        follow from them).
+
+    Attributes
+    ----------
+    n_sweeps : int
+        EP sweeps run over the active set, both EP stages together (0 without refinement).
+    converged : bool
+        Every stage that ran converged (True when none ran: selection alone has no test).
+    max_change : float
+        Largest site change in the last sweep of the last EP stage (0 if none ran).
+    log_z : float
+        eq 32, ``log N(m_I; 0, K_I + B_I⁻¹)``, at the returned sites.
+    n_skipped, n_failed : int
+        Site updates skipped and rejected, summed over the EP stages.
+    stopped : bool
+        The progress callback stopped an EP stage (the stages after it did not run).
+    n_active : int
+        Size of the active set at the end of the run.
+    ep, exchange, ep_after_exchange : RefineResult, ExchangeResult, RefineResult or None
+        The EP sweeps after the selection, the exchange moves, the EP sweeps after a move
+        (None where the stage did not run).
+    """
+
+    _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "n_skipped", "n_failed", "stopped",
+               "n_active", "ep", "exchange", "ep_after_exchange")
+
+    def __init__(self, int n_active=0, double log_z=NAN, refinement=None):
+        stages = {} if refinement is None else dict(refinement)
+        unknown = set(stages) - set(_STAGES)
+        if unknown:
+            raise ValueError(f"unknown refinement stage(s): {sorted(unknown)}")
+        cdef int n_sweeps = 0
+        cdef long n_skipped = 0, n_failed = 0
+        cdef double max_change = 0.0
+        cdef bint stopped = False
+        cdef RefineResult ep
+        for name in ("ep", "ep_after_exchange"):
+            ep = stages.get(name)
+            if ep is not None:
+                n_sweeps += ep.n_sweeps
+                n_skipped += ep.n_skipped
+                n_failed += ep.n_failed
+                max_change = ep.max_change
+                stopped = stopped or ep.stopped
+        converged = True
+        for report in stages.values():
+            converged = converged and report.converged
+        SweepResult.__init__(self, n_sweeps=n_sweeps, converged=converged, max_change=max_change,
+                             log_z=log_z, n_skipped=n_skipped, n_failed=n_failed, stopped=stopped)
+        self.n_active = n_active
+        self.ep = stages.get("ep")
+        self.exchange = stages.get("exchange")
+        self.ep_after_exchange = stages.get("ep_after_exchange")
+
+    @property
+    def refinement(self):
+        """The stage reports by name as run (``'ep'``, ``'exchange'``, ``'ep_after_exchange'``;
+        the estimators' ``refinement_``), or None when no refinement ran."""
+        stages = {name: getattr(self, name) for name in _STAGES if getattr(self, name) is not None}
+        return stages or None
+
+    def replace(self, **changes):
+        """A copy with the given constructor arguments (``n_active``, ``log_z``,
+        ``refinement``) changed."""
+        unknown = set(changes) - {"n_active", "log_z", "refinement"}
+        if unknown:
+            raise TypeError(f"unknown IVMResult argument(s): {sorted(unknown)}")
+        args = dict(n_active=self.n_active, log_z=self.log_z, refinement=self.refinement)
+        args.update(changes)
+        return IVMResult(**args)
+
+    def as_dict(self):
+        """The fields as a plain dict, stage reports as theirs (for logging and JSON)."""
+        out = {name: getattr(self, name) for name in self._FIELDS}
+        for name in _STAGES:
+            if out[name] is not None:
+                out[name] = out[name].as_dict()
+        return out
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return _same_fields(self, other)
+
+    def __reduce__(self):
+        return (IVMResult, (self.n_active, self.log_z, self.refinement))
+
+    def __repr__(self):
+        return _fields_repr(self)
 
 
 # --------------------------------------------------------------------------- #
@@ -537,7 +820,8 @@ cdef object fetch_column(column_fn, int point, int n, bint check_finite):
     return col
 
 
-cdef int _check_column_fn(column_fn) except -1:
+cdef int check_column_fn(column_fn) except -1:
+    """TypeError unless ``column_fn`` is callable."""
     if not callable(column_fn):
         raise TypeError("column_fn must be callable: column_fn(point) -> K[:, point]")
     return 0
@@ -550,12 +834,40 @@ def _check_count(value, name, int minimum):
     return int(value)
 
 
+def _check_int(value, name, int minimum):
+    """``_check_count`` held to a C int (a larger count is the same as no limit here)."""
+    return min(_check_count(value, name, minimum), 2 ** 31 - 1)
+
+
 def _check_tol(value, name):
     """A finite real >= 0, else ValueError naming ``name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not (value >= 0 and np.isfinite(value)):
         raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
     return float(value)
+
+
+cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except *:
+    """The arguments of ``IVMState.refine``, checked."""
+    cdef RefineSettings out
+    out.n_sweeps = _check_int(n_sweeps, "n_sweeps", 0)
+    out.tol = _check_tol(tol, "tol")
+    out.refactor_every = _check_int(refactor_every, "refactor_every", 1)
+    return out
+
+
+cdef ExchangeSettings check_exchange_settings(int k, mode, tol, max_moves, seed, refactor_every) except *:
+    """The arguments of ``IVMState.exchange`` on an active set of k points, checked (None:
+    k moves, a rebuild after k moves)."""
+    cdef ExchangeSettings out
+    if not isinstance(mode, str) or mode not in ("greedy", "random"):
+        raise ValueError(f"mode must be 'greedy' or 'random'; got {mode!r}")
+    out.greedy = mode == "greedy"
+    out.tol = _check_tol(tol, "tol")
+    out.max_moves = k if max_moves is None else _check_int(max_moves, "max_moves", 0)
+    out.refactor_every = k if refactor_every is None else _check_int(refactor_every, "refactor_every", 1)
+    out.seed = _check_count(seed, "seed", 0)
+    return out
 
 
 cdef int _check_factor(const IVMArrays* s, int status) except -1:
@@ -592,7 +904,7 @@ cdef int _refactor_active_checked(IVMArrays* s, const double* KI, double* SII, d
 
 cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
     """The body of ``IVMState.refactorize``: L, M, ς and μ from the sites and K[I, :]."""
-    _check_column_fn(column_fn)
+    check_column_fn(column_fn)
     if s.k == 0:
         return
     cdef const double* ki = rows.fetch(s, column_fn)
@@ -600,58 +912,88 @@ cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
     _rebuild(s, ki, NULL, &work[0])
 
 
-cdef RefineResult refine_sweeps(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                                KernelRows rows, column_fn, n_sweeps, tol, refactor_every):
-    """The body of ``IVMState.refine``: EP deletion-inclusion sweeps (``_ep_site``) on
-    Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full rebuild."""
-    _check_column_fn(column_fn)
-    n_sweeps = _check_count(n_sweeps, "n_sweeps", 0)
-    tol = _check_tol(tol, "tol")
-    refactor_every = _check_count(refactor_every, "refactor_every", 1)
-    cdef int k = s.k, r, st, sweep = 0, n_applied = 0, n_rej = 0
-    cdef int n_up = 0, n_skip = 0, n_rej_total = 0
-    cdef double ch = 0.0, max_change = 0.0, tol_c = tol
+cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                                const RefineSettings* settings, callback):
+    """The body of ``IVMState.refine`` (validated settings): EP deletion-inclusion sweeps
+    (``_ep_site``) on Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full
+    rebuild; through a ``SweepDriver`` (``callback(sweep, max_change, log_z)`` with eq 32 at
+    the sites after each sweep, Ctrl-C polled about every 1e6 / k² sites). On Ctrl-C, an error
+    of the callback or a failed refactorisation, the sites, g, ν and L are put back as they
+    were (M, ς and μ are rewritten only by the final rebuild) and the exception is raised."""
+    cdef int k = s.k, r, st, sweep, n_applied = 0, n_sweeps = settings.n_sweeps
+    cdef int refactor_every = settings.refactor_every, info
+    cdef long n_up = 0
+    cdef double ch = 0.0, tol = settings.tol, log_z
+    cdef bint refactored
     if k == 0 or n_sweeps == 0:
         return RefineResult(converged=k == 0)
     cdef const double* ki = rows.fetch(s, column_fn)
     cdef double[:, ::1] SII = np.empty((k, k))
     cdef double[::1] mu_I = np.empty(k)
     cdef double[::1] work = np.empty(k * k + k)
+    cdef double[::1] t_buf = np.empty(k)
     cdef double* sii = &SII[0, 0]
     cdef double* mui = &mu_I[0]
     cdef double* w = &work[0]
-    converged = False
-    _refactor_active_checked(s, ki, sii, mui, w)
-    for sweep in range(1, n_sweeps + 1):
-        n_applied = 0
-        n_rej = 0
-        max_change = 0.0
-        with nogil:
-            for r in range(k):
-                st = _ep_site(model, y, s, sigma2, sii, mui, r, tol_c, w, &ch)
-                if st == EP_APPLIED:
-                    n_applied += 1
-                elif st == EP_SKIPPED:
-                    n_skip += 1
-                else:
-                    n_rej += 1
-                if ch > max_change:
-                    max_change = ch
-        n_up += n_applied
-        n_rej_total += n_rej
-        if n_applied == 0:
-            converged = n_rej == 0
-            break
-        if sweep % refactor_every == 0 and sweep < n_sweeps:
-            _refactor_active_checked(s, ki, sii, mui, w)
+    cdef SweepDriver driver = SweepDriver(tol, n_sweeps, callback, 2.0 * k * k)
+    cdef SweepStats* stats = driver.begin_sweep()
+    cdef Py_ssize_t l_size = <Py_ssize_t>s.d_max * s.d_max
+    driver.keep(<double[:s.n]> s.site_mean, <double[:s.n]> s.site_precision, <double[:s.n]> s.g,
+                <double[:s.n]> s.nu, <double[:l_size]> s.L)      # views of the state's arrays
+    try:
+        _refactor_active_checked(s, ki, sii, mui, w)
+        for sweep in range(1, n_sweeps + 1):
+            sweep_stats_reset(stats)
+            n_applied = 0
+            with nogil:
+                for r in range(k):
+                    if interrupt_requested(stats):
+                        break
+                    st = _ep_site(t.model, t.y, s, t.sigma2, sii, mui, r, tol, w, &ch)
+                    if st == EP_APPLIED:
+                        n_applied += 1
+                    elif st == EP_SKIPPED:
+                        stats.n_skipped += 1
+                    else:
+                        stats.n_failed += 1
+                    if ch > stats.max_change_precision:
+                        stats.max_change_precision = ch
+            if driver.interrupted():
+                break                  # Ctrl-C: the state is restored and the exception raised below
+            driver.record_sweep(sweep)
+            n_up += n_applied
+            driver.test_unchanged(n_applied)
+            refactored = n_applied > 0 and sweep % refactor_every == 0 and sweep < n_sweeps
+            if refactored:
+                _refactor_active_checked(s, ki, sii, mui, w)
+            if callback is not None:
+                # eq 32 at the sites after the sweep, from the factor just rebuilt or a new one
+                # (L is rewritten from the sites before it is read again)
+                with nogil:
+                    if refactored:
+                        log_z = _log_z_of_factor(s, w + <Py_ssize_t>k * k)
+                    else:
+                        info = _factor_sites(s, ki, &t_buf[0])
+                        log_z = _log_z_of_factor(s, &t_buf[0]) if info == 0 else NAN
+                driver.log_z = log_z
+                if driver.notify(sweep):
+                    break
+            if n_applied == 0:
+                break
+        driver.raise_pending()
+    except BaseException:
+        driver.restore()
+        raise
     _rebuild(s, ki, NULL, w)
-    return RefineResult(sweep, converged, max_change, n_up, n_skip, n_rej_total)
+    with nogil:
+        log_z = _log_z_of_factor(s, w)                  # _refactor leaves t = L⁻¹ B_I^½ m_I in w
+    return RefineResult(driver.n_sweeps, driver.converged, driver.max_change, n_up, driver.n_skipped,
+                        driver.n_failed, log_z, driver.stopped)
 
 
-cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                          KernelRows rows, column_fn):
+cdef tuple exchange_gains(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn):
     """The body of ``IVMState.exchange_gains``: ``_exchange_row`` for every slot after a rebuild."""
-    _check_column_fn(column_fn)
+    check_column_fn(column_fn)
     cdef int k = s.k, r, bi = -1
     cdef double bg = 0.0
     partner = np.full(k, -1, dtype=np.intp)
@@ -664,31 +1006,23 @@ cdef tuple exchange_gains(IVMArrays* s, const SiteModel* model, const double* y,
     _rebuild(s, ki, &S[0, 0], &work[0])
     for r in range(k):
         with nogil:
-            _exchange_row(model, y, s, sigma2, &S[0, 0], r, &bg, &bi)
+            _exchange_row(t.model, t.y, s, t.sigma2, &S[0, 0], r, &bg, &bi)
         partner[r] = bi
         gains[r] = bg
     return partner, gains
 
 
-cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const double* y, double sigma2,
-                                   KernelRows rows, double* chosen, column_fn, mode, tol, max_moves, seed,
-                                   refactor_every):
-    """The body of ``IVMState.exchange``: searches (``_exchange_search``) and moves
-    (``_exchange_apply``) until no move gains more than ``tol`` or ``max_moves`` were made;
-    Σ[I, :], ς and μ rebuilt every ``refactor_every`` moves and L, M, ς, μ at the end.
-    ``chosen``: the per-slot criterion values (``IVMState.chosen_score``)."""
-    _check_column_fn(column_fn)
-    if not isinstance(mode, str) or mode not in ("greedy", "random"):
-        raise ValueError(f"mode must be 'greedy' or 'random'; got {mode!r}")
-    tol = _check_tol(tol, "tol")
-    cdef int k = s.k, n = s.n
-    max_moves = k if max_moves is None else _check_count(max_moves, "max_moves", 0)
-    refactor_every = k if refactor_every is None else _check_count(refactor_every, "refactor_every", 1)
-    seed = _check_count(seed, "seed", 0)
-    cdef bint greedy = mode == "greedy"
+cdef ExchangeResult exchange_moves(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                                   const ExchangeSettings* settings):
+    """The body of ``IVMState.exchange`` (validated settings): searches (``_exchange_search``)
+    and moves (``_exchange_apply``) until no move gains more than ``tol`` or ``max_moves``
+    were made; Σ[I, :], ς and μ rebuilt every ``refactor_every`` moves and L, M, ς, μ at the
+    end."""
+    cdef int k = s.k, n = s.n, max_moves = settings.max_moves, refactor_every = settings.refactor_every
+    cdef bint greedy = settings.greedy
     cdef int status = 0, best_r = -1, best_i = -1, since = 0
-    cdef double best = -INFINITY, tol_c = tol, gain = 0.0
-    cdef unsigned long long rng = <unsigned long long>seed
+    cdef double best = -INFINITY, tol_c = settings.tol, gain = 0.0
+    cdef unsigned long long rng = settings.seed
     moves = []
     if k == 0 or k == n:
         return ExchangeResult(converged=True)
@@ -705,7 +1039,7 @@ cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const d
     try:
         while True:
             with nogil:
-                _exchange_search(model, y, s, sigma2, S, greedy, tol_c, &perm[0], &rng,
+                _exchange_search(t.model, t.y, s, t.sigma2, S, greedy, tol_c, &perm[0], &rng,
                                  &best, &best_r, &best_i)
             if not (best_i >= 0 and best > tol_c):
                 converged = True
@@ -715,7 +1049,7 @@ cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const d
             col = fetch_column(column_fn, best_i, n, True)
             j = s.active[best_r]
             with nogil:
-                status = _exchange_apply(model, y, s, sigma2, S, ki, ki_idx, chosen, best_r, best_i,
+                status = _exchange_apply(t.model, t.y, s, t.sigma2, S, ki, ki_idx, best_r, best_i,
                                          &col[0], w, &gain)
             if status != 0:
                 raise RuntimeError(f"exchange of active point {j} for {best_i} failed: the new site "
@@ -730,3 +1064,36 @@ cdef ExchangeResult exchange_moves(IVMArrays* s, const SiteModel* model, const d
             status = _refactor(s, ki, NULL, w)
     _check_factor(s, status)
     return ExchangeResult(moves, converged, best)
+
+
+cdef IVMResult refine_stages(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
+                             IVMOptions options, callback):
+    """The refinement stages of ``IVMState.run`` on the active set after selection, as
+    ``options`` asks: EP sweeps ('ep'), exchange moves ('exchange') and, if a move was made,
+    the EP sweeps again ('ep_after_exchange', the entering points carry ADF sites). A
+    stage stopped by ``callback`` ends the refinement. Returns the :class:`IVMResult` (its
+    ``log_z`` that of the active set at the end)."""
+    cdef RefineSettings sweeps
+    cdef ExchangeSettings moves
+    cdef RefineResult ep
+    cdef ExchangeResult ex
+    cdef double[::1] t_buf
+    stages = {}
+    sweeps.n_sweeps = options.refine_sweeps
+    sweeps.tol = options.refine_tol
+    sweeps.refactor_every = 1
+    if options.refine_sweeps:
+        ep = refine_sweeps(s, t, rows, column_fn, &sweeps, callback)
+        stages["ep"] = ep
+    if options.exchange is not None and not (options.refine_sweeps and ep.stopped):
+        moves.greedy = options.exchange == "greedy"
+        moves.tol = options.exchange_tol
+        moves.max_moves = s.k if options.max_exchanges is None else options.max_exchanges
+        moves.seed = options.seed
+        moves.refactor_every = s.k if s.k > 0 else 1      # (an empty set makes no move)
+        ex = exchange_moves(s, t, rows, column_fn, &moves)
+        stages["exchange"] = ex
+        if options.refine_sweeps and ex.n_moves:
+            stages["ep_after_exchange"] = refine_sweeps(s, t, rows, column_fn, &sweeps, callback)
+    t_buf = np.empty(max(s.k, 1))
+    return IVMResult(s.k, active_log_z(s, &t_buf[0]), stages or None)

@@ -90,18 +90,18 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
 
 
 def typed_refinement(report):
-    """A refinement report (:meth:`_IVMProblem._refine`) whose stages hold the engine's typed
-    results: a stage saved as a plain dict (model files written before the results were typed)
-    becomes a :class:`~fastep._epcore.ivm_refine.RefineResult` or
-    :class:`~fastep._epcore.ivm_refine.ExchangeResult`; None stays None."""
+    """A refinement report (:attr:`~fastep._epcore.ivm_refine.IVMResult.refinement`) whose
+    stages hold the engine's typed results: a stage saved as a plain dict (model files written
+    before the results were typed) becomes a :class:`~fastep._epcore.ivm_refine.RefineResult`
+    or :class:`~fastep._epcore.ivm_refine.ExchangeResult`; None stays None."""
     if report is None:
         return None
     typed = {}
     for stage, result in report.items():
         if isinstance(result, dict) and stage == "exchange":
             result = ExchangeResult(result["moves"], result["converged"], result["best_gain"])
-        elif isinstance(result, dict):
-            result = RefineResult(**result)
+        elif isinstance(result, dict):          # the constructor's fields (n_failed is n_rejected)
+            result = RefineResult(**{name: value for name, value in result.items() if name in RefineResult._ARGS})
         typed[stage] = result
     return typed
 
@@ -146,17 +146,27 @@ class _IVMProblem:
         return KernelColumns(self.kernel, self.X, cache)
 
     # -- Algorithm 1 ---------------------------------------------------------------------
-    def select(self):
+    def engine_options(self):
+        """The engine's :class:`~fastep._epcore.ivm_refine.IVMOptions` for this problem."""
+        refine = self.refine or {}
+        return _engine.IVMOptions(self.d, criterion=self.criterion, seed=self.seed,
+                                  refine_sweeps=refine.get("sweeps", 0), exchange=refine.get("exchange"),
+                                  exchange_tol=refine.get("exchange_tol", 1e-6),
+                                  max_exchanges=refine.get("max_exchanges"))
+
+    def select(self, sweep_callback=None):
+        """Algorithm 1 and the refinement of the active set (one :meth:`IVMState.run
+        <fastep._epcore.ivm.IVMState.run>`); ``sweep_callback`` receives its EP sweeps.
+        Sets ``state``, ``active``, ``site_mean``, ``site_precision`` and ``refinement``."""
         cols = self._columns()
         bad = np.flatnonzero(~(cols.diag > 0))
         if bad.size:
             raise ValueError(f"kernel must have a positive diagonal on X; {self.kernel!r} gives "
                              f"k(x_{bad[0]}, x_{bad[0]}) = {cols.diag[bad[0]]!r}")
         self.state = None                       # release the previous M (d x n) before allocating the next
-        state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag, self.d,
-                                 criterion=self.criterion, seed=self.seed)
-        state.select(self.d, cols)
-        self.refinement = self._refine(state, cols)
+        state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag,
+                                 self.engine_options())
+        self.refinement = state.run(cols, sweep_callback).refinement
         self.state = state
         self.active = state.active
         self.site_mean = np.array(state.site_mean)[self.active]
@@ -164,34 +174,13 @@ class _IVMProblem:
         self.marginals = None
         return state
 
-    def _refine(self, state, cols):
-        """Refinement on the fixed-size active set after Algorithm 1 (Seeger's notes §2.1, §2.3).
-
-        ``refine_sweeps`` EP deletion-inclusion sweeps (``IVMState.refine``), then exchange
-        moves (``IVMState.exchange``), then, if any exchange was made, the EP sweeps again
-        (the entering points carry ADF sites). Returns the engine's reports by stage ('ep',
-        'exchange', 'ep_after_exchange' as run), or None.
-        """
-        opts = self.refine
-        if not opts or (not opts["sweeps"] and opts["exchange"] is None):
-            return None
-        info = {}
-        if opts["sweeps"]:
-            info["ep"] = state.refine(cols, opts["sweeps"])
-        if opts["exchange"] is not None:
-            info["exchange"] = state.exchange(cols, opts["exchange"], tol=opts["exchange_tol"],
-                                              max_moves=opts["max_exchanges"], seed=self.seed)
-            if opts["sweeps"] and info["exchange"].n_moves:
-                info["ep_after_exchange"] = state.refine(cols, opts["sweeps"])
-        return info
-
     def refinement_warnings(self):
         """Messages for a refinement that stopped before convergence (final selection only)."""
         out = []
         info = self.refinement or {}
         for key in ("ep", "ep_after_exchange"):
             ep = info.get(key)
-            if ep is not None and not ep.converged:
+            if ep is not None and not ep.converged and not ep.stopped:
                 out.append(f"EP refinement of the active set did not converge in {ep.n_sweeps} sweep(s) "
                            f"(largest site change {ep.max_change:.3g}, {ep.n_rejected} improper "
                            "update(s) rejected); increase refine_sweeps")
@@ -427,6 +416,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
         problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
     progress = options["progress"]
+    sweeps = progress.sweep_callback()          # the refinement's EP sweeps (None: nobody listens)
 
     def report(iteration, stage):
         """Record a stage of Algorithm 2; False if the callback asks to stop."""
@@ -464,7 +454,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     for iteration in range(1, options["n_iterations"] + 1):
         if progress.stopped:
             break
-        problem.select()
+        problem.select(sweeps)
         if full_data:
             problem.state = None                # the O(d n) selection state is rebuilt by the next selection
             if minibatch:
@@ -502,7 +492,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
         if not report(iteration, "kernel"):
             break
         if learn_noise:
-            problem.select()
+            problem.select(sweeps)
             lik_theta, lik_bounds = problem.likelihood.theta, problem.likelihood.theta_bounds
             theta0, bounds = lik_theta, lik_bounds
             if learn_offset:
@@ -534,7 +524,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
             f"kernel after round {rounds} of {options['n_iterations']} (0: the start). A larger "
             "active_set_size, or the dense GaussianProcessClassifier, learns the kernel from more of the data.",
             ConvergenceWarning, stacklevel=4)
-    problem.select()
+    problem.select(sweeps)
     problem.log_evidence = None
     if full_data and options["n_iterations"] > 0:
         if minibatch:
