@@ -45,13 +45,13 @@ def fit_one(kind, seed, noise, damping):
     X, y = make(kind, 200, 10 * seed, noise)
     Xt, yt = make(kind, 2000, 10 * seed + 1, noise)
     iterations = []
-    run = multiclass.MultinomialGPProblem._run_once
+    run = multiclass.MultinomialGPProblem._ep
 
     def counted(self, *args, **kwargs):
         state = run(self, *args, **kwargs)
-        iterations.append(state["info"].n_sweeps)
+        iterations.append(state.info.n_sweeps)
         return state
-    multiclass.MultinomialGPProblem._run_once = counted
+    multiclass.MultinomialGPProblem._ep = counted
     try:
         start = time.perf_counter()
         with warnings.catch_warnings():
@@ -60,7 +60,7 @@ def fit_one(kind, seed, noise, damping):
                                             damping=damping).fit(X, y)
         elapsed = time.perf_counter() - start
     finally:
-        multiclass.MultinomialGPProblem._run_once = run
+        multiclass.MultinomialGPProblem._ep = run
     p = clf.predict_proba(Xt)
     return (elapsed, int(clf.n_evaluations_), len(iterations), int(sum(iterations)),
             float(np.mean(clf.predict(Xt) != yt)), float(-np.mean(np.log(p[np.arange(yt.size), yt]))))

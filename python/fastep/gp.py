@@ -26,11 +26,11 @@ import numpy as np
 from . import _validation as v
 from ._memory import check_memory, concurrent_problems, dense_gp_bytes, format_bytes, student_t_gp_bytes
 from ._epcore import gp_ep as _engine
-from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
+from ._base import EXAMPLES_DOC, fill_doc, records_feature_names
 from ._gp.docs import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, MIXED_UNITS_DOC, N_JOBS_DOC,
                        REGRESSOR_ATTRIBUTES)
-from ._gp.estimator import EPEvidenceMixin, EPParameters, GPClassifierMixin, GPEstimator, GPRegressorMixin
-from ._gp.hyperparameters import Hyperparameters
+from ._gp.estimator import (EPEvidenceMixin, EPParameters, GPClassifierMixin, GPEstimator, GPRegressorMixin,
+                            MultinomialClassifierMixin)
 from ._gp.options import check_classifier_likelihood, ep_option_constraints, start_kernel, use_fractional_ep
 from ._constraints import Integer, validate_params
 from ._dense.problem import DenseGPProblem
@@ -43,7 +43,7 @@ from .batch import map_in_order
 from .kernels.base import check_kernel
 
 if TYPE_CHECKING:
-    from typing import Any, Literal
+    from typing import Literal
 
     from numpy.typing import ArrayLike, NDArray
     from typing_extensions import Self
@@ -121,14 +121,6 @@ class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                      f"For data this large use {sparse}() (O(n m) memory, m inducing inputs) or "
                      f"{ivm}(active_set_size=d) (O(n d) memory), or fit on a subsample")
 
-    def _fit_problem(self, X, y, kernel, likelihood, options, learn_likelihood):
-        """Fit one binary/regression problem, learning hyperparameters unless ``optimizer`` is None
-        (the problem of the likelihood's EP variant, :data:`_PROBLEMS`)."""
-        problem = _PROBLEMS[likelihood.ep_variant](kernel, likelihood, X, y, options, learn_likelihood)
-        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                               hyperprior=options["hyperprior"]), options["seed"])
-        return problem.fit(problem.hyperparameters, **search)
-
 
 _EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
         Sequential EP with BLAS-3 blocked updates, the plain rank-1 sequential path, or
@@ -193,7 +185,7 @@ _REFERENCES = """Minka, T. P. *EP: a quick reference*, §2, eqs 77-88 (EP in ker
     (MIT Press, 2006), §3.6, Algorithms 3.5-3.6 (EP for GP classification, prediction)."""
 
 
-class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
+class GaussianProcessClassifier(MultinomialClassifierMixin, GPClassifierMixin, _GPEPBase):
     __doc__ = fill_doc("""Gaussian-process classifier fitted by dense expectation propagation.
 
     Model: a latent function ``f ~ GP(0, k)`` and ``p(y_i | f_i) = t(y_i f_i)`` for a binary
@@ -310,6 +302,21 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         -------
         self
         """
+        X, classes, problems = self._check_fit_arguments(X, y)
+        n_jobs = None if self.multi_class == "multinomial" else self.n_jobs     # one problem: as it is
+        problems = map_in_order(self._fit_problem, problems, n_jobs)
+        # Everything computed: set the fitted attributes.
+        self.classes_ = classes
+        self.X_train_ = X
+        self._set_problems(X, problems)
+        if self._multinomial():
+            self.likelihood_ = "multinomial_probit"
+        self._set_ep_summary(problems)
+        return self
+
+    def _check_fit_arguments(self, X, y):
+        """``(X, classes, problems)``: the estimator's parameters and the data validated, and the
+        unfitted problems (one per class one-vs-rest, or one multinomial problem)."""
         options = self._engine_options()
         v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
         kernel = check_kernel(self.kernel)
@@ -329,55 +336,15 @@ class GaussianProcessClassifier(GPClassifierMixin, _GPEPBase):
         if self.multi_class == "multinomial":
             labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
                 np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
-            problem = MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)
-            search = self._search_options(problem, Hyperparameters(kernel, None, False,
-                                                                   hyperprior=options["hyperprior"]), options["seed"])
-            problem.fit(problem.hyperparameters, **search)
-            self.classes_ = classes
-            self.X_train_ = X
-            self._set_problems(X, [problem])
-            self.likelihood_ = "multinomial_probit"
-            self._set_ep_summary([problem])
-            return self
-        problems = map_in_order(lambda t: self._fit_problem(X, t, kernel, likelihood, options, learn_likelihood),
-                                targets, self.n_jobs)
-        # Everything computed: set the fitted attributes.
-        self.classes_ = classes
-        self.X_train_ = X
-        self._set_problems(X, problems)
-        self._set_ep_summary(problems)
-        return self
-
+            return X, classes, [MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)]
+        problem_class = _PROBLEMS[likelihood.ep_variant]
+        return X, classes, [problem_class(kernel, likelihood, X, t, options, learn_likelihood) for t in targets]
 
     def _multinomial(self) -> bool:
         return isinstance(self._problems[0], MultinomialGPProblem)
 
-    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            return self._problems[0].predictor.predict_proba(self._check_X(X))
-        return super().predict_proba(X)
-
-    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            X = self._check_X(X)
-            if len(self.classes_) == 2:
-                # one column, the predictive log-odds of classes_[1] as for every binary classifier
-                log_p = np.log(self._problems[0].predictor.predict_proba(X))
-                return log_p[:, 1] - log_p[:, 0]
-            return self._problems[0].latent(X)[0]
-        return super().decision_function(X)
-
-    def predict(self, X: ArrayLike) -> NDArray[Any]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        return super().predict(X)
-
-    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
-    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
-    predict.__doc__ = GPClassifierMixin.predict.__doc__
+    def _multinomial_means(self, X):
+        return self._problems[0].latent(X)[0]
 
 
 class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
@@ -491,6 +458,17 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         -------
         self
         """
+        X, problem = self._check_fit_arguments(X, y)
+        problem = self._fit_problem(problem)
+        self.X_train_ = X
+        self._set_problems(X, [problem])
+        self._set_ep_summary([problem])
+        self.noise_variance_ = float(problem.likelihood.noise_variance)
+        return self
+
+    def _check_fit_arguments(self, X, y):
+        """``(X, problem)``: the estimator's parameters and the data validated, and the unfitted
+        problem of the noise model's EP variant."""
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
         noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
@@ -505,9 +483,4 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         gaussian, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
         self._check_memory(X, 1, 0, fractional)
         likelihood = noise_class.from_noise_variance(gaussian.noise_variance) if noise is None else noise
-        problem = self._fit_problem(X, y, kernel, likelihood, options, learn_noise)
-        self.X_train_ = X
-        self._set_problems(X, [problem])
-        self._set_ep_summary([problem])
-        self.noise_variance_ = float(problem.likelihood.noise_variance)
-        return self
+        return X, _PROBLEMS[likelihood.ep_variant](kernel, likelihood, X, y, options, learn_noise)

@@ -36,10 +36,10 @@ import numpy as np
 
 from ._sparse import distributed as _chunked
 from . import _validation as v
-from ._base import EXAMPLES_DOC, check_is_fitted, fill_doc, records_feature_names
+from ._base import EXAMPLES_DOC, fill_doc, records_feature_names
 from ._gp.docs import (CLASSIFIER_ATTRIBUTES, EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES,
                        MIXED_UNITS_DOC, N_JOBS_DOC, REGRESSOR_ATTRIBUTES)
-from ._gp.estimator import GPClassifierMixin, GPRegressorMixin
+from ._gp.estimator import GPClassifierMixin, GPRegressorMixin, MultinomialClassifierMixin
 from ._gp.options import check_classifier_likelihood, check_noise_variance, start_kernel, use_fractional_ep
 from ._search.start import default_noise_variance
 from .progress import CALLBACK_DOC
@@ -56,7 +56,7 @@ from ._sparse.chunked_predict import _ChunkedClassifierMixin, _ChunkedRegressorM
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-    from numpy.typing import ArrayLike, NDArray
+    from numpy.typing import ArrayLike
     from typing_extensions import Self
 
     from ._typing import Callback, Hyperprior
@@ -221,7 +221,7 @@ _REFERENCES = """Naish-Guzman, A. and Holden, S. *The generalized FITC approxima
     "EP-FITC", "EP-DTC", "EP variants"."""
 
 
-class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
+class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBase):
     __doc__ = fill_doc(
         """Gaussian-process classifier fitted by sparse EP with inducing inputs (EP-FITC, EP-DTC, power EP).
 
@@ -380,7 +380,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
             self._check_memory(X.shape[0], Zs[0].shape[0], len(targets), options)
             starts = previous or [None] * len(targets)
             problems = map_in_order(
-                lambda job: self._fit_problem(X, job[0], job[1], kernel, likelihood, options, learn_likelihood,
+                lambda job: self._fit_one(X, job[0], job[1], kernel, likelihood, options, learn_likelihood,
                                               start=job[2]),
                 list(zip(targets, Zs, starts)), self.n_jobs)
         self.classes_ = classes
@@ -443,7 +443,7 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         def choose(m, fitted):
             return self._multinomial_inducing_inputs(X, labels, n_classes, options, fitted.kernel, m)
 
-        problem = self._fit_growing(make_problem, choose, Z, kernel, None, options, False,
+        problem = self._fit_growing(make_problem, choose, Z, options,
                                     sizes=_multinomial.auto_sizes(X.shape[0], n_classes))
         problem.likelihood = "multinomial_probit"
         problem.estimator_name = type(self).__name__
@@ -468,31 +468,8 @@ class SparseGPClassifier(_ChunkedClassifierMixin, GPClassifierMixin, _SparseGPBa
         return bool(getattr(self, "_problems", None)) and isinstance(getattr(self._problems[0], "predictor", None),
                                                                      _multinomial.MultinomialSparsePredictor)
 
-    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            return self._problems[0].predictor.predict_proba(self._check_X(X))
-        return super().predict_proba(X)
-
-    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            X = self._check_X(X)
-            if len(self.classes_) == 2:
-                log_p = np.log(self._problems[0].predictor.predict_proba(X))
-                return log_p[:, 1] - log_p[:, 0]
-            return self._problems[0].predictor.latent_full(X)[0]
-        return super().decision_function(X)
-
-    def predict(self, X: ArrayLike) -> NDArray[Any]:
-        check_is_fitted(self, "_problems")
-        if self._multinomial():
-            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        return super().predict(X)
-
-    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
-    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
-    predict.__doc__ = GPClassifierMixin.predict.__doc__
+    def _multinomial_means(self, X):
+        return self._problems[0].predictor.latent_full(X)[0]
 
 
 class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase):
@@ -649,7 +626,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             (Z,) = ([previous[0].Z] if previous
                     else self._inducing_inputs(X, options, kernel, gaussian if fractional else likelihood, [y]))
             self._check_memory(X.shape[0], Z.shape[0], 1, options)
-            problems = [self._fit_problem(X, y, Z, kernel, likelihood, options, learn_noise,
+            problems = [self._fit_one(X, y, Z, kernel, likelihood, options, learn_noise,
                                           start=previous[0] if previous else None)]
         self._set_fitted(X, problems)
         self.noise_variance_ = float(problems[0].likelihood.noise_variance)

@@ -26,21 +26,26 @@ kernel's θ at the fixed point: ``Σ_j ½ b_jᵀ ∂K b_j - ½ tr((C - Σ_j E_j�
 Prediction: ``E[f*_j] = k*ᵀ b_j``, ``Cov[f*]_jl = δ_jl (k** - k*ᵀ M_j k*) + (E_j k*)·(E_l k*)``;
 class probabilities by inner EP on the predictive (normalised over the classes).
 """
+import contextlib
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
+from .._epcore._common import SweepResult
 from .._epcore.gp_ep import _check_kernel_matrix
-from .._gp.problem import SiteProblem
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._prediction import PREDICT_BATCH
 from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse_spd, batched_log_det_from_cholesky,
                       gram, inner, matmul, symmetrize_from_lower)
 from ..progress import sweep_callback_of
 from .._student_t.problem import dense_kernel_matrix
 
-__all__ = ["MultinomialGPProblem", "MultinomialPosterior", "class_probabilities", "dense_posterior_of"]
+__all__ = ["MultinomialGPProblem", "MultinomialEPState", "MultinomialPosterior", "class_probabilities",
+           "dense_posterior_of"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: First damping of the estimators' outer iterations (``damping=None``), with adaptive damping.
@@ -288,6 +293,16 @@ def dense_posterior_of(K, *, validate=True):
     return partial(MultinomialPosterior, K)
 
 
+class MultinomialEPState(NamedTuple):
+    """One nested EP run's result: the inner sites it ended at (n, c), the outer posterior and
+    the engine's summary (with the outer sites)."""
+
+    inner_precision: np.ndarray
+    inner_natural_mean: np.ndarray
+    posterior: MultinomialPosterior
+    info: SweepResult
+
+
 class MultinomialGPProblem(SiteProblem):
     """One multinomial-probit GP EP problem: nested EP runs, evidence, gradient, prediction state.
 
@@ -306,7 +321,8 @@ class MultinomialGPProblem(SiteProblem):
     search_ftol = 1e-5
 
     def __init__(self, kernel, X, labels, n_classes, options):
-        super().__init__(kernel, None, X, labels, options)
+        super().__init__(kernel, None, X, labels, options,
+                         Hyperparameters(kernel, None, False, hyperprior=options.get("hyperprior")))
         n = X.shape[0]
         self.n_classes = n_classes
         self.inner_precision = np.zeros((n, n_classes))
@@ -343,28 +359,33 @@ class MultinomialGPProblem(SiteProblem):
         self.inner_precision[index] = sites[0]
         self.inner_natural_mean[index] = sites[1]
 
-    def _run_once(self, prior, likelihood, warm):
+    def _ep(self, K, warm):
+        """One nested EP run on ``K`` from the stored inner sites (``warm``) or zero sites."""
         opts = self.options
         n, c = self.X.shape[0], self.n_classes
         alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
         beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
-        engine = _nested.MultinomialEP(dense_posterior_of(prior, validate=False), self.y, c, damping=opts["damping"],
+        engine = _nested.MultinomialEP(dense_posterior_of(K, validate=False), self.y, c, damping=opts["damping"],
                                   adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"],
                                   max_sweeps=opts["max_sweeps"], validate=False)
         info = engine.run(alpha, beta, sweep_callback=sweep_callback_of(opts))
-        return {"alpha": alpha, "beta": beta, "post": engine.posterior, "info": info}
+        return MultinomialEPState(alpha, beta, engine.posterior, info)
 
-    def _ep_input(self, params):
-        """The kernel matrix (shared by the classes): the engine's input; ``params`` =
-        ``(kernel, None, None)``."""
-        K = dense_kernel_matrix(params[0], self.X, self.options["jitter"])
-        return K, None
-
-    def _finish(self, params, context, state, *, gradient, keep):
-        """Evidence gradient and, with ``keep``, the prediction state from nested EP's state."""
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Nested EP at ``params`` = ``(kernel, None, None)`` on the kernel matrix the classes share,
+        its evidence gradient (``gradient``) and, with ``keep``, the prediction state;
+        ``(log_z, grad or None, info)``."""
         kernel = params[0]
-        self.inner_precision, self.inner_natural_mean = state["alpha"], state["beta"]
-        post, info = state["post"], state["info"]
+        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        state = None
+        if warm and self._has_sites():
+            with contextlib.suppress(*WARM_START_FAILURES):
+                state = self._ep(K, warm=True)
+        if state is None or state.info.n_failed:
+            state = self._ep(K, warm=False)
+        del K                           # what the gradient no longer needs is freed before it runs
+        self.inner_precision, self.inner_natural_mean = state.inner_precision, state.inner_natural_mean
+        post, info = state.posterior, state.info
         self.site_precision = info.outer_precision.T.copy()
         self.site_natural_mean = info.outer_natural_mean.T.copy()
         self._training_marginals = None if keep else (post.mean, post.cov)   # for the search only

@@ -18,16 +18,33 @@ float64 arrays); the gradient reuses the posterior-covariance buffer for B's fac
 plus one ∂K/∂θ_j at a time. A fitted binary model keeps the n×n Cholesky factor of B for
 predictive variances.
 """
+import contextlib
+from typing import NamedTuple
+
 import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import gp_ep as _engine
+from .._epcore._common import SweepResult
+from .._gp.hyperparameters import Hyperparameters
 from .._gp.predictor import DensePredictor
-from .._gp.problem import SiteProblem
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._linalg import inner, matmul, symmetrize_from_lower
 from ..progress import sweep_callback_of
 
-__all__ = ["DenseGPProblem"]
+__all__ = ["DenseGPProblem", "DenseEPState"]
+
+
+class DenseEPState(NamedTuple):
+    """One dense EP run's result: the sites it ended at, the posterior mean, the final cavities
+    and the engine's summary (the Cholesky factor of B is left in the run's buffer)."""
+
+    site_precision: np.ndarray
+    site_natural_mean: np.ndarray
+    post_mean: np.ndarray
+    cavity_mean: np.ndarray
+    cavity_var: np.ndarray
+    info: SweepResult
 
 
 def _cholesky_lower_inplace(A):
@@ -52,7 +69,8 @@ class DenseGPProblem(SiteProblem):
     search_tol = None
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
-        super().__init__(kernel, likelihood, X, y, options)
+        super().__init__(kernel, likelihood, X, y, options,
+                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.get("hyperprior")))
         self.learn_likelihood = learn_likelihood
 
     # -- EP --------------------------------------------------------------------------------
@@ -68,8 +86,9 @@ class DenseGPProblem(SiteProblem):
                 "semi-definite; increase jitter or add a White kernel term")
         return K
 
-    def _run_once(self, prior, likelihood, warm):
-        K, buffer = prior
+    def _ep(self, K, buffer, likelihood, warm):
+        """One EP run on ``K`` from the stored sites (``warm``) or zero sites; B's factor is left
+        in ``buffer``."""
         opts = self.options
         n = K.shape[0]
         tau, nu = self._start_sites(warm)
@@ -99,7 +118,7 @@ class DenseGPProblem(SiteProblem):
                 f"EP's log marginal likelihood is not finite at {likelihood!r} with this kernel: the site "
                 f"precisions (up to {float(np.max(tau)):.3g}) make the kernel matrix numerically singular; "
                 "increase jitter, add a White kernel term or bound the noise_variance")
-        return {"tau": tau, "nu": nu, "post_mean": post_mean, "cavity": (cavity_mean, cavity_var), "info": info}
+        return DenseEPState(tau, nu, post_mean, cavity_mean, cavity_var, info)
 
     @staticmethod
     def _weights(K, L, tau, nu, s):
@@ -120,22 +139,23 @@ class DenseGPProblem(SiteProblem):
         w = solve_triangular(L, solve_triangular(L, rhs, lower=True), lower=True, trans="T")
         return nu_zero + s * w
 
-    def _ep_input(self, params):
-        """``(K, buffer)`` for the engine, twice: EP's input and what :meth:`_finish` needs."""
-        K = self._kernel_matrix(params[0])
-        prior = (K, np.empty(K.shape))
-        return prior, prior
-
-    def _finish(self, params, prior, state, *, gradient, keep):
-        """Evidence gradient (``gradient``) and, with ``keep``, the prediction state (Cholesky
-        factor, weights) from the EP run's ``state``; ``(log_z, grad or None, info)``."""
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """EP at ``params`` = ``(kernel, likelihood, None)``, its evidence gradient (``gradient``)
+        and, with ``keep``, the prediction state (Cholesky factor, weights); ``(log_z, grad or None,
+        info)``."""
         kernel, likelihood, _ = params
-        K, buffer = prior
+        K = self._kernel_matrix(kernel)
+        buffer = np.empty(K.shape)
+        state = None
+        if warm and self._has_sites():
+            with contextlib.suppress(*WARM_START_FAILURES):
+                state = self._ep(K, buffer, likelihood, warm=True)
+        if state is None or state.info.n_failed:
+            state = self._ep(K, buffer, likelihood, warm=False)
         n = K.shape[0]
-        tau, nu, info = state["tau"], state["nu"], state["info"]
+        tau, nu, info = state.site_precision, state.site_natural_mean, state.info
         self.site_precision, self.site_natural_mean = tau, nu
         grad = None
-        cavity_mean, cavity_var = state["cavity"]
         s = np.sqrt(tau)
         L = buffer                      # chol(B), B = I + S^½ K S^½, from the engine
         weights = self._weights(K, L, tau, nu, s)
@@ -156,7 +176,7 @@ class DenseGPProblem(SiteProblem):
                 del R, inv
             if self.learn_likelihood:
                 # the engine's cavities (from B's factor; 1/Σ_ii - τ_i cancels at huge τ_i)
-                grads.extend(likelihood.theta_gradient(self.y, cavity_mean, cavity_var))
+                grads.extend(likelihood.theta_gradient(self.y, state.cavity_mean, state.cavity_var))
             grad = np.array(grads, dtype=float)
             if keep:  # the factor was overwritten by R: refactorise for prediction
                 np.multiply(K, s[:, None], out=buffer)

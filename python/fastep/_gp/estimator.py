@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .._typing import Hyperprior, MeanStd
 from .options import check_noise_variance, start_kernel
 
-__all__ = ["stack_problems", "EPParameters", "GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "GPRegressorMixin"]
+__all__ = ["stack_problems", "EPParameters", "GPEstimator", "LogMarginalLikelihoodMixin", "EPEvidenceMixin", "GPClassifierMixin", "MultinomialClassifierMixin", "GPRegressorMixin"]
 
 
 def stack_problems(arrays):
@@ -81,16 +81,15 @@ class GPEstimator(BaseEstimator):
         if progress is not None:
             self._warn_if_stopped(progress, stacklevel=4)
 
-    def _search_options(self, problem, hyperparameters, seed):
-        """Name ``problem`` (a :class:`SiteProblem`) after the estimator for its warnings, give it
-        ``hyperparameters``, and return the keyword arguments of its :meth:`SiteProblem.fit` from
-        the estimator's parameters (``optimizer``, ``n_restarts_optimizer``, ``warm_start``,
-        ``max_sweeps``, ``tol``) and ``seed``."""
+    def _fit_problem(self, problem):
+        """Fit ``problem`` (a :class:`SiteProblem` holding its ``hyperparameters`` and engine
+        options) by its :meth:`SiteProblem.fit`, with the estimator's ``optimizer``,
+        ``n_restarts_optimizer``, ``warm_start``, ``max_sweeps`` and ``tol`` and the options'
+        ``seed``, named after the estimator for its warnings; returns the problem."""
         problem.estimator_name = type(self).__name__
         problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
-        problem.hyperparameters = hyperparameters
-        return {"optimizer": self.optimizer, "n_restarts": self.n_restarts_optimizer, "seed": seed,
-                "warm_start": self.warm_start, "max_sweeps": self.max_sweeps, "tol": self.tol}
+        return problem.fit(optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer, seed=problem.options["seed"],
+                           warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
 
     def _check_X(self, X: ArrayLike) -> NDArray[np.float64]:
         """Prediction-time X, validated against the training features (raises if not fitted)."""
@@ -305,6 +304,51 @@ class GPClassifierMixin(ClassifierMixin):
         if len(self._problems) == 1:
             return self.classes_[(self.decision_function(X) > 0).astype(int)]
         return self.classes_[np.argmax(self._multiclass_scores(X), axis=1)]
+
+
+class MultinomialClassifierMixin:
+    """``predict_proba``, ``decision_function`` and ``predict`` of a classifier whose fit may be one
+    multinomial problem (:meth:`_multinomial`): class probabilities from that problem's
+    predictor and latent means from :meth:`_multinomial_means`; otherwise those of the next
+    class in the method resolution order (:class:`GPClassifierMixin`)."""
+
+    _problems: list[Any]
+    classes_: NDArray[Any]
+
+    def _multinomial(self) -> bool:
+        """Whether the fitted model is one multinomial problem."""
+        raise NotImplementedError
+
+    def _multinomial_means(self, X):
+        """Latent means (n, c) of the multinomial problem at the validated ``X``."""
+        raise NotImplementedError
+
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self._problems[0].predictor.predict_proba(self._check_X(X))  # type: ignore[attr-defined]
+        return super().predict_proba(X)  # type: ignore[misc]
+
+    def decision_function(self, X: ArrayLike) -> NDArray[np.float64]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            X = self._check_X(X)  # type: ignore[attr-defined]
+            if len(self.classes_) == 2:
+                # one column, the predictive log-odds of classes_[1] as for every binary classifier
+                log_p = np.log(self._problems[0].predictor.predict_proba(X))
+                return log_p[:, 1] - log_p[:, 0]
+            return self._multinomial_means(X)
+        return super().decision_function(X)  # type: ignore[misc]
+
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
+        check_is_fitted(self, "_problems")
+        if self._multinomial():
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        return super().predict(X)  # type: ignore[misc]
+
+    predict_proba.__doc__ = GPClassifierMixin.predict_proba.__doc__
+    decision_function.__doc__ = GPClassifierMixin.decision_function.__doc__
+    predict.__doc__ = GPClassifierMixin.predict.__doc__
 
 
 class GPRegressorMixin(RegressorMixin):

@@ -18,26 +18,32 @@ from ..kernels._distances import reuse_training_distances
 
 from .hyperparameters import Hyperparameters
 
-__all__ = ["SiteProblem"]
+__all__ = ["SiteProblem", "WARM_START_FAILURES"]
+
+#: What a warm-started EP run may raise when the stored sites do not suit the new θ (improper
+#: cavities after a large hyperparameter step, a failed factorisation): the evaluation then runs
+#: EP again from zero sites, as it does after a warm run that ends with a failed site.
+WARM_START_FAILURES = (np.linalg.LinAlgError, FloatingPointError)
 
 
 class SiteProblem:
     """One binary (or regression) EP problem: its data, its sites and type-II maximum likelihood.
 
-    :meth:`evaluate` runs EP at ``params`` = ``(kernel, likelihood, extra)`` (as
-    :meth:`Hyperparameters.unpack` gives it) in three steps that subclasses implement:
-    ``_ep_input(params)`` returns ``(prior, context)``, the engine's input and what the last step
-    needs; :meth:`run` calls ``_run_once(prior, likelihood, warm)`` (one EP run from the
-    stored sites when ``warm``, else from zero sites; returns a dict with at least
-    ``'info'``); ``_finish(params, context, state, *, gradient, keep)`` stores the sites,
-    computes the evidence gradient and, with ``keep``, the prediction state (attributes
-    ``kernel``, ``likelihood``, ``log_ml`` and ``info``), returning
-    ``(log_z, grad or None, info)``.
+    Each family's subclass defines ``evaluate(params, *, gradient, warm, keep=False)``: EP at
+    ``params`` = ``(kernel, likelihood, extra)`` (as :meth:`Hyperparameters.unpack` gives it),
+    from the stored sites when ``warm`` (a warm start that fails, :data:`WARM_START_FAILURES`
+    or a failed site, is retried from zero sites), storing the sites it ends at and
+    returning ``(log_z, grad or None, info)``: the gradient (with ``gradient``) in the order
+    of :meth:`Hyperparameters.unpack`, and with ``keep`` the prediction state (attributes
+    ``kernel``, ``likelihood``, ``log_ml``, ``info`` and ``predictor``). This class holds the
+    search around it.
 
     Attributes
     ----------
     site_precision, site_natural_mean : ndarray (n,)
         The current sites (zero before the first run).
+    hyperparameters : Hyperparameters
+        The θ packing of the search (None: set by the estimator before :meth:`fit`).
     """
 
     #: Name of the algorithm in the non-convergence warning.
@@ -51,44 +57,19 @@ class SiteProblem:
     search_tol: float | None = None
     #: L-BFGS-B's relative-reduction tolerance of the search (None: scipy's default)
     search_ftol: float | None = None
-    #: The θ packing of the search (set by the estimator).
-    hyperparameters: Hyperparameters
+    #: The θ packing of the search.
+    hyperparameters: Hyperparameters | None
 
-    def __init__(self, kernel, likelihood, X, y, options):
+    def __init__(self, kernel, likelihood, X, y, options, hyperparameters=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.X = X
         self.y = y
         self.options = options
+        self.hyperparameters = hyperparameters
         n = X.shape[0]
         self.site_precision = np.zeros(n)
         self.site_natural_mean = np.zeros(n)
-
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """Run EP at ``params`` = ``(kernel, likelihood, extra)``; ``(log_z, grad or None, info)``.
-
-        The gradient (with ``gradient``) is the evidence gradient in the order of
-        :meth:`Hyperparameters.unpack`; with ``keep`` the prediction state is stored.
-        """
-        prior, context = self._ep_input(params)
-        state = self.run(prior, params[1], warm)
-        del prior                       # what the gradient no longer needs is freed before it runs
-        return self._finish(params, context, state, gradient=gradient, keep=keep)
-
-    def run(self, prior, likelihood, warm):
-        """EP from the stored sites (``warm``) or from zero sites.
-
-        A warm start that fails (improper cavities after a large hyperparameter step, or a
-        failed factorisation) is retried once from a cold start.
-        """
-        if warm and self._has_sites():
-            try:
-                state = self._run_once(prior, likelihood, warm=True)
-            except (np.linalg.LinAlgError, FloatingPointError):
-                state = None
-            if state is not None and state["info"].n_failed == 0:
-                return state
-        return self._run_once(prior, likelihood, warm=False)
 
     def _start_sites(self, warm):
         """The sites one EP run starts from and updates: copies of the stored sites (``warm``),
@@ -102,8 +83,9 @@ class SiteProblem:
         """Whether there are sites to start warm from (any nonzero precision)."""
         return bool(np.any(self.site_precision))
 
-    def fit(self, hyper, *, optimizer, n_restarts, seed, warm_start, max_sweeps, tol):
-        """Learn θ (unless ``optimizer`` is None) and keep the EP state at the result.
+    def fit(self, *, optimizer, n_restarts, seed, warm_start, max_sweeps, tol):
+        """Learn θ in the coordinates of ``hyperparameters`` (unless ``optimizer`` is None) and keep
+        the EP state at the result.
 
         Maximises ``log Z(θ) + log p(θ)`` (the EP log marginal likelihood and the log density of
         ``hyper.hyperprior``; ``log Z`` alone without one) with L-BFGS-B in the coordinates of
@@ -115,6 +97,7 @@ class SiteProblem:
         Sets ``log_objective`` (the maximised objective at the result). Warns with
         :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
+        hyper = self.hyperparameters
         progress = self.options.get("progress") or quiet()
         self.n_coarse_evaluations = 0
         if optimizer is not None and hyper.size and not progress.stopped:

@@ -285,7 +285,8 @@ class _IVMProblem:
         hyper, space = self.hyperparameters, self.hyperparameters.space
         space.start_at(hyper.pack(self.kernel, self.likelihood))
         sparse.search_tol = _FULL_DATA_SEARCH_TOL
-        sparse.fit(hyper, optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
+        sparse.hyperparameters = hyper
+        sparse.fit(optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
                    warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
         #: the largest move of this round in the search's (log) coordinates
         end = space.to_search(hyper.pack(sparse.kernel, sparse.likelihood))

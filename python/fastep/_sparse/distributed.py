@@ -23,6 +23,7 @@ Executors: :class:`LocalChunks` runs the chunk tasks in this process (tests, and
 reduction without a cluster), :class:`DaskChunks` on the workers of a
 ``dask.distributed.Client`` (each task pinned to the worker that holds its chunk).
 """
+import contextlib
 import copy
 
 import numpy as np
@@ -30,7 +31,8 @@ import numpy as np
 from .. import _validation as v
 from .._epcore import sparse_ep as _engine
 from .._epcore._common import SweepDriver, SweepResult
-from .._gp.problem import SiteProblem
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._sparse.blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, posterior_from_sums, project_rows,
                              times_inverse_a)
@@ -328,16 +330,13 @@ class DistributedSparseEP(SiteProblem):
 
     def __init__(self, kernel, likelihood, Z, executor, chunks, sizes, options, learn_likelihood,
                  learn_inducing):
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.Z = Z
-        self.executor = executor
-        self.chunks = chunks
-        self.sizes = list(sizes)
-        self.options = options
-        self.learn_likelihood = learn_likelihood
-        self.learn_inducing = learn_inducing
-        self.has_sites = False
+        self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
+        self.executor, self.chunks, self.sizes = executor, chunks, list(sizes)
+        self.options, self.has_sites = options, False
+        self.learn_likelihood, self.learn_inducing = learn_likelihood, learn_inducing
+        self.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
+                                               extra=Z if learn_inducing else None,
+                                               hyperprior=options.get("hyperprior"))
 
     def __getstate__(self):
         """A saved or pickled copy keeps what prediction needs: the cluster's executor and the
@@ -375,13 +374,9 @@ class DistributedSparseEP(SiteProblem):
         projected = self.executor.map(chunk_project, self.chunks, kernel, Z, Kmm, opts)
         result = None
         if warm and self.has_sites:
-            try:
+            with contextlib.suppress(*WARM_START_FAILURES):
                 result = self._run_from(projected, likelihood, warm=True)
-            except (np.linalg.LinAlgError, FloatingPointError):
-                result = None
-            if result is not None and result[3].n_failed != 0:
-                result = None
-        if result is None:
+        if result is None or result[3].n_failed:
             result = self._run_from(projected, likelihood, warm=False)
         chunks, R, w_mean, info = result
         self.chunks, self.has_sites = chunks, True

@@ -339,7 +339,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             raise ValueError(f"inducing_init must have at most n_samples = {n} rows, got {Z.shape[0]}")
         return [Z.copy()] * len(targets)
 
-    def _fit_problem(self, X, y, Z, kernel, likelihood, options, learn_likelihood, start=None):
+    def _fit_one(self, X, y, Z, kernel, likelihood, options, learn_likelihood, start=None):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
         with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`). ``start``: a previous
         minibatch fit of this problem to continue from (:meth:`_previous_minibatch_fits`)."""
@@ -354,19 +354,18 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood.selection_likelihood(), [y],
                                          m=m)[0]
 
-        return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
+        return self._fit_growing(make_problem, choose, Z, options)
 
-    def _fit_growing(self, make_problem, choose, Z, kernel, likelihood, options, learn_likelihood, sizes=None):
+    def _fit_growing(self, make_problem, choose, Z, options, sizes=None):
         """Fit at the inducing inputs Z; with ``n_inducing='auto'`` then grow m (:func:`grow_inducing`,
         over ``sizes``, default :func:`auto_sizes`) while the next size fits in memory."""
-        fitted = self._learn(make_problem(Z), kernel, likelihood, Z, options, learn_likelihood)
+        fitted = self._learn(make_problem(Z))
         if not self._grows():
             fitted.growth = None
             return fitted
         n_problems = options.get("n_problems", 1)
         return grow_inducing(fitted, lambda m, best: self._learn(self._warm(make_problem(choose(m, best)), best),
-                                                                 kernel, likelihood, None, options,
-                                                                 learn_likelihood, start=best),
+                                                                 start=best),
                              options.get("progress"),
                              fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)),
                              sizes=sizes)
@@ -446,17 +445,14 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         problem.restore_sites(fitted.sites())
         return problem
 
-    def _learn(self, problem, kernel, likelihood, Z, options, learn_likelihood, start=None):
-        """Learn one problem's hyperparameters from ``kernel``/``likelihood`` (the hyperprior's centre);
-        with ``start`` (a fitted problem) the search starts at its kernel and likelihood instead."""
-        if Z is None:
-            Z = problem.Z
-        search = self._search_options(problem, Hyperparameters(kernel, likelihood, learn_likelihood,
-                                                               extra=Z if self._learns_inducing() else None,
-                                                               hyperprior=options["hyperprior"]), options["seed"])
+    def _learn(self, problem, start=None):
+        """Learn one problem's hyperparameters from its kernel and likelihood (the hyperprior's
+        centre); with ``start`` (a fitted problem) the search starts at its kernel and likelihood
+        instead."""
         if start is not None:
-            problem.hyperparameters.space.start_at(problem.hyperparameters.pack(start.kernel, start.likelihood, Z))
-        return problem.fit(problem.hyperparameters, **search)
+            hyper = problem.hyperparameters
+            hyper.space.start_at(hyper.pack(start.kernel, start.likelihood, problem.Z))
+        return self._fit_problem(problem)
 
     def _check_fit_options(self, options, kernel, likelihood, learn_likelihood):
         """Checks of the likelihood against ``power`` shared by every fit, before any work."""
@@ -515,7 +511,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                 return self._inducing_inputs(X, options, fitted.kernel, fitted.likelihood, [None],
                                              executor=executor, m=m)[0]
 
-            return self._fit_growing(make_problem, choose, Z, kernel, likelihood, options, learn_likelihood)
+            return self._fit_growing(make_problem, choose, Z, options)
 
         return classes, X, map_in_order(fit_one, positives, getattr(self, "n_jobs", None))
 

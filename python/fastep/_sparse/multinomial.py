@@ -68,14 +68,18 @@ Prediction
 class probabilities by inner EP on that c-variate Gaussian, normalised over the classes
 (:func:`fastep._dense.multiclass.class_probabilities`).
 """
+import contextlib
+from typing import Any, NamedTuple
+
 import numpy as np
 from scipy.linalg import blas as _blas, lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
-from .._epcore._common import SweepDriver
+from .._epcore._common import SweepDriver, SweepResult
 from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, _outer_sites,
                                  class_probabilities)
-from .._gp.problem import SiteProblem
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_solve, inner, matmul,
                        symmetrize_from_lower)
 from .._prediction import BatchedPredictor
@@ -480,6 +484,18 @@ class MultinomialSparsePredictor(BatchedPredictor):
 
 
 # -- one problem --------------------------------------------------------------------------------------
+class MultinomialSparseEPState(NamedTuple):
+    """One joint multiclass sparse EP run's result: the inner sites it ended at (n, c), the
+    engine's per-input state (:attr:`MultinomialSparseEP.state`), the posterior of the weights
+    and the engine's summary."""
+
+    inner_precision: np.ndarray
+    inner_natural_mean: np.ndarray
+    sites: dict[str, Any]
+    posterior: MultinomialSparsePosterior
+    info: SweepResult
+
+
 class MultinomialSparseProblem(SiteProblem):
     """One joint multiclass sparse GP problem: nested EP runs, the evidence, its gradient in the
     kernel's θ (and Z when ``learn_inducing``), and the prediction state.
@@ -494,7 +510,9 @@ class MultinomialSparseProblem(SiteProblem):
     search_ftol = 1e-5
 
     def __init__(self, kernel, Z, X, labels, n_classes, options, learn_inducing=False):
-        super().__init__(kernel, None, X, labels, options)
+        super().__init__(kernel, None, X, labels, options,
+                         Hyperparameters(kernel, None, False, extra=Z if learn_inducing else None,
+                                         hyperprior=options.get("hyperprior")))
         n = X.shape[0]
         self.Z = Z
         self.n_classes = int(n_classes)
@@ -505,16 +523,8 @@ class MultinomialSparseProblem(SiteProblem):
         self.site_precision = np.zeros((self.n_classes, n))
         self.site_natural_mean = np.zeros((self.n_classes, n))
 
-    def _ep_input(self, params):
-        kernel, _, Z = params
-        if Z is None:
-            Z = self.Z
-        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
-        L, Vt, d = project_rows(kernel, self.X, Z, Kmm, self.options)
-        return (Vt, d), (Z, L, Vt, d)
-
-    def _run_once(self, prior, likelihood, warm):
-        Vt, d = prior
+    def _ep(self, Vt, d, warm):
+        """One nested EP run on the projections from the stored inner sites (``warm``) or zero sites."""
         opts = self.options
         n, c = Vt.shape[0], self.n_classes
         engine = MultinomialSparseEP(
@@ -522,17 +532,29 @@ class MultinomialSparseProblem(SiteProblem):
             self.inner_natural_mean.copy() if warm else np.zeros((n, c)), damping=opts["damping"],
             adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"], max_sweeps=opts["max_sweeps"])
         info = engine.run(sweep_callback=sweep_callback_of(opts))
-        return {"engine": engine, "info": info}
+        return MultinomialSparseEPState(engine.inner_precision, engine.inner_natural_mean, engine.state,
+                                        engine.posterior, info)
 
     def _has_sites(self):
         return bool(np.any(self.inner_precision))
 
-    def _finish(self, params, context, state, *, gradient, keep):
-        kernel = params[0]
-        Z, L, Vt, d = context
-        engine, info = state["engine"], state["info"]
-        self.inner_precision, self.inner_natural_mean = engine.inner_precision, engine.inner_natural_mean
-        st, post = engine.state, engine.posterior
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Nested EP at ``params`` = ``(kernel, None, Z)`` (Z None: the stored inducing inputs), the
+        gradient in the kernel's θ (and ``Z.ravel()`` when ``learn_inducing``) and, with ``keep``,
+        the prediction state; ``(log_z, grad or None, info)``."""
+        kernel, _, Z = params
+        if Z is None:
+            Z = self.Z
+        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
+        L, Vt, d = project_rows(kernel, self.X, Z, Kmm, self.options)
+        state = None
+        if warm and self._has_sites():
+            with contextlib.suppress(*WARM_START_FAILURES):
+                state = self._ep(Vt, d, warm=True)
+        if state is None or state.info.n_failed:
+            state = self._ep(Vt, d, warm=False)
+        info, st, post = state.info, state.sites, state.posterior
+        self.inner_precision, self.inner_natural_mean = state.inner_precision, state.inner_natural_mean
         self.site_precision, self.site_natural_mean = st["pi"].T.copy(), st["nu"].T.copy()
         grad = None
         if gradient:

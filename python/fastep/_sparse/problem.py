@@ -33,19 +33,35 @@ extra memory is O(m · block).  Likelihood parameters: ``Σ_i (1/α) ∂ log Z_i
 cavities (:meth:`fastep.likelihoods.Likelihood.theta_gradient` for α = 1; for α < 1 only the Gaussian noise
 variance, in closed form).
 """
+import contextlib
+from typing import NamedTuple
+
 import numpy as np
 
 from .._epcore import sparse_ep as _engine
 from .._epcore import student_t_ep as _student_t_engine
-from .._gp.problem import SiteProblem
+from .._epcore._common import SweepResult
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from ..progress import sweep_callback_of
 from .._sparse.blocks import (SparsePredictor, block_rows, gradient_first_sums, gradient_from_sums,
                              gradient_second_sums, project_rows, times_inverse_a)
 from .._student_t.double_loop import SparseDoubleLoopEP
 from .._student_t.problem import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 
-#: The arrays one sparse EP run updates, in the order of :meth:`_BinarySparseEP._run_arrays`.
-_RUN_ARRAYS = ("tau", "nu", "R", "w_mean", "g_mean", "g_var")
+
+class SparseEPState(NamedTuple):
+    """One sparse EP run's result: the sites it ended at, the Cholesky factor R of
+    ``A = I + V T Vᵀ``, the posterior mean μ_w of the weights, the posterior mean and variance of
+    the projections g, and the engine's summary."""
+
+    site_precision: np.ndarray
+    site_natural_mean: np.ndarray
+    R: np.ndarray
+    w_mean: np.ndarray
+    g_mean: np.ndarray
+    g_var: np.ndarray
+    info: SweepResult
 
 
 class _BinarySparseEP(SiteProblem):
@@ -54,15 +70,18 @@ class _BinarySparseEP(SiteProblem):
     algorithm = "sparse EP"
 
     def __init__(self, kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing):
-        super().__init__(kernel, likelihood, X, y, options)
+        super().__init__(kernel, likelihood, X, y, options,
+                         Hyperparameters(kernel, likelihood, learn_likelihood, extra=Z if learn_inducing else None,
+                                         hyperprior=options.get("hyperprior")))
         self.Z = Z
         self.learn_likelihood = learn_likelihood
         self.learn_inducing = learn_inducing
 
     # -- EP --------------------------------------------------------------------------------
     def _run_arrays(self, Vt, warm):
-        """What one EP run on the projections ``Vt`` (n x m) updates (:data:`_RUN_ARRAYS`): the
-        sites it starts from (:meth:`SiteProblem._start_sites`), and R, μ_w, E[g] and Var[g]."""
+        """What one EP run on the projections ``Vt`` (n x m) updates (the fields of
+        :class:`SparseEPState` but ``info``): the sites it starts from
+        (:meth:`SiteProblem._start_sites`), and R, μ_w, E[g] and Var[g]."""
         n, m = Vt.shape
         tau, nu = self._start_sites(warm)
         return [tau, nu, np.empty((m, m)), np.empty(m), np.empty(n), np.empty(n)]
@@ -73,14 +92,11 @@ class _BinarySparseEP(SiteProblem):
         ``LinAlgError(failure)`` when its log marginal likelihood is not finite."""
         if not np.isfinite(info.log_z):
             raise np.linalg.LinAlgError(failure)
-        return dict(zip(_RUN_ARRAYS, arrays), info=info)
+        return SparseEPState(*arrays, info)
 
-    def _prior(self, kernel, Z):
-        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
-        return project_rows(kernel, self.X, Z, Kmm, self.options)
-
-    def _run_once(self, prior, likelihood, warm):
-        Vt, d = prior
+    def _ep(self, Vt, d, likelihood, warm, search):
+        """One EP run on the projections from the stored sites (``warm``) or zero sites (``search``:
+        a run of the type-II ML search)."""
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         tau, nu, R, w_mean, g_mean, g_var = arrays
@@ -93,29 +109,31 @@ class _BinarySparseEP(SiteProblem):
         return self._finished(arrays, info, f"sparse EP could not form a proper cavity at {info.n_failed} site(s) "
                               "and the log marginal likelihood is not finite; increase jitter or check the kernel")
 
-    def _ep_input(self, params):
-        """``(Vt, d)`` for the engine, and ``(Z, L, Vt, d)`` for :meth:`_finish`; ``params`` =
-        ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs)."""
-        kernel, _, Z = params
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """EP at ``params`` = ``(kernel, likelihood, Z)`` (Z None: the stored inducing inputs);
+        ``(log_z, grad or None, info)``. The gradient is ordered as kernel theta, likelihood theta
+        (if ``learn_likelihood``), ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the
+        prediction state is stored."""
+        kernel, likelihood, Z = params
         if Z is None:
             Z = self.Z
-        L, Vt, d = self._prior(kernel, Z)
-        return (Vt, d), (Z, L, Vt, d)
-
-    def _finish(self, params, context, state, *, gradient, keep):
-        """The gradient is ordered as kernel theta, likelihood theta (if ``learn_likelihood``),
-        ``Z.ravel()`` (if ``learn_inducing``). With ``keep`` the prediction state is stored."""
-        kernel, likelihood, _ = params
-        Z, L, Vt, d = context
-        self.site_precision, self.site_natural_mean = state["tau"], state["nu"]
+        Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
+        L, Vt, d = project_rows(kernel, self.X, Z, Kmm, self.options)
+        state = None
+        if warm and self._has_sites():
+            with contextlib.suppress(*WARM_START_FAILURES):
+                state = self._ep(Vt, d, likelihood, True, gradient)
+        if state is None or state.info.n_failed:
+            state = self._ep(Vt, d, likelihood, False, gradient)
+        self.site_precision, self.site_natural_mean = state.site_precision, state.site_natural_mean
         grad = None
         if gradient:
             grad = self._gradient(kernel, likelihood, Z, L, Vt, d, state, self.learn_likelihood,
                                   self.learn_inducing)
-        info = state["info"]
+        info = state.info
         if keep:
             self.kernel, self.likelihood, self.Z = kernel, likelihood, Z
-            self.predictor = SparsePredictor(kernel, likelihood, Z, L, state["R"], state["w_mean"])
+            self.predictor = SparsePredictor(kernel, likelihood, Z, L, state.R, state.w_mean)
             self.log_ml, self.info = float(info.log_z), info
         return float(info.log_z), grad, info
 
@@ -123,7 +141,7 @@ class _BinarySparseEP(SiteProblem):
         opts = self.options
         X, y = self.X, self.y
         n, m = Vt.shape
-        tau, nu, g_mean, g_var = state["tau"], state["nu"], state["g_mean"], state["g_var"]
+        tau, nu, g_mean, g_var = state.site_precision, state.site_natural_mean, state.g_mean, state.g_var
         block = min(n, block_rows(m))
         blocks = [slice(s, min(s + block, n)) for s in range(0, n, block)]
         P, Ua, lik_grad, ac = 0.0, 0.0, 0.0, []
@@ -133,7 +151,7 @@ class _BinarySparseEP(SiteProblem):
                                                          learn_likelihood)
             P, Ua, lik_grad = P + P_b, Ua + Ua_b, lik_grad + lik_b
             ac.append((a, c))
-        PA = times_inverse_a(P, state["R"])
+        PA = times_inverse_a(P, state.R)
         g_kernel, Gmm, g_z = 0.0, 0.0, 0.0
         for sl, (a, c) in zip(blocks, ac):
             gk_b, Gmm_b, gz_b = gradient_second_sums(kernel, Z, X[sl], L, Vt[sl], tau[sl], a, c, Ua, PA,
@@ -159,8 +177,7 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     algorithm = "sparse fractional EP"
     search_tol = 1e-2
 
-    def _run_once(self, prior, likelihood, warm):
-        Vt, d = prior
+    def _ep(self, Vt, d, likelihood, warm, search):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         engine = _student_t_engine.SparseStudentTEP(
@@ -168,9 +185,8 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
             damping=opts["damping"], tol=opts["tol"],
             max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
         info = engine.run(*arrays[:4], g_mean=arrays[4], g_var=arrays[5], sweep_callback=sweep_callback_of(opts))
-        self._reject_if_stuck(info)
-        info, arrays = self._with_double_loop_fallback(
-            info, arrays,
+        info, arrays = self._fractional_result(
+            info, arrays, search,
             lambda a: SparseDoubleLoopEP(
                 Vt, d, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
                 max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(

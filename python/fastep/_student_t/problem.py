@@ -18,18 +18,21 @@ Prediction: ``E[f*] = k*ᵀ b``, ``Var[f*] = k** - k*ᵀ M k*`` (R&W eqs 3.60-3.
 in place of the noise).
 """
 import contextlib
+from typing import NamedTuple
 
 import numpy as np
 from scipy.linalg import cho_factor
 
 from .._student_t.double_loop import DenseDoubleLoopEP
 from .._epcore import student_t_ep as _engine
-from .._gp.problem import SiteProblem
+from .._epcore._common import SweepResult
+from .._gp.hyperparameters import Hyperparameters
+from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._prediction import BatchedPredictor
 from .._linalg import inner, matmul
 from ..progress import sweep_callback_of
 
-__all__ = ["StudentTGPProblem"]
+__all__ = ["StudentTGPProblem", "StudentTEPState"]
 
 
 #: Outer iterations of the double-loop fallback per ``max_sweeps``: it converges linearly, and a
@@ -91,42 +94,38 @@ class StudentTPredictor(BatchedPredictor):
                 self.kernel._diag(X) - np.einsum("ij,ij->i", matmul(Ks, self.inverse), Ks))
 
 
+class StudentTEPState(NamedTuple):
+    """One dense fractional EP run's result: the sites it ended at, the posterior mean and
+    covariance, the final cavities and the summary of the run that produced them."""
+
+    site_precision: np.ndarray
+    site_natural_mean: np.ndarray
+    post_mean: np.ndarray
+    post_cov: np.ndarray
+    cavity_mean: np.ndarray
+    cavity_var: np.ndarray
+    info: SweepResult
+
+
 class RejectStuckDuringSearch:
     """Policy of the fractional-EP problems: during the type-II ML search (evaluations with a
     gradient) a run that found no proper step is a failed evaluation (``LinAlgError``, which the
     search counts as ``-inf``): its energy is not at a fixed point and can be far above the
     evidence. The final run at the learnt point keeps its result and warns instead."""
 
-    reject_stuck = False
-
-    def evaluate(self, params, *, gradient, warm, keep=False):
-        """As :meth:`fastep._gp.problem.SiteProblem.evaluate`; a search evaluation (``gradient``)
-        rejects a stuck run."""
-        with self._search_evaluation(gradient):
-            return super().evaluate(params, gradient=gradient, warm=warm, keep=keep)
-
-    @contextlib.contextmanager
-    def _search_evaluation(self, gradient):
-        self.reject_stuck = gradient
-        try:
-            yield
-        finally:
-            self.reject_stuck = False
-
-    def _reject_if_stuck(self, info):
-        if info.stuck and self.reject_stuck:
-            raise np.linalg.LinAlgError(f"{self.algorithm} found no step that keeps the posterior proper")
-
-    def _with_double_loop_fallback(self, info, arrays, run_double_loop):
+    def _fractional_result(self, info, arrays, search, run_double_loop):
         """``(info, arrays)`` of the run to keep after parallel fractional EP.
 
-        If the parallel run stalled or did not converge (and was not stopped, outside the
-        search), ``run_double_loop(copies of arrays)`` continues from its state; its result is
-        kept unless it ended with an improper cavity (a non-finite energy), in which case the
+        A run of the search (``search``) that found no proper step raises ``LinAlgError``.
+        Otherwise, if the parallel run stalled or did not converge (and was not stopped, outside
+        the search), ``run_double_loop(copies of arrays)`` continues from its state; its result
+        is kept unless it ended with an improper cavity (a non-finite energy), in which case the
         parallel run stands. Sets ``self.algorithm`` to what produced the kept result.
         """
+        if info.stuck and search:
+            raise np.linalg.LinAlgError(f"{self.algorithm} found no step that keeps the posterior proper")
         self.algorithm = type(self).algorithm
-        if not (info.stuck or not info.converged) or info.stopped or self.reject_stuck:
+        if not (info.stuck or not info.converged) or info.stopped or search:
             return info, arrays
         trial = [a.copy() for a in arrays]
         fallback = run_double_loop(trial)
@@ -150,11 +149,13 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
     search_tol = 1e-2
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
-        super().__init__(kernel, likelihood, X, y, options)
+        super().__init__(kernel, likelihood, X, y, options,
+                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.get("hyperprior")))
         self.learn_likelihood = learn_likelihood
 
-    def _run_once(self, prior, likelihood, warm):
-        K = prior
+    def _ep(self, K, likelihood, warm, search):
+        """One fractional EP run on ``K`` from the stored sites (``warm``) or zero sites
+        (``search``: a run of the type-II ML search)."""
         opts = self.options
         n = K.shape[0]
         tau, nu = self._start_sites(warm)
@@ -166,9 +167,8 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             tol=opts["tol"], max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
         info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
                           post_cov=post_cov, sweep_callback=sweep_callback_of(opts))
-        self._reject_if_stuck(info)
-        info, arrays = self._with_double_loop_fallback(
-            info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov],
+        info, arrays = self._fractional_result(
+            info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov], search,
             lambda a: DenseDoubleLoopEP(
                 K, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
                 max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(
@@ -178,20 +178,25 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             raise np.linalg.LinAlgError(
                 f"fractional EP's log marginal likelihood is not finite at {likelihood!r} with this kernel; "
                 "increase jitter or add a White kernel term")
-        return {"tau": tau, "nu": nu, "post_mean": post_mean, "post_cov": post_cov,
-                "cavity": (cavity_mean, cavity_var), "info": info}
+        return StudentTEPState(tau, nu, post_mean, post_cov, cavity_mean, cavity_var, info)
 
-    def _ep_input(self, params):
-        """The kernel matrix: the engine's input (freed before the gradient)."""
-        return dense_kernel_matrix(params[0], self.X, self.options["jitter"]), None
-
-    def _finish(self, params, context, state, *, gradient, keep):
-        """Evidence gradient and, with ``keep``, the prediction state from fractional EP's state."""
+    def evaluate(self, params, *, gradient, warm, keep=False):
+        """Fractional EP at ``params`` = ``(kernel, likelihood, None)``, its evidence gradient
+        (``gradient``: a run of the search, which rejects a stuck run) and, with ``keep``, the
+        prediction state; ``(log_z, grad or None, info)``."""
         kernel, likelihood, _ = params
-        tau, nu, info = state["tau"], state["nu"], state["info"]
+        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        state = None
+        if warm and self._has_sites():
+            with contextlib.suppress(*WARM_START_FAILURES):
+                state = self._ep(K, likelihood, True, gradient)
+        if state is None or state.info.n_failed:
+            state = self._ep(K, likelihood, False, gradient)
+        del K                           # what the gradient no longer needs is freed before it runs
+        tau, nu, info = state.site_precision, state.site_natural_mean, state.info
         self.site_precision, self.site_natural_mean = tau, nu
-        weights = nu - tau * state["post_mean"]                 # b = ν - T μ
-        inverse = state["post_cov"]                             # M = T - T Σ T, in Σ's memory
+        weights = nu - tau * state.post_mean                    # b = ν - T μ
+        inverse = state.post_cov                                # M = T - T Σ T, in Σ's memory
         inverse *= -tau[:, None]
         inverse *= tau[None, :]
         inverse.flat[:: tau.shape[0] + 1] += tau
@@ -200,10 +205,9 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             grads = [0.5 * inner(matmul(weights, dK), weights) - 0.5 * inner(inverse, dK)
                      for dK in kernel._grads(self.X, list(range(kernel.n_theta)))]
             if self.learn_likelihood:
-                cavity_mean, cavity_var = state["cavity"]
-                proper = cavity_var > 0
-                grads.extend(likelihood.theta_gradient(self.y[proper], cavity_mean[proper],
-                                                       cavity_var[proper], power=self.options["power"]))
+                proper = state.cavity_var > 0
+                grads.extend(likelihood.theta_gradient(self.y[proper], state.cavity_mean[proper],
+                                                       state.cavity_var[proper], power=self.options["power"]))
             grad = np.array(grads, dtype=float)
         if keep:
             self.kernel, self.likelihood = kernel, likelihood
