@@ -121,6 +121,39 @@ class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                      f"For data this large use {sparse}() (O(n m) memory, m inducing inputs) or "
                      f"{ivm}(active_set_size=d) (O(n d) memory), or fit on a subsample")
 
+    @records_feature_names
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
+        """Fit the EP posterior (and the hyperparameters unless ``optimizer=None``).
+
+        Parameters
+        ----------
+        X : array-like (n_samples, n_features)
+        y : array-like (n_samples,)
+            Class labels of a classifier (any sortable values; two or more classes), or real
+            targets of a regressor.
+
+        Returns
+        -------
+        self
+        """
+        X, problems, n_jobs, classes = self._check_fit_arguments(X, y)
+        problems = map_in_order(self._fit_problem, problems, n_jobs)
+        # Everything computed: set the fitted attributes.
+        self._set_fitted(X, problems, classes)
+        return self
+
+    def _check_fit_arguments(self, X, y):
+        """``(X, problems, n_jobs, classes)``: the parameters and the data validated, the unfitted
+        problems, the ``n_jobs`` to fit them with and the class labels (None: a regressor)."""
+        raise NotImplementedError
+
+    def _set_fitted(self, X, problems, classes):
+        """Set the fitted attributes from the fitted ``problems``."""
+        self.X_train_ = X
+        self._set_problems(X, problems)
+        self._set_ep_summary(problems)
+
+
 
 _EP_PARAMS = fill_doc("""schedule : {'blocked', 'sequential', 'parallel'}, default 'blocked'
         Sequential EP with BLAS-3 blocked updates, the plain rank-1 sequential path, or
@@ -288,35 +321,16 @@ class GaussianProcessClassifier(MultinomialClassifierMixin, GPClassifierMixin, _
                  callback: Callback = None, refactor_every: int | None | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
-    @records_feature_names
-    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
-        """Fit the EP posterior (and the hyperparameters unless ``optimizer=None``).
-
-        Parameters
-        ----------
-        X : array-like (n_samples, n_features)
-        y : array-like (n_samples,)
-            Class labels (any sortable values; two or more classes).
-
-        Returns
-        -------
-        self
-        """
-        X, classes, problems = self._check_fit_arguments(X, y)
-        n_jobs = None if self.multi_class == "multinomial" else self.n_jobs     # one problem: as it is
-        problems = map_in_order(self._fit_problem, problems, n_jobs)
-        # Everything computed: set the fitted attributes.
+    def _set_fitted(self, X, problems, classes):
         self.classes_ = classes
-        self.X_train_ = X
-        self._set_problems(X, problems)
+        super()._set_fitted(X, problems, classes)
         if self._multinomial():
             self.likelihood_ = "multinomial_probit"
-        self._set_ep_summary(problems)
-        return self
 
     def _check_fit_arguments(self, X, y):
-        """``(X, classes, problems)``: the estimator's parameters and the data validated, and the
-        unfitted problems (one per class one-vs-rest, or one multinomial problem)."""
+        """``(X, problems, n_jobs, classes)``: the estimator's parameters and the data validated, the
+        unfitted problems (one per class one-vs-rest, or one multinomial problem), the ``n_jobs`` to
+        fit them with and the sorted class labels."""
         options = self._engine_options()
         v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
         kernel = check_kernel(self.kernel)
@@ -336,9 +350,11 @@ class GaussianProcessClassifier(MultinomialClassifierMixin, GPClassifierMixin, _
         if self.multi_class == "multinomial":
             labels = np.searchsorted(classes, y).astype(np.int32) if classes.dtype != object else \
                 np.array([int(np.flatnonzero(classes == label)[0]) for label in y], dtype=np.int32)
-            return X, classes, [MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)]
+            # one problem, fitted as it is (n_jobs does not apply)
+            return X, [MultinomialGPProblem(kernel, X, labels, classes.shape[0], options)], None, classes
         problem_class = _PROBLEMS[likelihood.ep_variant]
-        return X, classes, [problem_class(kernel, likelihood, X, t, options, learn_likelihood) for t in targets]
+        return (X, [problem_class(kernel, likelihood, X, t, options, learn_likelihood) for t in targets], self.n_jobs,
+                classes)
 
     def _multinomial(self) -> bool:
         return isinstance(self._problems[0], MultinomialGPProblem)
@@ -444,31 +460,13 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
                  callback: Callback = None, refactor_every: int | None | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
-    @records_feature_names
-    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
-        """Fit the posterior (and the hyperparameters unless ``optimizer=None``).
-
-        Parameters
-        ----------
-        X : array-like (n_samples, n_features)
-        y : array-like (n_samples,)
-            Real targets.
-
-        Returns
-        -------
-        self
-        """
-        X, problem = self._check_fit_arguments(X, y)
-        problem = self._fit_problem(problem)
-        self.X_train_ = X
-        self._set_problems(X, [problem])
-        self._set_ep_summary([problem])
-        self.noise_variance_ = float(problem.likelihood.noise_variance)
-        return self
+    def _set_fitted(self, X, problems, classes):
+        super()._set_fitted(X, problems, classes)
+        self.noise_variance_ = float(problems[0].likelihood.noise_variance)
 
     def _check_fit_arguments(self, X, y):
-        """``(X, problem)``: the estimator's parameters and the data validated, and the unfitted
-        problem of the noise model's EP variant."""
+        """``(X, [problem], None, None)``: the estimator's parameters and the data validated, and the
+        unfitted problem of the noise model's EP variant (as :meth:`_GPEPBase._check_fit_arguments`)."""
         options = self._engine_options()
         kernel = check_kernel(self.kernel)
         noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
@@ -483,4 +481,4 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         gaussian, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
         self._check_memory(X, 1, 0, fractional)
         likelihood = noise_class.from_noise_variance(gaussian.noise_variance) if noise is None else noise
-        return X, _PROBLEMS[likelihood.ep_variant](kernel, likelihood, X, y, options, learn_noise)
+        return X, [_PROBLEMS[likelihood.ep_variant](kernel, likelihood, X, y, options, learn_noise)], None, None

@@ -44,7 +44,7 @@ from .._linalg import (batched_cholesky, batched_cholesky_solve, batched_inverse
 from ..progress import sweep_callback_of
 from .._student_t.problem import dense_kernel_matrix
 
-__all__ = ["MultinomialGPProblem", "MultinomialEPState", "MultinomialPosterior", "class_probabilities",
+__all__ = ["MultinomialGPProblem", "MultinomialEPState", "NestedSites", "MultinomialPosterior", "class_probabilities",
            "dense_posterior_of"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
@@ -303,7 +303,28 @@ class MultinomialEPState(NamedTuple):
     info: SweepResult
 
 
-class MultinomialGPProblem(SiteProblem):
+class NestedSites:
+    """The sites of a nested EP problem: the inner sites ``inner_precision``,
+    ``inner_natural_mean`` (n, c) that a warm start resumes, and the outer sites π and ν̃ as
+    ``site_precision``, ``site_natural_mean`` (c, n)."""
+
+    def _zero_nested_sites(self, n, n_classes):
+        self.inner_precision = np.zeros((n, n_classes))
+        self.inner_natural_mean = np.zeros((n, n_classes))
+        self.site_precision = np.zeros((n_classes, n))
+        self.site_natural_mean = np.zeros((n_classes, n))
+
+    def _has_sites(self):
+        return bool(np.any(self.inner_precision))
+
+    def sites(self):
+        return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean
+
+    def restore_sites(self, sites):
+        self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean = sites
+
+
+class MultinomialGPProblem(NestedSites, SiteProblem):
     """One multinomial-probit GP EP problem: nested EP runs, evidence, gradient, prediction state.
 
     ``y`` holds the class indices 0..c-1 (int32); the sites are stored as the inner sites
@@ -325,10 +346,7 @@ class MultinomialGPProblem(SiteProblem):
                          Hyperparameters(kernel, None, False, hyperprior=options.get("hyperprior")))
         n = X.shape[0]
         self.n_classes = n_classes
-        self.inner_precision = np.zeros((n, n_classes))
-        self.inner_natural_mean = np.zeros((n, n_classes))
-        self.site_precision = np.zeros((n_classes, n))
-        self.site_natural_mean = np.zeros((n_classes, n))
+        self._zero_nested_sites(n, n_classes)
         self.learn_likelihood = False
         self._training_marginals = None
 
@@ -401,9 +419,6 @@ class MultinomialGPProblem(SiteProblem):
             self.log_ml, self.info = float(info.log_z), info.replace(outer_precision=None, outer_natural_mean=None)
         return float(info.log_z), grad, info
 
-    def _has_sites(self):
-        return bool(np.any(self.inner_precision))
-
     def training_probabilities(self):
         """Class probabilities (n, c) of the training points under the last EP run's posterior
         (None where inner EP fails on a marginal: the refinement stop then waits for another step)."""
@@ -411,12 +426,3 @@ class MultinomialGPProblem(SiteProblem):
             return class_probabilities(*self._training_marginals)
         except FloatingPointError:
             return None
-
-    def sites(self):
-        return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean
-
-    def restore_sites(self, sites):
-        self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean = sites
-
-    def latent(self, X):
-        return self.predictor.latent(X)

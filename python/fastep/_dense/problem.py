@@ -188,6 +188,3 @@ class DenseGPProblem(SiteProblem):
             self.predictor = DensePredictor(kernel, self.X, weights, L, s)
             self.log_ml, self.info = float(info.log_z), info
         return float(info.log_z), grad, info
-
-    def latent(self, X):
-        return self.predictor.latent(X)

@@ -61,12 +61,9 @@ class SiteProblem:
     hyperparameters: Hyperparameters | None
 
     def __init__(self, kernel, likelihood, X, y, options, hyperparameters=None):
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.X = X
-        self.y = y
-        self.options = options
-        self.hyperparameters = hyperparameters
+        self.kernel, self.likelihood = kernel, likelihood
+        self.X, self.y = X, y
+        self.options, self.hyperparameters = options, hyperparameters
         n = X.shape[0]
         self.site_precision = np.zeros(n)
         self.site_natural_mean = np.zeros(n)
@@ -212,6 +209,10 @@ class SiteProblem:
     def restore_sites(self, sites):
         """Make ``sites`` (from :meth:`sites`) the warm start of the next run."""
         self.site_precision, self.site_natural_mean = sites
+
+    def latent(self, X):
+        """Latent predictive mean and variance at the rows of ``X`` (after a run with ``keep``)."""
+        return self.predictor.latent(X)
 
     def log_ml_at(self, hyper, theta, eval_gradient):
         """EP log marginal likelihood (and gradient) at ``theta``, from a cold start.

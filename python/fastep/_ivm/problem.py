@@ -118,23 +118,12 @@ class _IVMProblem:
 
     def __init__(self, X, y, kernel, likelihood, d, criterion, seed, offset=0.0, joint_noise=False,
                  refine=None):
-        self.X = X
-        self.refine = refine
-        self.refinement = None
-        self.joint_noise = joint_noise
-        self.y = y
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.d = d
-        self.criterion = criterion
-        self.seed = seed
-        self.offset = float(offset)
-        self.state = None
-        self.product_cache = None
-        self.full_data_sites = None
+        self.X, self.y, self.kernel, self.likelihood = X, y, kernel, likelihood
+        self.d, self.criterion, self.seed, self.offset = d, criterion, seed, float(offset)
+        self.refine, self.joint_noise = refine, joint_noise
+        self.refinement = self.state = self.product_cache = self.full_data_sites = None
         self.prior_centre = (kernel, likelihood)
-        self.hyperparameters = None
-        self.log_evidence = None
+        self.hyperparameters = self.log_evidence = None
 
     def _columns(self):
         """Kernel column oracle; the parameter-free products ``Xc x̃_j`` of the non-ARD

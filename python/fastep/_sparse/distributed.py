@@ -411,8 +411,6 @@ class DistributedSparseEP(SiteProblem):
     def restore_sites(self, sites):
         self.chunks, self.has_sites = sites
 
-    def latent(self, Xs):
-        return self.predictor.latent(Xs)
 
 
 # --------------------------------------------------------------------------------------------

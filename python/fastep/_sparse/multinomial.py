@@ -76,7 +76,7 @@ from scipy.linalg import blas as _blas, lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepDriver, SweepResult
-from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, _outer_sites,
+from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, NestedSites, _outer_sites,
                                  class_probabilities)
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
@@ -496,7 +496,7 @@ class MultinomialSparseEPState(NamedTuple):
     info: SweepResult
 
 
-class MultinomialSparseProblem(SiteProblem):
+class MultinomialSparseProblem(NestedSites, SiteProblem):
     """One joint multiclass sparse GP problem: nested EP runs, the evidence, its gradient in the
     kernel's θ (and Z when ``learn_inducing``), and the prediction state.
 
@@ -518,10 +518,7 @@ class MultinomialSparseProblem(SiteProblem):
         self.n_classes = int(n_classes)
         self.learn_likelihood = False
         self.learn_inducing = bool(learn_inducing)
-        self.inner_precision = np.zeros((n, self.n_classes))
-        self.inner_natural_mean = np.zeros((n, self.n_classes))
-        self.site_precision = np.zeros((self.n_classes, n))
-        self.site_natural_mean = np.zeros((self.n_classes, n))
+        self._zero_nested_sites(n, self.n_classes)
 
     def _ep(self, Vt, d, warm):
         """One nested EP run on the projections from the stored inner sites (``warm``) or zero sites."""
@@ -535,16 +532,11 @@ class MultinomialSparseProblem(SiteProblem):
         return MultinomialSparseEPState(engine.inner_precision, engine.inner_natural_mean, engine.state,
                                         engine.posterior, info)
 
-    def _has_sites(self):
-        return bool(np.any(self.inner_precision))
-
     def evaluate(self, params, *, gradient, warm, keep=False):
         """Nested EP at ``params`` = ``(kernel, None, Z)`` (Z None: the stored inducing inputs), the
         gradient in the kernel's θ (and ``Z.ravel()`` when ``learn_inducing``) and, with ``keep``,
         the prediction state; ``(log_z, grad or None, info)``."""
-        kernel, _, Z = params
-        if Z is None:
-            Z = self.Z
+        kernel, Z = params[0], self.Z if params[2] is None else params[2]
         Kmm = np.ascontiguousarray(kernel._K(Z, None), dtype=np.float64)
         L, Vt, d = project_rows(kernel, self.X, Z, Kmm, self.options)
         state = None
@@ -581,12 +573,3 @@ class MultinomialSparseProblem(SiteProblem):
             g_kernel, Gmm = g_kernel + gk, Gmm + gm
             g_z = g_z + gz if self.learn_inducing else None
         return gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, None, False, self.learn_inducing)
-
-    def sites(self):
-        return self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean
-
-    def restore_sites(self, sites):
-        self.inner_precision, self.inner_natural_mean, self.site_precision, self.site_natural_mean = sites
-
-    def latent(self, X):
-        return self.predictor.latent(X)

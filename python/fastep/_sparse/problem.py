@@ -161,9 +161,6 @@ class _BinarySparseEP(SiteProblem):
         return gradient_from_sums(kernel, Z, g_kernel, Gmm, g_z, lik_grad, learn_likelihood,
                                   learn_inducing)
 
-    # -- prediction --------------------------------------------------------------------------
-    def latent(self, Xs):
-        return self.predictor.latent(Xs)
 
 
 class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
@@ -193,4 +190,3 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
                 *a[:4], g_mean=a[4], g_var=a[5], sweep_callback=sweep_callback_of(opts)))
         return self._finished(arrays, info, f"sparse fractional EP's log marginal likelihood is not finite at "
                               f"{likelihood!r}; increase jitter or check the kernel")
-

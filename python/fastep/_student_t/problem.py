@@ -214,6 +214,3 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             self.predictor = StudentTPredictor(kernel, self.X, weights, inverse)
             self.log_ml, self.info = float(info.log_z), info
         return float(info.log_z), grad, info
-
-    def latent(self, X):
-        return self.predictor.latent(X)
