@@ -41,7 +41,7 @@ ALL = configured({
     "SparseGPRegressor": {"n_inducing": 5},
     "IVMRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
     "LinearEPRegressor": {"fit_intercept": True},
-    "HorseshoeRegression": {"max_opt_iter": 3, "max_iter": 200},
+    "HorseshoeRegression": {"max_optimizer_iter": 3, "max_sweeps": 200},
     "IVMOrdinalRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
 }, variants={
     "GaussianProcessClassifier-multinomial": ("GaussianProcessClassifier", {"multi_class": "multinomial"}),

@@ -46,8 +46,8 @@ def _fitted_models():
         "IVMClassifier object labels": (fastep.IVMClassifier(active_set_size=20, n_iterations=1), X, labels),
         "IVMRegressor": (fastep.IVMRegressor(active_set_size=20), X, yr),
         "IVMOrdinalRegressor": (fastep.IVMOrdinalRegressor(active_set_size=20, n_iterations=1), X, y3),
-        "HorseshoeRegression": (fastep.HorseshoeRegression(max_opt_iter=5), X, yr),
-        "MultiTaskHorseshoeRegression": (fastep.MultiTaskHorseshoeRegression(max_opt_iter=3),
+        "HorseshoeRegression": (fastep.HorseshoeRegression(max_optimizer_iter=5), X, yr),
+        "MultiTaskHorseshoeRegression": (fastep.MultiTaskHorseshoeRegression(max_optimizer_iter=3),
                                          [X[:30], X[30:]], [yr[:30], yr[30:]]),
         "RankKEP": (fastep.RankKEP(noise_cov=0.01 * np.eye(2)), Xk, Yk),
     }

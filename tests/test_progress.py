@@ -37,7 +37,7 @@ def _estimators():
         "IVMClassifier": {"active_set_size": 20, "n_iterations": 2},
         "IVMRegressor": {"active_set_size": 20, "n_iterations": 2},
         "IVMOrdinalRegressor": {"active_set_size": 20, "n_iterations": 1},
-        "HorseshoeRegression": {"max_opt_iter": 5},
+        "HorseshoeRegression": {"max_optimizer_iter": 5},
     }
     return {name: (spec.cls, {**spec.params, **overrides.get(name, {})}, *data[spec.task])
             for name, spec in REGISTRY.items()}

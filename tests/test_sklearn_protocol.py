@@ -180,7 +180,7 @@ def test_fastep_imports_and_fits_without_scikit_learn():
 # through check_estimator; they still take part in the parameter protocol (clone, set_params).
 @pytest.mark.parametrize("make", [
     lambda: fastep.RankKEP(noise_cov=0.5 * np.eye(2), tol=1e-9),
-    lambda: fastep.MultiTaskHorseshoeRegression(n_components=1, max_opt_iter=3, random_state=0),
+    lambda: fastep.MultiTaskHorseshoeRegression(n_components=1, max_optimizer_iter=3, random_state=0),
 ], ids=["RankKEP", "MultiTaskHorseshoeRegression"])
 def test_estimators_with_structured_inputs_follow_the_parameter_protocol(make):
     est = make()

@@ -68,8 +68,8 @@ CASES = {
     "LinearEPClassifier": (lambda: fastep.LinearEPClassifier(), _classification, (2000, 300)),
     "LinearEPRegressor": (lambda: fastep.LinearEPRegressor(), _regression, (2000, 300)),
     "RankKEP": (lambda: fastep.RankKEP(), _rank_k, (1000, 200)),
-    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(max_opt_iter=5), _sparse_regression, (150, 300)),
-    "MultiTaskHorseshoeRegression": (lambda: fastep.MultiTaskHorseshoeRegression(max_opt_iter=3, n_components=2,
+    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(max_optimizer_iter=5), _sparse_regression, (150, 300)),
+    "MultiTaskHorseshoeRegression": (lambda: fastep.MultiTaskHorseshoeRegression(max_optimizer_iter=3, n_components=2,
                                                                                random_state=0),
                                      _multitask, (100, 200)),
 }

@@ -148,14 +148,14 @@ def horseshoe_models() -> None:
     w[:2] = (2.0, -1.0)
     X = rng.normal(size=(30, 10))
     y = X @ w + 0.1 * rng.normal(size=30)
-    single = fastep.HorseshoeRegression(max_opt_iter=5).fit(X, y)
+    single = fastep.HorseshoeRegression(max_optimizer_iter=5).fit(X, y)
     inclusion: Floats = single.inclusion_
     intercept: float = single.intercept_
     assert inclusion.shape == (10,) and np.isfinite(intercept)
 
     Xs = [X, rng.normal(size=(30, 10))]
     ys = [y, Xs[1] @ w + 0.1 * rng.normal(size=30)]
-    multi = fastep.MultiTaskHorseshoeRegression(n_components=1, max_opt_iter=3, random_state=0).fit(Xs, ys)
+    multi = fastep.MultiTaskHorseshoeRegression(n_components=1, max_optimizer_iter=3, random_state=0).fit(Xs, ys)
     per_task: list[Floats] = multi.predict(Xs)
     first: Floats = multi.predict(Xs[0], task=0)
     mean, std = multi.predict(Xs[1], task=1, return_std=True)
