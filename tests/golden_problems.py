@@ -276,8 +276,8 @@ def problems():
                                                                        damping=0.7), (Xb, yb), Xbt)
     add('linear_moment_form', lambda: fastep.LinearEPClassifier(update_form='moment'), (Xb, yb), Xbt)
     add('linear_regressor', lambda: fastep.LinearEPRegressor(noise_variance=0.1), (Xr, yr), Xrt)
-    add('rank_k_gaussian', lambda: fastep.RankKEP(noise_cov=0.1 * np.eye(2)), (Xk, Yk), None)
-    add('rank_k_probit', lambda: fastep.RankKEP(fastep.Probit(), prior_cov=2.0), (Xk, (Yk > 0) * 2 - 1),
+    add('rank_k_gaussian', lambda: fastep.LinearEPRankK(noise_cov=0.1 * np.eye(2)), (Xk, Yk), None)
+    add('rank_k_probit', lambda: fastep.LinearEPRankK(fastep.Probit(), prior_cov=2.0), (Xk, (Yk > 0) * 2 - 1),
         None)
     add('horseshoe', lambda: fastep.HorseshoeRegression(random_state=0, max_sweeps=200), (Xs, ys), Xst)
     add('horseshoe_dependent', lambda: fastep.HorseshoeRegression(n_components=2, random_state=0,

@@ -31,7 +31,7 @@ ESTIMATORS = configured({
     "IVMOrdinalRegressor": {"n_iterations": 0},
     "HorseshoeRegression": {"max_optimizer_iter": 2},
 }, exclude={"MultiTaskHorseshoeRegression": "fits a list of per-task arrays, not one table of named columns",
-            "RankKEP": "fits X of shape (n, k, d), not a table of named columns"})
+            "LinearEPRankK": "fits X of shape (n, k, d), not a table of named columns"})
 COLUMNS = ["height", "weight", "age"]
 
 

@@ -46,7 +46,7 @@ def _estimators():
 ESTIMATORS = _estimators()
 # the finest stage each estimator reports (with verbose=2 / to the callback)
 SWEEPING = {"GaussianProcessClassifier", "GaussianProcessRegressor", "SparseGPClassifier", "SparseGPRegressor",
-            "LinearEPClassifier", "LinearEPRegressor", "RankKEP"}
+            "LinearEPClassifier", "LinearEPRegressor", "LinearEPRankK"}
 
 
 def _fit(name, **extra):
