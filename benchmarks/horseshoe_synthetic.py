@@ -71,9 +71,9 @@ def run_fastep(tasks, args):
     Xs, ys = [t["X"] for t in tasks], [t["y"] for t in tasks]
     for name, model in [
         ("horseshoe, learnt C (fastep)", fastep.MultiTaskHorseshoeRegression(
-            n_components=args.components, random_state=args.seed, max_opt_iter=args.opt_iter)),
+            n_components=args.components, random_state=args.seed, max_optimizer_iter=args.opt_iter)),
         ("independent horseshoe (fastep)", fastep.MultiTaskHorseshoeRegression(
-            learn_dependencies=False, max_opt_iter=args.opt_iter)),
+            learn_dependencies=False, max_optimizer_iter=args.opt_iter)),
     ]:
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
@@ -82,9 +82,9 @@ def run_fastep(tasks, args):
         elapsed = time.perf_counter() - t0
         preds = model.predict([t["Xt"] for t in tasks])
         rec, mse = score(tasks, list(model.coef_), preds, args.noise)
-        out[name] = {"rec": rec, "mse": mse, "time": elapsed, "log_evidence": model.log_evidence_,
+        out[name] = {"rec": rec, "mse": mse, "time": elapsed, "log_evidence": model.log_marginal_likelihood_value_,
                      "evaluations": model.n_evaluations_, "converged": model.converged_,
-                     "sigma2": model.sigma2_.tolist(), "rho2": model.rho2_,
+                     "sigma2": model.noise_variance_.tolist(), "rho2": model.rho2_,
                      "warnings": sorted({str(w.message).split(";")[0].split(":")[0] for w in caught})}
         if model.P_.shape[1]:
             out[name]["C"] = model.correlation_.tolist()

@@ -89,7 +89,7 @@ def main():
             model = HorseshoeRegression().fit(X, y)
             seconds = time.perf_counter() - start
         line = (f"seed {seed}: default fit {seconds:6.1f} s, {model.n_evaluations_:3d} evaluations, "
-                f"sigma2 {model.sigma2_:.4g}, rho2 {model.rho2_:.3g}, log evidence {model.log_evidence_:9.2f}, "
+                f"sigma2 {model.noise_variance_:.4g}, rho2 {model.rho2_:.3g}, log evidence {model.log_marginal_likelihood_value_:9.2f}, "
                 f"error {relative_error(model.coef_, coef):.3f}")
         if caught:
             line += f" [{len(caught)} warnings: {str(caught[0].message)[:60]}]"
@@ -100,7 +100,7 @@ def main():
             print(f"    grid ({time.perf_counter() - start:.0f} s): best log evidence {best[0]:9.2f} at sigma2 "
                   f"{best[1][0]:.4g}, rho2 {best[1][1]:.0e}; EP at the true sigma2 (rho2 {at_truth[1][1]:.0e}): "
                   f"log evidence {at_truth[0]:9.2f}, error {at_truth[1][2]:.3f}; "
-                  f"ratios: evidence {model.log_evidence_ - best[0]:+.2f} nats, "
+                  f"ratios: evidence {model.log_marginal_likelihood_value_ - best[0]:+.2f} nats, "
                   f"error {relative_error(model.coef_, coef) / at_truth[1][2]:.2f}x", flush=True)
         if LassoCV is not None:
             start = time.perf_counter()

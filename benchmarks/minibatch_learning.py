@@ -45,7 +45,7 @@ def child_fastep(n, learning="auto"):
 
     def record(r):
         if r.stage == "minibatch":
-            windows.append((r.elapsed, -r.log_evidence / n))
+            windows.append((r.elapsed, -r.log_marginal_likelihood / n))
 
     start = time.perf_counter()
     clf = SparseGPClassifier(learning=learning, callback=record).fit(X, y)

@@ -71,7 +71,7 @@ def child_fastep(problem, n, model):
 
     def record(r):
         if r.stage == "minibatch":
-            windows.append((r.elapsed, -r.log_evidence / X.shape[0]))
+            windows.append((r.elapsed, -r.log_marginal_likelihood / X.shape[0]))
 
     from fastep import IVMClassifier
     est = {"joint": lambda: SparseGPClassifier(multi_class="multinomial", callback=record),

@@ -47,7 +47,7 @@ from threadpoolctl import threadpool_limits
 
 import golden_problems
 from fastep.reference import gp_ep, horseshoe as hs_ref, ivm as ivm_ref, kernels as rk, linear_ep
-from fastep.reference import multiclass_ep as mc_ref, sites, sparse_ep, student_t_ep
+from fastep.reference import multinomial_ep as mc_ref, sites, sparse_ep, student_t_ep
 
 # --------------------------------------------------------------------------------------------
 # Documented constants (each with where it is documented)
@@ -471,15 +471,15 @@ def objectives_dense(name, rec):
 
 
 # --------------------------------------------------------------------------------------------
-# Multinomial probit (reference.multiclass_ep)
+# Multinomial probit (reference.multinomial_ep)
 # --------------------------------------------------------------------------------------------
 def _psi(P, q):
     return -0.5 * np.linalg.slogdet(P)[1] + 0.5 * q @ np.linalg.solve(P, q)
 
 
 class NestedEP:
-    """Damped parallel outer EP around the twin's inner EP (:func:`fastep.reference.multiclass_ep.nested_site`)
-    on the twin's dense (cn)×(cn) posterior (:func:`~fastep.reference.multiclass_ep.dense_posterior`):
+    """Damped parallel outer EP around the twin's inner EP (:func:`fastep.reference.multinomial_ep.nested_site`)
+    on the twin's dense (cn)×(cn) posterior (:func:`~fastep.reference.multinomial_ep.dense_posterior`):
     Riihimäki, Jylänki & Vehtari (2013) §4, where the compiled engine does O(c n³) algebra."""
 
     def __init__(self, K, labels, c):
@@ -578,7 +578,7 @@ def twin_multinomial(name, rec):
         return alpha, beta, ep.evidence(alpha, beta), ep.predict_proba(alpha, beta, k(Xt, X), kss)
     alpha, beta, evidence, proba = memo(compute, "multinomial", name, *params)
     n_sites = len(y) * (ep.c - 1)
-    report = Report(f"{name}: twin (reference.multiclass_ep, dense outer posterior) at the recorded kernel")
+    report = Report(f"{name}: twin (reference.multinomial_ep, dense outer posterior) at the recorded kernel")
     report.close("log marginal likelihood", evidence, rec["log_marginal_likelihood_value_"],
                  evidence_tolerance(n_sites, DENSE_TOL))
     sp, sl = mc_ref.outer_sites(labels, alpha, beta)

@@ -276,13 +276,13 @@ def problems():
                                                                        damping=0.7), (Xb, yb), Xbt)
     add('linear_moment_form', lambda: fastep.LinearEPClassifier(update_form='moment'), (Xb, yb), Xbt)
     add('linear_regressor', lambda: fastep.LinearEPRegressor(noise_variance=0.1), (Xr, yr), Xrt)
-    add('rank_k_gaussian', lambda: fastep.RankKEP(noise_cov=0.1 * np.eye(2)), (Xk, Yk), None)
-    add('rank_k_probit', lambda: fastep.RankKEP(fastep.Probit(), prior_cov=2.0), (Xk, (Yk > 0) * 2 - 1),
+    add('rank_k_gaussian', lambda: fastep.LinearEPRankK(noise_cov=0.1 * np.eye(2)), (Xk, Yk), None)
+    add('rank_k_probit', lambda: fastep.LinearEPRankK(fastep.Probit(), prior_cov=2.0), (Xk, (Yk > 0) * 2 - 1),
         None)
-    add('horseshoe', lambda: fastep.HorseshoeRegression(random_state=0, max_iter=200), (Xs, ys), Xst)
+    add('horseshoe', lambda: fastep.HorseshoeRegression(random_state=0, max_sweeps=200), (Xs, ys), Xst)
     add('horseshoe_dependent', lambda: fastep.HorseshoeRegression(n_components=2, random_state=0,
-                                                                  max_iter=200), (Xs, ys), Xst)
-    add('horseshoe_multitask', lambda: fastep.MultiTaskHorseshoeRegression(random_state=0, max_iter=100),
+                                                                  max_sweeps=200), (Xs, ys), Xst)
+    add('horseshoe_multitask', lambda: fastep.MultiTaskHorseshoeRegression(random_state=0, max_sweeps=100),
         ([Xs[:20], Xs[20:]], [ys[:20], ys[20:]]), Xst)
     return out
 
@@ -610,10 +610,10 @@ def _compare_recorded_path(name, got, expected, n):
 # rule's limit for the search's own, approximate one).
 
 #: Counts that define or follow the path of a learnt fit's search: its evaluations of the
-#: objective (``n_evaluations_``, per growth step too), the EP iterations summed over them (the
-#: horseshoe's ``n_iter_``) and the sweeps of the final EP, which starts from the sites of the
-#: search's best point (``n_sweeps_``).
-_PATH_COUNTS = re.compile(r'(^|\.)n_evaluations_?$|^n_iter_$|^n_sweeps_$')
+#: objective (``n_evaluations_``, per growth step too) and the EP sweeps: those of the final EP,
+#: which starts from the sites of the search's best point, or for the horseshoe those summed over
+#: every evaluation (``n_sweeps_``).
+_PATH_COUNTS = re.compile(r'(^|\.)n_evaluations_?$|^n_sweeps_$')
 #: The IVM's record of its Algorithm 2 rounds: the path itself.
 _PATH_RECORDS = re.compile(r'^history_')
 #: The search's stopping rule (fastep._search.space.GAIN_TOL: the gain per training point) and the

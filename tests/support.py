@@ -123,9 +123,9 @@ _SPECS = [
     EstimatorSpec(fastep.IVMOrdinalRegressor, "ordinal", {"active_set_size": 10, "n_iterations": 1}),
     EstimatorSpec(fastep.LinearEPClassifier, "binary"),
     EstimatorSpec(fastep.LinearEPRegressor, "regression"),
-    EstimatorSpec(fastep.HorseshoeRegression, "regression", {"max_opt_iter": 3}),
-    EstimatorSpec(fastep.MultiTaskHorseshoeRegression, "multitask", {"max_opt_iter": 3}, fit_shape="tasks"),
-    EstimatorSpec(fastep.RankKEP, "rank_k", {"noise_cov": 0.01 * np.eye(2)}, fit_shape="rank_k"),
+    EstimatorSpec(fastep.HorseshoeRegression, "regression", {"max_optimizer_iter": 3}),
+    EstimatorSpec(fastep.MultiTaskHorseshoeRegression, "multitask", {"max_optimizer_iter": 3}, fit_shape="tasks"),
+    EstimatorSpec(fastep.LinearEPRankK, "rank_k", {"noise_cov": 0.01 * np.eye(2)}, fit_shape="rank_k"),
 ]
 
 #: every public estimator by class name

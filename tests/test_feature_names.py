@@ -29,9 +29,9 @@ ESTIMATORS = configured({
     "IVMClassifier": {"kernel": RBF(1.0, 0.5), "n_iterations": 0},
     "IVMRegressor": {"n_iterations": 0},
     "IVMOrdinalRegressor": {"n_iterations": 0},
-    "HorseshoeRegression": {"max_opt_iter": 2},
+    "HorseshoeRegression": {"max_optimizer_iter": 2},
 }, exclude={"MultiTaskHorseshoeRegression": "fits a list of per-task arrays, not one table of named columns",
-            "RankKEP": "fits X of shape (n, k, d), not a table of named columns"})
+            "LinearEPRankK": "fits X of shape (n, k, d), not a table of named columns"})
 COLUMNS = ["height", "weight", "age"]
 
 

@@ -41,14 +41,14 @@ ALL = configured({
     "SparseGPRegressor": {"n_inducing": 5},
     "IVMRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
     "LinearEPRegressor": {"fit_intercept": True},
-    "HorseshoeRegression": {"max_opt_iter": 3, "max_iter": 200},
+    "HorseshoeRegression": {"max_optimizer_iter": 3, "max_sweeps": 200},
     "IVMOrdinalRegressor": {"active_set_size": 5, "max_optimizer_iter": 10},
 }, variants={
     "GaussianProcessClassifier-multinomial": ("GaussianProcessClassifier", {"multi_class": "multinomial"}),
     "GaussianProcessRegressor-student_t": ("GaussianProcessRegressor", {"likelihood": "student_t"}),
     "SparseGPRegressor-student_t": ("SparseGPRegressor", {"n_inducing": 5, "likelihood": "student_t"}),
 }, exclude={"MultiTaskHorseshoeRegression": "fits lists of per-task arrays: test_multi_task_horseshoe_bad_inputs",
-            "RankKEP": "fits X of shape (n, k, d): test_rank_k_ep_bad_inputs"})
+            "LinearEPRankK": "fits X of shape (n, k, d): test_rank_k_ep_bad_inputs"})
 
 
 def _task(case):
@@ -341,7 +341,7 @@ def test_rank_k_ep_bad_inputs(bad, message):
         X = np.array([["a"] * 3] * 2 * 20, dtype=object).reshape(20, 2, 3)
     saved = X.copy()
     with pytest.raises((ValueError, TypeError), match=message):
-        fastep.RankKEP().fit(X, Y)
+        fastep.LinearEPRankK().fit(X, Y)
     assert np.array_equal(X, saved, equal_nan=X.dtype.kind == "f")
 
 

@@ -18,13 +18,13 @@ def sparse_task(n, d, seed, coef=(3.0, -2.0, 1.5), noise=0.3, shift=0.0):
     return X, X @ w + noise * rng.normal(size=n) + shift, w
 
 
-FIXED = dict(learn_hyperparameters=False, sigma2=0.1, rho2=0.05, tol=1e-10)
+FIXED = dict(learn_hyperparameters=False, noise_variance=0.1, rho2=0.05, tol=1e-10)
 
 
 def test_single_task_recovers_sparse_coefficients_and_predicts():
     X, y, w = sparse_task(40, 60, seed=0, shift=2.0)
-    model = HorseshoeRegression(max_opt_iter=30).fit(X, y)
-    assert model.converged_ and np.isfinite(model.log_evidence_)
+    model = HorseshoeRegression(max_optimizer_iter=30).fit(X, y)
+    assert model.converged_ and np.isfinite(model.log_marginal_likelihood_value_)
     assert model.coef_.shape == model.coef_var_.shape == model.inclusion_.shape == (60,)
     np.testing.assert_allclose(model.coef_[:3], w[:3], atol=0.3)
     assert np.max(np.abs(model.coef_[3:])) < 0.2
@@ -34,20 +34,20 @@ def test_single_task_recovers_sparse_coefficients_and_predicts():
     Xt, yt, _ = sparse_task(200, 60, seed=1, shift=2.0)
     mean, std = model.predict(Xt, return_std=True)
     assert mean.shape == std.shape == (200,)
-    assert np.all(std >= np.sqrt(model.sigma2_))
+    assert np.all(std >= np.sqrt(model.noise_variance_))
     assert np.sqrt(np.mean((mean - yt) ** 2)) < 0.6
     np.testing.assert_allclose(model.predict(Xt), mean)
     # predictive variance = x V xᵀ + σ², with V_jj the reported coefficient variances
     e = np.zeros((1, 60))
     e[0, 5] = 1.0
     _, s = model.predict(e + model._x_means[0], return_std=True)
-    np.testing.assert_allclose(s[0] ** 2, model.coef_var_[5] + model.sigma2_, rtol=1e-8)
+    np.testing.assert_allclose(s[0] ** 2, model.coef_var_[5] + model.noise_variance_, rtol=1e-8)
 
 
 @pytest.mark.slow
 def test_multitask_with_one_task_equals_single_task():
     X, y, _ = sparse_task(30, 40, seed=2)
-    options = dict(max_opt_iter=10, n_components=2, random_state=0)
+    options = dict(max_optimizer_iter=10, n_components=2, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)      # the optimiser budget is small on purpose
         single = HorseshoeRegression(**options).fit(X, y)
@@ -55,8 +55,8 @@ def test_multitask_with_one_task_equals_single_task():
     np.testing.assert_array_equal(multi.coef_[0], single.coef_)
     np.testing.assert_array_equal(multi.coef_var_[0], single.coef_var_)
     np.testing.assert_array_equal(multi.P_, single.P_)
-    assert multi.log_evidence_ == single.log_evidence_
-    assert multi.sigma2_[0] == single.sigma2_ and multi.rho2_ == single.rho2_
+    assert multi.log_marginal_likelihood_value_ == single.log_marginal_likelihood_value_
+    assert multi.noise_variance_[0] == single.noise_variance_ and multi.rho2_ == single.rho2_
 
 
 @pytest.mark.slow
@@ -72,8 +72,8 @@ def test_fixed_hyperparameters_multitask_equals_tasks_one_by_one():
         alone = HorseshoeRegression(n_components=m, P_init=P, **FIXED).fit(X, y)
         np.testing.assert_allclose(multi.coef_[k], alone.coef_, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(multi.coef_var_[k], alone.coef_var_, rtol=1e-12)
-        assert abs(multi.log_evidence_per_task_[k] - alone.log_evidence_) < 1e-10
-    assert abs(multi.log_evidence_ - multi.log_evidence_per_task_.sum()) < 1e-12
+        assert abs(multi.log_marginal_likelihood_per_task_[k] - alone.log_marginal_likelihood_value_) < 1e-10
+    assert abs(multi.log_marginal_likelihood_value_ - multi.log_marginal_likelihood_per_task_.sum()) < 1e-12
     np.testing.assert_array_equal(multi.P_, P)
     C = multi.correlation_
     np.testing.assert_allclose(np.diag(C), 1.0, rtol=1e-14)
@@ -99,12 +99,12 @@ def test_learnt_dependencies_and_independent_horseshoe():
         ys.append(X @ w + 0.3 * rng.normal(size=20))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_opt_iter=15).fit(Xs, ys)
-        dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_opt_iter=40).fit(Xs, ys)
+        indep = MultiTaskHorseshoeRegression(learn_dependencies=False, max_optimizer_iter=15).fit(Xs, ys)
+        dep = MultiTaskHorseshoeRegression(n_components=2, random_state=1, max_optimizer_iter=40).fit(Xs, ys)
     assert indep.P_.shape == (d, 0)
     np.testing.assert_allclose(indep.correlation_, np.eye(d), atol=1e-15)
     assert dep.P_.shape == (d, 2)
-    assert dep.log_evidence_ > indep.log_evidence_ + 5
+    assert dep.log_marginal_likelihood_value_ > indep.log_marginal_likelihood_value_ + 5
     A = np.abs(dep.correlation_)
     block = groups == 3
     within = A[np.ix_(block, block)][~np.eye(block.sum(), dtype=bool)].mean()
@@ -122,14 +122,14 @@ def test_stuck_ep_warns_and_returns_finite_results():
     y = X @ w + 0.4 * rng.normal(size=10)
     P = 3.0 * rng.normal(size=(20, 2))
     D = rng.uniform(0.5, 1.5, 20)
-    model = HorseshoeRegression(n_components=2, P_init=P, D=D, learn_hyperparameters=False, sigma2=0.1,
+    model = HorseshoeRegression(n_components=2, P_init=P, D=D, learn_hyperparameters=False, noise_variance=0.1,
                                 rho2=0.05, fit_intercept=False)
     with pytest.warns(ConvergenceWarning, match=r"EP for task 0 stopped \(stuck\)"):
         model.fit(X, y)
     assert not model.converged_
     for a in (model.coef_, model.coef_var_, model.inclusion_, model.predict(X, return_std=True)[1]):
         assert np.all(np.isfinite(a))
-    assert np.all(model.coef_var_ > 0) and np.isfinite(model.log_evidence_)
+    assert np.all(model.coef_var_ > 0) and np.isfinite(model.log_marginal_likelihood_value_)
 
 
 def test_type2_ml_rounds_continue_after_failed_evaluations():
@@ -166,12 +166,12 @@ def test_type2_ml_rounds_continue_after_failed_evaluations():
 def test_convergence_warning_and_params():
     X, y, _ = sparse_task(20, 30, seed=3)
     with pytest.warns(ConvergenceWarning, match="EP for task 0 stopped"):
-        model = HorseshoeRegression(learn_hyperparameters=False, sigma2=0.1, rho2=0.1, max_iter=2).fit(X, y)
+        model = HorseshoeRegression(learn_hyperparameters=False, noise_variance=0.1, rho2=0.1, max_sweeps=2).fit(X, y)
     assert not model.converged_ and np.all(np.isfinite(model.coef_))
     params = model.get_params()
-    assert params["max_iter"] == 2 and params["n_components"] == 0
-    model.set_params(max_iter=50)
-    assert "max_iter=50" in repr(model)
+    assert params["max_sweeps"] == 2 and params["n_components"] == 0
+    model.set_params(max_sweeps=50)
+    assert "max_sweeps=50" in repr(model)
     with pytest.raises(NotFittedError):
         HorseshoeRegression().predict(X)
     assert fastep.HorseshoeRegression is HorseshoeRegression
@@ -183,7 +183,7 @@ BAD_SINGLE = [
     (dict(), lambda X, y: (X, y[:-1]), ValueError, "inconsistent"),
     (dict(), lambda X, y: (X, np.where(np.arange(y.size) == 3, np.inf, y)), ValueError, "y"),
     (dict(), lambda X, y: (X, "abc"), (TypeError, ValueError), "y"),
-    (dict(sigma2=-1.0), None, ValueError, "sigma2"),
+    (dict(noise_variance=-1.0), None, ValueError, "noise_variance"),
     (dict(rho2=0.0), None, ValueError, "rho2"),
     (dict(gamma2=-2.0), None, ValueError, "gamma2"),
     (dict(D=-1.0), None, ValueError, "D"),
@@ -200,13 +200,13 @@ BAD_SINGLE = [
 def test_bad_input_raises_and_changes_no_state(params, mutate, error, match):
     X, y, _ = sparse_task(10, 12, seed=4)
     model = HorseshoeRegression(**FIXED).fit(X, y)
-    before = (model.coef_.copy(), model.log_evidence_, model.get_params())
+    before = (model.coef_.copy(), model.log_marginal_likelihood_value_, model.get_params())
     model.set_params(**params)
     Xb, yb = (X, y) if mutate is None else mutate(X, y)
     with pytest.raises(error, match=match):
         model.fit(Xb, yb)
     np.testing.assert_array_equal(model.coef_, before[0])
-    assert model.log_evidence_ == before[1]
+    assert model.log_marginal_likelihood_value_ == before[1]
 
 
 def test_multitask_bad_input():
@@ -228,12 +228,12 @@ def test_multitask_bad_input():
     for (Xs, ys), error, match in cases:
         with pytest.raises(error, match=match):
             model.fit(Xs, ys)
-    with pytest.raises(ValueError, match="sigma2"):
-        model.set_params(sigma2=[0.1, -0.1]).fit([X1, X2], [y1, y2])
-    with pytest.raises(ValueError, match="sigma2"):
-        model.set_params(sigma2=[0.1, 0.1, 0.1]).fit([X1, X2], [y1, y2])
+    with pytest.raises(ValueError, match="noise_variance"):
+        model.set_params(noise_variance=[0.1, -0.1]).fit([X1, X2], [y1, y2])
+    with pytest.raises(ValueError, match="noise_variance"):
+        model.set_params(noise_variance=[0.1, 0.1, 0.1]).fit([X1, X2], [y1, y2])
     np.testing.assert_array_equal(model.coef_, coef)
-    model.set_params(sigma2=0.1)
+    model.set_params(noise_variance=0.1)
     with pytest.raises(ValueError, match="task"):
         model.predict(X1)
     with pytest.raises(ValueError, match="task"):
@@ -277,9 +277,9 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
             grid[sigma2, k] = (result.log_z, np.linalg.norm(result.mean - w))
     best_grid = max(value for value, _ in grid.values())
     error_at_truth = max((v for (s2, _), v in grid.items() if s2 == 0.25), key=lambda v: v[0])[1]
-    assert model.log_evidence_ >= best_grid
+    assert model.log_marginal_likelihood_value_ >= best_grid
     assert np.linalg.norm(model.coef_ - w) <= 1.5 * error_at_truth
-    assert model.sigma2_ < 0.01 * np.var(y)
+    assert model.noise_variance_ < 0.01 * np.var(y)
 
 
 @pytest.mark.slow
@@ -297,7 +297,55 @@ def test_type2_ml_never_evaluates_a_point_twice(monkeypatch):
     X, y, _ = sparse_task(30, 40, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model = MultiTaskHorseshoeRegression(n_components=2, random_state=0, max_opt_iter=20).fit([X, X[::-1]],
+        model = MultiTaskHorseshoeRegression(n_components=2, random_state=0, max_optimizer_iter=20).fit([X, X[::-1]],
                                                                                                    [y, y[::-1]])
     assert len(seen) == model.n_evaluations_ + 1 > 11     # the evaluations and the final EP
     assert len(set(seen)) == len(seen)
+
+
+RENAMED_PARAMETERS = [("sigma2", "noise_variance", 0.1), ("sigma2_floor", "noise_variance_floor", 0.01),
+                      ("max_iter", "max_sweeps", 300), ("max_opt_iter", "max_optimizer_iter", 2)]
+
+
+@pytest.mark.parametrize("old,new,value", RENAMED_PARAMETERS)
+def test_deprecated_parameter_warns_and_fits_as_its_new_name(old, new, value):
+    X, y, _ = sparse_task(15, 8, seed=21)
+    options = dict(rho2=0.1, tol=1e-8, max_optimizer_iter=2)
+    if new == "max_optimizer_iter":
+        del options["max_optimizer_iter"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)       # two optimiser iterations, on purpose
+        warnings.simplefilter("error", FutureWarning)
+        current = HorseshoeRegression(**options, **{new: value}).fit(X, y)
+        model = HorseshoeRegression(**options, **{old: value})
+        assert model.get_params()[old] == value and current.get_params()[old] == "deprecated"
+        assert model.get_params()[new] != value
+        with pytest.warns(FutureWarning, match=f"{old} is deprecated.*use {new}") as caught:
+            model.fit(X, y)
+        multi = MultiTaskHorseshoeRegression(n_components=0, **options, **{old: value})
+        with pytest.warns(FutureWarning, match=f"{old} is deprecated.*use {new}") as caught_multi:
+            multi.fit([X], [y])
+    future = [w.filename for w in caught.list + caught_multi.list if issubclass(w.category, FutureWarning)]
+    assert future == [__file__, __file__]                                # at the line that calls fit
+    np.testing.assert_array_equal(multi.coef_[0], current.coef_)
+    np.testing.assert_array_equal(model.coef_, current.coef_)
+    assert model.log_marginal_likelihood_value_ == current.log_marginal_likelihood_value_
+    with pytest.raises(ValueError, match=f"give {new} only"), pytest.warns(FutureWarning):
+        HorseshoeRegression(**options, **{old: value, new: value}).fit(X, y)
+
+
+def test_deprecated_fitted_attributes_warn_and_equal_their_new_names():
+    X, y, _ = sparse_task(12, 8, seed=22)
+    single = HorseshoeRegression(**FIXED).fit(X, y)
+    multi = MultiTaskHorseshoeRegression(n_components=0, **FIXED).fit([X, X[::-1]], [y, y[::-1]])
+    pairs = [(single, "n_iter_", "n_sweeps_"), (single, "sigma2_", "noise_variance_"),
+             (single, "log_evidence_", "log_marginal_likelihood_value_"),
+             (multi, "n_iter_", "n_sweeps_"), (multi, "sigma2_", "noise_variance_"),
+             (multi, "log_evidence_", "log_marginal_likelihood_value_"),
+             (multi, "log_evidence_per_task_", "log_marginal_likelihood_per_task_")]
+    for model, old, new in pairs:
+        with pytest.warns(FutureWarning, match=f"{old} is deprecated.*use {new}"):
+            value = getattr(model, old)
+        np.testing.assert_array_equal(value, getattr(model, new))
+        assert old in type(model)._renamed_attributes
+    assert isinstance(single.n_sweeps_, int) and single.n_sweeps_ > 0

@@ -190,3 +190,30 @@ def test_log_evidence_is_a_deprecated_alias_of_log_marginal_likelihood_value():
         old = clf.log_evidence_
     assert old == clf.log_marginal_likelihood_value_
     assert "log_evidence_" not in vars(clf)
+
+
+def test_rank_k_ep_is_a_deprecated_alias_of_linear_ep_rank_k():
+    import pickle
+
+    import fastep
+    from fastep.multioutput import LinearEPRankK
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(20, 2, 3))
+    Y = X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=(20, 2))
+    with pytest.warns(FutureWarning, match="RankKEP is deprecated.*use LinearEPRankK"):
+        old = fastep.RankKEP
+    with pytest.warns(FutureWarning, match="RankKEP is deprecated.*use LinearEPRankK"):
+        from fastep.multioutput import RankKEP
+    assert old is RankKEP is LinearEPRankK is fastep.LinearEPRankK
+    assert "RankKEP" not in fastep.__all__ and "LinearEPRankK" in fastep.__all__
+    model = old(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    new = LinearEPRankK(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    np.testing.assert_array_equal(model.posterior_mean_, new.posterior_mean_)
+    assert model.log_marginal_likelihood_value_ == new.log_marginal_likelihood_value_
+    # a pickle written under the former name loads as the class under its new name
+    written = pickle.dumps(new, protocol=0)
+    assert b"\nLinearEPRankK\n" in written
+    with pytest.warns(FutureWarning, match="RankKEP is deprecated"):
+        loaded = pickle.loads(written.replace(b"\nLinearEPRankK\n", b"\nRankKEP\n"))
+    assert type(loaded) is LinearEPRankK
+    np.testing.assert_array_equal(loaded.posterior_mean_, new.posterior_mean_)

@@ -15,7 +15,7 @@ from fastep._epcore import multiclass_ep
 from fastep._dense.multiclass import MultinomialGPProblem, MultinomialPosterior, _outer_sites, dense_posterior_of
 from fastep._epcore.multiclass_ep import InnerEP, MultinomialEP, MultinomialResult
 from fastep.kernels import RBF, Bias
-from fastep.reference import multiclass_ep as ref
+from fastep.reference import multinomial_ep as ref
 from support import dense_nested_ep
 
 
@@ -382,3 +382,18 @@ def test_batched_small_matrix_helpers_match_lapack():
     assert not ok[7] and ok[np.arange(40) != 7].all()
     with pytest.raises(np.linalg.LinAlgError, match="positive definite"):
         batched_inverse_spd(A)
+
+
+def test_reference_multiclass_ep_is_a_deprecated_name_of_multinomial_ep():
+    import importlib
+    import sys
+
+    import fastep.reference
+    sys.modules.pop("fastep.reference.multiclass_ep", None)
+    vars(fastep.reference).pop("multiclass_ep", None)
+    with pytest.warns(FutureWarning, match="fastep.reference.multiclass_ep is deprecated.*multinomial_ep"):
+        old = importlib.import_module("fastep.reference.multiclass_ep")
+    assert old.__all__ == ref.__all__
+    for name in ref.__all__ + ["_inner_posterior"]:
+        assert getattr(old, name) is getattr(ref, name)
+    assert fastep.reference.multiclass_ep is old and "multiclass_ep" not in fastep.reference.__all__

@@ -46,10 +46,10 @@ def _fitted_models():
         "IVMClassifier object labels": (fastep.IVMClassifier(active_set_size=20, n_iterations=1), X, labels),
         "IVMRegressor": (fastep.IVMRegressor(active_set_size=20), X, yr),
         "IVMOrdinalRegressor": (fastep.IVMOrdinalRegressor(active_set_size=20, n_iterations=1), X, y3),
-        "HorseshoeRegression": (fastep.HorseshoeRegression(max_opt_iter=5), X, yr),
-        "MultiTaskHorseshoeRegression": (fastep.MultiTaskHorseshoeRegression(max_opt_iter=3),
+        "HorseshoeRegression": (fastep.HorseshoeRegression(max_optimizer_iter=5), X, yr),
+        "MultiTaskHorseshoeRegression": (fastep.MultiTaskHorseshoeRegression(max_optimizer_iter=3),
                                          [X[:30], X[30:]], [yr[:30], yr[30:]]),
-        "RankKEP": (fastep.RankKEP(noise_cov=0.01 * np.eye(2)), Xk, Yk),
+        "RankKEP": (fastep.LinearEPRankK(noise_cov=0.01 * np.eye(2)), Xk, Yk),     # the file has its former name
     }
 
 
@@ -76,7 +76,7 @@ def _outputs(model, X, y):
     """Every prediction the model offers on X (one task's inputs for the multi-task model)."""
     if isinstance(model, fastep.MultiTaskHorseshoeRegression):
         return {"predict": [model.predict(X[t], task=t, return_std=True) for t in range(len(X))]}
-    if isinstance(model, fastep.RankKEP):         # no predict: its posterior is the output
+    if isinstance(model, fastep.LinearEPRankK):         # no predict: its posterior is the output
         return {name: getattr(model, name) for name in ("posterior_mean_", "posterior_cov_", "log_marginal_likelihood_value_")}
     out = {}
     for method in METHODS:

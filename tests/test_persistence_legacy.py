@@ -6,7 +6,7 @@ method on the training inputs). Classes that have since moved to another module 
 through the loader's table of moved classes.
 
 Loading is exact: the loaded model, saved again, holds the file's arrays byte for byte and no
-other; outputs that are fitted attributes (RankKEP's posterior and evidence) are those bytes.
+other; outputs that are fitted attributes (LinearEPRankK's posterior and evidence) are those bytes.
 Predictions are computed again, by this machine's kernels. The files were written on an AVX2
 machine (OpenBLAS's Haswell kernels, numpy and libm without AVX-512 reproduce every output bit
 for bit); another CPU sums in another order. Labels, and a classifier's accuracy, compare

@@ -91,7 +91,7 @@ def test_convergence_trace_draws_every_sweep_of_every_run(toy):
     drawn = np.concatenate([line.get_ydata() for line in ax.lines])
     np.testing.assert_allclose(drawn, [max(r.change, np.finfo(float).tiny) for r in sweeps])
     evidence = np.concatenate([line.get_ydata() for line in ax.right_ax.lines])
-    np.testing.assert_allclose(evidence, [r.log_evidence for r in sweeps])
+    np.testing.assert_allclose(evidence, [r.log_marginal_likelihood for r in sweeps])
     assert ax.get_yscale() == "log" and ax.get_xlabel() == "EP sweep"
     assert ax.right_ax.get_ylabel() == "log evidence"
     with pytest.raises(ValueError, match="no 'EP sweep' records"):

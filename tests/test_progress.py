@@ -37,7 +37,7 @@ def _estimators():
         "IVMClassifier": {"active_set_size": 20, "n_iterations": 2},
         "IVMRegressor": {"active_set_size": 20, "n_iterations": 2},
         "IVMOrdinalRegressor": {"active_set_size": 20, "n_iterations": 1},
-        "HorseshoeRegression": {"max_opt_iter": 5},
+        "HorseshoeRegression": {"max_optimizer_iter": 5},
     }
     return {name: (spec.cls, {**spec.params, **overrides.get(name, {})}, *data[spec.task])
             for name, spec in REGISTRY.items()}
@@ -46,7 +46,7 @@ def _estimators():
 ESTIMATORS = _estimators()
 # the finest stage each estimator reports (with verbose=2 / to the callback)
 SWEEPING = {"GaussianProcessClassifier", "GaussianProcessRegressor", "SparseGPClassifier", "SparseGPRegressor",
-            "LinearEPClassifier", "LinearEPRegressor", "RankKEP"}
+            "LinearEPClassifier", "LinearEPRegressor", "LinearEPRankK"}
 
 
 def _fit(name, **extra):
@@ -72,7 +72,7 @@ def test_callback_receives_records_from_every_estimator(name):
         assert all(r.iteration >= 1 and r.change >= 0.0 for r in sweeps)
     if name.startswith(("Gaussian", "Sparse", "Horseshoe", "MultiTask")):
         assert "type-II ML" in stages
-        search = [r.log_evidence for r in records if r.stage == "type-II ML"]
+        search = [r.log_marginal_likelihood for r in records if r.stage == "type-II ML"]
         assert np.all(np.isfinite(search) | (np.array(search) == -np.inf))
     if name.startswith("IVM"):                  # the full-data objective's search, then the round's record
         assert "Algorithm 2 full data" in stages and "type-II ML" in stages
@@ -120,8 +120,8 @@ def test_stopping_the_search_keeps_the_best_hyperparameters_so_far():
     assert model.kernel_.theta.tolist() != full.kernel_.theta.tolist()
     # the kept point is the best of the three evaluated (the search reports its objective,
     # the evidence plus the hyperprior); EP ran to `tol` there
-    best = max(seen, key=lambda r: r.log_evidence)
-    assert model.log_hyperposterior_value_ == pytest.approx(best.log_evidence, abs=0.05)
+    best = max(seen, key=lambda r: r.log_marginal_likelihood)
+    assert model.log_hyperposterior_value_ == pytest.approx(best.log_marginal_likelihood, abs=0.05)
     assert model.converged_ and model.score(X, y) > 0.7
 
 
@@ -162,7 +162,7 @@ def test_the_ivm_refinement_reports_its_sweeps_and_stops_at_the_callback():
     ep = model.refinement_["ep"]
     assert [r.iteration for r in sweeps[:ep.n_sweeps]] == list(range(1, ep.n_sweeps + 1))
     assert sweeps[ep.n_sweeps - 1].change == ep.max_change
-    assert np.all(np.isfinite([r.log_evidence for r in sweeps]))
+    assert np.all(np.isfinite([r.log_marginal_likelihood for r in sweeps]))
     quiet = fastep.IVMClassifier(**common).fit(X, y)                  # listening changes nothing
     np.testing.assert_array_equal(model.site_mean_, quiet.site_mean_)
     assert model.refinement_ == quiet.refinement_
@@ -368,3 +368,12 @@ def test_progress_bar_with_tqdm_or_a_clear_import_error(monkeypatch):
     assert ProgressBar(_Terminal()).backend == "line"          # auto without tqdm
     with pytest.raises(ValueError, match="backend"):
         ProgressBar(stream, backend="fancy")
+
+
+def test_log_evidence_is_a_deprecated_alias_of_log_marginal_likelihood():
+    record = ProgressRecord("GaussianProcessClassifier", "done", 3, -12.5, 0.5, 0.25)
+    assert record._fields == ("estimator", "stage", "iteration", "log_marginal_likelihood", "change", "elapsed")
+    with pytest.warns(FutureWarning, match="log_evidence is deprecated.*use log_marginal_likelihood"):
+        old = record.log_evidence
+    assert old == record.log_marginal_likelihood == record[3] == -12.5
+    assert record == ("GaussianProcessClassifier", "done", 3, -12.5, 0.5, 0.25)

@@ -15,7 +15,7 @@ from scipy import integrate, special, stats
 from engine_helpers import rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore.rank_k_ep import RankKLikelihood, RankKState, tilted_moments
 from fastep._epcore.sites import SiteSpec
-from fastep.multioutput import ConvergenceWarning, RankKEP
+from fastep.multioutput import ConvergenceWarning, LinearEPRankK
 from fastep.reference import rank_k_ep as ref
 
 from fastep._epcore.sites import LIKELIHOOD_CODES
@@ -579,7 +579,7 @@ def test_likelihood_constructor_errors():
 def test_rankkep_matches_conjugate():
     X, Y, m0, V0, R = problem(90)
     X0, Y0 = X.copy(), Y.copy()
-    est = RankKEP('gaussian', noise_cov=R, prior_mean=m0, prior_cov=V0).fit(X, Y)
+    est = LinearEPRankK('gaussian', noise_cov=R, prior_mean=m0, prior_cov=V0).fit(X, Y)
     mc, Vc, evc = conjugate(X, Y, m0, V0, R)
     np.testing.assert_allclose(est.posterior_mean_, mc, atol=1e-10)
     np.testing.assert_allclose(est.posterior_cov_, Vc, atol=1e-11)
@@ -592,11 +592,11 @@ def test_rankkep_matches_conjugate():
 def test_rankkep_product_and_warning():
     X, Y, m0, V0, _ = problem(91, n=4, k=2, d=3)
     with pytest.warns(ConvergenceWarning):
-        est = RankKEP(gaussian_site(1.0), n_nodes=6, damping=0.3, max_sweeps=2).fit(X, Y)
+        est = LinearEPRankK(gaussian_site(1.0), n_nodes=6, damping=0.3, max_sweeps=2).fit(X, Y)
     assert not est.converged_ and est.n_sweeps_ == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        est = RankKEP(gaussian_site(1.0), n_nodes=6, prior_cov=2.0).fit(X, Y)
+        est = LinearEPRankK(gaussian_site(1.0), n_nodes=6, prior_cov=2.0).fit(X, Y)
     assert est.converged_
 
 
@@ -604,14 +604,14 @@ def test_rankkep_probit_likelihood_object():
     rng, X, m0, V0 = block_problem(93)
     n, k, d = X.shape
     Y = np.where(rng.uniform(size=(n, k)) < 0.5, -1.0, 1.0)
-    est = RankKEP(Probit(slope=1.3, bias=0.2), prior_cov=np.diag(V0), prior_mean=m0).fit(X, Y)
+    est = LinearEPRankK(Probit(slope=1.3, bias=0.2), prior_cov=np.diag(V0), prior_mean=m0).fit(X, Y)
     m, V, P, b, info = run(X, Y, m0, V0, RankKLikelihood.product(SiteSpec(LIK_PROBIT, [1.3, 0.2])))
     np.testing.assert_array_equal(est.posterior_mean_, m)
     np.testing.assert_array_equal(est.site_precision_, P)
     Ybad = Y.copy()
     Ybad[1, 2] = 0.0
     with pytest.raises(ValueError, match=r"Y \(flattened row-major\): binary targets"):
-        RankKEP(Probit()).fit(X, Ybad)
+        LinearEPRankK(Probit()).fit(X, Ybad)
 
 
 @pytest.mark.parametrize("kwargs,fit_args,exc,match", [
@@ -634,7 +634,7 @@ def test_rankkep_errors_leave_state_unchanged(kwargs, fit_args, exc, match):
     data = dict(X=X, Y=Y, X2d=X[0], Ybad=Y[:, :2], Xstr=np.full(X.shape, "a"))
     data["Xnan"] = X.copy()
     data["Xnan"][1, 1, 1] = np.inf
-    est = RankKEP('gaussian').fit(X, Y)
+    est = LinearEPRankK('gaussian').fit(X, Y)
     before = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in vars(est).items() if k.endswith('_')}
     for name, value in kwargs.items():
         setattr(est, name, value)

@@ -28,10 +28,10 @@ _CASES = configured({
     "IVMRegressor": {"kernel": RBF(), "noise_variance": 0.1, "active_set_size": 20, "optimizer": None},
     "LinearEPRegressor": {"noise_variance": 0.1},
     "SparseGPRegressor": {"kernel": RBF(), "noise_variance": 0.1, "optimizer": None},
-    "HorseshoeRegression": {"learn_hyperparameters": False, "sigma2": 0.1, "rho2": 1.0},
+    "HorseshoeRegression": {"learn_hyperparameters": False, "noise_variance": 0.1, "rho2": 1.0},
 }, exclude={"IVMOrdinalRegressor": "its score is accuracy over ordered levels: test_ordinal_score_is_accuracy",
             "MultiTaskHorseshoeRegression": "no score (predictions are per task)",
-            "RankKEP": "no score (a posterior over weights, no predict)"})
+            "LinearEPRankK": "no score (a posterior over weights, no predict)"})
 CLASSIFIERS = {name: make for name, make in _CASES.items() if REGISTRY[name].task == "binary"}
 REGRESSORS = {name: make for name, make in _CASES.items() if REGISTRY[name].task == "regression"}
 

@@ -41,7 +41,7 @@ NOT_CHECKED = {spec.name for spec in REGISTRY.values() if spec.fit_shape != "Xy"
 
 
 def test_every_estimator_with_a_scikit_learn_fit_is_checked():
-    assert NOT_CHECKED == {"MultiTaskHorseshoeRegression", "RankKEP"}
+    assert NOT_CHECKED == {"MultiTaskHorseshoeRegression", "LinearEPRankK"}
     assert {type(e).__name__ for e in ESTIMATORS} == set(REGISTRY) - NOT_CHECKED
 
 
@@ -175,13 +175,13 @@ def test_fastep_imports_and_fits_without_scikit_learn():
     assert out.stdout.strip() == "ok"
 
 
-# RankKEP takes a (n, k, d) design (one k x d block per sample) and MultiTaskHorseshoeRegression a
+# LinearEPRankK takes a (n, k, d) design (one k x d block per sample) and MultiTaskHorseshoeRegression a
 # list of tasks: scikit-learn's checks (2-D X) cannot express either input, so they are not run
 # through check_estimator; they still take part in the parameter protocol (clone, set_params).
 @pytest.mark.parametrize("make", [
-    lambda: fastep.RankKEP(noise_cov=0.5 * np.eye(2), tol=1e-9),
-    lambda: fastep.MultiTaskHorseshoeRegression(n_components=1, max_opt_iter=3, random_state=0),
-], ids=["RankKEP", "MultiTaskHorseshoeRegression"])
+    lambda: fastep.LinearEPRankK(noise_cov=0.5 * np.eye(2), tol=1e-9),
+    lambda: fastep.MultiTaskHorseshoeRegression(n_components=1, max_optimizer_iter=3, random_state=0),
+], ids=["LinearEPRankK", "MultiTaskHorseshoeRegression"])
 def test_estimators_with_structured_inputs_follow_the_parameter_protocol(make):
     est = make()
     copy = clone(est)

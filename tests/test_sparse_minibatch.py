@@ -273,7 +273,7 @@ def test_progress_records_each_window_and_a_callback_can_stop_the_fit():
     windows = [r for r in records if r.stage == "minibatch"]
     assert len(windows) == 2                     # nothing reported after the stop
     assert [r.iteration for r in windows] == [1, 2]
-    assert all(np.isfinite(r.log_evidence) and r.change > 0 for r in windows)
+    assert all(np.isfinite(r.log_marginal_likelihood) and r.change > 0 for r in windows)
     assert clf._problems[0].info.stopped == "callback"
     assert np.all(np.isfinite(clf.predict_proba(X[:10])))
 

@@ -49,12 +49,12 @@ def test_registry_helpers_refuse_unknown_names_and_bare_exclusions():
     with pytest.raises(KeyError, match="NoSuchEstimator"):
         estimator_names(exclude={"NoSuchEstimator": "a typo"})
     with pytest.raises(ValueError, match="reason"):
-        estimator_names(exclude={"RankKEP": ""})
+        estimator_names(exclude={"LinearEPRankK": ""})
     with pytest.raises(KeyError, match="NoSuchEstimator"):
         configured({"NoSuchEstimator": {}})
-    cases = configured({"IVMClassifier": {"active_set_size": 7}}, exclude={"RankKEP": "3-D inputs"},
+    cases = configured({"IVMClassifier": {"active_set_size": 7}}, exclude={"LinearEPRankK": "3-D inputs"},
                        variants={"GPC-multinomial": ("GaussianProcessClassifier", {"multi_class": "multinomial"})})
-    assert "RankKEP" not in cases and set(cases) == (set(ESTIMATORS) - {"RankKEP"}) | {"GPC-multinomial"}
+    assert "LinearEPRankK" not in cases and set(cases) == (set(ESTIMATORS) - {"LinearEPRankK"}) | {"GPC-multinomial"}
     assert cases["IVMClassifier"]().active_set_size == 7
     assert cases["IVMClassifier"]().n_iterations == ESTIMATORS["IVMClassifier"].params["n_iterations"]
     assert cases["GPC-multinomial"]().multi_class == "multinomial"

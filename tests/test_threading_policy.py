@@ -67,9 +67,9 @@ CASES = {
                             (800, 3)),
     "LinearEPClassifier": (lambda: fastep.LinearEPClassifier(), _classification, (2000, 300)),
     "LinearEPRegressor": (lambda: fastep.LinearEPRegressor(), _regression, (2000, 300)),
-    "RankKEP": (lambda: fastep.RankKEP(), _rank_k, (1000, 200)),
-    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(max_opt_iter=5), _sparse_regression, (150, 300)),
-    "MultiTaskHorseshoeRegression": (lambda: fastep.MultiTaskHorseshoeRegression(max_opt_iter=3, n_components=2,
+    "LinearEPRankK": (lambda: fastep.LinearEPRankK(), _rank_k, (1000, 200)),
+    "HorseshoeRegression": (lambda: fastep.HorseshoeRegression(max_optimizer_iter=5), _sparse_regression, (150, 300)),
+    "MultiTaskHorseshoeRegression": (lambda: fastep.MultiTaskHorseshoeRegression(max_optimizer_iter=3, n_components=2,
                                                                                random_state=0),
                                      _multitask, (100, 200)),
 }
@@ -109,7 +109,7 @@ def _outputs(model, X):
             value = [{k: v for k, v in entry.items() if k != "elapsed"} for entry in value]
         if key.endswith("_") and not key.startswith("_"):
             out[key] = repr(value) if not isinstance(value, np.ndarray) else value.tobytes()
-    if isinstance(model, fastep.RankKEP):
+    if isinstance(model, fastep.LinearEPRankK):
         return out
     if isinstance(X, list):                     # multi-task: one prediction per task
         out["predict"] = np.concatenate(model.predict([Xt[:50] for Xt in X])).tobytes()

@@ -91,4 +91,4 @@ class SmallFit:
     def time_fit(self):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            MultiTaskHorseshoeRegression(n_components=2, random_state=0, max_opt_iter=10).fit(self.Xs, self.ys)
+            MultiTaskHorseshoeRegression(n_components=2, random_state=0, max_optimizer_iter=10).fit(self.Xs, self.ys)

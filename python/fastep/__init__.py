@@ -15,8 +15,9 @@ IVMClassifier, IVMRegressor, IVMOrdinalRegressor
     greedy entropy-based active-set selection, O(d² n) time, O(d n) memory.
 fastep.kernels
     Covariance functions with exact gradients.
-RankKEP
-    Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3).
+LinearEPRankK
+    Weight-space Gaussian EP with factors on k-dimensional projections (Minka §3); ``RankKEP`` is
+    its deprecated former name.
 HorseshoeRegression, MultiTaskHorseshoeRegression
     Sparse linear regression with horseshoe priors by parallel EP, with feature-selection
     dependencies learnt across tasks (Hernández-Lobato & Hernández-Lobato).
@@ -50,7 +51,7 @@ from .progress import ProgressRecord
 __all__ = [
     "__version__", "hyperpriors", "kernels", "likelihoods", "ConvergenceWarning", "NotFittedError", "MemoryLimitError",
     "Probit", "Step", "Logistic", "Gaussian", "OrderedCategorical", "StudentT",
-    "LinearEPClassifier", "LinearEPRegressor", "RankKEP",
+    "LinearEPClassifier", "LinearEPRegressor", "LinearEPRankK",
     "GaussianProcessClassifier", "GaussianProcessRegressor",
     "IVMClassifier", "IVMRegressor", "IVMOrdinalRegressor", "get_include",
     "SparseGPClassifier", "SparseGPRegressor",
@@ -64,9 +65,11 @@ _LAZY = {
     "IVMClassifier": "ivm", "IVMOrdinalRegressor": "ivm", "IVMRegressor": "ivm",
     "LinearEPClassifier": "linear", "LinearEPRegressor": "linear",
     "SparseGPClassifier": "sparse", "SparseGPRegressor": "sparse",
-    "RankKEP": "multioutput",
+    "LinearEPRankK": "multioutput",
     "show_versions": "_show_versions",
 }
+#: Former names of public classes, imported with a ``FutureWarning``: {old name: module}.
+_DEPRECATED = {"RankKEP": "multioutput"}
 #: Public submodules that ``fastep.<name>`` imports on first access.
 _SUBMODULES = ("batch", "cli", "datasets", "gp", "horseshoe", "ivm", "linear", "multioutput", "plotting",
                "reference", "sparse")
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
     from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
     from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
     from .linear import LinearEPClassifier, LinearEPRegressor
-    from .multioutput import RankKEP
+    from .multioutput import LinearEPRankK
     from .sparse import SparseGPClassifier, SparseGPRegressor
 
     __version__: str
@@ -93,6 +96,8 @@ else:
             value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
             globals()[name] = value
             return value
+        if name in _DEPRECATED:                 # not cached: every use warns
+            return import_module(f"{__name__}.{_DEPRECATED[name]}")._renamed_class(name)
         if name in _SUBMODULES:
             return import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'fastep' has no attribute {name!r}")

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     _Fit = TypeVar("_Fit", bound=Callable[..., Any])
 
 __all__ = ["BaseEstimator", "ClassifierMixin", "RegressorMixin", "check_is_fitted", "one_vs_rest_proba",
-           "records_feature_names", "fill_doc", "EXAMPLES_DOC", "KERNEL_EXAMPLES_DOC"]
+           "records_feature_names", "fill_doc", "deprecated_alias", "renamed_parameter", "EXAMPLES_DOC",
+           "KERNEL_EXAMPLES_DOC"]
 
 
 def records_feature_names(fit: _Fit) -> _Fit:
@@ -176,6 +177,27 @@ def deprecated_alias(old: str, new: str) -> property:
                       stacklevel=2)
         return getattr(self, new)
     return property(getter, doc=f"Deprecated alias of ``{new}`` (removed in the next release).")
+
+
+def renamed_parameter(estimator: Any, old: str, new: str, *, stacklevel: int = 2) -> tuple[Any, str]:
+    """The value of constructor parameter ``new`` and the name it was given under: ``new``, or
+    ``old`` when the deprecated name ``old`` was set (it defaults to ``"deprecated"``).
+
+    An ``old`` that is set warns with a ``FutureWarning`` (``stacklevel`` counted from the
+    caller, as :func:`warnings.warn` counts it) and raises ``ValueError`` if ``new`` was also moved from its default.  List the pair in the
+    class's ``_renamed_parameters`` so that a model file written before the rename loads.
+    """
+    import warnings
+    value = getattr(estimator, new)
+    old_value = getattr(estimator, old)
+    if isinstance(old_value, str) and old_value == "deprecated":
+        return value, new
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
+                  stacklevel=stacklevel + 1)
+    default = inspect.signature(type(estimator).__init__).parameters[new].default
+    if not (value is default or (np.ndim(value) == 0 and np.ndim(default) == 0 and value == default)):
+        raise ValueError(f"give {new} only ({old}={old_value!r} is its deprecated name; {new}={value!r})")
+    return old_value, old
 
 
 class BaseEstimator:

@@ -420,7 +420,7 @@ def _info(args, out):
     if "fit_time_seconds" in extra:
         lines.append(f"trained    on {extra.get('n_samples')} rows of {extra.get('data')} in "
                      f"{extra['fit_time_seconds']:.2f} s")
-    changed = {k: v for k, v in meta["params"].items() if v is not None}
+    changed = {k: v for k, v in meta["params"].items() if v is not None and v != "deprecated"}
     lines.append("parameters " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
     lines.append(f"saved by   fastep {meta['fastep_version']} (format {meta['format_version']}); "
                  f"this is fastep {_fastep_version()}")

@@ -44,7 +44,8 @@ from ._epcore.horseshoe_ep import HorseshoeOptions, HorseshoePrior
 from ._horseshoe import parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
-from ._base import EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, fill_doc, records_feature_names
+from ._base import (EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, deprecated_alias, fill_doc,
+                    records_feature_names, renamed_parameter)
 from ._horseshoe.search import EvidenceSearch
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
@@ -94,14 +95,18 @@ class _HorseshoeBase(BaseEstimator):
     P_init_scale: float
     random_state: int | np.random.Generator | None
     fit_intercept: bool
-    sigma2_floor: float
+    noise_variance_floor: float
     negative_precision: Literal["clip", "allow"]
     damping: float
     damping_decay: float
     min_damping: float
     tol: float
-    max_iter: int
-    max_opt_iter: int
+    max_sweeps: int
+    max_optimizer_iter: int
+    sigma2: float | ArrayLike | None | Literal["deprecated"]
+    sigma2_floor: float | Literal["deprecated"]
+    max_iter: int | Literal["deprecated"]
+    max_opt_iter: int | Literal["deprecated"]
     rho2_: float
     gamma2_: float
     P_: NDArray[np.float64]
@@ -111,8 +116,25 @@ class _HorseshoeBase(BaseEstimator):
     n_features_in_: int
     n_tasks_: int
 
+    _renamed_parameters = {"sigma2": "noise_variance", "sigma2_floor": "noise_variance_floor",
+                           "max_iter": "max_sweeps", "max_opt_iter": "max_optimizer_iter"}
+    _renamed_attributes = {"n_iter_": "n_sweeps_", "sigma2_": "noise_variance_",
+                           "log_evidence_": "log_marginal_likelihood_value_",
+                           "log_evidence_per_task_": "log_marginal_likelihood_per_task_"}
+    n_iter_ = deprecated_alias("n_iter_", "n_sweeps_")
+    sigma2_ = deprecated_alias("sigma2_", "noise_variance_")
+    log_evidence_ = deprecated_alias("log_evidence_", "log_marginal_likelihood_value_")
+
     # ------------------------------------------------------------------ validation
-    def _check_options(self, n_tasks, d):
+    def _renamed_options(self, stacklevel):
+        """``{new name: (value, name given)}`` of the renamed parameters; a deprecated name warns
+        with ``stacklevel`` counted from here, as :func:`warnings.warn` counts it."""
+        out = {}
+        for old, new in self._renamed_parameters.items():
+            out[new] = renamed_parameter(self, old, new, stacklevel=stacklevel)
+        return out
+
+    def _check_options(self, n_tasks, d, renamed, single_task=False):
         m = v.check_int(self.n_components, "n_components", minimum=0)
         if m >= d:
             raise ValueError(f"n_components must be < n_features = {d} (C = ΔDΔ + ΔPPᵀΔ needs m < d), got {m}")
@@ -125,14 +147,18 @@ class _HorseshoeBase(BaseEstimator):
             raise TypeError(f"fit_intercept must be a bool, got {type(self.fit_intercept).__name__}")
         if not self.learn_dependencies:
             m = 0
-        if self.sigma2 is None:
+        noise_variance, name = renamed["noise_variance"]
+        if noise_variance is None:
             sigma2 = None
-        elif np.ndim(self.sigma2) == 0:
-            sigma2 = np.full(n_tasks, v.check_positive(self.sigma2, "sigma2"))
+        elif np.ndim(noise_variance) == 0:
+            sigma2 = np.full(n_tasks, v.check_positive(noise_variance, name))
+        elif single_task:
+            raise ValueError(f"{name} must be a positive float for HorseshoeRegression, got shape "
+                             f"{np.shape(noise_variance)}")
         else:
-            sigma2 = v.as_float_vector(self.sigma2, "sigma2", length=n_tasks)
+            sigma2 = v.as_float_vector(noise_variance, name, length=n_tasks)
             if np.any(sigma2 <= 0):
-                raise ValueError("sigma2 must be > 0 for every task")
+                raise ValueError(f"{name} must be > 0 for every task")
         rho2 = None if self.rho2 is None else v.check_positive(self.rho2, "rho2")
         gamma2 = v.check_positive(self.gamma2, "gamma2")
         if np.ndim(self.D) == 0:
@@ -142,7 +168,8 @@ class _HorseshoeBase(BaseEstimator):
             if np.any(D <= 0):
                 raise ValueError("D must be > 0 for every feature")
         v.check_positive(self.P_init_scale, "P_init_scale")
-        v.check_in_range(self.sigma2_floor, "sigma2_floor", 0.0, 1.0, low_inclusive=False)
+        v.check_in_range(renamed["noise_variance_floor"][0], renamed["noise_variance_floor"][1], 0.0, 1.0,
+                         low_inclusive=False)
         if self.P_init is not None and m > 0:
             P0 = v.as_float_matrix(self.P_init, "P_init")
             if P0.shape != (d, m):
@@ -157,9 +184,11 @@ class _HorseshoeBase(BaseEstimator):
         v.check_in_range(self.damping_decay, "damping_decay", 0.0, 1.0, low_inclusive=False)
         v.check_in_range(self.min_damping, "min_damping", 0.0, 1.0)
         v.check_positive(self.tol, "tol")
-        v.check_int(self.max_iter, "max_iter", minimum=1)
-        v.check_int(self.max_opt_iter, "max_opt_iter", minimum=1)
-        return {"m": m, "sigma2": sigma2, "rho2": rho2, "gamma2": gamma2, "D": D, "P0": P0}
+        v.check_int(*renamed["max_sweeps"], minimum=1)
+        v.check_int(*renamed["max_optimizer_iter"], minimum=1)
+        return {"m": m, "sigma2": sigma2, "rho2": rho2, "gamma2": gamma2, "D": D, "P0": P0,
+                "sigma2_floor": renamed["noise_variance_floor"][0], "max_sweeps": renamed["max_sweeps"][0],
+                "max_optimizer_iter": renamed["max_optimizer_iter"][0]}
 
     def _check_tasks(self, Xs, ys):
         if isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
@@ -192,15 +221,16 @@ class _HorseshoeBase(BaseEstimator):
         return out_X, out_y
 
     # ------------------------------------------------------------------ EP over tasks
-    def _ep_options(self):
+    def _ep_options(self, max_sweeps):
         return HorseshoeOptions(negative_precision=self.negative_precision, damping=float(self.damping),
                                 damping_decay=float(self.damping_decay), min_damping=float(self.min_damping),
-                                tol=float(self.tol), max_iter=int(self.max_iter))
+                                tol=float(self.tol), max_iter=int(max_sweeps))
 
-    def _fit_tasks(self, Xs, ys):
+    def _fit_tasks(self, Xs, ys, single_task=False):
+        renamed = self._renamed_options(stacklevel=5 if single_task else 4)     # fit's caller
         Xs, ys = self._check_tasks(Xs, ys)
         T, d = len(Xs), Xs[0].shape[1]
-        opts = self._check_options(T, d)
+        opts = self._check_options(T, d, renamed, single_task)
         progress = self._new_progress()
         # centring (intercepts are estimated as ȳ_t - x̄_tᵀ E[w_t])
         if self.fit_intercept:
@@ -222,17 +252,18 @@ class _HorseshoeBase(BaseEstimator):
         rho2 = opts["rho2"] if opts["rho2"] is not None else 0.1
         starts = [None] * T
         n_evals = 0
-        search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(), self.max_opt_iter, progress=progress)
+        search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(opts["max_sweeps"]),
+                                opts["max_optimizer_iter"], progress=progress)
         if self.learn_hyperparameters:
-            # σ_t² within [sigma2_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
+            # σ_t² within [noise_variance_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
             bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
-            bounds[:T, 0] = np.log(float(self.sigma2_floor) * y_scale)
+            bounds[:T, 0] = np.log(float(opts["sigma2_floor"]) * y_scale)
             bounds[:T, 1] = np.log(100.0 * y_scale)
             if opts["sigma2"] is not None:
                 candidates = [np.clip(sigma2, np.exp(bounds[:T, 0]), np.exp(bounds[:T, 1]))]
             else:
-                candidates = [f * y_scale for f in _noise_fractions(float(self.sigma2_floor))]
+                candidates = [f * y_scale for f in _noise_fractions(float(opts["sigma2_floor"]))]
             x_var = np.mean([max(float(np.mean(t.col_sq)) / t.n, 1e-300) for t in tasks])
             rho2_top = gamma2 * float(np.mean(y_scale)) / x_var * min(1.0, 10.0 / d)
             try:
@@ -252,20 +283,20 @@ class _HorseshoeBase(BaseEstimator):
         ep_iterations = search.ep_iterations
         results, sites_list = (None, None) if out is None else out
         if results is None:
-            raise ValueError(f"EP cannot start at sigma2={sigma2}, rho2={rho2}, gamma2={gamma2}: the cold-start "
-                             "posterior or a cavity is improper (extreme hyperparameters?)")
+            raise ValueError(f"EP cannot start at noise_variance={sigma2}, rho2={rho2}, gamma2={gamma2}: the "
+                             "cold-start posterior or a cavity is improper (extreme hyperparameters?)")
         for t, r in enumerate(results):
             if r.status == "stuck":
                 warnings.warn(
-                    f"EP for task {t} stopped (stuck) after {r.n_sweeps} iterations with scaled site residual "
+                    f"EP for task {t} stopped (stuck) after {r.n_sweeps} sweeps with scaled site residual "
                     f"{r.residual:.3g} > tol={self.tol:g}: for more than 25 iterations every step towards "
                     "the targets made a cavity improper and site-precision decreases were held back "
                     "(typically when C correlates features strongly); the last proper state is returned",
                     ConvergenceWarning, stacklevel=3)
             elif not r.converged:
                 warnings.warn(
-                    f"EP for task {t} stopped ({r.status}) after {r.n_sweeps} iterations with scaled site "
-                    f"residual {r.residual:.3g} > tol={self.tol:g}; increase max_iter, lower min_damping "
+                    f"EP for task {t} stopped ({r.status}) after {r.n_sweeps} sweeps with scaled site "
+                    f"residual {r.residual:.3g} > tol={self.tol:g}; increase max_sweeps, lower min_damping "
                     "or check the data", ConvergenceWarning, stacklevel=3)
         coef = np.array([r.mean for r in results])
         coef_var = np.array([r.var for r in results])
@@ -289,7 +320,7 @@ class _HorseshoeBase(BaseEstimator):
         self.P_ = P
         self.D_ = D
         self._log_z = log_z
-        self.n_iter_ = ep_iterations
+        self.n_sweeps_ = ep_iterations
         self.converged_ = bool(all(r.converged for r in results))
         self.n_evaluations_ = int(n_evals)
         self.n_features_in_ = d
@@ -325,8 +356,8 @@ _PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
         Learn ``σ_t²``, ``ρ²`` (and ``P`` when learning dependencies) by type-II maximum
         likelihood; False keeps the given/initial values (``P`` stays at ``P_init`` or its
         random start).
-    sigma2 : float or array (n_tasks,), optional
-        Noise variances (the start when learning). Default: when learning, the start is
+    noise_variance : float or array (n_tasks,), optional
+        Noise variances ``σ_t²`` (the start when learning). Default: when learning, the start is
         found by a coarse search (below); otherwise ``0.1 · Var(y_t)``.
     rho2 : float, optional
         ``ρ²`` (the start when learning). Default: when learning, found by the coarse
@@ -335,10 +366,10 @@ _PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
         The coarse search (type-II ML's start): the evidence has a region where the data are
         explained as noise (large ``σ²``) and one where a few features explain them (small
         ``σ²`` and ``ρ²``), and gradient ascent stays in the region it starts in. So each
-        ``σ_t² = f · Var(y_t)``, ``f = 10^-1, 10^-2, ...`` down to ``sigma2_floor``, is
+        ``σ_t² = f · Var(y_t)``, ``f = 10^-1, 10^-2, ...`` down to ``noise_variance_floor``, is
         paired with ``ρ² = γ² Var(y)/Var(x) · min(1, 10/d) · 10^-k`` walked from weak to strong
         shrinkage (``k = 0, 1, ...``, each EP warm-started from the previous decade, until the
-        evidence stops rising), and L-BFGS-B starts from the best pair. A given ``sigma2``
+        evidence stops rising), and L-BFGS-B starts from the best pair. A given ``noise_variance``
         or ``rho2`` is kept fixed in this search.
     gamma2 : float, default 1.0
         ``γ²``, held fixed (the evidence depends on ``ρ²/γ²`` only; module docstring).
@@ -353,11 +384,11 @@ _PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
         Seed of the random start of ``P``.
     fit_intercept : bool, default True
         Centre each task's ``X`` and ``y``; ``intercept_[t] = ȳ_t - x̄_tᵀ coef_[t]``.
-    sigma2_floor : float, default 1e-3
-        When learning, ``σ_t² >= sigma2_floor · Var(y_t)`` (and ``<= 100 Var(y_t)``). With
+    noise_variance_floor : float, default 1e-3
+        When learning, ``σ_t² >= noise_variance_floor · Var(y_t)`` (and ``<= 100 Var(y_t)``). With
         ``n < d`` the evidence stays finite as ``σ² → 0`` (the noiseless prior predictive is
         a proper density) and type-II ML can drive the noise to zero; the floor caps the
-        fitted R² at ``1 - sigma2_floor``.
+        fitted R² at ``1 - noise_variance_floor``.
     negative_precision : {'clip', 'allow'}, default 'clip'
         Policy for negative w-site precisions (eq 22): 'clip' keeps them ``>= -0.1/η_j``
         (``η_j`` the cavity variance) with the mean matched, 'allow' leaves them unbounded
@@ -373,11 +404,15 @@ _PARAMETERS_DOC = """n_components : int, default %N_COMPONENTS%
         a strongly correlated ``C`` can cause.
     tol : float, default 1e-8
         EP stops when the largest scaled site residual is below ``tol``.
-    max_iter : int, default 1000
-        EP iterations per task and hyperparameter setting.
-    max_opt_iter : int, default 100
+    max_sweeps : int, default 1000
+        EP sweeps (parallel iterations) per task and hyperparameter setting.
+    max_optimizer_iter : int, default 100
         L-BFGS-B iterations.
-    %CALLBACK%"""
+    %CALLBACK%
+    sigma2, sigma2_floor, max_iter, max_opt_iter : deprecated
+        The former names of ``noise_variance``, ``noise_variance_floor``, ``max_sweeps`` and
+        ``max_optimizer_iter``: they still work, with a ``FutureWarning``, and will be removed
+        in the next release."""
 
 _REFERENCES_DOC = """References
     ----------
@@ -411,7 +446,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         Posterior relevance of each feature, ``E[λ²/(λ² + η)]`` under the tilted distribution
         of its factor (``1 -`` the shrinkage factor; ``E[w_j] = inclusion_j · m_j`` with ``m_j``
         the cavity mean, eq 16).
-    intercept_, sigma2_ : ndarray (n_tasks,)
+    intercept_, noise_variance_ : ndarray (n_tasks,)
     rho2_, gamma2_ : float
     P_ : ndarray (d, m)
         The learnt loadings of the selection dependencies ``C = ΔDΔ + ΔPPᵀΔ``.
@@ -419,15 +454,20 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         The diagonal ``D`` (fixed).
     correlation_ : ndarray (d, d)
         The shared ``C`` (formed on access).
-    log_evidence_ : float
-        Sum over tasks of eq (27) at the fitted hyperparameters; per task in ``log_evidence_per_task_``.
-    n_iter_ : ndarray (n_tasks,)
-        EP iterations run for each task over the whole fit (every evaluation of the evidence).
+    log_marginal_likelihood_value_ : float
+        Sum over tasks of the EP log marginal likelihood, eq (27), at the fitted hyperparameters;
+        per task in ``log_marginal_likelihood_per_task_``.
+    log_marginal_likelihood_per_task_ : ndarray (n_tasks,)
+    n_sweeps_ : ndarray (n_tasks,)
+        EP sweeps run for each task over the whole fit (every evaluation of the evidence).
     converged_ : bool
     n_evaluations_ : int
         EP evaluations of the evidence by type-II ML (coarse search and L-BFGS-B; 0 without learning).
     sites_ : list of dict
         The EP sites of every task (natural parameters ``pi_w, h_w, pi_u, pi_v``).
+    sigma2_, log_evidence_, log_evidence_per_task_, n_iter_
+        Deprecated aliases of ``noise_variance_``, ``log_marginal_likelihood_value_``,
+        ``log_marginal_likelihood_per_task_`` and ``n_sweeps_`` (removed in the next release).
 
     %REFERENCES%
 
@@ -436,7 +476,7 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     >>> w[:3] = (2.0, -1.5, 1.0)
     >>> Xs = [rng.normal(size=(40, 30)) for _ in range(2)]
     >>> ys = [X @ w + 0.3 * rng.normal(size=40) for X in Xs]
-    >>> model = MultiTaskHorseshoeRegression(n_components=2, max_opt_iter=20, random_state=0).fit(Xs, ys)
+    >>> model = MultiTaskHorseshoeRegression(n_components=2, max_optimizer_iter=20, random_state=0).fit(Xs, ys)
     >>> model.coef_.shape
     (2, 30)
     >>> sorted(np.argsort(-model.inclusion_[0])[:3].tolist())
@@ -445,18 +485,21 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
         N_COMPONENTS="2", CALLBACK=CALLBACK_DOC,
         REFERENCES=_REFERENCES_DOC)
 
-    sigma2: float | ArrayLike | None
-    n_iter_: NDArray[np.int_]
+    noise_variance: float | ArrayLike | None
+    n_sweeps_: NDArray[np.int_]
     sites_: list[dict[str, NDArray[np.float64]]]
 
     def __init__(self, n_components: int = 2, *, learn_dependencies: bool = True, learn_hyperparameters: bool = True,
-                 sigma2: float | ArrayLike | None = None, rho2: float | None = None, gamma2: float = 1.0,
+                 noise_variance: float | ArrayLike | None = None, rho2: float | None = None, gamma2: float = 1.0,
                  D: float | ArrayLike = 1.0, P_init: ArrayLike | None = None, P_init_scale: float = 0.1,
                  random_state: int | np.random.Generator | None = None, fit_intercept: bool = True,
-                 sigma2_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
+                 noise_variance_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
                  damping: float = 0.5, damping_decay: float = 0.99, min_damping: float = 0.3, tol: float = 1e-8,
-                 max_iter: int = 1000, max_opt_iter: int = 100, verbose: int = 0, callback: Callback = None
-                 ) -> None:
+                 max_sweeps: int = 1000, max_optimizer_iter: int = 100, verbose: int = 0, callback: Callback = None,
+                 sigma2: float | ArrayLike | None | Literal["deprecated"] = "deprecated",
+                 sigma2_floor: float | Literal["deprecated"] = "deprecated",
+                 max_iter: int | Literal["deprecated"] = "deprecated",
+                 max_opt_iter: int | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
     def fit(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> Self:
@@ -467,11 +510,13 @@ class MultiTaskHorseshoeRegression(_HorseshoeBase):
     coef_var_: NDArray[np.float64] = _fitted("_coef_var")
     inclusion_: NDArray[np.float64] = _fitted("_inclusion")
     intercept_: NDArray[np.float64] = _fitted("_intercept")
-    sigma2_: NDArray[np.float64] = _fitted("_sigma2")
-    log_evidence_per_task_: NDArray[np.float64] = _fitted("_log_z")
+    noise_variance_: NDArray[np.float64] = _fitted("_sigma2")
+    log_marginal_likelihood_per_task_: NDArray[np.float64] = _fitted("_log_z")
+    log_evidence_per_task_ = deprecated_alias("log_evidence_per_task_", "log_marginal_likelihood_per_task_")
 
     @property
-    def log_evidence_(self) -> float:
+    def log_marginal_likelihood_value_(self) -> float:
+        """The sum over tasks of the EP log marginal likelihood at the fitted hyperparameters."""
         check_is_fitted(self, "_coef")
         return float(np.sum(self._log_z))
 
@@ -519,11 +564,16 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     ----------
     coef_, coef_var_, inclusion_ : ndarray (d,)
         Posterior means, variances and relevance (see the multi-task class).
-    intercept_, sigma2_, rho2_, gamma2_, log_evidence_ : float
+    intercept_, noise_variance_, rho2_, gamma2_ : float
+    log_marginal_likelihood_value_ : float
+        The EP log marginal likelihood, eq (27), at the fitted hyperparameters.
     P_, D_, correlation_, converged_, n_evaluations_, sites_ (dict)
         As in the multi-task class, for the one task.
-    n_iter_ : int
-        EP iterations run over the whole fit.
+    n_sweeps_ : int
+        EP sweeps run over the whole fit.
+    sigma2_, log_evidence_, n_iter_
+        Deprecated aliases of ``noise_variance_``, ``log_marginal_likelihood_value_`` and
+        ``n_sweeps_`` (removed in the next release).
 
     %REFERENCES%
 
@@ -532,7 +582,7 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     >>> w = np.zeros(40)
     >>> w[[3, 17]] = (2.0, -1.5)
     >>> y = X @ w + 0.3 * rng.normal(size=50)
-    >>> model = HorseshoeRegression(max_opt_iter=20).fit(X, y)
+    >>> model = HorseshoeRegression(max_optimizer_iter=20).fit(X, y)
     >>> sorted(np.argsort(-model.inclusion_)[:2].tolist())
     [3, 17]
     >>> bool(model.score(X, y) > 0.9)
@@ -541,28 +591,29 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
         N_COMPONENTS="0", CALLBACK=CALLBACK_DOC,
         REFERENCES=_REFERENCES_DOC)
 
-    sigma2: float | None
-    n_iter_: int
+    noise_variance: float | None
+    n_sweeps_: int
     sites_: dict[str, NDArray[np.float64]]
 
     def __init__(self, n_components: int = 0, *, learn_dependencies: bool = True, learn_hyperparameters: bool = True,
-                 sigma2: float | None = None, rho2: float | None = None, gamma2: float = 1.0,
+                 noise_variance: float | None = None, rho2: float | None = None, gamma2: float = 1.0,
                  D: float | ArrayLike = 1.0, P_init: ArrayLike | None = None, P_init_scale: float = 0.1,
                  random_state: int | np.random.Generator | None = None, fit_intercept: bool = True,
-                 sigma2_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
+                 noise_variance_floor: float = 1e-3, negative_precision: Literal["clip", "allow"] = "clip",
                  damping: float = 0.5, damping_decay: float = 0.99, min_damping: float = 0.3, tol: float = 1e-8,
-                 max_iter: int = 1000, max_opt_iter: int = 100, verbose: int = 0, callback: Callback = None
-                 ) -> None:
+                 max_sweeps: int = 1000, max_optimizer_iter: int = 100, verbose: int = 0, callback: Callback = None,
+                 sigma2: float | ArrayLike | None | Literal["deprecated"] = "deprecated",
+                 sigma2_floor: float | Literal["deprecated"] = "deprecated",
+                 max_iter: int | Literal["deprecated"] = "deprecated",
+                 max_opt_iter: int | Literal["deprecated"] = "deprecated") -> None:
         self._set_init_params(locals())
 
     @records_feature_names
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit on ``X`` (n, d) and ``y`` (n,); returns self."""
-        if self.sigma2 is not None and np.ndim(self.sigma2) != 0:
-            raise ValueError(f"sigma2 must be a positive float for HorseshoeRegression, got shape {np.shape(self.sigma2)}")
         X, y = v.check_X_y(X, y, y_numeric=True)
-        self._fit_tasks([X], [y])
-        self.n_iter_ = int(self.n_iter_[0])  # type: ignore[index]  # per task until here
+        self._fit_tasks([X], [y], single_task=True)
+        self.n_sweeps_ = int(self.n_sweeps_[0])  # type: ignore[index]  # per task until here
         self.sites_ = self.sites_[0]  # type: ignore[index, assignment]
         return self
 
@@ -570,8 +621,8 @@ class HorseshoeRegression(RegressorMixin, _HorseshoeBase):
     coef_var_: NDArray[np.float64] = _fitted("_coef_var", first_task=True)
     inclusion_: NDArray[np.float64] = _fitted("_inclusion", first_task=True)
     intercept_: float = _fitted("_intercept", first_task=True, scalar=True)
-    sigma2_: float = _fitted("_sigma2", first_task=True, scalar=True)
-    log_evidence_: float = _fitted("_log_z", first_task=True, scalar=True)
+    noise_variance_: float = _fitted("_sigma2", first_task=True, scalar=True)
+    log_marginal_likelihood_value_: float = _fitted("_log_z", first_task=True, scalar=True)
 
     def _predict_mean_std(self, X: ArrayLike, return_std: bool) -> NDArray[np.float64] | MeanStd:
         check_is_fitted(self, "_coef")

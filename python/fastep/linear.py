@@ -40,7 +40,7 @@ _NEGATIVE_POLICIES = {
 class WeightSpacePosterior:
     """The fitted attributes every weight-space EP estimator has: the Gaussian posterior over
     the weights, the EP sites and the evidence (:class:`LinearEPClassifier`,
-    :class:`LinearEPRegressor`, :class:`fastep.RankKEP`)."""
+    :class:`LinearEPRegressor`, :class:`fastep.LinearEPRankK`)."""
 
     posterior_mean_: NDArray[np.float64]
     posterior_cov_: NDArray[np.float64]

@@ -1,6 +1,6 @@
 """Weight-space EP with k-output factors (Minka, "EP: a quick reference", §3).
 
-``RankKEP`` fits the Gaussian approximation ``N(w; m, V)`` to
+``LinearEPRankK`` fits the Gaussian approximation ``N(w; m, V)`` to
 
     p(w | Y) ∝ N(w; m0, V0) prod_i t_i(X_i^T w),
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ._typing import Callback
 
-__all__ = ["RankKEP", "ConvergenceWarning"]
+__all__ = ["LinearEPRankK", "ConvergenceWarning"]
 
 
 def _as_float_array(value: Any, name: str, ndim: tuple[int, ...]) -> NDArray[np.float64]:
@@ -65,8 +65,12 @@ def _check_spd(mat: NDArray[np.float64], name: str) -> NDArray[np.float64]:
     return mat
 
 
-class RankKEP(WeightSpacePosterior, BaseEstimator):
+class LinearEPRankK(WeightSpacePosterior, BaseEstimator):
     __doc__ = fill_doc("""Gaussian EP over weights with rank-k (k-output) likelihood factors.
+
+    The rank-k member of the weight-space EP family (:class:`~fastep.LinearEPClassifier`,
+    :class:`~fastep.LinearEPRegressor`).  ``RankKEP`` is its former name: it still imports,
+    with a ``FutureWarning``, until the next release.
 
     Parameters
     ----------
@@ -116,12 +120,12 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
     Each sample has a (k, d) design: its k outputs are ``X_i w`` plus Gaussian noise.
 
     >>> import numpy as np
-    >>> from fastep import RankKEP
+    >>> from fastep import LinearEPRankK
     >>> rng = np.random.default_rng(0)
     >>> w = np.array([1.0, -2.0, 0.5])
     >>> X = rng.normal(size=(200, 2, 3))
     >>> Y = X @ w + 0.1 * rng.normal(size=(200, 2))
-    >>> model = RankKEP(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    >>> model = LinearEPRankK(noise_cov=0.01 * np.eye(2)).fit(X, Y)
     >>> np.round(model.posterior_mean_, 1)
     array([ 1. , -2. ,  0.5])
     >>> model.converged_
@@ -243,3 +247,23 @@ class RankKEP(WeightSpacePosterior, BaseEstimator):
             warnings.warn(f"EP did not converge in {self.n_sweeps_} sweeps ({reason})",
                           ConvergenceWarning, stacklevel=2)
         return self
+
+
+#: Former names of this module's classes: ``{old name: new name}``.  An old name still imports,
+#: with a ``FutureWarning``, and gives the class under its new name; model files and pickles that
+#: name it load as the new class.
+_RENAMED = {"RankKEP": "LinearEPRankK"}
+
+
+def _renamed_class(name: str) -> type:
+    """The class formerly called ``name``, with a ``FutureWarning`` for the caller's caller."""
+    new = _RENAMED[name]
+    warnings.warn(f"{name} is deprecated and will be removed in the next release; use {new}", FutureWarning,
+                  stacklevel=3)
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        return _renamed_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -122,6 +122,7 @@ _MOVED_CLASSES = {
     "fastep._gp_base.Hyperparameters": "fastep._gp.hyperparameters.Hyperparameters",
     "fastep._gp_base.SiteProblem": "fastep._gp.problem.SiteProblem",
     "fastep._gp_base.DensePredictor": "fastep._gp.predictor.DensePredictor",
+    "fastep.multioutput.RankKEP": "fastep.multioutput.LinearEPRankK",
 }
 
 

@@ -185,7 +185,7 @@ def plot_convergence(records: Sequence[ProgressRecord], *, ax: Axes | None = Non
     for k, run in enumerate(runs):
         sweep = [r.iteration for r in run]
         change = [max(r.change, np.finfo(float).tiny) for r in run]
-        evidence = [r.log_evidence for r in run]
+        evidence = [r.log_marginal_likelihood for r in run]
         ax.plot(sweep, change, "o-", color="tab:blue", alpha=0.3 + 0.7 * (k + 1) / len(runs), markersize=3)
         if not all(math.isnan(e) for e in evidence):
             right.plot(sweep, evidence, "s--", color="tab:orange", alpha=0.3 + 0.7 * (k + 1) / len(runs),

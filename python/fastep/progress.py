@@ -5,7 +5,7 @@ Every estimator takes ``verbose`` (0, 1 or 2) and ``callback``. A fit builds one
 :class:`Progress` and its stages report to it:
 
 - ``"EP sweep"``: after each EP sweep (level 2), ``iteration`` the sweep, ``change`` the largest
-  relative site change, ``log_evidence`` the EP log marginal likelihood as tracked for the
+  relative site change, ``log_marginal_likelihood`` the EP log marginal likelihood as tracked for the
   convergence test (NaN for the weight-space engines, which do not track it per sweep; for
   the IVM's refinement sweeps over its active set, the active set's eq 32);
 - ``"type-II ML"``: after each evidence evaluation of the hyperparameter search (level 1),
@@ -40,6 +40,7 @@ import logging
 import math
 import sys
 import time
+import warnings
 from collections import namedtuple
 from typing import TYPE_CHECKING
 
@@ -59,12 +60,23 @@ if TYPE_CHECKING:
         estimator: str
         stage: str
         iteration: int
-        log_evidence: float
+        log_marginal_likelihood: float
         change: float
         elapsed: float
+
+        @property
+        def log_evidence(self) -> float: ...
 else:
-    ProgressRecord = namedtuple("ProgressRecord",
-                                ["estimator", "stage", "iteration", "log_evidence", "change", "elapsed"])
+    class ProgressRecord(namedtuple("ProgressRecord", ["estimator", "stage", "iteration", "log_marginal_likelihood",
+                                                       "change", "elapsed"])):
+        __slots__ = ()
+
+        @property
+        def log_evidence(self) -> float:
+            """Deprecated alias of ``log_marginal_likelihood`` (removed in the next release)."""
+            warnings.warn("log_evidence is deprecated and will be removed in the next release; use "
+                          "log_marginal_likelihood", FutureWarning, stacklevel=2)
+            return self.log_marginal_likelihood
 ProgressRecord.__doc__ = """What an estimator's ``callback`` receives during ``fit`` (an immutable named tuple).
 
 Parameters
@@ -76,9 +88,10 @@ stage : str
     ``'eq 32'`` / ``'eq 34'`` (IVM), or ``'done'``; one-vs-rest IVM stages carry the class.
 iteration : int
     The sweep, evaluation or round within the stage.
-log_evidence : float
+log_marginal_likelihood : float
     The log marginal likelihood (the IVM's eq 32 / eq 34 value) at this step; NaN where the
-    stage has none.
+    stage has none. ``log_evidence`` is its former name, a deprecated alias (removed in the next
+    release).
 change : float
     For EP sweeps the largest relative site change; for search evaluations the gain over the
     best value before; NaN otherwise.
@@ -102,7 +115,7 @@ CALLBACK_DOC = """verbose : int, default 0
         ``fastep`` logger at INFO level (to standard error when logging is not configured).
     callback : callable, optional
         Called with a :class:`fastep.ProgressRecord` (``estimator``, ``stage``, ``iteration``,
-        ``log_evidence``, ``change``, ``elapsed``) after every EP sweep, search evaluation and
+        ``log_marginal_likelihood``, ``change``, ``elapsed``) after every EP sweep, search evaluation and
         fitting stage. Returning ``False`` stops the fit cleanly at the best state so far, with
         a ``ConvergenceWarning``."""
 
@@ -130,8 +143,8 @@ class StopRequested(Exception):
 
 def _format(record: ProgressRecord) -> str:
     parts = [f"{record.estimator}: {record.stage} {record.iteration}"]
-    if not math.isnan(record.log_evidence):
-        parts.append(f"log evidence {record.log_evidence:.6g}")
+    if not math.isnan(record.log_marginal_likelihood):
+        parts.append(f"log evidence {record.log_marginal_likelihood:.6g}")
     if not math.isnan(record.change):
         parts.append(f"change {record.change:.3g}")
     parts.append(f"elapsed {record.elapsed:.2f} s")
@@ -231,8 +244,8 @@ def sweep_callback_of(options: dict[str, Any]) -> Callable[[int, float, float], 
 
 def _describe(record: ProgressRecord) -> str:
     text = f"{record.stage} {record.iteration}"
-    if not math.isnan(record.log_evidence):
-        text += f"  log evidence {record.log_evidence:.6g}"
+    if not math.isnan(record.log_marginal_likelihood):
+        text += f"  log evidence {record.log_marginal_likelihood:.6g}"
     return text
 
 

@@ -58,7 +58,7 @@ def linear_models() -> None:
     clf = fastep.LinearEPClassifier(Probit(), fit_intercept=True).fit(X, y)
     proba: Floats = clf.predict_proba(X)
     labels = clf.predict(X)
-    evidence: float = clf.log_evidence_
+    evidence: float = clf.log_marginal_likelihood_value_
     coef: Floats = clf.coef_
     accuracy: float = clf.score(X, y)
     assert proba.shape == (60, 2) and labels.shape == (60,) and np.isfinite(evidence) and coef.shape == (2,)
@@ -77,7 +77,7 @@ def rank_k() -> None:
     rng = np.random.default_rng(2)
     X = rng.normal(size=(50, 2, 3))
     Y = np.einsum("ikd,d->ik", X, np.array([1.0, -1.0, 0.5])) + 0.1 * rng.normal(size=(50, 2))
-    model = fastep.RankKEP(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    model = fastep.LinearEPRankK(noise_cov=0.01 * np.eye(2)).fit(X, Y)
     posterior: Floats = model.posterior_mean_
     converged: bool = model.converged_
     assert posterior.shape == (3,) and converged
@@ -148,14 +148,14 @@ def horseshoe_models() -> None:
     w[:2] = (2.0, -1.0)
     X = rng.normal(size=(30, 10))
     y = X @ w + 0.1 * rng.normal(size=30)
-    single = fastep.HorseshoeRegression(max_opt_iter=5).fit(X, y)
+    single = fastep.HorseshoeRegression(max_optimizer_iter=5).fit(X, y)
     inclusion: Floats = single.inclusion_
     intercept: float = single.intercept_
     assert inclusion.shape == (10,) and np.isfinite(intercept)
 
     Xs = [X, rng.normal(size=(30, 10))]
     ys = [y, Xs[1] @ w + 0.1 * rng.normal(size=30)]
-    multi = fastep.MultiTaskHorseshoeRegression(n_components=1, max_opt_iter=3, random_state=0).fit(Xs, ys)
+    multi = fastep.MultiTaskHorseshoeRegression(n_components=1, max_optimizer_iter=3, random_state=0).fit(Xs, ys)
     per_task: list[Floats] = multi.predict(Xs)
     first: Floats = multi.predict(Xs[0], task=0)
     mean, std = multi.predict(Xs[1], task=1, return_std=True)
@@ -179,7 +179,7 @@ def batch() -> None:
     models = fit_many(fastep.GaussianProcessRegressor(optimizer=None), datasets, n_jobs=2, progress=seen.append)
     means: list[Floats] = [m.predict(X) for m, (X, _) in zip(models, datasets)]
     grid = fit_many([fastep.LinearEPRegressor(noise_variance=s) for s in (0.1, 1.0)], datasets[:1])
-    evidences: list[float] = [m.log_evidence_ for m in grid]
+    evidences: list[float] = [m.log_marginal_likelihood_value_ for m in grid]
     outcomes = fit_many(fastep.LinearEPRegressor(), datasets, on_error="collect")
     failed = [r for r in outcomes if isinstance(r, BaseException)]
     assert len(means) == 3 and len(evidences) == 2 and not failed and len(seen) == 3

@@ -69,7 +69,7 @@ class EvidenceSearch:
     learn_P : bool
     ep_options : fastep._epcore.horseshoe_ep.HorseshoeOptions
         The options of every EP run (``tol`` and ``max_iter`` those of the full evaluations).
-    max_opt_iter : int
+    max_optimizer_iter : int
         L-BFGS-B iterations over all rounds.
     progress : fastep.progress.Progress, optional
         Told of every evaluation (a line at ``verbose >= 1``; the callback's record). A stop
@@ -86,7 +86,7 @@ class EvidenceSearch:
         ``value``, ``grad``, ``sites``.
     """
 
-    def __init__(self, tasks, gamma2, D, P, learn_P, ep_options, max_opt_iter, progress=None):
+    def __init__(self, tasks, gamma2, D, P, learn_P, ep_options, max_optimizer_iter, progress=None):
         self.tasks = tasks
         self.T = len(tasks)
         self.gamma2 = float(gamma2)
@@ -94,7 +94,7 @@ class EvidenceSearch:
         self.P = P
         self.learn_P = bool(learn_P)
         self.ep_options = ep_options
-        self.max_opt_iter = int(max_opt_iter)
+        self.max_optimizer_iter = int(max_optimizer_iter)
         self.progress = progress if progress is not None else quiet()
         self.points = []
         self.n_evaluations = 0
@@ -313,13 +313,13 @@ class EvidenceSearch:
         reference = max(abs(start_value), 1.0) if np.isfinite(start_value) else 1.0
         # stationary enough: a gradient below 1 nat per unit of log σ², log ρ² (or of P), or the
         # library's relative rule when that is larger
-        maximize_in_trust_boxes(objective, theta0, bounds, self.T + 1, self.max_opt_iter, stacklevel=6,
+        maximize_in_trust_boxes(objective, theta0, bounds, self.T + 1, self.max_optimizer_iter, stacklevel=6,
                                 ftol=EVIDENCE_ATOL / reference,
                                 gradient_tol=scale * max(1.0, GRADIENT_WARN_RTOL * reference))
         return self.best
 
 
-def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_opt_iter, *, stacklevel=2, ftol=None,
+def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_optimizer_iter, *, stacklevel=2, ftol=None,
                             gradient_tol=None):
     """Maximise ``objective(θ) -> (value, grad)`` by L-BFGS-B in rounds, each confined to a
     trust box around the round's start; returns the best ``θ`` evaluated.
@@ -338,13 +338,13 @@ def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_opt_iter, *, s
     without failures gains nothing (at most ``ftol`` relative: L-BFGS-B's line search found no
     ascent from the best point, e.g. where clipped EP sites make the evidence gradient
     approximate), warning if the projected gradient there exceeds ``gradient_tol`` (default
-    ``GRADIENT_WARN_RTOL · max(|value|, 1)``); when the budget of ``max_opt_iter`` iterations
+    ``GRADIENT_WARN_RTOL · max(|value|, 1)``); when the budget of ``max_optimizer_iter`` iterations
     is spent (warns); or when the box has been halved below 1/64 of its size (warns that EP
     does not converge around the point reached). ``ftol`` is passed to L-BFGS-B
     (:func:`fastep._search.optimize.maximize_log_likelihood`).
     """
     theta = np.asarray(theta0, dtype=float)
-    budget = int(max_opt_iter)
+    budget = int(max_optimizer_iter)
     shrink = 1.0
     n_failed_rounds = 0
     failures = [0]
@@ -405,6 +405,6 @@ def maximize_in_trust_boxes(objective, theta0, bounds, n_log, max_opt_iter, *, s
                     "(its gradient is approximate where w-site precisions are clipped; see "
                     "negative_precision)", ConvergenceWarning, stacklevel=stacklevel)
             return theta
-    warnings.warn(f"L-BFGS-B used its budget of max_opt_iter={max_opt_iter} iterations before converging",
+    warnings.warn(f"L-BFGS-B used its budget of max_optimizer_iter={max_optimizer_iter} iterations before converging",
                   ConvergenceWarning, stacklevel=stacklevel)
     return theta

@@ -40,7 +40,7 @@ from .blocks import gradient_from_sums
 from .multinomial import (MultinomialSparsePosterior, MultinomialSparsePredictor, adjoint_block, adjoint_shares,
                           cavities_from_marginals, effective_sites, f_cavities, outer_site_precisions,
                           site_log_normalisers, site_sums)
-from .stochastic import SITE_MODES, MinibatchSparseEP
+from .stochastic import MinibatchSparseEP, MinibatchState, sampled_rows
 
 __all__ = ["MinibatchMultinomialSparseEP", "INNER_SWEEPS"]
 
@@ -62,7 +62,7 @@ def _cavity_gradient_terms(C, mean, P, h, fitc):
     return a, 0.5 * (np.sum(a * a, axis=1) - trace)
 
 
-class MinibatchMultinomialSparseEP:
+class MinibatchMultinomialSparseEP(MinibatchState):
     """The state of minibatch EP for the joint multiclass sparse GP (module docstring); the
     interface of :class:`fastep._sparse.stochastic.MinibatchSparseEP`.
 
@@ -82,23 +82,19 @@ class MinibatchMultinomialSparseEP:
         minibatch's update is ``min(1, |B| / window)``.
     """
 
+    per_point_sites = ("inner_precision", "inner_natural_mean")
+
     def __init__(self, kernel, likelihood, Z, n, options, sites="tied", window=None):
-        if sites not in SITE_MODES:
-            raise ValueError(f"sites must be one of {SITE_MODES}, got {sites!r}")
-        self.kernel, self.likelihood = kernel, None
-        self.Z = np.ascontiguousarray(Z, dtype=np.float64)
-        self.n = int(n)
-        self.options = options
         self.n_classes = int(options["n_classes"])
-        self.sites = sites
-        self.window = self.n if window is None else int(window)
+        super().__init__(kernel, None, Z, n, options, sites, window)
+
+    def _zero_sites(self):
         cm = self.n_classes * self.Z.shape[0]
         self.precision_sum = np.zeros((cm, cm))
         self.natural_mean_sum = np.zeros(cm)
-        if sites == "per-point":
+        if self.sites == "per-point":
             self.inner_precision = np.zeros((self.n, self.n_classes))
             self.inner_natural_mean = np.zeros((self.n, self.n_classes))
-        self.refactor()
 
     # -- the estimators' view of per-point sites --------------------------------------------------
     @property
@@ -108,6 +104,9 @@ class MinibatchMultinomialSparseEP:
     @property
     def site_natural_mean(self):
         return self.inner_natural_mean.T if self.sites == "per-point" else None
+
+    def _forget(self):
+        self._posterior = self._cavity = None
 
     # -- factors -------------------------------------------------------------------------------
     def refactor(self, keep_sites_in_u=False):
@@ -128,7 +127,7 @@ class MinibatchMultinomialSparseEP:
             P = matmul(P.T.reshape(c * m * c, m), M).reshape(c * m, c * m)
             self.precision_sum = 0.5 * (P + P.T)
             self.natural_mean_sum = matmul(self.natural_mean_sum.reshape(c, m), M).ravel()
-        self._posterior = self._cavity = None
+        self._forget()
 
     #: ``(Vt, d)`` of the rows X, as for the binary model (the same kernel, Z and K_mm factor)
     project = MinibatchSparseEP.project
@@ -214,7 +213,7 @@ class MinibatchMultinomialSparseEP:
                 np.max(np.abs(alpha - old_alpha) / np.maximum(1.0, np.abs(old_alpha)), initial=0.0),
                 np.max(np.abs(beta - old_beta) / np.maximum(1.0, np.abs(old_beta)), initial=0.0)))
         self.precision_sum = 0.5 * (self.precision_sum + self.precision_sum.T)
-        self._posterior = self._cavity = None
+        self._forget()
         return out
 
     def _gradient_estimate(self, X, Vt, P, a, c_terms, size, learn_inducing):
@@ -230,18 +229,6 @@ class MinibatchMultinomialSparseEP:
         return gradient_from_sums(self.kernel, self.Z, scale * g_kernel, scale * Gmm,
                                   None if g_z is None else scale * g_z, None, False, learn_inducing)
 
-    def snapshot(self):
-        state = [self.precision_sum.copy(), self.natural_mean_sum.copy(), self.chol_mm.copy()]
-        if self.sites == "per-point":
-            state += [self.inner_precision.copy(), self.inner_natural_mean.copy()]
-        return state
-
-    def restore(self, state):
-        self.precision_sum, self.natural_mean_sum, self.chol_mm = (a.copy() for a in state[:3])
-        if self.sites == "per-point":
-            self.inner_precision, self.inner_natural_mean = state[3].copy(), state[4].copy()
-        self._posterior = self._cavity = None
-
     # -- whole passes -------------------------------------------------------------------------------
     def rebuild(self, source):
         """Per-point sites: recompute ``Λ`` and ``b`` from all sites at the current hyperparameters."""
@@ -255,7 +242,7 @@ class MinibatchMultinomialSparseEP:
             P += p_sum
             b += n_sum
         self.precision_sum, self.natural_mean_sum = 0.5 * (P + P.T), b
-        self._posterior = self._cavity = None
+        self._forget()
 
     def predictor(self):
         post = self.posterior()
@@ -267,14 +254,9 @@ class MinibatchMultinomialSparseEP:
         n = self.n
         post = self.posterior()
         total = -0.5 * post.log_det + 0.5 * post.quad
-        index = np.arange(n) if n <= rows else np.sort(rng.choice(n, size=rows, replace=False))
         terms = []
-        for start, stop in source.chunks:
-            pick = index[(index >= start) & (index < stop)]
-            if pick.size == 0:
-                continue
-            X, y = source.read(start, stop)
-            X, labels = X[pick - start], np.ascontiguousarray(y[pick - start], dtype=np.int32)
+        for pick, X, y in sampled_rows(source, n, rng, rows):
+            labels = np.ascontiguousarray(y, dtype=np.int32)
             Vt, d = self.project(X)
             if self.sites == "tied":
                 mean, C = self.cavity().marginals(Vt)

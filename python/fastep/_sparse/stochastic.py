@@ -193,7 +193,51 @@ class Adam:
         return self.learning_rate * first / (np.sqrt(second) + self.eps)
 
 
-class MinibatchSparseEP:
+class MinibatchState:
+    """What the states of minibatch EP share: a snapshot of their sites and factors, and its restore.
+
+    A subclass sets its sites to zero in :meth:`_zero_sites` (``precision_sum``,
+    ``natural_mean_sum`` and, with ``'per-point'`` sites, the arrays named in
+    :attr:`per_point_sites`), factorises ``K_mm`` into ``chol_mm`` in ``refactor`` and drops
+    what it derived from the sites in :meth:`_forget`. The parameters are those of
+    :class:`MinibatchSparseEP`.
+    """
+
+    #: The per-point site arrays (``sites='per-point'`` only).
+    per_point_sites = ("site_precision", "site_natural_mean")
+
+    def __init__(self, kernel, likelihood, Z, n, options, sites="tied", window=None):
+        if sites not in SITE_MODES:
+            raise ValueError(f"sites must be one of {SITE_MODES}, got {sites!r}")
+        self.kernel, self.likelihood = kernel, likelihood
+        self.Z = np.ascontiguousarray(Z, dtype=np.float64)
+        self.n = int(n)
+        self.options = options
+        self.sites = sites
+        self.window = self.n if window is None else int(window)
+        self._zero_sites()
+        self.refactor()
+
+    def _state_names(self):
+        extra = self.per_point_sites if self.sites == "per-point" else ()
+        return ("precision_sum", "natural_mean_sum", "chol_mm") + extra
+
+    def _forget(self):
+        """Drop the posterior derived from the sites (they changed)."""
+        self._posterior = None
+
+    def snapshot(self):
+        """The sites' and factors' state (m-sized, or n-sized per-point sites), for :meth:`restore`."""
+        return [getattr(self, name).copy() for name in self._state_names()]
+
+    def restore(self, state):
+        """Go back to a :meth:`snapshot` (the kernel and Z must be those it was taken at)."""
+        for name, value in zip(self._state_names(), state):
+            setattr(self, name, value.copy())
+        self._forget()
+
+
+class MinibatchSparseEP(MinibatchState):
     """The state of minibatch sparse EP: the inducing inputs, the hyperparameters and the sites
     (module docstring).
 
@@ -212,22 +256,13 @@ class MinibatchSparseEP:
         damping of a minibatch's update is ``min(1, |B| / window)``.
     """
 
-    def __init__(self, kernel, likelihood, Z, n, options, sites="tied", window=None):
-        if sites not in SITE_MODES:
-            raise ValueError(f"sites must be one of {SITE_MODES}, got {sites!r}")
-        self.kernel, self.likelihood = kernel, likelihood
-        self.Z = np.ascontiguousarray(Z, dtype=np.float64)
-        self.n = int(n)
-        self.options = options
-        self.sites = sites
-        self.window = self.n if window is None else int(window)
+    def _zero_sites(self):
         m = self.Z.shape[0]
         self.precision_sum = np.zeros((m, m))      # Λ
         self.natural_mean_sum = np.zeros(m)        # b
-        if sites == "per-point":
+        if self.sites == "per-point":
             self.site_precision = np.zeros(self.n)
             self.site_natural_mean = np.zeros(self.n)
-        self.refactor()
 
     # -- factors ---------------------------------------------------------------------------
     def refactor(self, keep_sites_in_u=False):
@@ -389,20 +424,6 @@ class MinibatchSparseEP:
                if learn_likelihood else 0.0)
         return gradient_from_sums(self.kernel, self.Z, scale * g_kernel, scale * Gmm,
                                   None if g_z is None else scale * g_z, lik, learn_likelihood, learn_inducing)
-
-    def snapshot(self):
-        """The sites' and factors' state (m-sized, or n-sized per-point sites), for :meth:`restore`."""
-        state = [self.precision_sum.copy(), self.natural_mean_sum.copy(), self.chol_mm.copy()]
-        if self.sites == "per-point":
-            state += [self.site_precision.copy(), self.site_natural_mean.copy()]
-        return state
-
-    def restore(self, state):
-        """Go back to a :meth:`snapshot` (the kernel and Z must be those it was taken at)."""
-        self.precision_sum, self.natural_mean_sum, self.chol_mm = (a.copy() for a in state[:3])
-        if self.sites == "per-point":
-            self.site_precision, self.site_natural_mean = state[3].copy(), state[4].copy()
-        self._posterior = None
 
     # -- whole passes ------------------------------------------------------------------------
     def rebuild(self, source):
@@ -611,6 +632,18 @@ SETTLE_WINDOWS = 5
 EVIDENCE_SAMPLE_ROWS = 20_000
 
 
+def sampled_rows(source, n, rng, rows):
+    """``(index, X, y)`` chunk by chunk for a seeded sample of ``rows`` of the ``n`` rows of
+    ``source`` (all of them when ``n <= rows``), ``index`` the rows' positions, in order."""
+    index = np.arange(n) if n <= rows else np.sort(rng.choice(n, size=rows, replace=False))
+    for start, stop in source.chunks:
+        pick = index[(index >= start) & (index < stop)]
+        if pick.size == 0:
+            continue
+        X, y = source.read(start, stop)
+        yield pick, X[pick - start], y[pick - start]
+
+
 def _log_normaliser(R, w):
     """``Φ = -log|R| + ½ wᵀ A w`` of ``N(w; A⁻¹b, A⁻¹)`` in natural form (without the 2π term),
     with ``A = Rᵀ R`` and ``w = A⁻¹ b``."""
@@ -631,14 +664,8 @@ def log_evidence_estimate(state, source, rng, rows=EVIDENCE_SAMPLE_ROWS):
     n = state.n
     R, w = state.posterior()
     total = _log_normaliser(R, w)
-    index = np.arange(n) if n <= rows else np.sort(rng.choice(n, size=rows, replace=False))
     terms = []
-    for start, stop in source.chunks:
-        pick = index[(index >= start) & (index < stop)]
-        if pick.size == 0:
-            continue
-        X, y = source.read(start, stop)
-        X, y = X[pick - start], y[pick - start]
+    for pick, X, y in sampled_rows(source, n, rng, rows):
         Vt, d = state.project(X)
         mean, var = state._cavity_marginals(Vt, pick)
         log_z, _, _ = power_moments_array(state.likelihood.site_spec(), y, mean, var + d, power=power,
