@@ -273,6 +273,15 @@ def replaced_fields(obj, dict changes, names=None):
     return fields
 
 
+def same_fields(a, b):
+    """Whether ``a`` and ``b`` agree on the fields of ``a`` (``_FIELDS``; NaN equals NaN)."""
+    for name in a._FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
+            return False
+    return True
+
+
 def _result_from_fields(dict fields):
     """A SweepResult from any of its fields by name."""
     cdef SweepResult result = SweepResult.__new__(SweepResult)
@@ -377,11 +386,7 @@ cdef class SweepResult:
         """Field by field; NaN equals NaN (a result equals its own copy)."""
         if not isinstance(other, SweepResult):
             return NotImplemented
-        for name in self._FIELDS:
-            a, b = getattr(self, name), getattr(other, name)
-            if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
-                return False
-        return True
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (SweepResult, (self.n_sweeps, self.converged, self.max_change, self.log_z,

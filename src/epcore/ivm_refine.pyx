@@ -38,7 +38,7 @@ import numpy as np
 from libc.math cimport INFINITY, NAN, M_PI
 from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport gemv_t, potrf, trsm, gemm, ger, trsv as _trsv
-from fastep._epcore._common import replaced_fields
+from fastep._epcore._common import replaced_fields, same_fields
 from fastep._epcore._common cimport (random_permutation, SweepDriver, SweepStats, sweep_stats_reset,
                                      interrupt_requested)
 
@@ -542,15 +542,6 @@ cdef class IVMOptions:
         return _fields_repr(self)
 
 
-def _same_fields(a, b):
-    """Whether two results of one type agree field by field (``_FIELDS``; NaN equals NaN)."""
-    for name in a._FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
-        if x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
-            return False
-    return True
-
-
 def _fields_repr(result):
     fields = ", ".join(f"{name}={getattr(result, name)!r}" for name in result._FIELDS)
     return f"{type(result).__name__}({fields})"
@@ -611,7 +602,7 @@ cdef class RefineResult(SweepResult):
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (RefineResult, tuple(getattr(self, name) for name in self._ARGS))
@@ -656,7 +647,7 @@ cdef class ExchangeResult:
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (ExchangeResult, (self.moves, self.converged, self.best_gain))
@@ -763,7 +754,7 @@ cdef class IVMResult(SweepResult):
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (IVMResult, (self.n_active, self.log_z, self.refinement))

@@ -619,8 +619,8 @@ cdef class SparseEP:
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._epcore import sparse_ep
     >>> from fastep import Probit
+    >>> from fastep._epcore import sparse_ep
     >>> x = np.linspace(-2, 2, 30)[:, None]
     >>> z = np.linspace(-2, 2, 5)[:, None]
     >>> k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)
