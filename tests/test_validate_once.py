@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fastep
-from engine_helpers import dense_ep, engine_options, linear_ep as linear_engine, sparse_ep as sparse_engine
+from engine_helpers import dense_ep, linear_ep as linear_engine, sparse_ep as sparse_engine
 from fastep._epcore import gp_ep, linear_ep, sparse_ep, student_t_ep
 from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, KernelColumns, Linear, LinearARD, MLPARD, White
 from fastep.likelihoods import Probit, StudentT
