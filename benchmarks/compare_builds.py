@@ -40,6 +40,9 @@ def _dense_run(K, y, spec, **options):
     """One validated dense GP EP run from zero sites (a callable)."""
     from fastep._epcore import gp_ep
     n = K.shape[0]
+    if hasattr(gp_ep, "DenseEPOptions"):
+        return lambda: gp_ep.DenseEP(K, y, spec, gp_ep.DenseEPOptions(**options)).run(
+            np.zeros(n), np.zeros(n), np.empty((n, n)), np.empty(n))
     if hasattr(gp_ep, "DenseEP"):
         return lambda: gp_ep.DenseEP(K, y, spec, **options).run(np.zeros(n), np.zeros(n), np.empty((n, n)),
                                                                 np.empty(n))
@@ -51,6 +54,9 @@ def _sparse_run(Vt, d, y, spec, **options):
     """One validated sparse EP run from zero sites (a callable)."""
     from fastep._epcore import sparse_ep
     n, m = Vt.shape
+    if hasattr(sparse_ep, "SparseEPOptions"):
+        return lambda: sparse_ep.SparseEP(Vt, d, y, spec, sparse_ep.SparseEPOptions(**options)).run(
+            np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m))
     if hasattr(sparse_ep, "SparseEP"):
         return lambda: sparse_ep.SparseEP(Vt, d, y, spec, **options).run(np.zeros(n), np.zeros(n),
                                                                          np.empty((m, m)), np.empty(m))
@@ -62,6 +68,9 @@ def _linear_run(X, y, prior_mean, prior_cov, spec, **options):
     """One validated linear EP run from zero sites (a callable)."""
     from fastep._epcore import linear_ep
     n, d = X.shape
+    if hasattr(linear_ep, "LinearEPOptions"):
+        return lambda: linear_ep.LinearEP(X, y, prior_mean, prior_cov, spec, linear_ep.LinearEPOptions(**options)).run(
+            np.zeros(n), np.zeros(n), np.empty(d), np.empty((d, d)))
     if hasattr(linear_ep, "LinearEP"):
         return lambda: linear_ep.LinearEP(X, y, prior_mean, prior_cov, spec, **options).run(
             np.zeros(n), np.zeros(n), np.empty(d), np.empty((d, d)))

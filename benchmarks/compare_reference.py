@@ -108,15 +108,16 @@ def one_sweep(X, y, spec, algorithm=linear_ep.ALGORITHM_AUTO):
     tau, nu = np.zeros(n), np.zeros(n)
     m, V = np.empty(d), np.empty((d, d))
     # refresh_every > max_sweeps: the sweep alone, no refactorisation from the invariant
-    linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec, max_sweeps=1, refresh_every=2,
-                       algorithm=algorithm).run(tau, nu, m, V)
+    options = linear_ep.LinearEPOptions(max_sweeps=1, refresh_every=2, algorithm=algorithm)
+    linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec, options).run(tau, nu, m, V)
 
 
 def one_sweep_with_refresh(X, y, spec):
     n, d = X.shape
     tau, nu = np.zeros(n), np.zeros(n)
     m, V = np.empty(d), np.empty((d, d))
-    linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec, max_sweeps=1, refresh_every=1).run(tau, nu, m, V)
+    options = linear_ep.LinearEPOptions(max_sweeps=1, refresh_every=1)
+    linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec, options).run(tau, nu, m, V)
 
 
 def bench_sweep_vs_reference(n, d, repeats, threads):

@@ -89,8 +89,8 @@ def run_incore(n, m, rows, iterations, schedule):
     def sweeps(k):                    # k iterations from zero sites (tol = 0: none stops early)
         tau, nu = np.zeros(n), np.zeros(n)
         t0 = time.perf_counter()
-        engine.SparseEP(Vt, d, y, likelihood.site_spec(), schedule=code, damping=opts["damping"],
-                        tol=1e-300, max_sweeps=k, validate=False).run(tau, nu, R, w_mean)
+        options = engine.SparseEPOptions(schedule=code, damping=opts["damping"], tol=1e-300, max_sweeps=k)
+        engine.SparseEP(Vt, d, y, likelihood.site_spec(), options, validate=False).run(tau, nu, R, w_mean)
         return time.perf_counter() - t0
 
     # the engine's loop cannot be timed from outside one iteration at a time: the time of one

@@ -50,8 +50,8 @@ class Dense:
         tau, nu = np.zeros(self.n), np.zeros(self.n)
         self.outputs = [np.empty(self.n) for _ in range(4)]
         post_mean, post_var, cavity_mean, cavity_var = self.outputs
-        engine = student_t_ep.DenseStudentTEP(self.K, y, dof, scale, power=power, damping=0.5, tol=1e-6,
-                                              max_sweeps=500)
+        options = student_t_ep.StudentTEPOptions(power=power, damping=0.5, tol=1e-6, max_sweeps=500)
+        engine = student_t_ep.DenseStudentTEP(self.K, y, dof, scale, options)
         info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
         return info, tau, nu
 
@@ -76,8 +76,9 @@ class Sparse:
     def parallel(self, y, dof, scale, power):
         tau, nu = np.zeros(self.n), np.zeros(self.n)
         R, w, g_mean, g_var = self._outputs()
+        options = student_t_ep.StudentTEPOptions(power=power, damping=0.5, tol=1e-6, max_sweeps=500)
         engine = student_t_ep.SparseStudentTEP(self.Vt, self.d, y, StudentT(dof=dof, scale=scale).site_spec(),
-                                               power=power, damping=0.5, tol=1e-6, max_sweeps=500)
+                                               options)
         info = engine.run(tau, nu, R, w, g_mean=g_mean, g_var=g_var)
         return info, tau, nu
 

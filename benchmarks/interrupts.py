@@ -174,7 +174,8 @@ def main():
     for schedule, label in ((gp_ep.SCHEDULE_SEQUENTIAL, "sequential"), (gp_ep.SCHEDULE_BLOCKED, "blocked")):
         def dense(schedule=schedule):
             n = K.shape[0]
-            gp_ep.DenseEP(K, yf, spec, schedule=schedule, tol=1e-300, max_sweeps=3, validate=False).run(
+            options = gp_ep.DenseEPOptions(schedule=schedule, tol=1e-300, max_sweeps=3)
+            gp_ep.DenseEP(K, yf, spec, options, validate=False).run(
                 np.zeros(n), np.zeros(n), np.empty((n, n)), np.empty(n))
         overhead(f"dense EP, n = 2000, {label}, 3 sweeps", dense, args.repeats)
 
@@ -185,15 +186,16 @@ def main():
     ys = np.where(rng.normal(size=n) > 0, 1.0, -1.0)
 
     def sparse():
-        sparse_ep.SparseEP(Vt, d, ys, spec, tol=1e-300, max_sweeps=3, validate=False).run(
+        options = sparse_ep.SparseEPOptions(tol=1e-300, max_sweeps=3)
+        sparse_ep.SparseEP(Vt, d, ys, spec, options, validate=False).run(
             np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m))
     overhead("sparse EP, n = 2e5, m = 50, 3 sweeps", sparse, args.repeats)
 
     Xl = np.ascontiguousarray(rng.normal(size=(n, 50)))
 
     def linear():
-        linear_ep.LinearEP(Xl, ys, np.zeros(50), np.eye(50), spec, tol=1e-300, max_sweeps=3,
-                           validate=False).run(np.zeros(n), np.zeros(n), np.empty(50), np.empty((50, 50)))
+        options = linear_ep.LinearEPOptions(tol=1e-300, max_sweeps=3)
+        linear_ep.LinearEP(Xl, ys, np.zeros(50), np.eye(50), spec, options, validate=False).run(np.zeros(n), np.zeros(n), np.empty(50), np.empty((50, 50)))
     overhead("linear EP, n = 2e5, d = 50, 3 sweeps", linear, args.repeats)
 
 

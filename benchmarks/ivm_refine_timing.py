@@ -9,13 +9,13 @@ paper's base kernel RBF(1, 1/256) + Linear + Bias + White, fixed, probit
 likelihood) as in ``ivm_selection_scaling.py``: select d points with Algorithm 1,
 then time
 
-* ``IVMState.refine``: the first call (which also fetches the d kernel rows
+* ``IVMEP.refine``: the first call (which also fetches the d kernel rows
   K[I, :]), the EP sweeps to convergence, and a final ``refactorize``;
-* with ``--gains-repeats R``: R calls of ``IVMState.exchange_gains`` (one O(d² n)
+* with ``--gains-repeats R``: R calls of ``IVMEP.exchange_gains`` (one O(d² n)
   refactorisation that also forms Σ[I, :], then the entropy gain of every one of the
   d (n - d) pairs, eqs 8-9: the scoring pass of a greedy move) and, for reference, R calls
   of ``refactorize`` (the O(d² n) part without Σ[I, :]); medians and minima;
-* ``IVMState.exchange``: ``--moves`` greedy moves (each scores all d (n - d) pairs)
+* ``IVMEP.exchange``: ``--moves`` greedy moves (each scores all d (n - d) pairs)
   and ``--moves`` random-search moves;
 
 and prints the entropy criterion before and after, and the peak resident memory.
@@ -56,7 +56,7 @@ def main():
     kernel = RBF(1.0, 1.0 / p) + Linear(1.0) + Bias(np.exp(-2)) + White(np.exp(-2))
     with threadpool_limits(1, "blas"):
         cols = kernel.columns(X)
-        st = engine.IVMState(y, Probit().site_spec(), cols.diag, args.d)
+        st = engine.IVMEP(y, Probit().site_spec(), cols.diag, args.d)
         t = time.perf_counter()
         st.select(args.d, cols)
         t_select = time.perf_counter() - t

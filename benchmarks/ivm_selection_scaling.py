@@ -4,7 +4,7 @@
     python benchmarks/ivm_selection_scaling.py --quick    # smaller grid, no USPS section
     python benchmarks/ivm_selection_scaling.py --usps-only --repeat 7   # the USPS ratios alone
 
-Part 1 times the compiled engine (``fastep._epcore.ivm.IVMState.select``) on
+Part 1 times the compiled engine (``fastep._epcore.ivm.IVMEP.select``) on
 synthetic 16-dimensional data with an RBF + White kernel and a probit
 likelihood, for several n and d, and prints the mean time per inclusion and
 that time divided by n d / 2 (the average number of M entries read per
@@ -19,7 +19,7 @@ engine (scoring pass + inclusion update), and times the bare BLAS calls of the
 same selection alone (``bare_blas_selection``: the M reads of eq 30, one gemv
 per inclusion, and optionally the row-append triangular solves, which the engine
 does not need because the new row of L is read off M). The engine time is also
-split into the scoring passes (``IVMState.score`` timed at the state after 0, d/2
+split into the scoring passes (``IVMEP.score`` timed at the state after 0, d/2
 and d - 1 inclusions, averaged over the three, times d) and the rest (the
 inclusion update, whose gemv is the M reads). Timed apart, the M reads find much of M
 (28 MB) in the 32 MB L3 cache, which the selection cannot, as each kernel column streams
@@ -77,7 +77,7 @@ def scaling(ns, ds, repeat):
                 continue
 
             def run():
-                st = engine.IVMState(y, spec, cols.diag, d)
+                st = engine.IVMEP(y, spec, cols.diag, d)
                 st.select(d, cols)
                 return st
 
@@ -111,7 +111,7 @@ def usps(d, repeat, threads_list=(1,)):
             # The scoring pass alone, at the states after 0, d/2 and d - 1 inclusions (the
             # pass is repeated there; for the entropy criterion it is pure).
             score_at = {0: None, d // 2: None, d - 1: None}
-            probe = engine.IVMState(y, spec, cols.diag, d)
+            probe = engine.IVMEP(y, spec, cols.diag, d)
 
             def probing_cols(j):
                 k = probe.n_active
@@ -124,7 +124,7 @@ def usps(d, repeat, threads_list=(1,)):
             runs = []
             for _ in range(repeat):
                 col_time[0] = 0.0
-                st = engine.IVMState(y, spec, cols.diag, d)
+                st = engine.IVMEP(y, spec, cols.diag, d)
                 t0 = time.perf_counter()
                 st.select(d, timed_cols)
                 total = time.perf_counter() - t0

@@ -79,7 +79,7 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
                                                   fractional_ep_sweeps, robust_factor)
 
         def options(DenseStudentTEP dense, SparseStudentTEP sparse):
-            return dense.n, dense.power, dense.max_halvings, sparse.m, sparse.damping
+            return dense.n, dense.power, dense.max_halvings, sparse.m, sparse.sweep.damping
     """))
     res = subprocess.run(
         [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
@@ -91,14 +91,14 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
 # --- the engine state classes, cimported, typed and run ---------------------------------------
 # One downstream module for the engine states declared in gp_ep.pxd, sparse_ep.pxd,
 # linear_ep.pxd, ivm.pxd and multiclass_ep.pxd: typed variables read the declared fields (through the object
-# layout the .pxd promises) and call the engines; IVMState's cdef methods go through the
+# layout the .pxd promises) and call the engines; IVMEP's cdef methods go through the
 # vtable declared in ivm.pxd. Built once per module (cython, then the C compiler).
 _ENGINE_STATES_PYX = """
     # cython: language_level=3
     from fastep._epcore.gp_ep cimport DenseEP
     from fastep._epcore.sparse_ep cimport SparseEP
     from fastep._epcore.linear_ep cimport LinearEP
-    from fastep._epcore.ivm cimport IVMState, IVMArrays
+    from fastep._epcore.ivm cimport IVMEP, IVMArrays
     from fastep._epcore.ivm_refine cimport fetch_column
     from fastep._epcore.sites cimport SiteSpec
     from fastep._epcore._common cimport SweepResult
@@ -109,23 +109,23 @@ _ENGINE_STATES_PYX = """
     def dense_run(obj, tau, nu, post_cov, post_mean):
         cdef DenseEP engine = obj
         cdef SiteSpec spec = engine.spec
-        fields = (engine.n, engine.schedule, engine.order, engine.damping, engine.tol,
-                  engine.max_sweeps, engine.negative_precision, engine.block_size,
+        fields = (engine.n, engine.sweep.schedule, engine.sweep.order, engine.sweep.damping, engine.sweep.tol,
+                  engine.sweep.max_sweeps, engine.sweep.negative_precision, engine.block_size,
                   engine.refactor_every, engine.output, engine.validate, spec, engine.K, engine.y)
         return fields, engine.run(tau, nu, post_cov, post_mean)
 
     def sparse_run(obj, tau, nu, post_factor, post_w_mean):
         cdef SparseEP engine = obj
-        fields = (engine.n, engine.m, engine.power, engine.n_quadrature, engine.schedule,
-                  engine.order, engine.damping, engine.tol, engine.max_sweeps,
-                  engine.negative_precision, engine.validate, engine.spec, engine.Vt, engine.d,
+        fields = (engine.n, engine.m, engine.power, engine.n_quadrature, engine.sweep.schedule,
+                  engine.sweep.order, engine.sweep.damping, engine.sweep.tol, engine.sweep.max_sweeps,
+                  engine.sweep.negative_precision, engine.validate, engine.spec, engine.Vt, engine.d,
                   engine.y, engine.quadrature is not None)
         return fields, engine.run(tau, nu, post_factor, post_w_mean)
 
     def linear_run(obj, tau, nu, post_mean, post_cov):
         cdef LinearEP engine = obj
-        fields = (engine.update_form, engine.damping, engine.tol, engine.max_sweeps,
-                  engine.refresh_every, engine.negative_precision, engine.algorithm,
+        fields = (engine.update_form, engine.sweep.damping, engine.sweep.tol, engine.sweep.max_sweeps,
+                  engine.refresh_every, engine.sweep.negative_precision, engine.algorithm,
                   engine.block_size, engine.validate, engine.spec, engine.X, engine.y,
                   engine.prior_mean, engine.prior_cov)
         result = engine.run(tau, nu, post_mean, post_cov)
@@ -153,8 +153,8 @@ _ENGINE_STATES_PYX = """
         return status, log_z
 
     def ivm_select(obj, int n_points, column_fn):
-        # IVMState.select step by step through the cdef methods declared in ivm.pxd
-        cdef IVMState state = obj
+        # IVMEP.select step by step through the cdef methods declared in ivm.pxd
+        cdef IVMEP state = obj
         cdef IVMArrays* a = &state.a
         cdef int step, best
         chosen = []
@@ -217,13 +217,14 @@ def test_cimported_dense_ep_runs_as_from_python(engine_states):
     K = _rbf(x, x) + 1e-8 * np.eye(12)
     y = np.sign(x)
     spec = Probit().site_spec()
-    engine = gp_ep.DenseEP(K, y, spec, tol=1e-10)
+    engine = gp_ep.DenseEP(K, y, spec, gp_ep.DenseEPOptions(tol=1e-10))
     tau, nu, cov, mean = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
     expected = engine.run(tau, nu, cov, mean)
     tau2, nu2, cov2, mean2 = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
     fields, result = engine_states.dense_run(engine, tau2, nu2, cov2, mean2)
-    assert fields == (12, engine.schedule, engine.order, 1.0, 1e-10, engine.max_sweeps,
-                      engine.negative_precision, engine.block_size, engine.refactor_every,
+    options = engine.options
+    assert fields == (12, options.schedule, options.order, 1.0, 1e-10, options.max_sweeps,
+                      options.negative_precision, engine.block_size, engine.refactor_every,
                       engine.output, True, spec, engine.K, engine.y)
     assert fields[-2] is K and fields[-3] is spec
     assert result == expected and result.converged
@@ -238,13 +239,14 @@ def test_cimported_sparse_ep_runs_as_from_python(engine_states):
     _, Vt, d = sparse_ep.sparse_projection(_rbf(z, z), _rbf(x, z), np.ones(20), jitter=1e-8)
     y = np.sign(x)
     spec = Probit().site_spec()
-    engine = sparse_ep.SparseEP(Vt, d, y, spec, power=0.5, tol=1e-10)
+    engine = sparse_ep.SparseEP(Vt, d, y, spec, sparse_ep.SparseEPOptions(power=0.5, tol=1e-10))
     expected_arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
     expected = engine.run(*expected_arrays)
     arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
     fields, result = engine_states.sparse_run(engine, *arrays)
-    assert fields == (20, 4, 0.5, engine.n_quadrature, engine.schedule, engine.order, 1.0, 1e-10,
-                      engine.max_sweeps, engine.negative_precision, True, spec, engine.Vt,
+    options = engine.options
+    assert fields == (20, 4, 0.5, engine.n_quadrature, options.schedule, options.order, 1.0, 1e-10,
+                      options.max_sweeps, options.negative_precision, True, spec, engine.Vt,
                       engine.d, engine.y, True)
     assert result == expected and result.converged
     for got, want in zip(arrays, expected_arrays):
@@ -258,14 +260,15 @@ def test_cimported_linear_ep_runs_as_from_python(engine_states):
     X = rng.standard_normal((15, 3))
     y = np.sign(X @ np.array([1.0, -0.5, 0.25]) + 0.3 * rng.standard_normal(15))
     spec = Probit().site_spec()
-    engine = linear_ep.LinearEP(X, y, np.zeros(3), np.eye(3), spec, tol=1e-10, refresh_every=2)
+    engine = linear_ep.LinearEP(X, y, np.zeros(3), np.eye(3), spec,
+                                linear_ep.LinearEPOptions(tol=1e-10, refresh_every=2))
     expected_arrays = np.zeros(15), np.zeros(15), np.empty(3), np.empty((3, 3))
     expected = engine.run(*expected_arrays)
     expected_evidence = engine.log_evidence(*expected_arrays)
     arrays = np.zeros(15), np.zeros(15), np.empty(3), np.empty((3, 3))
     fields, result, evidence = engine_states.linear_run(engine, *arrays)
-    assert fields == (engine.update_form, 1.0, 1e-10, engine.max_sweeps, 2,
-                      engine.negative_precision, engine.algorithm, engine.block_size, True, spec,
+    assert fields == (engine.update_form, 1.0, 1e-10, engine.options.max_sweeps, 2,
+                      engine.options.negative_precision, engine.algorithm, engine.block_size, True, spec,
                       engine.X, engine.y, engine.prior_mean, engine.prior_cov)
     assert result == expected and result.converged
     assert evidence == expected_evidence
@@ -286,7 +289,7 @@ def test_cimported_ivm_state_selects_as_from_python(engine_states, criterion):
         return K[:, j].copy()
 
     def state():
-        return ivm.IVMState(y, spec, np.diag(K).copy(), ivm.IVMOptions(5, criterion=criterion),
+        return ivm.IVMEP(y, spec, np.diag(K).copy(), ivm.IVMOptions(5, criterion=criterion),
                             sigma2=0.01)
 
     expected, typed = state(), state()

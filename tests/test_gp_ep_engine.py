@@ -299,14 +299,14 @@ def test_blocked_sweep_is_the_sequential_sweep(order):
 
 
 @pytest.mark.parametrize("schedule", [SEQ, BLK])
-@pytest.mark.parametrize("refactor_every", [2, 5, 1000])
-def test_refactor_every_changes_results_by_rounding_only(schedule, refactor_every):
+@pytest.mark.parametrize("refresh_every", [2, 5, 1000])
+def test_refresh_every_changes_results_by_rounding_only(schedule, refresh_every):
     """Refactorising every sweep or only every few (log Z between them from the incremental
     diag Σ, μ and the determinant-lemma log|B|) gives the same sweeps and the same answer."""
     K, y = benchmark_problem(150)
     spec = fastep.Probit().site_spec()
-    base = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=1)
-    other = run(K, y, spec, schedule=schedule, tol=1e-10, refactor_every=refactor_every)
+    base = run(K, y, spec, schedule=schedule, tol=1e-10, refresh_every=1)
+    other = run(K, y, spec, schedule=schedule, tol=1e-10, refresh_every=refresh_every)
     assert other[4].n_sweeps == base[4].n_sweeps and other[4].converged
     for a, b in zip(other[:4], base[:4]):
         assert close(a, b) < 1e-10
@@ -325,7 +325,7 @@ def test_incremental_log_det_tracks_the_factorisation():
     spec = fastep.Logistic().site_spec()
     exact = []
     for sweeps in (1, 2, 3, 4):
-        tau, nu, S, m, info = run(K, y, spec, max_sweeps=sweeps, refactor_every=1000, tol=1e-14)
+        tau, nu, S, m, info = run(K, y, spec, max_sweeps=sweeps, refresh_every=1000, tol=1e-14)
         lz = engine.log_marginal_likelihood(K, y, spec, tau, nu)
         assert abs(info.log_z - lz) < 1e-12 * abs(lz)
         exact.append(lz)
@@ -333,10 +333,10 @@ def test_incremental_log_det_tracks_the_factorisation():
             assert abs(info.log_z_change - abs(exact[-1] - exact[-2])) < 1e-10 * abs(lz)
 
 
-def test_refactor_every_must_be_positive():
+def test_refresh_every_must_be_positive():
     K, y = benchmark_problem(10)
-    with pytest.raises(ValueError, match="refactor_every"):
-        run(K, y, fastep.Probit().site_spec(), refactor_every=0)
+    with pytest.raises(ValueError, match="refresh_every"):
+        run(K, y, fastep.Probit().site_spec(), refresh_every=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,8 +349,8 @@ def _chol_b(K, tau):
 
 
 @pytest.mark.parametrize("options", [dict(schedule=SEQ), dict(schedule=BLK),
-                                     dict(schedule=BLK, refactor_every=1000),
-                                     dict(schedule=BLK, refactor_every=3, order=ENTROPY),
+                                     dict(schedule=BLK, refresh_every=1000),
+                                     dict(schedule=BLK, refresh_every=3, order=ENTROPY),
                                      dict(schedule=PAR, damping=0.5),
                                      dict(schedule=BLK, max_sweeps=2), dict(schedule=PAR, max_sweeps=2)])
 def test_output_factor_gives_the_same_run_and_the_cholesky_of_b(options):
@@ -720,5 +720,5 @@ def test_incremental_sweep_bad_input():
     with pytest.raises(ValueError, match=r"post_cov must be finite; post_cov\[4, 2\]"):
         engine.DenseEP(K, y, spec).incremental_sweep(tau, nu, S_bad, m)
     with pytest.raises(ValueError, match="SCHEDULE_SEQUENTIAL"):
-        engine.DenseEP(K, y, spec, schedule=PAR).incremental_sweep(tau, nu, S, m)
+        engine.DenseEP(K, y, spec, engine.DenseEPOptions(schedule=PAR)).incremental_sweep(tau, nu, S, m)
     np.testing.assert_array_equal(tau, 0.0)

@@ -15,12 +15,12 @@ import pytest
 
 import fastep
 from fastep._epcore._common import SweepResult
-from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior, HorseshoeResult
+from fastep._epcore.horseshoe_ep import HorseshoeDamping, HorseshoeEP, HorseshoeOptions, HorseshoePrior, HorseshoeResult
 from fastep._horseshoe import parallel_ep as eng
 
 from fastep.reference import horseshoe as ref
 
-from engine_helpers import horseshoe_state, run_horseshoe_ep
+from engine_helpers import horseshoe_options, horseshoe_state, run_horseshoe_ep
 
 
 # the engines and twins make many small sequential BLAS calls (conftest.one_blas_thread)
@@ -333,7 +333,7 @@ def test_evidence_gradients_match_finite_differences():
 # ------------------------------------------------------------------------------ the engine contract
 def _engine(seed=1, n=8, d=12, m=2, **options):
     X, y, P, D = problem(n, d, m, seed=seed)
-    return HorseshoeEP(X, y, 0.2, HorseshoePrior(0.3, 1.0, P, D), HorseshoeOptions(**options))
+    return HorseshoeEP(X, y, 0.2, HorseshoePrior(0.3, 1.0, P, D), horseshoe_options(**options))
 
 
 def test_options_are_frozen_validated_and_picklable():
@@ -346,10 +346,16 @@ def test_options_are_frozen_validated_and_picklable():
     assert pickle.loads(pickle.dumps(opts)) == opts and opts != changed
     with pytest.raises(TypeError, match="unknown"):
         opts.replace(tolerance=1.0)
-    for bad in (dict(damping=0.0), dict(tol=-1.0), dict(max_iter=-1), dict(negative_precision="skip"),
-                dict(min_damping=1.5), dict(stall_window=0), dict(n_threads=-1)):
-        with pytest.raises(ValueError):
+    for bad in (dict(tol=-1.0), dict(max_iter=-1), dict(negative_precision="skip"), dict(n_threads=-1)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             HorseshoeOptions(**bad)
+    for bad in (dict(damping=0.0), dict(min_damping=1.5), dict(stall_window=0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            HorseshoeDamping(**bad)
+    schedule = HorseshoeDamping(damping=0.25, stall_window=7)
+    slow = opts.replace(damping_schedule=schedule)
+    assert (slow.damping, slow.stall_window, slow.min_damping) == (0.25, 7, 0.3) and slow.damping_schedule == schedule
+    assert pickle.loads(pickle.dumps(slow)) == slow and len(HorseshoeOptions._FIELDS) <= 8
 
 
 def test_result_is_a_typed_read_only_sweep_result():

@@ -142,7 +142,8 @@ def _dense_engine(schedule, n=200):
     spec = fastep.Probit().site_spec()
 
     def run(site_precision, site_natural_mean, max_sweeps, mark):
-        gp_ep.DenseEP(K, y.astype(float), spec, schedule=schedule, tol=1e-300, max_sweeps=max_sweeps).run(
+        gp_ep.DenseEP(K, y.astype(float), spec, gp_ep.DenseEPOptions(schedule=schedule, tol=1e-300,
+                                                                      max_sweeps=max_sweeps)).run(
             site_precision, site_natural_mean, np.empty((n, n)), np.empty(n), sweep_callback=mark)
     return n, run
 
@@ -155,7 +156,7 @@ def _sparse_engine(n=20_000, m=50):
     spec = fastep.Probit().site_spec()
 
     def run(site_precision, site_natural_mean, max_sweeps, mark):
-        sparse_ep.SparseEP(Vt, d, y, spec, tol=1e-300, max_sweeps=max_sweeps).run(
+        sparse_ep.SparseEP(Vt, d, y, spec, sparse_ep.SparseEPOptions(tol=1e-300, max_sweeps=max_sweeps)).run(
             site_precision, site_natural_mean, np.empty((m, m)), np.empty(m), sweep_callback=mark)
     return n, run
 
@@ -167,7 +168,8 @@ def _linear_engine(n=20_000, d=40):
     spec = fastep.Probit().site_spec()
 
     def run(site_precision, site_natural_mean, max_sweeps, mark):
-        linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec, tol=0.0, max_sweeps=max_sweeps).run(
+        linear_ep.LinearEP(X, y, np.zeros(d), np.eye(d), spec,
+                           linear_ep.LinearEPOptions(tol=0.0, max_sweeps=max_sweeps)).run(
             site_precision, site_natural_mean, np.empty(d), np.empty((d, d)), sweep_callback=mark)
     return n, run
 
@@ -313,7 +315,7 @@ def test_ivm_refinement_sweeps_stop_on_ctrl_c_and_leave_the_state_as_it_was():
     from fastep._epcore import ivm
     X, y = _toy(1500, p=5)
     cols = RBF(1.0, 0.5).columns(X)
-    state = ivm.IVMState(y.astype(float), fastep.Probit().site_spec(), cols.diag, 300)
+    state = ivm.IVMEP(y.astype(float), fastep.Probit().site_spec(), cols.diag, 300)
     state.select(300, cols)
     names = ("site_mean", "site_precision", "post_mean", "post_var", "M", "L", "g", "nu")
     before = {name: np.array(getattr(state, name)) for name in names}

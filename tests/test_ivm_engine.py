@@ -46,7 +46,7 @@ def test_engine_matches_full_covariance_twin(kind, criterion, seed):
     sigma2 = 0.0 if seed == 0 else 0.05
     K = kernel(X)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(d, criterion=criterion),
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, engine.IVMOptions(d, criterion=criterion),
                             sigma2=sigma2)
     chosen = state.select(d, cols)
     twin = ref.select(K, y, moments, d, sigma2=sigma2, criterion=criterion, spherical_noise=spherical)
@@ -68,7 +68,7 @@ def test_cholesky_rows_and_M_are_the_seeger_factors(kind):
     n, d = 90, 30
     X, y, lik, _, _, kernel = _problem(kind, n, 3)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, d, sigma2=0.01)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, d, sigma2=0.01)
     state.select(d, cols)
     idx = state.active
     K = kernel(X)
@@ -96,7 +96,7 @@ def test_all_points_with_gaussian_noise_is_exact_gp_regression():
     kernel = RBF(1.2, 0.7) + Linear(0.3)
     noise = 0.04
     cols = kernel.columns(X)
-    state = engine.IVMState(y, Gaussian(noise_variance=noise).site_spec(), cols.diag, n)
+    state = engine.IVMEP(y, Gaussian(noise_variance=noise).site_spec(), cols.diag, n)
     state.select(n, cols)
     assert sorted(state.active) == list(range(n))
     K = kernel(X)
@@ -119,7 +119,7 @@ def test_scoring_paths_agree_and_ties_go_to_the_lowest_index():
     kernel = RBF(1.0, 3.0)
     cols = kernel.columns(X)
     y = rng.normal(size=50)
-    state = engine.IVMState(y, Gaussian(0.1).site_spec(), cols.diag, 10)
+    state = engine.IVMEP(y, Gaussian(0.1).site_spec(), cols.diag, 10)
     assert state.score() == 0
     assert state.score_per_site() == 0
     # Duplicate the best later point: the copy with the lower index wins.
@@ -127,7 +127,7 @@ def test_scoring_paths_agree_and_ties_go_to_the_lowest_index():
     X2[0] = X2[1]                                      # 0 and 1 are identical as well
     y2 = np.append(y, y[17])
     for path in ("score", "score_per_site"):
-        st = engine.IVMState(y2, Gaussian(0.1).site_spec(), kernel.columns(X2).diag, 10)
+        st = engine.IVMEP(y2, Gaussian(0.1).site_spec(), kernel.columns(X2).diag, 10)
         chosen = st.select(10, kernel.columns(X2))
         assert chosen[0] == 0
         scores = np.array(st.score_values)
@@ -140,8 +140,8 @@ def test_scoring_paths_agree_and_ties_go_to_the_lowest_index():
 def test_vectorised_and_per_site_scoring_are_identical(kind):
     X, y, lik, _, _, kernel = _problem(kind, 80, 4)
     cols = kernel.columns(X)
-    a = engine.IVMState(y, lik.site_spec(), cols.diag, 20, sigma2=0.02)
-    b = engine.IVMState(y, lik.site_spec(), cols.diag, 20, sigma2=0.02)
+    a = engine.IVMEP(y, lik.site_spec(), cols.diag, 20, sigma2=0.02)
+    b = engine.IVMEP(y, lik.site_spec(), cols.diag, 20, sigma2=0.02)
     for _ in range(20):
         i = a.score()
         j = b.score_per_site()
@@ -158,7 +158,7 @@ def test_random_criterion_is_seeded_and_valid():
     cols = kernel.columns(X)
 
     def run(seed):
-        st = engine.IVMState(y, lik.site_spec(), cols.diag,
+        st = engine.IVMEP(y, lik.site_spec(), cols.diag,
                              engine.IVMOptions(30, criterion=engine.CRITERION_RANDOM, seed=seed))
         return st.select(30, cols), st
 
@@ -169,7 +169,7 @@ def test_random_criterion_is_seeded_and_valid():
     assert not np.array_equal(a, c)
     assert len(set(a.tolist())) == 30
     # the random choice differs from the greedy one, and the sites are still the ADF ones
-    greedy = engine.IVMState(y, lik.site_spec(), cols.diag, 30)
+    greedy = engine.IVMEP(y, lik.site_spec(), cols.diag, 30)
     assert not np.array_equal(greedy.select(30, cols), a)
     K = kernel(X)
     sb = np.sqrt(st.site_precision[a])
@@ -180,7 +180,7 @@ def test_random_criterion_is_seeded_and_valid():
 def test_state_is_usable_step_by_step_and_views_are_read_only():
     X, y, lik, _, _, kernel = _problem("probit", 40, 8)
     cols = kernel.columns(X)
-    st = engine.IVMState(y, lik.site_spec(), cols.diag, 5)
+    st = engine.IVMEP(y, lik.site_spec(), cols.diag, 5)
     i = st.score()
     st.include_point(i, cols(i))
     assert st.n_active == 1 and st.active.tolist() == [i]
@@ -190,7 +190,7 @@ def test_state_is_usable_step_by_step_and_views_are_read_only():
     # the MLP kernel goes through the same path
     k2 = MLP(1.0, 2.0, 1.0) + White(0.01)
     c2 = k2.columns(X)
-    st2 = engine.IVMState(y, lik.site_spec(), c2.diag, 10)
+    st2 = engine.IVMEP(y, lik.site_spec(), c2.diag, 10)
     st2.select(10, c2)
     assert st2.n_active == 10
 
@@ -200,22 +200,22 @@ def test_bad_input_raises_naming_the_argument_and_leaves_state_unchanged():
     cols = kernel.columns(X)
     spec = lik.site_spec()
     with pytest.raises(ValueError, match="d_max"):
-        engine.IVMState(y, spec, cols.diag, 31)
+        engine.IVMEP(y, spec, cols.diag, 31)
     with pytest.raises(ValueError, match="d_max"):
-        engine.IVMState(y, spec, cols.diag, 0)
+        engine.IVMEP(y, spec, cols.diag, 0)
     with pytest.raises(ValueError, match="criterion"):
         engine.IVMOptions(5, criterion=7)
     with pytest.raises(ValueError, match="diag_k"):
-        engine.IVMState(y, spec, np.where(np.arange(30) == 4, 0.0, cols.diag), 5)
+        engine.IVMEP(y, spec, np.where(np.arange(30) == 4, 0.0, cols.diag), 5)
     with pytest.raises(ValueError, match="diag_k"):
-        engine.IVMState(y, spec, cols.diag[:-1], 5)
+        engine.IVMEP(y, spec, cols.diag[:-1], 5)
     with pytest.raises(ValueError, match="y"):
-        engine.IVMState(np.where(np.arange(30) == 3, np.nan, y), spec, cols.diag, 5)
+        engine.IVMEP(np.where(np.arange(30) == 3, np.nan, y), spec, cols.diag, 5)
     with pytest.raises(ValueError, match=r"y\[2\]"):
-        engine.IVMState(np.where(np.arange(30) == 2, 0.5, y), spec, cols.diag, 5)
+        engine.IVMEP(np.where(np.arange(30) == 2, 0.5, y), spec, cols.diag, 5)
     with pytest.raises(ValueError, match="sigma2"):
-        engine.IVMState(y, spec, cols.diag, 5, sigma2=-1.0)
-    st = engine.IVMState(y, spec, cols.diag, 2)
+        engine.IVMEP(y, spec, cols.diag, 5, sigma2=-1.0)
+    st = engine.IVMEP(y, spec, cols.diag, 2)
     with pytest.raises(ValueError, match="column"):
         st.include_point(0, cols(0)[:-1])
     with pytest.raises(ValueError, match="column"):
@@ -233,7 +233,7 @@ def test_bad_input_raises_naming_the_argument_and_leaves_state_unchanged():
     with pytest.raises(ValueError, match="n_points"):
         st.select(1, cols)
     with pytest.raises(ValueError, match="column_fn"):
-        engine.IVMState(y, spec, cols.diag, 3).select(1, lambda j: np.ones(3))
+        engine.IVMEP(y, spec, cols.diag, 3).select(1, lambda j: np.ones(3))
 
 
 def test_read_only_targets_and_diagonal_are_accepted():
@@ -242,8 +242,8 @@ def test_read_only_targets_and_diagonal_are_accepted():
     y_ro, diag_ro = y.copy(), np.array(cols.diag)
     y_ro.setflags(write=False)
     diag_ro.setflags(write=False)
-    st = engine.IVMState(y_ro, lik.site_spec(), diag_ro, 5)
-    ref_st = engine.IVMState(y, lik.site_spec(), np.array(cols.diag), 5)
+    st = engine.IVMEP(y_ro, lik.site_spec(), diag_ro, 5)
+    ref_st = engine.IVMEP(y, lik.site_spec(), np.array(cols.diag), 5)
     np.testing.assert_array_equal(st.select(5, cols), ref_st.select(5, cols))
     np.testing.assert_array_equal(st.post_var, ref_st.post_var)
 
@@ -255,7 +255,7 @@ def test_a_kernel_that_is_not_psd_raises_linalg_error():
     K = A + A.T
     np.fill_diagonal(K, 1.0)                          # positive diagonal, strongly indefinite
     y = rng.normal(size=n)
-    st = engine.IVMState(y, Gaussian(0.5).site_spec(), np.diag(K).copy(), n)
+    st = engine.IVMEP(y, Gaussian(0.5).site_spec(), np.diag(K).copy(), n)
     with pytest.raises((np.linalg.LinAlgError, RuntimeError)):
         st.select(n, lambda j: K[:, j])
 

@@ -77,7 +77,7 @@ def test_same_points_same_order_same_sites_as_matlab(name):
         assert noise.type == "gaussian" and noise.spherical == 1
         spec = Gaussian(noise_variance=float(noise.sigma2)).site_spec()
         targets, sigma2 = y - float(noise.bias), 0.0
-    state = engine.IVMState(targets, spec, cols.diag, active.shape[0], sigma2=sigma2)
+    state = engine.IVMEP(targets, spec, cols.diag, active.shape[0], sigma2=sigma2)
     chosen = state.select(active.shape[0], cols)
     np.testing.assert_array_equal(chosen, active)
     np.testing.assert_array_equal(np.flatnonzero(~np.array(state.is_active)), np.sort(inactive))
@@ -87,7 +87,7 @@ def test_same_points_same_order_same_sites_as_matlab(name):
     assert np.all(m[inactive] == 0) and np.all(beta[inactive] == 0)
     if name == "Probit":
         # the same model written as a probit slope instead of the cavity offset
-        alt = engine.IVMState(y, Probit(slope=sigma2 ** -0.5, bias=float(noise.bias)).site_spec(),
+        alt = engine.IVMEP(y, Probit(slope=sigma2 ** -0.5, bias=float(noise.bias)).site_spec(),
                               cols.diag, active.shape[0])
         np.testing.assert_array_equal(alt.select(active.shape[0], cols), active)
         np.testing.assert_allclose(alt.site_mean, m, rtol=1e-8, atol=1e-8)

@@ -1,7 +1,7 @@
 """Refinement on a fixed-size IVM active set: EP deletion-inclusion sweeps and exchange moves.
 
 Seeger's notes §2.1 (eq 7 and the h update) and §2.3 (eqs 8-9, the 2x2 Woodbury update):
-the compiled ``IVMState.refine`` / ``IVMState.exchange`` against the plain-numpy twins in
+the compiled ``IVMEP.refine`` / ``IVMEP.exchange`` against the plain-numpy twins in
 :mod:`fastep.reference.ivm` (which recompute the posterior from the sites after every
 change), dense GP EP and exact GP regression at d = n, the entropy criterion, the
 refactorisation, and bad input.
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 def _selected(kind, n, d, seed, sigma2=0.0):
     X, y, lik, moments, spherical, kernel = _problem(kind, n, seed)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, d, sigma2=sigma2)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, d, sigma2=sigma2)
     state.select(d, cols)
     return state, cols, kernel(X), y, moments, spherical
 
@@ -125,7 +125,7 @@ def test_refine_with_every_point_active_and_gaussian_noise_is_exact_gp_regressio
     kernel = RBF(1.2, 0.7) + Linear(0.3)
     noise = 0.04
     cols = kernel.columns(X)
-    state = engine.IVMState(y, Gaussian(noise_variance=noise).site_spec(), cols.diag, n)
+    state = engine.IVMEP(y, Gaussian(noise_variance=noise).site_spec(), cols.diag, n)
     state.select(n, cols)
     info = state.refine(cols, n_sweeps=5)
     assert info.converged and info.n_updates == 0
@@ -144,7 +144,7 @@ def test_refine_with_every_point_active_equals_dense_gp_ep(kind):
     n = 60
     X, y, lik, moments, _, kernel = _problem(kind, n, 1)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, n)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, n)
     state.select(n, cols)
     info = state.refine(cols, n_sweeps=200, tol=1e-12)
     assert info.converged
@@ -302,16 +302,16 @@ def test_refinement_reports_are_read_only_typed_results():
 def test_exchange_and_refine_on_degenerate_active_sets():
     X, y, lik, _, _, kernel = _problem("probit", 15, 9)
     cols = kernel.columns(X)
-    full = engine.IVMState(y, lik.site_spec(), cols.diag, 15)
+    full = engine.IVMEP(y, lik.site_spec(), cols.diag, 15)
     full.select(15, cols)
     info = full.exchange(cols)
     assert (info.moves, info.n_moves, info.converged, info.best_gain) == ((), 0, True, -np.inf)
-    empty = engine.IVMState(y, lik.site_spec(), cols.diag, 5)
+    empty = engine.IVMEP(y, lik.site_spec(), cols.diag, 5)
     assert empty.refine(cols, n_sweeps=3).n_sweeps == 0
     assert empty.exchange(cols).n_moves == 0
     assert empty.entropy_reduction() == 0.0
     # after refinement the state can still grow by Algorithm 1
-    st = engine.IVMState(y, lik.site_spec(), cols.diag, 8)
+    st = engine.IVMEP(y, lik.site_spec(), cols.diag, 8)
     st.select(5, cols)
     st.refine(cols, n_sweeps=20)
     st.exchange(cols, tol=1e-8)
@@ -342,9 +342,9 @@ def test_run_is_the_selection_and_the_stages_step_by_step_bitwise(kind, exchange
     cols = kernel.columns(X)
     options = engine.IVMOptions(25, seed=5, refine_sweeps=4, exchange=exchange, exchange_tol=1e-6,
                                 max_exchanges=6)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, options, sigma2=0.02)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, options, sigma2=0.02)
     result = state.run(cols)
-    steps = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(25, seed=5), sigma2=0.02)
+    steps = engine.IVMEP(y, lik.site_spec(), cols.diag, engine.IVMOptions(25, seed=5), sigma2=0.02)
     steps.select(25, cols)
     ep = steps.refine(cols, n_sweeps=4)
     stages = {"ep": ep}
@@ -377,8 +377,8 @@ def test_run_without_refinement_is_algorithm_1():
     cols = kernel.columns(X)
     for criterion in ("entropy", "info_gain", "random"):
         options = engine.IVMOptions(20, criterion=criterion, seed=3)
-        a = engine.IVMState(y, lik.site_spec(), cols.diag, options)
-        b = engine.IVMState(y, lik.site_spec(), cols.diag, options)
+        a = engine.IVMEP(y, lik.site_spec(), cols.diag, options)
+        b = engine.IVMEP(y, lik.site_spec(), cols.diag, options)
         result = a.run(cols)
         b.select(20, cols)
         _assert_same_arrays(_arrays(a), _arrays(b))
@@ -387,14 +387,14 @@ def test_run_without_refinement_is_algorithm_1():
         assert result.log_z == b.log_likelihood()
         assert a.run(cols) == result                      # full: nothing more to select or refine
     # a state grown by hand is completed up to d
-    c = engine.IVMState(y, lik.site_spec(), cols.diag, engine.IVMOptions(20, seed=3))
+    c = engine.IVMEP(y, lik.site_spec(), cols.diag, engine.IVMOptions(20, seed=3))
     c.select(7, cols)
     assert c.run(cols).n_active == 20
     _assert_same_arrays(_arrays(c), _arrays(engine_state_selected(y, lik, cols, 20)))
 
 
 def engine_state_selected(y, lik, cols, d):
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, d)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, d)
     state.select(d, cols)
     return state
 
@@ -416,7 +416,7 @@ def test_the_sweep_callback_sees_every_sweep_and_can_stop_the_refinement():
     options = engine.IVMOptions(30, refine_sweeps=50, exchange="greedy")
     X, yy, lik, _, _, kernel = _problem("probit", 150, 23)
     cols3 = kernel.columns(X)
-    st = engine.IVMState(yy, lik.site_spec(), cols3.diag, options, sigma2=0.01)
+    st = engine.IVMEP(yy, lik.site_spec(), cols3.diag, options, sigma2=0.01)
     result = st.run(cols3, callback=lambda sweep, change, log_z: sweep < 2)
     assert result.stopped and result.ep.stopped and result.n_sweeps == result.ep.n_sweeps == 2
     assert not result.converged and result.refinement == {"ep": result.ep}
@@ -470,7 +470,7 @@ def test_options_are_validated_once_and_read_only():
             engine.IVMOptions(**kwargs)
     X, y, lik, _, _, kernel = _problem("probit", 30, 25)
     cols = kernel.columns(X)
-    state = engine.IVMState(y, lik.site_spec(), cols.diag, options)
+    state = engine.IVMEP(y, lik.site_spec(), cols.diag, options)
     assert state.options is options and state.d_max == 10 and state.criterion == engine.CRITERION_INFO_GAIN
     with pytest.raises(TypeError, match="column_fn"):
         state.run("cols")
@@ -533,7 +533,7 @@ def test_estimators_refine_their_active_sets():
     np.testing.assert_array_equal(ep.active_set_, plain.active_set_)
     assert ep.refinement_["ep"].converged
     cols = kernel.columns(X)
-    st = engine.IVMState(y, lik.site_spec(), cols.diag, 25)                 # y is already ±1
+    st = engine.IVMEP(y, lik.site_spec(), cols.diag, 25)                 # y is already ±1
     st.select(25, cols)
     st.refine(cols, n_sweeps=50)
     np.testing.assert_allclose(ep.site_precision_, st.site_precision[ep.active_set_], rtol=1e-12)

@@ -1,5 +1,5 @@
-"""The IVM engine's fused scoring pass (``IVMState.score`` / ``select``) against the plain
-per-site pass (``IVMState.score_per_site``) and the compiled site kernel.
+"""The IVM engine's fused scoring pass (``IVMEP.score`` / ``select``) against the plain
+per-site pass (``IVMEP.score_per_site``) and the compiled site kernel.
 
 The fused pass computes g and ν without log Z (probit and Gaussian sites inline, other
 likelihoods and out-of-range points through ``site_moments``) and ranks the entropy
@@ -33,7 +33,7 @@ def _lowrank_kernel(diag_extra, rank, seed):
 
 
 def _pair(y, spec, diag, d, **kw):
-    return (engine.IVMState(y, spec, diag, d, **kw), engine.IVMState(y, spec, diag, d, **kw))
+    return (engine.IVMEP(y, spec, diag, d, **kw), engine.IVMEP(y, spec, diag, d, **kw))
 
 
 def _assert_same_pass(a, b, i, j):
@@ -217,9 +217,9 @@ def test_select_records_the_scores_of_the_chosen_points():
     diag, column = _lowrank_kernel(10.0 ** rng.uniform(-2, 1, size=n), 3, 8)
     spec = Probit(slope=3.0, bias=0.1).site_spec()
     y = np.where(rng.uniform(size=n) < 0.5, 1.0, -1.0)
-    a = engine.IVMState(y, spec, diag, 16)
+    a = engine.IVMEP(y, spec, diag, 16)
     chosen = a.select(15, column)
-    b = engine.IVMState(y, spec, diag, 16)
+    b = engine.IVMEP(y, spec, diag, 16)
     expected = []
     for _ in range(15):
         j = b.score_per_site()

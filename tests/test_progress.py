@@ -233,8 +233,8 @@ def _gp_problem(n=60, seed=0):
 
 
 @pytest.mark.parametrize("schedule", [gp_ep.SCHEDULE_SEQUENTIAL, gp_ep.SCHEDULE_BLOCKED, gp_ep.SCHEDULE_PARALLEL])
-@pytest.mark.parametrize("refactor_every", [1, 3])
-def test_gp_engine_stopped_by_the_callback_equals_a_run_capped_at_that_sweep(schedule, refactor_every):
+@pytest.mark.parametrize("refresh_every", [1, 3])
+def test_gp_engine_stopped_by_the_callback_equals_a_run_capped_at_that_sweep(schedule, refresh_every):
     _, K, y = _gp_problem()
     spec = fastep.Probit().site_spec()
     n = y.shape[0]
@@ -242,7 +242,7 @@ def test_gp_engine_stopped_by_the_callback_equals_a_run_capped_at_that_sweep(sch
     def run(**kwargs):
         tau, nu, cov, mean = np.zeros(n), np.zeros(n), np.empty((n, n)), np.empty(n)
         info = run_gp_ep(K, y, spec, tau, nu, cov, mean, schedule=schedule, tol=1e-12,
-                         refactor_every=refactor_every, **kwargs)
+                         refresh_every=refresh_every, **kwargs)
         return info, tau, nu, cov, mean
 
     calls = []
@@ -286,7 +286,7 @@ def test_sparse_linear_and_rank_k_engines_stop_on_request():
     assert out.stopped and out.n_sweeps == 3 and np.isfinite(out.log_z)
 
     design = np.ascontiguousarray(X)
-    direct = linear_ep.LinearEP(design, y, np.zeros(2), np.eye(2), spec, tol=1e-14).run(
+    direct = linear_ep.LinearEP(design, y, np.zeros(2), np.eye(2), spec, linear_ep.LinearEPOptions(tol=1e-14)).run(
         np.zeros(n), np.zeros(n), np.empty(2), np.empty((2, 2)), sweep_callback=lambda s, c, z: s < 2)
     assert direct.stopped and direct.n_sweeps == 2
 

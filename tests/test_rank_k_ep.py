@@ -13,7 +13,8 @@ from numpy.linalg import LinAlgError
 from scipy import integrate, special, stats
 
 from engine_helpers import rank_k_log_evidence, run_rank_k_ep
-from fastep._epcore.rank_k_ep import RankKLikelihood, RankKState, tilted_moments
+from fastep._epcore import rank_k_ep as engine
+from fastep._epcore.rank_k_ep import RankKEPOptions, RankKLikelihood, tilted_moments
 from fastep._epcore.sites import SiteSpec
 from fastep.multioutput import ConvergenceWarning, LinearEPRankK
 from fastep.reference import rank_k_ep as ref
@@ -651,7 +652,8 @@ def test_state_is_bitwise_the_same_on_given_or_own_arrays_validated_or_not():
     X, Y, m0, V0, R = problem(90, n=8, k=2, d=4)
     lik = RankKLikelihood.mvgaussian(R)
     m, V, P, b, info = run(X, Y, m0, V0, lik, damping=0.7, max_sweeps=5, tol=0.0)
-    state = RankKState(X, Y, m0, V0, lik, damping=0.7, max_sweeps=5, tol=0.0)
+    options = RankKEPOptions(damping=0.7, max_sweeps=5, tol=0.0)
+    state = engine.RankKEP(X, Y, m0, V0, lik, options)
     result = state.run()
     assert result.n_sweeps == info.n_sweeps == 5
     for got, want in ((state.post_mean, m), (state.post_cov, V), (state.site_precision, P),
@@ -659,7 +661,7 @@ def test_state_is_bitwise_the_same_on_given_or_own_arrays_validated_or_not():
         np.testing.assert_array_equal(got, want)
     assert state.log_evidence() == rank_k_log_evidence(X, Y, m0, V0, lik, P, b)
     # the unchecked path, on the same (already checked) arrays
-    fast = RankKState(X, Y, m0, V0, lik, damping=0.7, max_sweeps=5, tol=0.0, validate=False)
+    fast = engine.RankKEP(X, Y, m0, V0, lik, options, validate=False)
     fast.run()
     np.testing.assert_array_equal(fast.site_precision, P)
     assert fast.log_evidence() == state.log_evidence()
@@ -669,11 +671,13 @@ def test_state_checks_its_inputs_before_anything_runs():
     X, Y, m0, V0, R = problem(91, n=3, k=2, d=3)
     lik = RankKLikelihood.mvgaussian(R)
     with pytest.raises(TypeError, match="site_precision"):
-        RankKState(X, Y, m0, V0, lik, site_precision=np.zeros((3, 2, 2), dtype=np.float32))
+        engine.RankKEP(X, Y, m0, V0, lik, state=(np.zeros((3, 2, 2), dtype=np.float32), None))
+    with pytest.raises(ValueError, match="state"):
+        engine.RankKEP(X, Y, m0, V0, lik, state=(np.zeros((3, 2, 2)),))
     with pytest.raises(ValueError, match="refresh_every"):
-        RankKState(X, Y, m0, V0, lik, refresh_every=-1)
+        RankKEPOptions(refresh_every=-1)
     with pytest.raises(TypeError, match="likelihood"):
-        RankKState(X, Y, m0, V0, None, validate=False)
+        engine.RankKEP(X, Y, m0, V0, None, validate=False)
     with pytest.raises(LinAlgError, match="prior_cov"):
-        RankKState(X, Y, m0, -np.eye(3), lik, validate=False)
+        engine.RankKEP(X, Y, m0, -np.eye(3), lik, validate=False)
 

@@ -45,7 +45,8 @@ def test_two_classes_equal_binary_sparse_probit_ep(approximation):
     _, Vt, d = projections(X, Z, RBF(1.3, 0.7), approximation)
     joint = mn.MultinomialSparseEP(Vt, d, y, 2, np.zeros((n, 2)), np.zeros((n, 2)), tol=1e-12, max_sweeps=500)
     joint_result = joint.run()
-    binary = _sparse_engine.SparseEP(Vt, d, (2.0 * y - 1.0), Probit().site_spec(), tol=1e-12, max_sweeps=500)
+    binary = _sparse_engine.SparseEP(Vt, d, (2.0 * y - 1.0), Probit().site_spec(),
+                                     _sparse_engine.SparseEPOptions(tol=1e-12, max_sweeps=500))
     binary_result = binary.run(np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m))
     assert joint_result.converged and binary_result.converged
     assert joint_result.log_z == pytest.approx(binary_result.log_z, abs=1e-8, rel=0)

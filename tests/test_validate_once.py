@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fastep
+from engine_helpers import dense_ep, linear_ep as linear_engine, sparse_ep as sparse_engine
 from fastep._epcore import gp_ep, linear_ep, sparse_ep, student_t_ep
 from fastep.kernels import MLP, RBF, RBFARD, Bias, Kernel, KernelColumns, Linear, LinearARD, MLPARD, White
 from fastep.likelihoods import Probit, StudentT
@@ -70,17 +71,17 @@ def test_public_kernel_methods_still_reject_bad_input():
         RBFARD([0.5, 0.5]).diag_gradient(np.ones((4, 3)))
 
 
-def _dense_run(validate, K, y, spec, tau, nu, buf, mean, *, seed=0, post_var=None, cavity_mean=None,
+def _dense_run(validate, K, y, spec, tau, nu, buf, mean, *, post_var=None, cavity_mean=None,
                cavity_var=None, **options):
     """One run of the dense engine; ``validate=False`` is the estimators' path (checked arrays)."""
-    engine = gp_ep.DenseEP(K, y, spec, validate=validate, **options)
-    return engine.run(tau, nu, buf, mean, seed=seed, post_var=post_var, cavity_mean=cavity_mean,
+    engine = dense_ep(K, y, spec, validate=validate, **options)
+    return engine.run(tau, nu, buf, mean, post_var=post_var, cavity_mean=cavity_mean,
                       cavity_var=cavity_var)
 
 
-def _sparse_run(validate, Vt, d, y, spec, tau, nu, R, w, *, seed=0, g_mean=None, g_var=None, **options):
-    engine = sparse_ep.SparseEP(Vt, d, y, spec, validate=validate, **options)
-    return engine.run(tau, nu, R, w, seed=seed, g_mean=g_mean, g_var=g_var)
+def _sparse_run(validate, Vt, d, y, spec, tau, nu, R, w, *, g_mean=None, g_var=None, **options):
+    engine = sparse_engine(Vt, d, y, spec, validate=validate, **options)
+    return engine.run(tau, nu, R, w, g_mean=g_mean, g_var=g_var)
 
 
 def _gp_problem(n, seed):
@@ -116,7 +117,7 @@ def test_gp_ep_validated_state_still_rejects_bad_input():
         gp_ep.DenseEP(K, y, Probit().site_spec())
     K, y = _gp_problem(5, 2)
     with pytest.raises(ValueError, match="damping"):
-        gp_ep.DenseEP(K, y, Probit().site_spec(), damping=0.0)
+        gp_ep.DenseEPOptions(damping=0.0)
     engine = gp_ep.DenseEP(K, y, Probit().site_spec())
     with pytest.raises(ValueError, match="site_precision must be >= 0"):
         engine.run(-np.ones(5), np.zeros(5), np.empty((5, 5)), np.empty(5))
@@ -157,7 +158,7 @@ def test_sparse_ep_unvalidated_state_is_bitwise_the_validated_one(approximation,
     assert np.isnan(Knm_bad[3, 2]) and np.array_equal(np.delete(Knm_bad.ravel(), 3 * 7 + 2),
                                                       np.delete(Knm.ravel(), 3 * 7 + 2))   # not overwritten
     with pytest.raises(ValueError, match="tol"):
-        sparse_ep.SparseEP(Vt, d, y, spec, tol=0.0)
+        sparse_ep.SparseEPOptions(tol=0.0)
 
 
 def _robust_problem(n, seed):
@@ -181,12 +182,12 @@ def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_validated_ones
     # validated engine bit for bit; the dense run also with its optional outputs left out
     x, y = _robust_problem(40, 5)
     K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 1e-6 * np.eye(40)
-    options = dict(damping=0.7, tol=1e-8, max_sweeps=60, max_halvings=6)
-    engine = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, power=0.5, validate=False, **options)
+    options = student_t_ep.StudentTEPOptions(power=0.5, damping=0.7, tol=1e-8, max_sweeps=60, max_halvings=6)
+    engine = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, options, validate=False)
     outs = []
     for run in ("validated", "engine", "engine"):
         tau, nu, mean, var, cm, cv, cov = (np.zeros(40), np.zeros(40), *np.empty((4, 40)), np.empty((40, 40)))
-        on = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, power=0.5, **options) if run == "validated" else engine
+        on = student_t_ep.DenseStudentTEP(K, y, 3.0, 0.1, options) if run == "validated" else engine
         info = on.run(tau, nu, mean, var, cavity_mean=cm, cavity_var=cv, post_cov=cov)
         outs.append((info, tau, nu, mean, var, cm, cv, cov))
     tau, nu, mean, var = np.zeros(40), np.zeros(40), np.empty(40), np.empty(40)
@@ -199,16 +200,16 @@ def test_student_t_engines_unvalidated_and_reused_are_bitwise_the_validated_ones
     _, Vt, d = sparse_ep.sparse_projection(kernel(Z[:, None]), kernel(x[:, None], Z[:, None]), np.ones(40),
                                            jitter=1e-8)
     spec = StudentT(dof=4.0, scale=0.1).site_spec()
-    engine = student_t_ep.SparseStudentTEP(Vt, d, y, spec, power=0.5, validate=False, **options)
+    engine = student_t_ep.SparseStudentTEP(Vt, d, y, spec, options, validate=False)
     outs = []
     for run in ("validated", "engine", "engine"):
         tau, nu, R, w, gm, gv = np.zeros(40), np.zeros(40), np.empty((9, 9)), np.empty(9), np.empty(40), np.empty(40)
-        on = student_t_ep.SparseStudentTEP(Vt, d, y, spec, power=0.5, **options) if run == "validated" else engine
+        on = student_t_ep.SparseStudentTEP(Vt, d, y, spec, options) if run == "validated" else engine
         info = on.run(tau, nu, R, w, g_mean=gm, g_var=gv)
         outs.append((info, tau, nu, R, w, gm, gv))
     _same_runs(outs)
     with pytest.raises(ValueError, match="damping"):
-        student_t_ep.SparseStudentTEP(Vt, d, y, spec, damping=0.0)
+        student_t_ep.StudentTEPOptions(damping=0.0)
     with pytest.raises(ValueError, match="dof"):
         student_t_ep.DenseStudentTEP(K, y, -1.0, 0.1)
 
@@ -221,7 +222,7 @@ def test_linear_ep_unvalidated_state_is_bitwise_the_validated_one():
     spec = Probit().site_spec()
     outs = []
     for validate in (True, False):
-        engine = linear_ep.LinearEP(X, y, m0, V0, spec, tol=1e-10, max_sweeps=50, validate=validate)
+        engine = linear_engine(X, y, m0, V0, spec, tol=1e-10, max_sweeps=50, validate=validate)
         tau, nu, mean, cov = np.zeros(120), np.zeros(120), np.empty(5), np.empty((5, 5))
         info = engine.run(tau, nu, mean, cov)
         outs.append((info, engine.log_evidence(tau, nu, mean, cov), tau, nu, mean, cov))

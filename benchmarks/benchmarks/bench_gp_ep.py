@@ -10,6 +10,8 @@ from fastep import Probit
 from fastep._epcore import gp_ep
 from fastep.kernels import RBF
 
+from . import build_engine
+
 try:
     from threadpoolctl import threadpool_limits
 except ImportError:  # pragma: no cover
@@ -36,7 +38,7 @@ def _warm_sites():
     for n in (500, 2000):
         K, y = _problem(n)
         tau, nu = np.zeros(n), np.zeros(n)
-        gp_ep.DenseEP(K, y, Probit().site_spec(), max_sweeps=2).run(tau, nu, np.empty((n, n)), np.empty(n))
+        build_engine(gp_ep, "DenseEP", K, y, Probit().site_spec(), max_sweeps=2).run(tau, nu, np.empty((n, n)), np.empty(n))
         sites[n] = (tau, nu)
     return sites
 
@@ -77,8 +79,8 @@ class GPEPSweep(_Threads):
         self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
 
     def _run(self, schedule):
-        engine = gp_ep.DenseEP(self.K, self.y, self.spec, schedule=SCHEDULES[schedule], damping=_damping(schedule),
-                               max_sweeps=1)
+        engine = build_engine(gp_ep, "DenseEP", self.K, self.y, self.spec, schedule=SCHEDULES[schedule],
+                              damping=_damping(schedule), max_sweeps=1)
         engine.run(self.tau.copy(), self.nu.copy(), self.post_cov, self.post_mean)
 
     def time_run_one_sweep(self, sites, schedule, n, threads):
@@ -105,7 +107,7 @@ class GPEPIncrementalSweep(_Threads):
         self.post_cov, self.post_mean = np.empty((n, n)), np.empty(n)
         gp_ep.refactor_posterior(self.K, self.tau, self.nu, self.post_cov, self.post_mean)
         self.work_cov = np.empty_like(self.post_cov)
-        engine = gp_ep.DenseEP(self.K, self.y, self.spec, schedule=SCHEDULES[schedule])
+        engine = build_engine(gp_ep, "DenseEP", self.K, self.y, self.spec, schedule=SCHEDULES[schedule])
         if hasattr(engine, "incremental_sweep"):
             self.sweep = engine.incremental_sweep
         else:       # asv times older commits with this suite: there a module function
@@ -162,7 +164,7 @@ class GPEPConverge:
                             order=gp_ep.ORDER_ENTROPY if schedule.endswith("entropy") else gp_ep.ORDER_FIXED)
 
     def _run(self, n, **options):
-        engine = gp_ep.DenseEP(self.K, self.y, self.spec, **dict(self.options, **options))
+        engine = build_engine(gp_ep, "DenseEP", self.K, self.y, self.spec, **dict(self.options, **options))
         return engine.run(np.zeros(n), np.zeros(n), self.post_cov, self.post_mean)
 
     def time_to_convergence(self, schedule, n):

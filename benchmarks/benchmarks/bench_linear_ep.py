@@ -4,6 +4,8 @@ import numpy as np
 from fastep import Probit
 from fastep._epcore import _bench, linear_ep
 
+from . import build_engine
+
 try:
     from threadpoolctl import threadpool_limits
 except ImportError:  # pragma: no cover
@@ -42,8 +44,8 @@ class LinearEPSweep:
         n, d = shape
         tau, nu = np.zeros(n), np.zeros(n)
         m, V = np.empty(d), np.empty((d, d))
-        engine = linear_ep.LinearEP(self.X, self.y, self.prior_mean, self.prior_cov, self.spec, max_sweeps=1,
-                                    refresh_every=1)
+        engine = build_engine(linear_ep, "LinearEP", self.X, self.y, self.prior_mean, self.prior_cov, self.spec,
+                              max_sweeps=1, refresh_every=1)
         engine.run(tau, nu, m, V)
 
     def time_bare_rank1_updates(self, shape, threads):

@@ -8,6 +8,8 @@ from fastep._student_t import double_loop
 from fastep._epcore import student_t_ep, sparse_ep
 from fastep.kernels import RBF
 
+from . import build_engine
+
 
 def _dense_double_loop(K, y, dof, scale, power, tau, nu, post_mean, post_var, cavity_mean, cavity_var, **options):
     if not hasattr(double_loop, "DenseDoubleLoopEP"):     # asv times older commits with this suite
@@ -45,7 +47,7 @@ class RobustDenseEP:
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
         post_mean, post_var, cavity_mean, cavity_var = (np.empty(n) for _ in range(4))
-        student_t_ep.DenseStudentTEP(self.K, self.y, 4.0, 0.1, power=0.5, tol=1e-6).run(
+        build_engine(student_t_ep, "DenseStudentTEP", self.K, self.y, 4.0, 0.1, power=0.5, tol=1e-6).run(
             tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
 
 
@@ -70,7 +72,8 @@ class DoubleLoopFallback:
         self.K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.3 ** 2) + 1e-8 * np.eye(n)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         post_mean, post_var, cavity_mean, cavity_var = (np.empty(n) for _ in range(4))
-        info = student_t_ep.DenseStudentTEP(self.K, self.y, 1.5, 0.01, power=0.5, tol=1e-6, max_sweeps=500).run(
+        info = build_engine(student_t_ep, "DenseStudentTEP", self.K, self.y, 1.5, 0.01, power=0.5, tol=1e-6,
+                            max_sweeps=500).run(
             self.tau, self.nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var)
         if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
@@ -96,8 +99,8 @@ class SparseDoubleLoopFallback:
             np.exp(-0.5 * (x[:, None] - z[None, :]) ** 2 / 0.3 ** 2), np.ones(n), jitter=1e-8)
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         R, w, g_mean, g_var = self._outputs(n)
-        engine = student_t_ep.SparseStudentTEP(self.Vt, self.d, self.y, StudentT(dof=4.0, scale=0.01).site_spec(),
-                                               power=0.5, tol=1e-6, max_sweeps=500)
+        engine = build_engine(student_t_ep, "SparseStudentTEP", self.Vt, self.d, self.y,
+                              StudentT(dof=4.0, scale=0.01).site_spec(), power=0.5, tol=1e-6, max_sweeps=500)
         info = engine.run(self.tau, self.nu, R, w, g_mean=g_mean, g_var=g_var)
         if info.converged:
             raise NotImplementedError("parallel EP converged: no fallback to time")   # asv skips
@@ -127,7 +130,7 @@ class RobustSparseEP:
 
     def time_to_convergence(self, n):
         tau, nu = np.zeros(n), np.zeros(n)
-        student_t_ep.SparseStudentTEP(self.Vt, self.d, self.y, self.spec, power=0.5, tol=1e-6).run(
+        build_engine(student_t_ep, "SparseStudentTEP", self.Vt, self.d, self.y, self.spec, power=0.5, tol=1e-6).run(
             tau, nu, np.empty((50, 50)), np.empty(50), g_mean=np.empty(n), g_var=np.empty(n))
 
     def peakmem_to_convergence(self, n):

@@ -11,6 +11,8 @@ from fastep import Probit
 from fastep._epcore import sparse_ep
 from fastep.kernels import RBF
 
+from . import build_engine
+
 try:
     from threadpoolctl import threadpool_limits
 except ImportError:  # pragma: no cover
@@ -56,7 +58,7 @@ class SparseEPSweep(_OneThread):
         self.spec = Probit().site_spec()
         self.tau, self.nu = np.zeros(n), np.zeros(n)
         self.R, self.wm = np.empty((m, m)), np.empty(m)
-        engine = sparse_ep.SparseEP(self.Vt, self.d, self.y, self.spec, max_sweeps=2)
+        engine = build_engine(sparse_ep, "SparseEP", self.Vt, self.d, self.y, self.spec, max_sweeps=2)
         engine.run(self.tau, self.nu, self.R, self.wm)
         if hasattr(engine, "incremental_sweep"):
             self.sweep = engine.incremental_sweep
@@ -91,7 +93,8 @@ class SparseEPRun(_OneThread):
     def _run(self, **options):
         n, m = self.Vt.shape
         tau, nu, R, wm = np.zeros(n), np.zeros(n), np.empty((m, m)), np.empty(m)
-        engine = sparse_ep.SparseEP(self.Vt, self.d, self.y, self.spec, **dict(self.options, **options))
+        engine = build_engine(sparse_ep, "SparseEP", self.Vt, self.d, self.y, self.spec,
+                              **dict(self.options, **options))
         return engine.run(tau, nu, R, wm)
 
     def time_run(self, config, n, m):
@@ -182,8 +185,8 @@ class SparseEPChunked(_OneThread):
     def time_incore_parallel_iteration(self, n, m, n_chunks):
         # one damped parallel iteration of the compiled engine from zero sites (the same work)
         tau, nu = np.zeros(n), np.zeros(n)
-        engine = sparse_ep.SparseEP(self.Vt, self.d, self.y, self.spec, schedule=sparse_ep.SPARSE_PARALLEL,
-                                    damping=0.5, tol=1e-300, max_sweeps=1)
+        engine = build_engine(sparse_ep, "SparseEP", self.Vt, self.d, self.y, self.spec,
+                              schedule=sparse_ep.SPARSE_PARALLEL, damping=0.5, tol=1e-300, max_sweeps=1)
         engine.run(tau, nu, np.empty((m, m)), np.empty(m))
 
     def time_chunked_run(self, n, m, n_chunks):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
-from ._epcore.horseshoe_ep import HorseshoeOptions, HorseshoePrior
+from ._epcore.horseshoe_ep import HorseshoeDamping, HorseshoeOptions, HorseshoePrior
 from ._horseshoe import parallel_ep as _eng
 from . import _validation as v
 from ._linalg import gram, inner, matmul
@@ -222,8 +222,9 @@ class _HorseshoeBase(BaseEstimator):
 
     # ------------------------------------------------------------------ EP over tasks
     def _ep_options(self, max_sweeps):
-        return HorseshoeOptions(negative_precision=self.negative_precision, damping=float(self.damping),
-                                damping_decay=float(self.damping_decay), min_damping=float(self.min_damping),
+        schedule = HorseshoeDamping(damping=float(self.damping), damping_decay=float(self.damping_decay),
+                                    min_damping=float(self.min_damping))
+        return HorseshoeOptions(damping_schedule=schedule, negative_precision=self.negative_precision,
                                 tol=float(self.tol), max_iter=int(max_sweeps))
 
     def _fit_tasks(self, Xs, ys, single_task=False):

@@ -109,11 +109,11 @@ class _LinearEPBase(WeightSpacePosterior, BaseEstimator):
         site_natural_mean = np.zeros(n)
         post_mean = np.empty(d)
         post_cov = np.empty((d, d))
-        engine = _engine.LinearEP(
-            design, targets, prior_mean, prior_cov, spec, update_form=_UPDATE_FORMS[self.update_form],
-            damping=float(self.damping), tol=float(self.tol), max_sweeps=int(self.max_sweeps),
-            refresh_every=int(self.refresh_every), negative_precision=_NEGATIVE_POLICIES[self.negative_precision],
-            validate=False)
+        options = _engine.LinearEPOptions(
+            update_form=_UPDATE_FORMS[self.update_form], damping=float(self.damping), tol=float(self.tol),
+            max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
+            negative_precision=_NEGATIVE_POLICIES[self.negative_precision])
+        engine = _engine.LinearEP(design, targets, prior_mean, prior_cov, spec, options, validate=False)
         info = engine.run(site_precision, site_natural_mean, post_mean, post_cov,
                           sweep_callback=progress.sweep_callback())
         try:

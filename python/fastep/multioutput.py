@@ -6,7 +6,7 @@
 
 where each factor sees a k-dimensional projection ``z_i = X[i] @ w`` (``X`` of
 shape (n, k, d)).  The work is done by the compiled engine
-``fastep._epcore.rank_k_ep`` (its state class ``RankKState``).
+``fastep._epcore.rank_k_ep`` (its engine class ``RankKEP``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._base import BaseEstimator, fill_doc
-from ._epcore.rank_k_ep import RankKLikelihood, RankKState
+from ._epcore import rank_k_ep as _rank_k
+from ._epcore.rank_k_ep import RankKLikelihood
 from ._epcore.sites import SiteSpec
 from ._linalg import cholesky_lower
 from .exceptions import ConvergenceWarning
@@ -222,9 +223,9 @@ class LinearEPRankK(WeightSpacePosterior, BaseEstimator):
             except ValueError as exc:
                 raise ValueError(f"Y (flattened row-major): {exc}") from None
 
-        state = RankKState(X, Y, m0, V0, likelihood, damping=float(self.damping), tol=float(self.tol),
-                           max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every),
-                           validate=False)                          # checked above
+        options = _rank_k.RankKEPOptions(damping=float(self.damping), tol=float(self.tol),
+                                         max_sweeps=int(self.max_sweeps), refresh_every=int(self.refresh_every))
+        state = _rank_k.RankKEP(X, Y, m0, V0, likelihood, options, validate=False)      # checked above
         info = state.run(sweep_callback=progress.sweep_callback())
         log_evidence = state.log_evidence()
         progress.report("done", info.n_sweeps, log_evidence, info.max_change)

@@ -131,6 +131,31 @@ cdef inline double max_relative_site_change(int n, const double* tau_old, const 
     return largest
 
 
+# --- the engines' options: one frozen object per engine family, validated once ----------------
+# The options classes (EngineOptions and its subclasses in the engine modules) hold the settings
+# every family shares in this struct (and their own as typed read-only fields); an engine copies
+# it at construction, so nothing is validated or converted per run.
+cdef struct SweepSettings:
+    double damping           # in (0, 1]
+    double tol               # convergence threshold
+    int max_sweeps
+    int negative_precision   # NegativePrecisionPolicy
+    int schedule             # the family's schedule enum (0 where a family has one schedule)
+    int order                # site order (0: fixed; where a family has one)
+
+cdef class FrozenOptions:
+    """Base of the engines' frozen options objects (see _common.pyx)."""
+    pass
+
+
+cdef class EngineOptions(FrozenOptions):
+    """Base of the options of the engines sharing the sweep settings (see _common.pyx)."""
+    cdef SweepSettings sweep
+    cdef int set_sweep(self, double damping, double tol, int max_sweeps, int min_sweeps,
+                       bint tol_positive) except -1
+    cdef int set_negative_precision(self, int policy, str no_allow) except -1
+
+
 # --- one EP run: the sweep driver and its result --------------------------------------------------------
 cdef class SweepResult:
     """What one EP run reports (see _common.pyx); engines with more to report subclass it."""

@@ -261,6 +261,34 @@ cdef int interrupt_reraise(InterruptCheck* check) except -1:
 # the sweep driver and the result of a run
 # --------------------------------------------------------------------------- #
 
+def replaced_fields(obj, dict changes, names=None):
+    """The fields ``names`` (default ``obj._FIELDS``) of ``obj`` by name, with ``changes``
+    applied (what a ``replace`` method builds its copy from); TypeError naming unknown ones."""
+    names = type(obj)._FIELDS if names is None else names
+    unknown = set(changes) - set(names)
+    if unknown:
+        raise TypeError(f"unknown {type(obj).__name__} field(s): {sorted(unknown)}")
+    fields = {name: getattr(obj, name) for name in names}
+    fields.update(changes)
+    return fields
+
+
+def same_fields(a, b):
+    """Whether ``a`` and ``b`` agree on the fields of ``a`` (``_FIELDS``; NaN equals NaN)."""
+    for name in a._FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
+            return False
+    return True
+
+
+def _result_from_fields(dict fields):
+    """A SweepResult from any of its fields by name."""
+    cdef SweepResult result = SweepResult.__new__(SweepResult)
+    result._assign(fields)
+    return result
+
+
 cdef class SweepResult:
     """What one EP run reports (read-only).
 
@@ -300,35 +328,55 @@ cdef class SweepResult:
     _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "log_z_change", "n_skipped",
                "n_clipped", "n_failed", "stopped", "block_size", "n_rebuilds", "n_halvings",
                "stuck", "algorithm", "diagnostics")
+    #: The fields given to the constructor through ``counts`` (rarely set but by one engine).
+    _COUNTS = ("n_skipped", "n_clipped", "n_failed", "block_size", "n_rebuilds", "n_halvings",
+               "stuck", "algorithm")
 
     def __init__(self, int n_sweeps=0, bint converged=False, double max_change=INFINITY,
-                 double log_z=NAN, double log_z_change=INFINITY, long n_skipped=0, long n_clipped=0,
-                 long n_failed=0, bint stopped=False, int block_size=0, long n_rebuilds=0,
-                 long n_halvings=0, bint stuck=False, str algorithm="", dict diagnostics=None):
-        self.n_sweeps = n_sweeps
-        self.converged = converged
-        self.max_change = max_change
-        self.log_z = log_z
-        self.log_z_change = log_z_change
-        self.n_skipped = n_skipped
-        self.n_clipped = n_clipped
-        self.n_failed = n_failed
-        self.stopped = stopped
-        self.block_size = block_size
-        self.n_rebuilds = n_rebuilds
-        self.n_halvings = n_halvings
-        self.stuck = stuck
-        self.algorithm = algorithm
+                 double log_z=NAN, double log_z_change=INFINITY, bint stopped=False,
+                 counts=None, dict diagnostics=None):
+        """
+        Parameters
+        ----------
+        n_sweeps, converged, max_change, log_z, log_z_change, stopped, diagnostics
+            As the attributes.
+        counts : mapping, optional
+            Any of ``n_skipped``, ``n_clipped``, ``n_failed``, ``block_size``, ``n_rebuilds``,
+            ``n_halvings``, ``stuck`` and ``algorithm`` by name (the others are 0, False or
+            ``""``).
+        """
+        self.n_sweeps, self.converged, self.max_change = n_sweeps, converged, max_change
+        self.log_z, self.log_z_change, self.stopped = log_z, log_z_change, stopped
         self.diagnostics = {} if diagnostics is None else diagnostics
+        self.n_skipped = self.n_clipped = self.n_failed = self.n_rebuilds = self.n_halvings = 0
+        self.block_size = 0
+        self.stuck = False
+        self.algorithm = ""
+        if counts:
+            self._set_counts(counts)
+
+    def _assign(self, fields):
+        """(Re)initialise from any of the fields by name (subclasses' constructors)."""
+        fields = dict(fields)
+        counts = {name: fields.pop(name) for name in SweepResult._COUNTS if name in fields}
+        SweepResult.__init__(self, counts=counts, **fields)
+
+    def _set_counts(self, counts):
+        unknown = set(counts) - set(self._COUNTS)
+        if unknown:
+            raise TypeError(f"unknown SweepResult count(s): {sorted(unknown)}")
+        self.n_skipped = counts.get("n_skipped", self.n_skipped)
+        self.n_clipped = counts.get("n_clipped", self.n_clipped)
+        self.n_failed = counts.get("n_failed", self.n_failed)
+        self.block_size = counts.get("block_size", self.block_size)
+        self.n_rebuilds = counts.get("n_rebuilds", self.n_rebuilds)
+        self.n_halvings = counts.get("n_halvings", self.n_halvings)
+        self.stuck = counts.get("stuck", self.stuck)
+        self.algorithm = counts.get("algorithm", self.algorithm)
 
     def replace(self, **changes):
         """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
-        unknown = set(changes) - set(self._FIELDS)
-        if unknown:
-            raise TypeError(f"unknown SweepResult field(s): {sorted(unknown)}")
-        fields = {name: getattr(self, name) for name in self._FIELDS}
-        fields.update(changes)
-        return SweepResult(**fields)
+        return _result_from_fields(replaced_fields(self, changes))
 
     def as_dict(self):
         """The fields as a plain dict (for logging and JSON)."""
@@ -338,14 +386,12 @@ cdef class SweepResult:
         """Field by field; NaN equals NaN (a result equals its own copy)."""
         if not isinstance(other, SweepResult):
             return NotImplemented
-        for name in self._FIELDS:
-            a, b = getattr(self, name), getattr(other, name)
-            if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
-                return False
-        return True
+        return same_fields(self, other)
 
     def __reduce__(self):
-        return (SweepResult, tuple(getattr(self, name) for name in self._FIELDS))
+        return (SweepResult, (self.n_sweeps, self.converged, self.max_change, self.log_z,
+                              self.log_z_change, self.stopped,
+                              {name: getattr(self, name) for name in self._COUNTS}, self.diagnostics))
 
     def __repr__(self):
         return (f"SweepResult(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
@@ -508,9 +554,102 @@ cdef class SweepDriver:
         """The :class:`SweepResult` of the run (``extra``: engine-specific fields). With
         ``has_log_z`` (engines that track log Z) a run whose log Z is not finite has not
         converged."""
-        return SweepResult(n_sweeps=self.n_sweeps,
-                           converged=self.converged and (isfinite(self.log_z) or not has_log_z),
-                           max_change=self.max_change, log_z=self.log_z,
-                           log_z_change=self.log_z_change, n_skipped=self.n_skipped,
-                           n_clipped=self.n_clipped, n_failed=self.n_failed,
-                           stopped=self.stopped, **extra)
+        diagnostics = extra.pop("diagnostics", None)
+        counts = dict(n_skipped=self.n_skipped, n_clipped=self.n_clipped, n_failed=self.n_failed)
+        counts.update(extra)
+        return SweepResult(self.n_sweeps, self.converged and (isfinite(self.log_z) or not has_log_z),
+                           self.max_change, self.log_z, self.log_z_change, self.stopped, counts,
+                           diagnostics)
+
+
+
+# --------------------------------------------------------------------------- #
+# the engines' options
+# --------------------------------------------------------------------------- #
+
+def _rebuild_options(cls, dict fields):
+    """Unpickle an engine's options (their constructors take keywords only)."""
+    return cls(**fields)
+
+
+cdef class FrozenOptions:
+    """Base of the engines' options objects: frozen, compared field by field, picklable.
+
+    A subclass lists its constructor's keywords in ``_FIELDS`` (read-only attributes of the
+    same names) and checks them once, in its constructor (ValueError naming the field);
+    :meth:`replace` gives a checked copy with some fields changed.
+    """
+    _FIELDS = ()
+
+    def as_dict(self):
+        """The fields as a plain dict (the constructor's keywords)."""
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def replace(self, **changes):
+        """A copy with the given fields changed, checked as by the constructor."""
+        return type(self)(**replaced_fields(self, changes))
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    def __hash__(self):
+        return hash((type(self), tuple(self.as_dict().items())))
+
+    def __reduce__(self):
+        return (_rebuild_options, (type(self), self.as_dict()))
+
+    def __repr__(self):
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.as_dict().items())
+        return f"{type(self).__name__}({fields})"
+
+
+#: The fields of ``SweepSettings``: the attributes of the same names of a family's options.
+_SWEEP_FIELDS = ("damping", "tol", "max_sweeps", "negative_precision", "schedule", "order")
+
+
+cdef class EngineOptions(FrozenOptions):
+    """Base of the options of the engines that share the sweep settings (:class:`FrozenOptions`
+    with the ``SweepSettings`` struct of ``_common.pxd``): the engine copies the checked values
+    (a family struct embedding it) when it is built.
+    """
+
+    cdef int set_sweep(self, double damping, double tol, int max_sweeps, int min_sweeps,
+                       bint tol_positive) except -1:
+        """Check and keep the fields every family has."""
+        if not (damping > 0.0 and damping <= 1.0):
+            raise ValueError(f"damping must be in (0, 1]; got {damping}")
+        if tol_positive and not tol > 0.0:
+            raise ValueError(f"tol must be > 0; got {tol}")
+        if not tol >= 0.0:
+            raise ValueError(f"tol must be >= 0; got {tol}")
+        if max_sweeps < min_sweeps:
+            raise ValueError(f"max_sweeps must be >= {min_sweeps}; got {max_sweeps}")
+        self.sweep.damping = damping
+        self.sweep.tol = tol
+        self.sweep.max_sweeps = max_sweeps
+        self.sweep.negative_precision = NEGATIVE_CLIP
+        self.sweep.schedule = 0
+        self.sweep.order = 0
+        return 0
+
+    cdef int set_negative_precision(self, int policy, str no_allow) except -1:
+        """Check and keep the negative-precision policy; ``no_allow`` (None: every policy is
+        supported) says why NEGATIVE_ALLOW is not."""
+        if policy == NEGATIVE_ALLOW and no_allow is not None:
+            raise ValueError(f"negative_precision = NEGATIVE_ALLOW (2) is not supported by {no_allow}; "
+                             "use NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1)")
+        if policy not in (NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW):
+            allowed = "NEGATIVE_CLIP (0), NEGATIVE_SKIP (1)" + (" or NEGATIVE_ALLOW (2)" if no_allow is None else "")
+            raise ValueError(f"negative_precision must be {allowed}; got {policy}")
+        self.sweep.negative_precision = policy
+        return 0
+
+    def __getattr__(self, name):
+        # the shared fields a family has (in its _FIELDS) are read from the struct
+        cdef dict sweep
+        if name in _SWEEP_FIELDS and name in type(self)._FIELDS:
+            sweep = self.sweep
+            return sweep[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

@@ -15,7 +15,7 @@ State (all row-major, n = number of sites = size of the kernel matrix K):
 Every routine here is ``noexcept nogil`` and does no allocation.
 """
 from fastep._epcore.sites cimport SiteModel, SiteSpec
-from fastep._epcore._common cimport (SiteUpdateOptions, SweepStats, splitmix64_next,
+from fastep._epcore._common cimport (EngineOptions, SweepSettings, SiteUpdateOptions, SweepStats, splitmix64_next,
                                     random_permutation)
 
 
@@ -71,19 +71,21 @@ from fastep._epcore.gp_factor cimport (
 )
 
 
-# --- the engine state (gp_ep.pyx: __init__, run) -------------------------------------
+# --- the options and the engine (gp_ep.pyx) ---------------------------------------------
+cdef class DenseEPOptions(EngineOptions):
+    cdef readonly int block_size
+    cdef readonly int refresh_every
+
+
 cdef class DenseEP:
+    cdef SweepSettings sweep            # copied from the options
+    cdef readonly DenseEPOptions options
     cdef readonly object K
     cdef readonly object y
     cdef readonly SiteSpec spec
     cdef readonly int n
-    cdef readonly int schedule
-    cdef readonly int order
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
-    cdef readonly int negative_precision
     cdef readonly int block_size
     cdef readonly int refactor_every
     cdef readonly int output
+    cdef readonly unsigned long seed
     cdef readonly bint validate

@@ -158,6 +158,7 @@ from fastep._epcore._common cimport (
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
 from fastep._epcore._common cimport interrupt_requested, natural_update_options, SweepDriver
+from fastep._epcore._common cimport EngineOptions, SweepSettings
 from fastep._epcore.gp_factor cimport (
     gp_refactor, gp_refactor_marginals, gp_covariance_from_factor, gp_factor_only, gp_form_covariance,
     gp_log_z, gp_needs_stable_log_z, gp_log_z_stable, gp_log_z_stable_factored,
@@ -492,22 +493,68 @@ def _check_outputs(post_cov, post_mean, int n):
         raise ValueError(f"post_mean must have length n = {n}; got {post_mean.shape[0]}")
 
 
-def _check_options(int schedule, int order, double damping, int negative_precision, int block_size):
-    if schedule not in (SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED):
-        raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0), SCHEDULE_PARALLEL (1) or "
-                         f"SCHEDULE_BLOCKED (2); got {schedule}")
-    if order not in (ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY):
-        raise ValueError(f"order must be ORDER_FIXED (0), ORDER_RANDOM (1) or ORDER_ENTROPY (2); got {order}")
-    if not (damping > 0.0 and damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1]; got {damping}")
-    if negative_precision == NEGATIVE_ALLOW:
-        raise ValueError("negative_precision = NEGATIVE_ALLOW (2) is not supported by GP EP "
-                         "(site precisions must stay >= 0); use NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1)")
-    if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP):
-        raise ValueError("negative_precision must be NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1); "
-                         f"got {negative_precision}")
-    if block_size < 0:
-        raise ValueError(f"block_size must be >= 0 (0 = automatic); got {block_size}")
+cdef class DenseEPOptions(EngineOptions):
+    """Options of the dense GP engine (:class:`DenseEP`), checked once here (read-only).
+
+    Parameters
+    ----------
+    schedule : {SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED}
+        Default blocked.
+    order : {ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY}
+        Site order within a sweep (ignored by the parallel schedule).
+    damping : float in (0, 1]
+        Step in natural parameters (1 = none).
+    tol : float > 0
+        Convergence threshold on the relative site change and the relative change of log Z.
+    max_sweeps : int >= 1
+        Maximum number of sweeps (parallel: iterations).
+    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
+        Policy for negative target precisions; NEGATIVE_ALLOW is rejected.
+    block_size : int >= 0
+        Sites per syrk fold of the blocked schedule (0 = ``auto_block_size(n)``; values
+        above n are clipped to n).
+    refresh_every : int >= 1
+        Sequential and blocked schedules: refactorise from the Cholesky of B every this
+        many sweeps, and always once more after the last sweep, so the returned posterior
+        and log Z are always from a fresh factorisation. Between refactorisations log Z is
+        evaluated from the incremental ``diag Σ``, ``μ`` and ½ log|B| accumulated by the
+        determinant lemma. The parallel schedule refactorises every iteration.
+
+    Raises
+    ------
+    ValueError
+        A field out of range (the message names it).
+
+    Examples
+    --------
+    >>> from fastep._epcore.gp_ep import DenseEPOptions, SCHEDULE_PARALLEL
+    >>> options = DenseEPOptions(schedule=SCHEDULE_PARALLEL, damping=0.5)
+    >>> options.replace(damping=0.8).damping
+    0.8
+    """
+    _FIELDS = ("schedule", "order", "damping", "tol", "max_sweeps", "negative_precision",
+               "block_size", "refresh_every")
+
+    def __init__(self, *, int schedule=SCHEDULE_BLOCKED, int order=ORDER_FIXED, double damping=1.0,
+                 double tol=1e-8, int max_sweeps=100, int negative_precision=NEGATIVE_CLIP,
+                 int block_size=0, int refresh_every=1):
+        if schedule not in (SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED):
+            raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0), SCHEDULE_PARALLEL (1) or "
+                             f"SCHEDULE_BLOCKED (2); got {schedule}")
+        if order not in (ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY):
+            raise ValueError(f"order must be ORDER_FIXED (0), ORDER_RANDOM (1) or ORDER_ENTROPY (2); got {order}")
+        self.set_sweep(damping, tol, max_sweeps, 1, True)
+        self.set_negative_precision(negative_precision, "GP EP (site precisions must stay >= 0)")
+        if block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = automatic); got {block_size}")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1; got {refresh_every}")
+        self.sweep.schedule, self.sweep.order = schedule, order
+        self.block_size = block_size
+        self.refresh_every = refresh_every
+
+
+_DEFAULT_OPTIONS = DenseEPOptions()
 
 
 def _refactor_error(int info, where):
@@ -550,34 +597,18 @@ cdef class DenseEP:
         Targets handed to the site kernel (checked against the likelihood's support).
     spec : SiteSpec
         Likelihood (``Likelihood.site_spec()``).
-    schedule : {SCHEDULE_SEQUENTIAL, SCHEDULE_PARALLEL, SCHEDULE_BLOCKED}
-        Default blocked.
-    order : {ORDER_FIXED, ORDER_RANDOM, ORDER_ENTROPY}
-        Site order within a sweep (ignored by the parallel schedule).
-    damping : float in (0, 1]
-        Step in natural parameters (1 = none).
-    tol : float > 0
-        Convergence threshold on the relative site change and the relative change of log Z.
-    max_sweeps : int >= 1
-        Maximum number of sweeps (parallel: iterations).
-    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
-        Policy for negative target precisions; NEGATIVE_ALLOW is rejected.
-    block_size : int >= 0
-        Sites per syrk fold of the blocked schedule (0 = ``auto_block_size(n)``; values
-        above n are clipped to n).
-    refactor_every : int >= 1
-        Sequential and blocked schedules: refactorise from the Cholesky of B every this
-        many sweeps, and always once more after the last sweep, so the returned posterior
-        and log Z are always from a fresh factorisation. Between refactorisations log Z is
-        evaluated from the incremental ``diag Σ``, ``μ`` and ½ log|B| accumulated by the
-        determinant lemma. The parallel schedule refactorises every iteration.
+    options : DenseEPOptions, optional
+        Schedule, order, damping, convergence test and refactorisation (default:
+        ``DenseEPOptions()``).
+    seed : int >= 0
+        Seed of ORDER_RANDOM's generator (the same seed gives the same run).
     output : {OUTPUT_COVARIANCE, OUTPUT_FACTOR}
         What ``post_cov`` holds after :meth:`run`: Σ (full, symmetric), or the
         lower-triangular Cholesky factor L of B = I + S^½ K S^½ (strict upper triangle
         zero), which is all that prediction and the evidence gradient need.
     validate : bool, default True
-        Check K, y and the options here and the site and output arrays at every
-        :meth:`run` (ValueError naming the argument). ``False`` is the one path for callers
+        Check K and y here and the site and output arrays at every :meth:`run`
+        (ValueError naming the argument; the options were checked when built). ``False`` is the one path for callers
         that validated them already (the estimators, at every optimiser step): invalid
         inputs then give undefined results instead of an error.
 
@@ -589,27 +620,20 @@ cdef class DenseEP:
     >>> X = np.linspace(-2, 2, 20)[:, None]
     >>> K = np.exp(-0.5 * (X - X.T) ** 2) + 1e-8 * np.eye(20)
     >>> y = np.sign(X[:, 0]) + 0.0
-    >>> engine = gp_ep.DenseEP(K, y, Probit().site_spec(), tol=1e-6)
+    >>> engine = gp_ep.DenseEP(K, y, Probit().site_spec(), gp_ep.DenseEPOptions(tol=1e-6))
     >>> tau, nu = np.zeros(20), np.zeros(20)
     >>> result = engine.run(tau, nu, np.empty((20, 20)), np.empty(20))
     >>> result.converged
     True
     """
 
-    def __init__(self, K, y, SiteSpec spec not None, *, int schedule=SCHEDULE_BLOCKED,
-                 int order=ORDER_FIXED, double damping=1.0, double tol=1e-8, int max_sweeps=100,
-                 int negative_precision=NEGATIVE_CLIP, int block_size=0, int refactor_every=1,
-                 int output=OUTPUT_COVARIANCE, bint validate=True):
+    def __init__(self, K, y, SiteSpec spec not None, DenseEPOptions options=None, *,
+                 int output=OUTPUT_COVARIANCE, unsigned long seed=0, bint validate=True):
+        if options is None:
+            options = _DEFAULT_OPTIONS
         if validate:
             self.n = _check_kernel_matrix(K)
             _check_targets(spec, y, self.n)
-            _check_options(schedule, order, damping, negative_precision, block_size)
-            if not tol > 0.0:
-                raise ValueError(f"tol must be > 0; got {tol}")
-            if max_sweeps < 1:
-                raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
-            if refactor_every < 1:
-                raise ValueError(f"refactor_every must be >= 1; got {refactor_every}")
             if output != OUTPUT_COVARIANCE and output != OUTPUT_FACTOR:
                 raise ValueError(f"output must be OUTPUT_COVARIANCE (0) or OUTPUT_FACTOR (1); got {output}")
         else:
@@ -617,15 +641,12 @@ cdef class DenseEP:
         self.K = K
         self.y = y
         self.spec = spec
-        self.schedule = schedule
-        self.order = order
-        self.damping = damping
-        self.tol = tol
-        self.max_sweeps = max_sweeps
-        self.negative_precision = negative_precision
-        self.block_size = _effective_block_size(schedule, block_size, self.n)
-        self.refactor_every = refactor_every
+        self.options = options
+        self.sweep = options.sweep
+        self.block_size = _effective_block_size(self.sweep.schedule, options.block_size, self.n)
+        self.refactor_every = options.refresh_every
         self.output = output
+        self.seed = seed
         self.validate = validate
 
     def _check_run(self, site_precision, site_natural_mean, post_cov, post_mean, post_var,
@@ -646,7 +667,7 @@ cdef class DenseEP:
         _check_no_aliasing({"K": self.K, "y": self.y}, outputs)
 
     def run(self, double[::1] site_precision, double[::1] site_natural_mean,
-            double[:, ::1] post_cov, double[::1] post_mean, *, unsigned long seed=0,
+            double[:, ::1] post_cov, double[::1] post_mean, *,
             double[::1] post_var=None, double[::1] cavity_mean=None, double[::1] cavity_var=None,
             object sweep_callback=None):
         """Sweep from the given sites to convergence (or ``max_sweeps``).
@@ -660,8 +681,6 @@ cdef class DenseEP:
             Σ of the returned sites, or the factor L (``output``).
         post_mean : (n,) float64, out
             Posterior mean μ = Σν of the returned sites.
-        seed : int >= 0
-            Seed of ORDER_RANDOM's generator (the same seed gives the same run).
         post_var : (n,) float64, out, optional
             diag Σ of the returned sites.
         cavity_mean, cavity_var : (n,) float64, out, optional
@@ -694,17 +713,17 @@ cdef class DenseEP:
                             cavity_mean, cavity_var)
         cdef int n = self.n
         cdef int k_block = self.block_size
-        cdef int schedule = self.schedule
-        cdef int max_sweeps = self.max_sweeps, refactor_every = self.refactor_every
+        cdef int schedule = self.sweep.schedule
+        cdef int max_sweeps = self.sweep.max_sweeps, refactor_every = self.refactor_every
         if n == 0:
             return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                               block_size=k_block)
-        cdef SweepDriver driver = SweepDriver(self.tol, max_sweeps, sweep_callback, <double>n * n)
+                               counts={"block_size": k_block})
+        cdef SweepDriver driver = SweepDriver(self.sweep.tol, max_sweeps, sweep_callback, <double>n * n)
         driver.keep(site_precision, site_natural_mean)
-        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
+        cdef SiteUpdateOptions opts = natural_update_options(self.sweep.damping, self.sweep.negative_precision)
         cdef bint parallel = schedule == SCHEDULE_PARALLEL
-        cdef bint entropy = self.order == ORDER_ENTROPY and not parallel
-        cdef bint shuffled = self.order == ORDER_RANDOM and not parallel
+        cdef bint entropy = self.sweep.order == ORDER_ENTROPY and not parallel
+        cdef bint shuffled = self.sweep.order == ORDER_RANDOM and not parallel
 
         cdef const double[:, ::1] K = self.K
         cdef const double[::1] y = self.y
@@ -731,7 +750,7 @@ cdef class DenseEP:
         cdef double* diag_ptr = &post_diag[0]
         cdef double* work_ptr = &work[0, 0]
         cdef const int* perm_ptr = &perm[0] if shuffled else NULL
-        cdef unsigned long long rng_state = seed
+        cdef unsigned long long rng_state = self.seed
         cdef SweepStats* stats = driver.begin_sweep()
         cdef int info = 0, failed_sweep = -1, sweep, bad_site = -1
         cdef double log_chol = 0.0, new_log_z, prev_log_z = NAN, refactor_log_z = NAN
@@ -882,7 +901,7 @@ cdef class DenseEP:
         return driver.result(block_size=k_block)
 
     def incremental_sweep(self, double[::1] site_precision, double[::1] site_natural_mean,
-                          double[:, ::1] post_cov, double[::1] post_mean, *, unsigned long seed=0):
+                          double[:, ::1] post_cov, double[::1] post_mean):
         """One sweep of the engine's schedule on the given posterior, without refactorisation.
 
         A hook for tests and diagnostics: ``post_cov`` and ``post_mean`` are updated by the
@@ -900,9 +919,9 @@ cdef class DenseEP:
             returned full and symmetric.
         post_mean : (n,) float64, in/out
             μ of the given sites.
-        seed : int >= 0
-            Seed of ORDER_RANDOM's generator (the permutation of the first sweep of a
-            :meth:`run` with the same seed).
+
+        ORDER_RANDOM permutes the sites as the first sweep of :meth:`run` does (the engine's
+        ``seed``).
 
         Returns
         -------
@@ -917,7 +936,7 @@ cdef class DenseEP:
             negative sites, a non-finite ``post_cov``, outputs aliasing inputs.
         """
         cdef int n = self.n
-        cdef int schedule = self.schedule
+        cdef int schedule = self.sweep.schedule
         if schedule == SCHEDULE_PARALLEL:
             raise ValueError("schedule must be SCHEDULE_SEQUENTIAL (0) or SCHEDULE_BLOCKED (2) for "
                              "incremental_sweep (the parallel schedule has no incremental update)")
@@ -944,17 +963,17 @@ cdef class DenseEP:
         cdef const double[::1] y = self.y
         cdef SiteUpdateOptions opts
         opts.update_form = UPDATE_NATURAL
-        opts.damping = self.damping
-        opts.negative_precision = self.negative_precision
-        cdef bint entropy = self.order == ORDER_ENTROPY
-        cdef bint shuffled = self.order == ORDER_RANDOM
+        opts.damping = self.sweep.damping
+        opts.negative_precision = self.sweep.negative_precision
+        cdef bint entropy = self.sweep.order == ORDER_ENTROPY
+        cdef bint shuffled = self.sweep.order == ORDER_RANDOM
         cdef double[:, ::1] rows = np.empty((k_block, n))
         cdef double[::1] small = np.empty(k_block)
         cdef double[::1] col = np.empty(n)
         cdef double[::1] post_diag = np.empty(n)
         cdef int[::1] perm = np.empty(n, dtype=np.intc)
         cdef unsigned char[::1] done = np.zeros(n, dtype=np.uint8)
-        cdef unsigned long long rng_state = seed
+        cdef unsigned long long rng_state = self.seed
         cdef const int* perm_ptr = &perm[0] if shuffled else NULL
         cdef const SiteModel* model = &self.spec.model
         cdef SweepStats stats

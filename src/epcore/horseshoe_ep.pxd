@@ -20,7 +20,20 @@ cpdef enum HorseshoeStatus:
     STATUS_STOPPED = 3      # the sweep callback returned False
 
 
-cdef class HorseshoeOptions:
+from fastep._epcore._common cimport FrozenOptions
+
+
+cdef class HorseshoeDamping(FrozenOptions):
+    cdef readonly double damping
+    cdef readonly double damping_decay
+    cdef readonly double min_damping
+    cdef readonly int stall_window
+    cdef readonly double stall_factor
+    cdef readonly double lowest_damping
+
+
+cdef class HorseshoeOptions(FrozenOptions):
+    cdef readonly HorseshoeDamping damping_schedule
     cdef readonly double damping
     cdef readonly double damping_decay
     cdef readonly double min_damping

@@ -25,12 +25,12 @@ from scipy.linalg import blas as _blas
 from libc.math cimport pow, isnan, INFINITY
 from libc.string cimport memcpy
 from fastep._epcore._common cimport SweepDriver
-from fastep._epcore._common import SweepResult
+from fastep._epcore._common import SweepResult, replaced_fields
 from fastep._epcore.horseshoe cimport SiteState, SiteTargets, site_targets
 from fastep._epcore.horseshoe_marginals cimport (Sites, Marginals, MarginalsWork, marginals,
                                                  MARGINALS_OK, MARGINALS_SINGULAR)
 
-__all__ = ["HorseshoeOptions", "HorseshoePrior", "HorseshoeEP", "HorseshoeResult", "initial_sites"]
+__all__ = ["HorseshoeDamping", "HorseshoeOptions", "HorseshoePrior", "HorseshoeEP", "HorseshoeResult", "initial_sites"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 _STATUS = {STATUS_CONVERGED: "converged", STATUS_MAX_ITER: "max_iter", STATUS_STUCK: "stuck",
@@ -47,8 +47,9 @@ def initial_sites(int d, double rho2, double gamma2):
 # --------------------------------------------------------------------------------------
 # options, prior, result
 # --------------------------------------------------------------------------------------
-cdef class HorseshoeOptions:
-    """The options of :meth:`HorseshoeEP.run` (read-only; :meth:`replace` makes a changed copy).
+cdef class HorseshoeDamping(FrozenOptions):
+    """The step-size schedule of :meth:`HorseshoeEP.run` (read-only; part of
+    :class:`HorseshoeOptions`).
 
     Parameters
     ----------
@@ -58,6 +59,45 @@ cdef class HorseshoeOptions:
         parameters (``g̃ ← g̃_new^ε g̃_old^{1-ε}``); the floor starts at ``min_damping``. The
         supplement's schedule is 0.5, reduced by 1% per iteration; it sums to 50, so alone it
         can stall before ``tol``: the floor keeps EP moving.
+    stall_window, stall_factor, lowest_damping : int, float, float, default 50, 0.5, 0.02
+        Stall watch: every ``stall_window`` iterations, if every step of the window was taken
+        at the scheduled ``ε`` (no halving) and the smallest residual of the window is not
+        below ``stall_factor`` times that of the previous window, the floor is halved (never
+        below ``lowest_damping``). When ``C`` has strong correlations (``|C_ij|`` near 0.95)
+        a fixed floor of 0.3 leaves an oscillating mode that contracts by only about 1% per
+        iteration; the smaller step damps it.
+    """
+
+    _FIELDS = ("damping", "damping_decay", "min_damping", "stall_window", "stall_factor", "lowest_damping")
+
+    def __init__(self, *, double damping=0.5, double damping_decay=0.99, double min_damping=0.3,
+                 int stall_window=50, double stall_factor=0.5, double lowest_damping=0.02):
+        if not 0.0 < damping <= 1.0:
+            raise ValueError(f"damping must be in (0, 1], got {damping}")
+        if not 0.0 < damping_decay <= 1.0:
+            raise ValueError(f"damping_decay must be in (0, 1], got {damping_decay}")
+        for name, value in (("min_damping", min_damping), ("lowest_damping", lowest_damping)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if stall_window < 1:
+            raise ValueError(f"stall_window must be >= 1, got {stall_window}")
+        if not stall_factor > 0.0:
+            raise ValueError(f"stall_factor must be > 0, got {stall_factor}")
+        self.damping, self.damping_decay, self.min_damping = damping, damping_decay, min_damping
+        self.stall_window, self.stall_factor, self.lowest_damping = stall_window, stall_factor, lowest_damping
+
+
+_DEFAULT_DAMPING = HorseshoeDamping()
+
+
+cdef class HorseshoeOptions(FrozenOptions):
+    """The options of :meth:`HorseshoeEP.run` (read-only; :meth:`replace` makes a changed copy).
+
+    Parameters
+    ----------
+    damping_schedule : HorseshoeDamping, optional
+        The step-size schedule and its stall watch (default ``HorseshoeDamping()``); its
+        fields are also attributes of the options (``options.damping`` and so on).
     tol : float >= 0, default 1e-8
         Converged when the largest scaled site residual (target minus current, undamped)
         ``max_j max(|Δπ_w|/p_w, |Δh_w|/√p_w, |Δπ_u|/p_u, |Δπ_v|/p_v)``, ``p_w = 1/η + |π_w|``,
@@ -78,79 +118,42 @@ cdef class HorseshoeOptions:
         The floor of 'clip'.
     n_threads : int >= 0, default 0
         OpenMP threads of the site step (0: the OpenMP default); results do not depend on it.
-    stall_window, stall_factor, lowest_damping : int, float, float, default 50, 0.5, 0.02
-        Stall watch: every ``stall_window`` iterations, if every step of the window was taken
-        at the scheduled ``ε`` (no halving) and the smallest residual of the window is not
-        below ``stall_factor`` times that of the previous window, the floor is halved (never
-        below ``lowest_damping``). When ``C`` has strong correlations (``|C_ij|`` near 0.95)
-        a fixed floor of 0.3 leaves an oscillating mode that contracts by only about 1% per
-        iteration; the smaller step damps it.
     """
 
-    _FIELDS = ("damping", "damping_decay", "min_damping", "tol", "max_iter", "max_halvings", "max_held",
-               "negative_precision", "w_floor", "n_threads", "stall_window", "stall_factor", "lowest_damping")
+    _FIELDS = ("damping_schedule", "tol", "max_iter", "max_halvings", "max_held", "negative_precision",
+               "w_floor", "n_threads")
 
-    def __init__(self, *, double damping=0.5, double damping_decay=0.99, double min_damping=0.3,
-                 double tol=1e-8, int max_iter=1000, int max_halvings=10, int max_held=25,
-                 str negative_precision="clip", double w_floor=-0.1, n_threads=0, int stall_window=50,
-                 double stall_factor=0.5, double lowest_damping=0.02):
+    def __init__(self, *, HorseshoeDamping damping_schedule=None, double tol=1e-8, int max_iter=1000,
+                 int max_halvings=10, int max_held=25, str negative_precision="clip", double w_floor=-0.1,
+                 n_threads=0):
+        if damping_schedule is None:
+            damping_schedule = _DEFAULT_DAMPING
         if negative_precision not in ("clip", "allow"):
             raise ValueError(f"negative_precision must be 'clip' or 'allow', got {negative_precision!r}")
-        if not 0.0 < damping <= 1.0:
-            raise ValueError(f"damping must be in (0, 1], got {damping}")
-        if not 0.0 < damping_decay <= 1.0:
-            raise ValueError(f"damping_decay must be in (0, 1], got {damping_decay}")
-        for name, value in (("min_damping", min_damping), ("lowest_damping", lowest_damping)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
         if not tol >= 0.0:
             raise ValueError(f"tol must be >= 0, got {tol}")
         for name, value in (("max_iter", max_iter), ("max_halvings", max_halvings), ("max_held", max_held)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
-        if stall_window < 1:
-            raise ValueError(f"stall_window must be >= 1, got {stall_window}")
-        if not stall_factor > 0.0:
-            raise ValueError(f"stall_factor must be > 0, got {stall_factor}")
         if w_floor != w_floor:
             raise ValueError("w_floor must not be NaN")
         threads = 0 if n_threads is None else int(n_threads)
         if threads < 0:
             raise ValueError(f"n_threads must be >= 0 (0: the OpenMP default), got {n_threads}")
-        self.damping, self.damping_decay, self.min_damping = damping, damping_decay, min_damping
+        cdef HorseshoeDamping step = damping_schedule
+        self.damping_schedule = step
+        self.damping, self.damping_decay, self.min_damping = step.damping, step.damping_decay, step.min_damping
+        self.stall_window, self.stall_factor, self.lowest_damping = step.stall_window, step.stall_factor, step.lowest_damping
         self.tol, self.max_iter, self.max_halvings, self.max_held = tol, max_iter, max_halvings, max_held
         self.negative_precision, self.w_floor, self.n_threads = negative_precision, w_floor, threads
-        self.stall_window, self.stall_factor, self.lowest_damping = stall_window, stall_factor, lowest_damping
-
-    def as_dict(self):
-        """The options as a plain dict."""
-        return {name: getattr(self, name) for name in self._FIELDS}
-
-    def replace(self, **changes):
-        """A copy with the given options changed (as :func:`dataclasses.replace`)."""
-        unknown = set(changes) - set(self._FIELDS)
-        if unknown:
-            raise TypeError(f"unknown HorseshoeOptions field(s): {sorted(unknown)}")
-        fields = self.as_dict()
-        fields.update(changes)
-        return HorseshoeOptions(**fields)
-
-    def __eq__(self, other):
-        if not isinstance(other, HorseshoeOptions):
-            return NotImplemented
-        return self.as_dict() == other.as_dict()
-
-    def __hash__(self):
-        return hash(tuple(self.as_dict().items()))
-
-    def __reduce__(self):
-        return (_options_from_dict, (self.as_dict(),))
-
-    def __repr__(self):
-        return "HorseshoeOptions(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
 
 def _options_from_dict(fields):
+    """Unpickle HorseshoeOptions pickled with the schedule's fields among the options'."""
+    fields = dict(fields)
+    schedule = {name: fields.pop(name) for name in HorseshoeDamping._FIELDS if name in fields}
+    if schedule:
+        fields["damping_schedule"] = HorseshoeDamping(**schedule)
     return HorseshoeOptions(**fields)
 
 
@@ -275,7 +278,7 @@ class HorseshoeResult(SweepResult):
         missing = set(_RESULT_FIELDS) - set(fields)
         if unknown or missing:
             raise TypeError(f"HorseshoeResult: unknown fields {sorted(unknown)}, missing {sorted(missing)}")
-        SweepResult.__init__(self, **common)
+        self._assign(common)
         for name in _RESULT_FIELDS:
             object.__setattr__(self, name, fields[name])
 
@@ -294,12 +297,7 @@ class HorseshoeResult(SweepResult):
 
     def replace(self, **changes):
         """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
-        unknown = set(changes) - set(self._FIELDS)
-        if unknown:
-            raise TypeError(f"unknown HorseshoeResult field(s): {sorted(unknown)}")
-        fields = self.as_dict()
-        fields.update(changes)
-        return HorseshoeResult(**fields)
+        return HorseshoeResult(**replaced_fields(self, changes))
 
     def __eq__(self, other):
         """Field by field (arrays elementwise; NaN equals NaN)."""
@@ -342,18 +340,9 @@ cdef void _set_marginals(dict buffers, str prefix, Marginals* out, Py_ssize_t d)
 
 
 cdef inline void _site_state(const Sites* sites, const Marginals* m, SiteState* s) noexcept nogil:
-    s.cavity_mean = m.cav_mean
-    s.cavity_var = m.cav_var
-    s.cavity_var_u = m.cav_var_u
-    s.cavity_var_v = m.cav_var_v
-    s.mean = m.mean
-    s.var = m.var
-    s.var_u = m.var_u
-    s.var_v = m.var_v
-    s.pi_w = sites.pi_w
-    s.h_w = sites.h_w
-    s.pi_u = sites.pi_u
-    s.pi_v = sites.pi_v
+    s.cavity_mean, s.cavity_var, s.cavity_var_u, s.cavity_var_v = m.cav_mean, m.cav_var, m.cav_var_u, m.cav_var_v
+    s.mean, s.var, s.var_u, s.var_v = m.mean, m.var, m.var_u, m.var_v
+    s.pi_w, s.h_w, s.pi_u, s.pi_v = sites.pi_w, sites.h_w, sites.pi_u, sites.pi_v
 
 
 cdef inline void _damped(Py_ssize_t d, const double* site, const double* target, double eps,

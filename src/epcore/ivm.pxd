@@ -20,7 +20,7 @@ n = number of training points, d_max = capacity of the active set:
 
 ``IVMTargets`` holds the likelihood side (site kernel, targets, the extra cavity variance
 ``sigma2``).  Everything here is ``noexcept nogil`` and allocation free; the arrays are owned by
-``IVMState`` (ivm.pyx).  The refinement of a fixed-size active set (ivm_refine.pxd) works on
+``IVMEP`` (ivm.pyx).  The refinement of a fixed-size active set (ivm_refine.pxd) works on
 the same arrays.
 """
 from fastep._epcore.sites cimport SiteModel, SiteSpec
@@ -81,7 +81,7 @@ cdef int ivm_include(const SiteModel* model, const double* y, IVMArrays* s, doub
 from fastep._epcore.ivm_refine cimport KernelRows, IVMOptions
 
 
-cdef class IVMState:
+cdef class IVMEP:
     cdef IVMArrays a
     cdef IVMTargets t
     cdef SiteSpec spec

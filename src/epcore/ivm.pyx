@@ -34,12 +34,12 @@ One step of Algorithm 1
 
    A point is eligible when its site kernel succeeds, ``ς_n > 0``, ``ν_n > 0``
    and ``ν_n ς_n < 1`` (a proper, informative update); the highest score wins
-   and ties go to the lowest index.  ``IVMState.score`` (and ``select``) run the
+   and ties go to the lowest index.  ``IVMEP.score`` (and ``select``) run the
    fused pass: g and ν only (no log Z), probit and Gaussian sites inline in blocks,
    the entropy criterion ranked by ``ν ς`` with the exact score evaluated only near
    the maximum, and for probit sites g and ν computed only for the points whose
    bound on ``ν ς`` reaches the best one (same choice, ties included; section "The
-   fused scoring pass" below).  ``ivm_score`` (``IVMState.score_per_site``) is the
+   fused scoring pass" below).  ``ivm_score`` (``IVMEP.score_per_site``) is the
    plain cross-check: one ``site_moments`` call and one criterion evaluation per
    point.  Both give bitwise the same g, ν, scores and choice.
 2. **Include the winner** ``n = n_i`` (``ivm_include``):
@@ -68,13 +68,13 @@ What the rest of fastep uses
 * approximate log likelihood (eq 32) ``log N(m_I; 0, K_I + B_I⁻¹)``: with
   ``K_I + B_I⁻¹ = B_I^{-½} L Lᵀ B_I^{-½}`` it is
   ``-½ |L⁻¹ B_I^½ m_I|² - Σ log L_ii + ½ Σ log β_i - (k/2) log 2π``
-  (``IVMState.log_likelihood``);
+  (``IVMEP.log_likelihood``);
 * prediction weights ``w = (K_I + B_I⁻¹)⁻¹ m_I = B_I^½ L⁻ᵀ L⁻¹ B_I^½ m_I`` and
-  ``σ*² = k** - |L⁻¹ B_I^½ k*|²`` (``IVMState.weights``; Seeger §2.2).
+  ``σ*² = k** - |L⁻¹ B_I^½ k*|²`` (``IVMEP.weights``; Seeger §2.2).
 
 The engine, and refinement on a fixed-size active set (Seeger's notes §2.1, §2.3)
 --------------------------------------------------------------------------------
-``IVMState(y, spec, diag_k, options, sigma2).run(column_fn, callback)`` selects ``d``
+``IVMEP(y, spec, diag_k, options, sigma2).run(column_fn, callback)`` selects ``d``
 points, then refines the active set as its ``IVMOptions`` ask: EP deletion-inclusion
 sweeps (``refine``, through the sweep driver of ``_common.pyx``), exchange moves scored by
 eqs (8)-(9) and the entropy criterion (``exchange``), the sweeps again after a move. It
@@ -216,7 +216,7 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 
 
 # --------------------------------------------------------------------------- #
-# The fused scoring pass (``IVMState.score`` / ``select``)
+# The fused scoring pass (``IVMEP.score`` / ``select``)
 # --------------------------------------------------------------------------- #
 #
 # Nogil loops over the inactive points that compute only what the criterion needs:
@@ -237,7 +237,7 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #   than 1e-14 max(p_max, 1) relative; when p_max < 1e-280 (near the subnormal range,
 #   where 1e-9 p_max may round away and ½ log1p(-p) loses bits) every eligible point is
 #   scored.  The score array is filled from ``prod`` only when it is
-#   read (``IVMState.score_values``) or a point is included.
+#   read (``IVMEP.score_values``) or a point is included.
 # * Entropy with the probit likelihood (``_score_entropy_probit``): most points are not
 #   even given g and ν.  With c = (slope⁻² + ς + sigma2)^(-½) and z = y c (μ + bias),
 #   ν = c² h(z), h(z) = r (r + z), r = N(z)/Φ(z); h decreases from 1 to 0, so on the cell
@@ -249,7 +249,7 @@ cdef int ivm_pick(IVMArrays* s, const double* g_all, const double* nu_all, int c
 #   bound).  A point left out has p < p_max (1 - 1e-9), outside the window above, so
 #   the choice is that of the full pass.  At USPS scale 0.1-10 % of the points are
 #   computed.  The others' μ and ς are kept (``snap_mean``, ``snap_var``) and their g,
-#   ν, p are computed when g, ν or the scores are read (``IVMState._fill_moments``).
+#   ν, p are computed when g, ν or the scores are read (``IVMEP._fill_moments``).
 # * Information gain: the score of every eligible point, as ``_criterion``.
 
 cdef enum:
@@ -587,7 +587,7 @@ def _readonly(arr):
     return view
 
 
-cdef class IVMState:
+cdef class IVMEP:
     """The IVM engine: the posterior after k inclusions, Algorithm 1's selection and the
     refinement of the active set (Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process
     methods: the informative vector machine*; Seeger, *Notes on Minka's Expectation
@@ -1093,3 +1093,7 @@ cdef int* _iptr(int[::1] v):
 
 cdef unsigned char* _bptr(unsigned char[::1] v):
     return &v[0]
+
+
+#: The engine's former name (kept for one release).
+IVMState = IVMEP

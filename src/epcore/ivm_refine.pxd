@@ -1,12 +1,12 @@
 # cython: language_level=3
 """Refinement on a fixed-size IVM active set (see ivm_refine.pyx): EP deletion-inclusion
-sweeps and exchange moves (Seeger's notes §2.1, §2.3) on the arrays of an ``IVMState``
+sweeps and exchange moves (Seeger's notes §2.1, §2.3) on the arrays of an ``IVMEP``
 (``IVMArrays``, ivm.pxd), the engine's options (``IVMOptions``) and what a run reports
 (``RefineResult``, ``ExchangeResult``, ``IVMResult``).
 
 The drivers below hold the GIL (they call ``column_fn`` for kernel rows, allocate their
 O(k n) work arrays and raise); their loops over sites and points run without it.  They
-are the bodies of the ``IVMState`` methods ``refactorize``, ``refine``, ``exchange_gains``,
+are the bodies of the ``IVMEP`` methods ``refactorize``, ``refine``, ``exchange_gains``,
 ``exchange`` and of the refinement stages of ``run``.
 """
 from fastep._epcore._common cimport SweepResult
@@ -67,7 +67,7 @@ cdef struct ExchangeSettings:
 
 cdef object fetch_column(column_fn, int point, int n, bint check_finite)
 
-# The arguments of IVMState.refine / IVMState.exchange checked (ValueError naming the argument).
+# The arguments of IVMEP.refine / IVMEP.exchange checked (ValueError naming the argument).
 cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except *
 cdef ExchangeSettings check_exchange_settings(int k, mode, tol, max_moves, seed, refactor_every) except *
 

@@ -5,7 +5,7 @@ the options of the IVM engine and what its runs report.
 Seeger, *Notes on Minka's Expectation Propagation for Gaussian process classification*,
 §2.1 and §2.3, applied to the state of the Informative Vector Machine after selection
 (Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the informative vector
-machine*; the arrays of ``IVMState`` are listed in ivm.pxd).  The ``IVMState`` methods
+machine*; the arrays of ``IVMEP`` are listed in ivm.pxd).  The ``IVMEP`` methods
 ``refactorize``, ``refine``, ``exchange_gains``, ``exchange`` and ``run`` (ivm.pyx) run them.
 
 Notation: A = Σ (the posterior covariance of f, Seeger's A with C = K), h = μ,
@@ -24,7 +24,7 @@ the active points sit in "slots" r = 0..k-1 (``active[r]``, inclusion order).
   entropy criterion, which need A[j, i] for every pair: they keep ``S`` = Σ[I, :] (k x n)
   with ς and μ of all points and apply the 2x2 Woodbury update of A and h (one rank-2
   update, O(k n)); greedy or seeded random search.  The criterion is
-  ``½ log|I + B_I^½ K_I B_I^½|`` (``IVMState.entropy_reduction``).
+  ``½ log|I + B_I^½ K_I B_I^½|`` (``IVMEP.entropy_reduction``).
 * The refinement stages of a run (``refine_stages``, as ``IVMOptions`` asks): EP sweeps,
   exchange moves, and the EP sweeps again after any exchange (the entering points carry
   ADF sites).
@@ -38,6 +38,7 @@ import numpy as np
 from libc.math cimport INFINITY, NAN, M_PI
 from libc.string cimport memmove, memcpy
 from fastep._epcore._blas cimport gemv_t, potrf, trsm, gemm, ger, trsv as _trsv
+from fastep._epcore._common import replaced_fields, same_fields
 from fastep._epcore._common cimport (random_permutation, SweepDriver, SweepStats, sweep_stats_reset,
                                      interrupt_requested)
 
@@ -467,9 +468,9 @@ CRITERIA = {"entropy": 0, "info_gain": 1, "random": 2}
 
 
 cdef class IVMOptions:
-    """The options of an IVM engine (:class:`~fastep._epcore.ivm.IVMState`), validated once.
+    """The options of an IVM engine (:class:`~fastep._epcore.ivm.IVMEP`), validated once.
 
-    Read-only; given to ``IVMState`` at construction. ``IVMState.run`` includes ``d`` points
+    Read-only; given to ``IVMEP`` at construction. ``IVMEP.run`` includes ``d`` points
     by Algorithm 1 of Lawrence, Seeger & Herbrich, *Fast sparse Gaussian process methods: the
     informative vector machine* (eqs 14-30), then refines the active set as asked (Seeger's
     notes §2.1, §2.3): EP sweeps, exchange moves, and after a move the EP sweeps again.
@@ -491,7 +492,7 @@ cdef class IVMOptions:
         A site whose parameters would change by at most this, ``max(|Δβ|/β, |Δm| β^½)``, is
         skipped; the sweeps have converged when a sweep skips every site and rejects none.
     exchange : {None, 'greedy', 'random'}, default None
-        Exchange moves (Seeger §2.3, ``IVMState.exchange``'s ``mode``), or None for none.
+        Exchange moves (Seeger §2.3, ``IVMEP.exchange``'s ``mode``), or None for none.
     exchange_tol : float >= 0, default 1e-6
         Minimum gain (nats of the entropy criterion) of an applied move.
     max_exchanges : int >= 0 or None, default None
@@ -541,23 +542,14 @@ cdef class IVMOptions:
         return _fields_repr(self)
 
 
-def _same_fields(a, b):
-    """Whether two results of one type agree field by field (``_FIELDS``; NaN equals NaN)."""
-    for name in a._FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
-        if x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
-            return False
-    return True
-
-
 def _fields_repr(result):
     fields = ", ".join(f"{name}={getattr(result, name)!r}" for name in result._FIELDS)
     return f"{type(result).__name__}({fields})"
 
 
 cdef class RefineResult(SweepResult):
-    """What the EP deletion-inclusion sweeps over the active set report (``IVMState.refine``,
-    the 'ep' and 'ep_after_exchange' stages of ``IVMState.run``; Seeger's notes §2.1): the
+    """What the EP deletion-inclusion sweeps over the active set report (``IVMEP.refine``,
+    the 'ep' and 'ep_after_exchange' stages of ``IVMEP.run``; Seeger's notes §2.1): the
     :class:`~fastep._epcore._common.SweepResult` fields the sweeps keep and their own counts.
     Read-only; equality (NaN equals NaN), ``as_dict``, pickling and ``repr`` cover ``_FIELDS``.
 
@@ -598,24 +590,19 @@ cdef class RefineResult(SweepResult):
 
     def __init__(self, int n_sweeps=0, bint converged=False, double max_change=0.0, long n_updates=0,
                  long n_skipped=0, long n_rejected=0, double log_z=NAN, bint stopped=False):
-        SweepResult.__init__(self, n_sweeps=n_sweeps, converged=converged, max_change=max_change,
-                             log_z=log_z, n_skipped=n_skipped, n_failed=n_rejected, stopped=stopped)
+        SweepResult.__init__(self, n_sweeps, converged, max_change, log_z, stopped=stopped,
+                             counts={"n_skipped": n_skipped, "n_failed": n_rejected})
         self.n_updates = n_updates
         self.n_rejected = n_rejected
 
     def replace(self, **changes):
         """A copy with the given fields changed (those of the constructor)."""
-        unknown = set(changes) - set(self._ARGS)
-        if unknown:
-            raise TypeError(f"unknown RefineResult field(s): {sorted(unknown)}")
-        args = {name: getattr(self, name) for name in self._ARGS}
-        args.update(changes)
-        return RefineResult(**args)
+        return RefineResult(**replaced_fields(self, changes, self._ARGS))
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (RefineResult, tuple(getattr(self, name) for name in self._ARGS))
@@ -625,8 +612,8 @@ cdef class RefineResult(SweepResult):
 
 
 cdef class ExchangeResult:
-    """What the exchange moves on the active set report (``IVMState.exchange``, the 'exchange'
-    stage of ``IVMState.run``; Seeger's notes §2.3). Read-only; equality, pickling and
+    """What the exchange moves on the active set report (``IVMEP.exchange``, the 'exchange'
+    stage of ``IVMEP.run``; Seeger's notes §2.3). Read-only; equality, pickling and
     ``repr`` cover ``_FIELDS``, ``as_dict`` adds ``n_moves``.
 
     Attributes
@@ -660,7 +647,7 @@ cdef class ExchangeResult:
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (ExchangeResult, (self.moves, self.converged, self.best_gain))
@@ -674,7 +661,7 @@ _STAGES = ("ep", "exchange", "ep_after_exchange")
 
 
 cdef class IVMResult(SweepResult):
-    """What one ``IVMState.run`` reports (Algorithm 1 of Lawrence, Seeger & Herbrich, then the
+    """What one ``IVMEP.run`` reports (Algorithm 1 of Lawrence, Seeger & Herbrich, then the
     refinement stages of Seeger's notes §2.1, §2.3): the :class:`~fastep._epcore._common.SweepResult`
     fields for the run as a whole, the size of the active set and every stage's report.
     Read-only; equality (NaN equals NaN), pickling and ``repr`` cover ``_FIELDS``.
@@ -732,8 +719,8 @@ cdef class IVMResult(SweepResult):
         converged = True
         for report in stages.values():
             converged = converged and report.converged
-        SweepResult.__init__(self, n_sweeps=n_sweeps, converged=converged, max_change=max_change,
-                             log_z=log_z, n_skipped=n_skipped, n_failed=n_failed, stopped=stopped)
+        SweepResult.__init__(self, n_sweeps, converged, max_change, log_z, stopped=stopped,
+                             counts={"n_skipped": n_skipped, "n_failed": n_failed})
         self.n_active = n_active
         self.ep = stages.get("ep")
         self.exchange = stages.get("exchange")
@@ -767,7 +754,7 @@ cdef class IVMResult(SweepResult):
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return _same_fields(self, other)
+        return same_fields(self, other)
 
     def __reduce__(self):
         return (IVMResult, (self.n_active, self.log_z, self.refinement))
@@ -777,7 +764,7 @@ cdef class IVMResult(SweepResult):
 
 
 # --------------------------------------------------------------------------- #
-# Python-level drivers (called by the methods of IVMState)
+# Python-level drivers (called by the methods of IVMEP)
 # --------------------------------------------------------------------------- #
 
 cdef class KernelRows:
@@ -848,7 +835,7 @@ def _check_tol(value, name):
 
 
 cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except *:
-    """The arguments of ``IVMState.refine``, checked."""
+    """The arguments of ``IVMEP.refine``, checked."""
     cdef RefineSettings out
     out.n_sweeps = _check_int(n_sweeps, "n_sweeps", 0)
     out.tol = _check_tol(tol, "tol")
@@ -857,7 +844,7 @@ cdef RefineSettings check_refine_settings(n_sweeps, tol, refactor_every) except 
 
 
 cdef ExchangeSettings check_exchange_settings(int k, mode, tol, max_moves, seed, refactor_every) except *:
-    """The arguments of ``IVMState.exchange`` on an active set of k points, checked (None:
+    """The arguments of ``IVMEP.exchange`` on an active set of k points, checked (None:
     k moves, a rebuild after k moves)."""
     cdef ExchangeSettings out
     if not isinstance(mode, str) or mode not in ("greedy", "random"):
@@ -903,7 +890,7 @@ cdef int _refactor_active_checked(IVMArrays* s, const double* KI, double* SII, d
 
 
 cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
-    """The body of ``IVMState.refactorize``: L, M, ς and μ from the sites and K[I, :]."""
+    """The body of ``IVMEP.refactorize``: L, M, ς and μ from the sites and K[I, :]."""
     check_column_fn(column_fn)
     if s.k == 0:
         return
@@ -914,7 +901,7 @@ cdef refactorize(IVMArrays* s, KernelRows rows, column_fn):
 
 cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
                                 const RefineSettings* settings, callback):
-    """The body of ``IVMState.refine`` (validated settings): EP deletion-inclusion sweeps
+    """The body of ``IVMEP.refine`` (validated settings): EP deletion-inclusion sweeps
     (``_ep_site``) on Σ[I, I] and μ_I, rebuilt every ``refactor_every`` sweeps, then the full
     rebuild; through a ``SweepDriver`` (``callback(sweep, max_change, log_z)`` with eq 32 at
     the sites after each sweep, Ctrl-C polled about every 1e6 / k² sites). On Ctrl-C, an error
@@ -992,7 +979,7 @@ cdef RefineResult refine_sweeps(IVMArrays* s, const IVMTargets* t, KernelRows ro
 
 
 cdef tuple exchange_gains(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn):
-    """The body of ``IVMState.exchange_gains``: ``_exchange_row`` for every slot after a rebuild."""
+    """The body of ``IVMEP.exchange_gains``: ``_exchange_row`` for every slot after a rebuild."""
     check_column_fn(column_fn)
     cdef int k = s.k, r, bi = -1
     cdef double bg = 0.0
@@ -1014,7 +1001,7 @@ cdef tuple exchange_gains(IVMArrays* s, const IVMTargets* t, KernelRows rows, co
 
 cdef ExchangeResult exchange_moves(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
                                    const ExchangeSettings* settings):
-    """The body of ``IVMState.exchange`` (validated settings): searches (``_exchange_search``)
+    """The body of ``IVMEP.exchange`` (validated settings): searches (``_exchange_search``)
     and moves (``_exchange_apply``) until no move gains more than ``tol`` or ``max_moves``
     were made; Σ[I, :], ς and μ rebuilt every ``refactor_every`` moves and L, M, ς, μ at the
     end."""
@@ -1068,7 +1055,7 @@ cdef ExchangeResult exchange_moves(IVMArrays* s, const IVMTargets* t, KernelRows
 
 cdef IVMResult refine_stages(IVMArrays* s, const IVMTargets* t, KernelRows rows, column_fn,
                              IVMOptions options, callback):
-    """The refinement stages of ``IVMState.run`` on the active set after selection, as
+    """The refinement stages of ``IVMEP.run`` on the active set after selection, as
     ``options`` asks: EP sweeps ('ep'), exchange moves ('exchange') and, if a move was made,
     the EP sweeps again ('ep_after_exchange', the entering points carry ADF sites). A
     stage stopped by ``callback`` ends the refinement. Returns the :class:`IVMResult` (its

@@ -8,7 +8,7 @@ site_precision[i] = 1/v_i and site_natural_mean[i] = m_i/v_i (Minka eqs 20-22).
 from fastep._epcore.sites cimport SiteModel, SiteSpec
 
 
-from fastep._epcore._common cimport (
+from fastep._epcore._common cimport (EngineOptions, SweepSettings,
     UpdateForm, UPDATE_MOMENT, UPDATE_NATURAL,
     NegativePrecisionPolicy, NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW,
     SiteStepResult, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
@@ -48,18 +48,23 @@ cdef int refresh_lower(const double* X, int n, int d, const double* site_precisi
 
 
 # --- the engine state (linear_ep.pyx: __init__, run, log_evidence) -------------------
+cdef class LinearEPOptions(EngineOptions):
+    cdef readonly int update_form
+    cdef readonly int refresh_every
+    cdef readonly int algorithm
+    cdef readonly int block_size
+
+
 cdef class LinearEP:
+    cdef SweepSettings sweep            # copied from the options
+    cdef readonly LinearEPOptions options
     cdef readonly object X
     cdef readonly object y
     cdef readonly object prior_mean
     cdef readonly object prior_cov
     cdef readonly SiteSpec spec
     cdef readonly int update_form
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
     cdef readonly int refresh_every
-    cdef readonly int negative_precision
     cdef readonly int algorithm
     cdef readonly int block_size
     cdef readonly bint validate

@@ -105,7 +105,7 @@ from fastep._epcore._blas cimport (
     symmetrize, symm_right,
 )
 from fastep._epcore.sites cimport SiteModel, SiteSpec, site_moments
-from fastep._epcore._common cimport interrupt_requested, SweepDriver
+from fastep._epcore._common cimport interrupt_requested, SweepDriver, EngineOptions, SweepSettings
 from fastep._epcore._common import site_update_constants as _site_update_constants
 from fastep._epcore._common import _check_no_aliasing
 
@@ -493,6 +493,58 @@ def _auto_block_size(int d):
     return 64
 
 
+cdef class LinearEPOptions(EngineOptions):
+    """Options of the weight-space rank-1 engine (:class:`LinearEP`), checked once here
+    (read-only).
+
+    Parameters
+    ----------
+    update_form : {UPDATE_MOMENT, UPDATE_NATURAL}
+        eqs 34-38 or eqs 39-45 (see module docstring); same fixed point.
+    damping : float in (0, 1]
+        Step in natural parameters (``1`` = no damping).
+    tol : float >= 0
+        Convergence threshold on the per-sweep relative site change.
+    max_sweeps : int >= 0
+        Maximum number of sweeps.
+    refresh_every : int
+        Recompute V, m from the sites every this many sweeps and after the last
+        one; ``<= 0`` or ``> max_sweeps`` disables refreshing after sweeps.
+    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW}
+        Policy for negative site precisions (module docstring).
+    algorithm : {ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED}
+        Per-site symv + syr, or delayed updates flushed as BLAS-3 (auto: blocked
+        when ``d >= 32``).
+    block_size : int >= 0
+        Sites per block for ALGORITHM_BLOCKED (0 = automatic).
+
+    Raises
+    ------
+    ValueError
+        A field out of range (the message names it).
+    """
+    _FIELDS = ("update_form", "damping", "tol", "max_sweeps", "refresh_every", "negative_precision",
+               "algorithm", "block_size")
+
+    def __init__(self, *, int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
+                 int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
+                 int algorithm=ALGORITHM_AUTO, int block_size=0):
+        if update_form != UPDATE_MOMENT and update_form != UPDATE_NATURAL:
+            raise ValueError(f"update_form must be UPDATE_MOMENT (0) or UPDATE_NATURAL (1); got {update_form}")
+        self.set_sweep(damping, tol, max_sweeps, 0, False)
+        self.set_negative_precision(negative_precision, None)
+        if algorithm not in (ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED):
+            raise ValueError("algorithm must be ALGORITHM_AUTO (0), ALGORITHM_RANK1 (1) or "
+                             f"ALGORITHM_BLOCKED (2); got {algorithm}")
+        if block_size < 0:
+            raise ValueError(f"block_size must be >= 0; got {block_size}")
+        self.update_form, self.refresh_every = update_form, refresh_every
+        self.algorithm, self.block_size = algorithm, block_size
+
+
+_DEFAULT_OPTIONS = LinearEPOptions()
+
+
 cdef class LinearEP:
     """Sequential rank-1 EP for a linear-Gaussian-prior model (Minka, *EP: a quick reference*,
     §1.1), bound to one design, its targets, prior and likelihood.
@@ -511,51 +563,20 @@ cdef class LinearEP:
         Prior ``N(m0, V0)``; ``V0`` must be positive definite.
     spec : SiteSpec
         Likelihood (code and parameters) for ``site_moments``.
-    update_form : {UPDATE_MOMENT, UPDATE_NATURAL}
-        eqs 34-38 or eqs 39-45 (see module docstring); same fixed point.
-    damping : float in (0, 1]
-        Step in natural parameters (``1`` = no damping).
-    tol : float >= 0
-        Convergence threshold on the per-sweep relative site change.
-    max_sweeps : int >= 0
-        Maximum number of sweeps.
-    refresh_every : int
-        Recompute V, m from the sites every this many sweeps and after the last
-        one; ``<= 0`` or ``> max_sweeps`` disables refreshing after sweeps.
-    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW}
-        Policy for negative site precisions (module docstring).
-    algorithm : {ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED}
-        Per-site symv + syr, or delayed updates flushed as BLAS-3 (auto: blocked
-        when ``d >= 32``).
-    block_size : int
-        Sites per block for ALGORITHM_BLOCKED (0 = automatic).
+    options : LinearEPOptions, optional
+        Update form, damping, convergence test, refresh and algorithm (default:
+        ``LinearEPOptions()``).
     validate : bool, default True
-        Check the inputs and options here and the site and output arrays at every call
+        Check the inputs here and the site and output arrays at every call
         (ValueError naming the argument). ``False`` is the one path for callers that
         validated them already (the estimators).
     """
 
-    def __init__(self, X, y, prior_mean, prior_cov, SiteSpec spec not None, *,
-                 int update_form=UPDATE_NATURAL, double damping=1.0, double tol=1e-8,
-                 int max_sweeps=200, int refresh_every=1, int negative_precision=NEGATIVE_CLIP,
-                 int algorithm=ALGORITHM_AUTO, int block_size=0, bint validate=True):
-        if validate:
-            if update_form != UPDATE_MOMENT and update_form != UPDATE_NATURAL:
-                raise ValueError(f"update_form must be UPDATE_MOMENT (0) or UPDATE_NATURAL (1); got {update_form}")
-            if not (damping > 0.0 and damping <= 1.0):
-                raise ValueError(f"damping must be in (0, 1]; got {damping}")
-            if not (tol >= 0.0):
-                raise ValueError(f"tol must be >= 0; got {tol}")
-            if max_sweeps < 0:
-                raise ValueError(f"max_sweeps must be >= 0; got {max_sweeps}")
-            if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW):
-                raise ValueError("negative_precision must be NEGATIVE_CLIP (0), NEGATIVE_SKIP (1) or "
-                                 f"NEGATIVE_ALLOW (2); got {negative_precision}")
-            if algorithm not in (ALGORITHM_AUTO, ALGORITHM_RANK1, ALGORITHM_BLOCKED):
-                raise ValueError("algorithm must be ALGORITHM_AUTO (0), ALGORITHM_RANK1 (1) or "
-                                 f"ALGORITHM_BLOCKED (2); got {algorithm}")
-            if block_size < 0:
-                raise ValueError(f"block_size must be >= 0; got {block_size}")
+    def __init__(self, X, y, prior_mean, prior_cov, SiteSpec spec not None,
+                 LinearEPOptions options=None, *, bint validate=True):
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        cdef int algorithm = options.algorithm, block_size = options.block_size
         cdef int n = X.shape[0], d = X.shape[1]
         if algorithm == ALGORITHM_AUTO:
             algorithm = ALGORITHM_RANK1 if d < 32 else ALGORITHM_BLOCKED
@@ -566,9 +587,9 @@ cdef class LinearEP:
         if block_size < 1:
             block_size = 1
         self.X, self.y, self.prior_mean, self.prior_cov, self.spec = X, y, prior_mean, prior_cov, spec
-        self.update_form, self.damping, self.tol = update_form, damping, tol
-        self.max_sweeps, self.refresh_every = max_sweeps, refresh_every
-        self.negative_precision, self.algorithm, self.block_size = negative_precision, algorithm, block_size
+        self.options = options
+        self.sweep, self.update_form, self.refresh_every = options.sweep, options.update_form, options.refresh_every
+        self.algorithm, self.block_size = algorithm, block_size
         self.validate = validate
 
     def run(self, double[::1] site_precision, double[::1] site_natural_mean, double[::1] post_mean,
@@ -612,12 +633,12 @@ cdef class LinearEP:
         cdef const double[::1] prior_mean = self.prior_mean
         cdef const double[:, ::1] prior_cov = self.prior_cov
         cdef int n = X.shape[0], d = X.shape[1]
-        cdef int algorithm = self.algorithm, block_size = self.block_size, max_sweeps = self.max_sweeps
+        cdef int algorithm = self.algorithm, block_size = self.block_size, max_sweeps = self.sweep.max_sweeps
         cdef int refresh_every = self.refresh_every
         cdef SiteUpdateOptions opts
         opts.update_form = self.update_form
-        opts.damping = self.damping
-        opts.negative_precision = self.negative_precision
+        opts.damping = self.sweep.damping
+        opts.negative_precision = self.sweep.negative_precision
         cdef bint refreshing = refresh_every > 0 and refresh_every <= max_sweeps
 
         cdef double[:, ::1] prior_precision = np.empty((d, d))
@@ -633,7 +654,7 @@ cdef class LinearEP:
         cdef double* tau_ptr = &site_precision[0] if n > 0 else NULL
         cdef double* nu_ptr = &site_natural_mean[0] if n > 0 else NULL
         cdef const SiteModel* model = &self.spec.model
-        cdef SweepDriver driver = SweepDriver(self.tol, max_sweeps, sweep_callback, 2.0 * d * d)
+        cdef SweepDriver driver = SweepDriver(self.sweep.tol, max_sweeps, sweep_callback, 2.0 * d * d)
         cdef SweepStats* stats = driver.begin_sweep()
         cdef int prior_info = 0, info = 0, failed_sweep = -1, sweep = 0
         cdef bint refreshed_last = True

@@ -472,13 +472,13 @@ cdef class MultinomialResult(SweepResult):
                  double final_damping=NAN):
         if result is None:
             result = SweepResult()
-        SweepResult.__init__(self, **{name: getattr(result, name) for name in SweepResult._FIELDS})
+        self._assign({name: getattr(result, name) for name in SweepResult._FIELDS})
         self.outer_precision = outer_precision
         self.outer_natural_mean = outer_natural_mean
         self.final_damping = final_damping
 
     def _sweep_result(self):
-        return SweepResult(**{name: getattr(self, name) for name in SweepResult._FIELDS})
+        return SweepResult().replace(**{name: getattr(self, name) for name in SweepResult._FIELDS})
 
     def replace(self, **changes):
         """A copy with the given fields changed (as :func:`dataclasses.replace`)."""

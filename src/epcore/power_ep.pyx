@@ -227,14 +227,19 @@ def _gauss_hermite(int n_nodes):
     return rule
 
 
-def _check_power(double power, SiteSpec spec, int n_quadrature):
-    """power in (0, 1]; for power < 1 a likelihood with a pointwise log density."""
-    cdef double log_z, alpha, beta
-    cdef int status
+def _check_power_range(double power, int n_quadrature):
+    """power in (0, 1], n_quadrature in [1, GH_MAX_NODES] (the engines' options)."""
     if not (power > 0.0 and power <= 1.0):
         raise ValueError(f"power must be in (0, 1]; got {power}")
     if not (1 <= n_quadrature <= GH_MAX_NODES):
         raise ValueError(f"n_quadrature must be in [1, {GH_MAX_NODES}]; got {n_quadrature}")
+
+
+def _check_power(double power, SiteSpec spec, int n_quadrature):
+    """power in (0, 1]; for power < 1 a likelihood with a pointwise log density."""
+    cdef double log_z, alpha, beta
+    cdef int status
+    _check_power_range(power, n_quadrature)
     if power < 1.0 and spec.code != LIK_GAUSSIAN:
         # the quadrature evaluates the likelihood pointwise: zero cavity variance must work
         status = site_moments(&spec.model, 0.0 if spec.code == LIK_ORDINAL else 1.0, 0.0, 0.0, &log_z,

@@ -18,7 +18,16 @@ cdef struct RankKProblem:
     const double* v0_inv         # (d, d) prior precision V0^{-1}
     const double* v0_inv_m0      # (d,) V0^{-1} m0
 
-cdef class RankKState:
+from fastep._epcore._common cimport EngineOptions, SweepSettings
+
+
+cdef class RankKEPOptions(EngineOptions):
+    cdef readonly int refresh_every
+
+
+cdef class RankKEP:
+    cdef SweepSettings sweep            # copied from the options
+    cdef readonly RankKEPOptions options
     cdef readonly object X
     cdef readonly object y
     cdef readonly object prior_mean
@@ -31,9 +40,6 @@ cdef class RankKState:
     cdef readonly int n
     cdef readonly int k
     cdef readonly int d
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
     cdef readonly int refresh_every
     cdef readonly bint validate
     cdef readonly object prior_precision     # V0^{-1}

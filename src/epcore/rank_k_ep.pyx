@@ -50,7 +50,7 @@ that its integral against the cavity equals ``Z_i``,
 which stays finite for singular P_i and equals the literal eqs 48, 49, 109 when all
 P_i are PD and the sites are at an EP fixed point.
 
-Python API: ``RankKState`` (one problem with its sites: ``run``, ``log_evidence``) and
+Python API: ``RankKEP`` (one problem with its sites: ``run``, ``log_evidence``) and
 ``tilted_moments``; the likelihoods (``RankKLikelihood``) and their moment kernels are in
 :mod:`fastep._epcore.rank_k_sites`.
 """
@@ -63,10 +63,10 @@ from fastep._epcore._blas cimport (
     LOWER, NO_TRANS, TRANS, RIGHT, blas_int, gemv, gemv_t, trsv, potrf, potri, symmetrize,
     gemm, symm, syr2k, lu_factor, lu_solve, lu_log_abs_det,
 )
-from fastep._epcore._common cimport SweepDriver
+from fastep._epcore._common cimport SweepDriver, EngineOptions, SweepSettings
 from fastep._epcore.rank_k_sites import MAX_QUADRATURE_POINTS
 
-__all__ = ["RankKLikelihood", "RankKState", "tilted_moments", "MAX_QUADRATURE_POINTS"]
+__all__ = ["RankKLikelihood", "RankKEP", "RankKEPOptions", "RankKState", "tilted_moments", "MAX_QUADRATURE_POINTS"]
 
 globals()["RankKLikelihood"] = RankKLikelihood     # defined in rank_k_sites, importable from here too
 
@@ -334,15 +334,49 @@ def _inout(arr, name, shape):
     return arr
 
 
-def _check_options(double damping, double tol, int max_sweeps, int refresh_every):
-    if not (0.0 < damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1], got {damping}")
-    if not (tol >= 0.0):
-        raise ValueError(f"tol must be >= 0, got {tol}")
-    if max_sweeps < 0:
-        raise ValueError(f"max_sweeps must be >= 0, got {max_sweeps}")
-    if refresh_every < 0:
-        raise ValueError(f"refresh_every must be >= 0, got {refresh_every}")
+cdef class RankKEPOptions(EngineOptions):
+    """Options of the rank-k engine (:class:`RankKEP`), checked once here (read-only).
+
+    Parameters
+    ----------
+    damping : float in (0, 1]
+        Fraction of the natural-parameter step taken per update.
+    tol : float >= 0
+        Sweeps stop when the largest absolute change of any site natural parameter in
+        a sweep is below ``tol``; ``converged`` is True only if, in addition, no factor
+        update was skipped in that sweep (a skipped factor is not at a fixed point).
+    max_sweeps : int >= 0
+        0 only rebuilds ``post_mean``/``post_cov`` from the sites.
+    refresh_every : int >= 0
+        Rebuild V, m from the invariant every this many sweeps and after the last
+        sweep; 0 never refreshes after the initial build (for drift tests).
+
+    Raises
+    ------
+    ValueError
+        A field out of range (the message names it).
+    """
+    _FIELDS = ("damping", "tol", "max_sweeps", "refresh_every")
+
+    def __init__(self, *, double damping=1.0, double tol=1e-8, int max_sweeps=200, int refresh_every=1):
+        self.set_sweep(damping, tol, max_sweeps, 0, False)
+        if refresh_every < 0:
+            raise ValueError(f"refresh_every must be >= 0; got {refresh_every}")
+        self.refresh_every = refresh_every
+
+
+_DEFAULT_OPTIONS = RankKEPOptions()
+
+
+def _state_arrays(state):
+    """``(site_precision, site_natural_mean, post_mean, post_cov)`` of a RankKEP ``state``."""
+    if state is None:
+        return None, None, None, None
+    state = tuple(state)
+    if len(state) not in (2, 4):
+        raise ValueError("state must be (site_precision, site_natural_mean) or (site_precision, "
+                         f"site_natural_mean, post_mean, post_cov); got {len(state)} arrays")
+    return state + (None,) * (4 - len(state))
 
 
 def _check_likelihood(RankKLikelihood likelihood, int k, str where):
@@ -417,7 +451,7 @@ def _status_error(int status, Py_ssize_t i):
 
 
 cdef class _Scratch:
-    """Scratch of one :meth:`RankKState.run` or :meth:`RankKState.log_evidence` call: the
+    """Scratch of one :meth:`RankKEP.run` or :meth:`RankKEP.log_evidence` call: the
     refresh's right-hand side and chunk of factors, and the per-factor work (``Work``)."""
     cdef object rhs_array
     cdef object buffers
@@ -477,7 +511,7 @@ cdef int _log_site_normaliser(int k, const double* p_site, const double* b_site,
     return RANKK_OK
 
 
-cdef class RankKState:
+cdef class RankKEP:
     """Sequential rank-k Gaussian EP (Minka, *EP: a quick reference*, §3, eqs 95-116) on one
     problem: the projections, targets, prior and likelihood, and the site and posterior arrays.
 
@@ -495,25 +529,18 @@ cdef class RankKState:
     prior_cov : ndarray, shape (d, d)
         Symmetric positive-definite prior covariance V0.
     likelihood : RankKLikelihood
-    site_precision, site_natural_mean : ndarray, shapes (n, k, k) and (n, k), optional
-        Site precisions P_i = v_i^{-1} and natural means b_i = v_i^{-1} m_i (eq 98), updated
-        in place by :meth:`run`; zeros (a cold start) when omitted.
-    post_mean, post_cov : ndarray, shapes (d,) and (d, d), optional
-        Where :meth:`run` writes m and V (new arrays when omitted); every run first rebuilds
-        them from the sites (eqs 46-47), so a warm start is given by the sites alone.
-    damping : float in (0, 1]
-        Fraction of the natural-parameter step taken per update.
-    tol : float >= 0
-        Sweeps stop when the largest absolute change of any site natural parameter in
-        a sweep is below ``tol``; ``converged`` is True only if, in addition, no factor
-        update was skipped in that sweep (a skipped factor is not at a fixed point).
-    max_sweeps : int >= 0
-        0 only rebuilds ``post_mean``/``post_cov`` from the sites.
-    refresh_every : int >= 0
-        Rebuild V, m from the invariant every this many sweeps and after the last
-        sweep; 0 never refreshes after the initial build (for drift tests).
+    options : RankKEPOptions, optional
+        Damping, convergence test and refresh (default: ``RankKEPOptions()``).
+    state : tuple, optional
+        The :term:`EP state` to start from and write to: ``(site_precision,
+        site_natural_mean)`` or ``(site_precision, site_natural_mean, post_mean, post_cov)``.
+        The site precisions P_i = v_i^{-1} and natural means b_i = v_i^{-1} m_i (eq 98),
+        shapes (n, k, k) and (n, k), are updated in place by :meth:`run` (None or omitted:
+        zeros, a cold start); ``post_mean`` (d,) and ``post_cov`` (d, d) are where
+        :meth:`run` writes m and V (None or omitted: new arrays). Every run first rebuilds m
+        and V from the sites (eqs 46-47), so a warm start is given by the sites alone.
     validate : bool, default True
-        Check the options and arrays here (ValueError or TypeError naming the argument; the
+        Check the arrays here (ValueError or TypeError naming the argument; the
         site and posterior arrays must be writeable C-contiguous float64). ``False`` is the
         one path for callers that checked them already: invalid inputs then give undefined
         results instead of an error. A prior_cov that is not positive definite raises
@@ -522,22 +549,23 @@ cdef class RankKState:
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._epcore.rank_k_ep import RankKLikelihood, RankKState
+    >>> from fastep._epcore.rank_k_ep import RankKLikelihood, RankKEP
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(40, 2, 3))
     >>> Y = X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=(40, 2))
-    >>> state = RankKState(X, Y, np.zeros(3), np.eye(3), RankKLikelihood.mvgaussian(0.01 * np.eye(2)))
+    >>> state = RankKEP(X, Y, np.zeros(3), np.eye(3), RankKLikelihood.mvgaussian(0.01 * np.eye(2)))
     >>> state.run().converged
     True
     >>> np.round(state.post_mean, 1)
     array([ 1. , -2. ,  0.5])
     """
 
-    def __init__(self, X, y, prior_mean, prior_cov, RankKLikelihood likelihood, site_precision=None,
-                 site_natural_mean=None, post_mean=None, post_cov=None, *, double damping=1.0,
-                 double tol=1e-8, int max_sweeps=200, int refresh_every=1, bint validate=True):
+    def __init__(self, X, y, prior_mean, prior_cov, RankKLikelihood likelihood,
+                 RankKEPOptions options=None, *, state=None, bint validate=True):
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        site_precision, site_natural_mean, post_mean, post_cov = _state_arrays(state)
         if validate:
-            _check_options(damping, tol, max_sweeps, refresh_every)
             X, y, prior_mean, prior_cov = _check_problem(X, y, prior_mean, prior_cov, likelihood)
         n, k, d = X.shape
         if not validate:
@@ -559,7 +587,8 @@ cdef class RankKState:
         self.site_precision, self.site_natural_mean = site_precision, site_natural_mean
         self.post_mean, self.post_cov = post_mean, post_cov
         self.n, self.k, self.d = n, k, d
-        self.damping, self.tol, self.max_sweeps, self.refresh_every = damping, tol, max_sweeps, refresh_every
+        self.options = options
+        self.sweep, self.refresh_every = options.sweep, options.refresh_every
         self.validate = validate
         cdef const double[:, :, ::1] x_v = X
         cdef const double[:, ::1] y_v = y
@@ -606,8 +635,8 @@ cdef class RankKState:
         cdef double* m = &m_v[0]
         cdef double* v = &v_v[0, 0]
         cdef int n = problem.n, k = problem.k, d = problem.d
-        cdef int max_sweeps = self.max_sweeps, refresh_every = self.refresh_every
-        cdef double damping = self.damping, tol = self.tol
+        cdef int max_sweeps = self.sweep.max_sweeps, refresh_every = self.refresh_every
+        cdef double damping = self.sweep.damping, tol = self.sweep.tol
         cdef const RankKModel* model = &self.likelihood.model
         cdef double log_det_prec = 0.0, max_change = 0.0
         cdef int i, st = RANKK_OK, bad_status = RANKK_OK
@@ -758,3 +787,7 @@ def tilted_moments(RankKLikelihood likelihood not None, y, cavity_mean, cavity_c
             raise err
         raise FloatingPointError(f"tilted moments failed (status {st})")
     return float(log_z), a, b_mat
+
+
+#: The engine's former name (kept for one release).
+RankKState = RankKEP

@@ -12,7 +12,7 @@ State (row-major; n sites, m inducing inputs):
   ``site_natural_mean[i] = ν_i`` on the projections g_i.
 """
 from fastep._epcore.sites cimport SiteModel, SiteSpec
-from fastep._epcore._common cimport SiteUpdateOptions, SweepStats
+from fastep._epcore._common cimport SiteUpdateOptions, SweepStats, EngineOptions, SweepSettings
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature
 
 
@@ -58,7 +58,15 @@ cdef int scratch_rows(int n, int m) noexcept nogil
 
 
 # --- the engine state (sparse_ep.pyx: __init__, run) ---------------------------------
+cdef class SparseEPOptions(EngineOptions):
+    cdef readonly double power
+    cdef readonly int n_quadrature
+
+
 cdef class SparseEP:
+    cdef SweepSettings sweep            # copied from the options
+    cdef readonly SparseEPOptions options
+    cdef readonly unsigned long seed
     cdef readonly object Vt
     cdef readonly object d
     cdef readonly object y
@@ -67,11 +75,5 @@ cdef class SparseEP:
     cdef readonly int m
     cdef readonly double power
     cdef readonly int n_quadrature
-    cdef readonly int schedule
-    cdef readonly int order
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
-    cdef readonly int negative_precision
     cdef readonly bint validate
     cdef PowerQuadrature quadrature

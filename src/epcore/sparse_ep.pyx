@@ -93,10 +93,11 @@ from fastep._epcore._common cimport (
     SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
     NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
     random_permutation, interrupt_requested, natural_update_options, SweepDriver,
+    EngineOptions, SweepSettings,
 )
 from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector, SweepResult
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments, power_site_step
-from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, power_moments_array
+from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, _check_power_range, power_moments_array
 from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
 
 for _member in SparseSchedule:
@@ -410,20 +411,49 @@ def _check_projection(const double[:, ::1] Vt, const double[::1] d):
     return <int>n, <int>Vt.shape[1]
 
 
-def _check_options(int schedule, int order, double damping, int negative_precision):
-    if schedule not in (SPARSE_SEQUENTIAL, SPARSE_PARALLEL):
-        raise ValueError(f"schedule must be SPARSE_SEQUENTIAL (0) or SPARSE_PARALLEL (1); got {schedule}")
-    if order not in (ORDER_FIXED, ORDER_RANDOM):
-        raise ValueError(f"order must be ORDER_FIXED (0) or ORDER_RANDOM (1); got {order}")
-    if not (damping > 0.0 and damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1]; got {damping}")
-    if negative_precision == NEGATIVE_ALLOW:
-        raise ValueError("negative_precision = NEGATIVE_ALLOW (2) is not supported by sparse EP "
-                         "(site precisions stay >= 0 so that A = I + Vtᵀ T Vt >= I); use NEGATIVE_CLIP "
-                         "(0) or NEGATIVE_SKIP (1)")
-    if negative_precision not in (NEGATIVE_CLIP, NEGATIVE_SKIP):
-        raise ValueError(f"negative_precision must be NEGATIVE_CLIP (0) or NEGATIVE_SKIP (1); got "
-                         f"{negative_precision}")
+cdef class SparseEPOptions(EngineOptions):
+    """Options of the sparse (power) EP engine (:class:`SparseEP`), checked once here (read-only).
+
+    Parameters
+    ----------
+    power : float in (0, 1]
+        Power-EP α (1: EP-FITC / EP-DTC). For α < 1 the likelihood needs a pointwise log
+        density (probit/ordinal with finite slope, logistic, Gaussian; checked by the engine).
+    n_quadrature : int in [1, 256]
+        Gauss-Hermite nodes of the powered moments (α < 1, non-Gaussian likelihoods).
+    schedule : {SPARSE_SEQUENTIAL, SPARSE_PARALLEL}
+    order : {ORDER_FIXED, ORDER_RANDOM}
+        Site order of the sequential schedule (random: a seeded permutation per sweep).
+    damping : float in (0, 1]
+    tol : float > 0
+    max_sweeps : int >= 1
+    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
+
+    Raises
+    ------
+    ValueError
+        A field out of range (the message names it).
+    """
+    _FIELDS = ("power", "n_quadrature", "schedule", "order", "damping", "tol", "max_sweeps",
+               "negative_precision")
+
+    def __init__(self, *, double power=1.0, int n_quadrature=DEFAULT_N_QUADRATURE,
+                 int schedule=SPARSE_SEQUENTIAL, int order=ORDER_FIXED, double damping=1.0,
+                 double tol=1e-8, int max_sweeps=100, int negative_precision=NEGATIVE_CLIP):
+        _check_power_range(power, n_quadrature)
+        if schedule not in (SPARSE_SEQUENTIAL, SPARSE_PARALLEL):
+            raise ValueError(f"schedule must be SPARSE_SEQUENTIAL (0) or SPARSE_PARALLEL (1); got {schedule}")
+        if order not in (ORDER_FIXED, ORDER_RANDOM):
+            raise ValueError(f"order must be ORDER_FIXED (0) or ORDER_RANDOM (1); got {order}")
+        self.set_sweep(damping, tol, max_sweeps, 1, True)
+        self.set_negative_precision(negative_precision,
+                                    "sparse EP (site precisions stay >= 0 so that A = I + Vtᵀ T Vt >= I)")
+        self.sweep.schedule, self.sweep.order = schedule, order
+        self.power = power
+        self.n_quadrature = n_quadrature
+
+
+_DEFAULT_OPTIONS = SparseEPOptions()
 
 
 def _check_marginal_outputs(g_mean, g_var, int n):
@@ -576,59 +606,48 @@ cdef class SparseEP:
         Targets for the site kernel.
     spec : SiteSpec
         Likelihood (``Likelihood.site_spec()``).
-    power : float in (0, 1]
-        Power-EP α (1: EP-FITC / EP-DTC). For α < 1 the likelihood needs a pointwise log
-        density (probit/ordinal with finite slope, logistic, Gaussian).
-    n_quadrature : int in [1, 256]
-        Gauss-Hermite nodes of the powered moments (α < 1, non-Gaussian likelihoods).
-    schedule : {SPARSE_SEQUENTIAL, SPARSE_PARALLEL}
-    order : {ORDER_FIXED, ORDER_RANDOM}
-        Site order of the sequential schedule (random: a seeded permutation per sweep).
-    damping : float in (0, 1]
-    tol : float > 0
-    max_sweeps : int >= 1
-    negative_precision : {NEGATIVE_CLIP, NEGATIVE_SKIP}
+    options : SparseEPOptions, optional
+        Power, schedule, order, damping and convergence test (default: ``SparseEPOptions()``).
+    seed : int >= 0
+        Seed of ORDER_RANDOM's generator.
     validate : bool, default True
-        Check the inputs and options here and the site and output arrays at every
-        :meth:`run` (ValueError naming the argument). ``False`` is the one path for callers
-        that validated them already (the estimators, at every optimiser step).
+        Check the inputs here (also that the likelihood supports the options' power) and the
+        site and output arrays at every :meth:`run` (ValueError naming the argument).
+        ``False`` is the one path for callers that validated them already (the estimators, at
+        every optimiser step).
 
     Examples
     --------
     >>> import numpy as np
-    >>> from fastep._epcore import sparse_ep
     >>> from fastep import Probit
+    >>> from fastep._epcore import sparse_ep
     >>> x = np.linspace(-2, 2, 30)[:, None]
     >>> z = np.linspace(-2, 2, 5)[:, None]
     >>> k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)
     >>> _, Vt, d = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
-    >>> engine = sparse_ep.SparseEP(Vt, d, np.sign(x[:, 0]) + 0.0, Probit().site_spec(), tol=1e-6)
+    >>> engine = sparse_ep.SparseEP(Vt, d, np.sign(x[:, 0]) + 0.0, Probit().site_spec(),
+    ...                             sparse_ep.SparseEPOptions(tol=1e-6))
     >>> result = engine.run(np.zeros(30), np.zeros(30), np.empty((5, 5)), np.empty(5))
     >>> result.converged
     True
     """
 
-    def __init__(self, Vt, d, y, SiteSpec spec not None, *, double power=1.0,
-                 int n_quadrature=DEFAULT_N_QUADRATURE, int schedule=SPARSE_SEQUENTIAL,
-                 int order=ORDER_FIXED, double damping=1.0, double tol=1e-8, int max_sweeps=100,
-                 int negative_precision=NEGATIVE_CLIP, bint validate=True):
+    def __init__(self, Vt, d, y, SiteSpec spec not None, SparseEPOptions options=None, *,
+                 unsigned long seed=0, bint validate=True):
+        if options is None:
+            options = _DEFAULT_OPTIONS
         if validate:
             self.n, self.m = _check_projection(Vt, d)
             _check_targets(spec, y, self.n)
-            _check_options(schedule, order, damping, negative_precision)
-            _check_power(power, spec, n_quadrature)
-            if not tol > 0.0:
-                raise ValueError(f"tol must be > 0; got {tol}")
-            if max_sweeps < 1:
-                raise ValueError(f"max_sweeps must be >= 1; got {max_sweeps}")
+            _check_power(options.power, spec, options.n_quadrature)
         else:
             self.n, self.m = Vt.shape[0], Vt.shape[1]
         self.Vt, self.d, self.y, self.spec = Vt, d, y, spec
-        self.power, self.n_quadrature = power, n_quadrature
-        self.schedule, self.order, self.damping = schedule, order, damping
-        self.tol, self.max_sweeps, self.negative_precision = tol, max_sweeps, negative_precision
+        self.options, self.seed = options, seed
+        self.power, self.n_quadrature = options.power, options.n_quadrature
+        self.sweep = options.sweep
         self.validate = validate
-        self.quadrature = PowerQuadrature(power, n_quadrature)
+        self.quadrature = PowerQuadrature(self.power, self.n_quadrature)
 
     def _check_run(self, site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var):
         cdef int n = self.n
@@ -644,7 +663,7 @@ cdef class SparseEP:
         _check_no_aliasing({"Vt": self.Vt, "d": self.d, "y": self.y}, outputs)
 
     def run(self, double[::1] site_precision, double[::1] site_natural_mean,
-            double[:, ::1] post_factor, double[::1] post_w_mean, *, unsigned long seed=0,
+            double[:, ::1] post_factor, double[::1] post_w_mean, *,
             double[::1] g_mean=None, double[::1] g_var=None, object sweep_callback=None):
         """Sweep from the given sites to convergence (or ``max_sweeps``).
 
@@ -656,8 +675,6 @@ cdef class SparseEP:
             Upper-triangular R with ``Rᵀ R = A = I + Vtᵀ diag(τ) Vt`` (strict lower triangle zero).
         post_w_mean : (m,) float64, out
             μ_w = A⁻¹ Vtᵀ ν.
-        seed : int >= 0
-            Seed of ORDER_RANDOM's generator.
         g_mean, g_var : (n,) float64, out, optional
             E[g_i] and Var[g_i] of the returned sites.
         sweep_callback : callable, optional
@@ -685,9 +702,9 @@ cdef class SparseEP:
         if self.validate:
             self._check_run(site_precision, site_natural_mean, post_factor, post_w_mean, g_mean, g_var)
         cdef int n = self.n, m = self.m
-        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
-        cdef bint parallel = self.schedule == SPARSE_PARALLEL
-        cdef bint shuffled = self.order == ORDER_RANDOM and not parallel
+        cdef SiteUpdateOptions opts = natural_update_options(self.sweep.damping, self.sweep.negative_precision)
+        cdef bint parallel = self.sweep.schedule == SPARSE_PARALLEL
+        cdef bint shuffled = self.sweep.order == ORDER_RANDOM and not parallel
         cdef int rows = scratch_rows(n, m)
         cdef double[::1] gm = np.empty(max(n, 1)) if g_mean is None else g_mean
         cdef double[::1] gv = np.empty(max(n, 1)) if g_var is None else g_var
@@ -700,7 +717,7 @@ cdef class SparseEP:
             np.asarray(post_factor)[:] = np.eye(m)
             np.asarray(post_w_mean)[:] = 0.0
             return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
-        cdef SweepDriver driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback, 3.0 * m * m)
+        cdef SweepDriver driver = SweepDriver(self.sweep.tol, self.sweep.max_sweeps, sweep_callback, 3.0 * m * m)
         driver.keep(site_precision, site_natural_mean)
 
         cdef const double[:, ::1] Vt = self.Vt
@@ -718,7 +735,7 @@ cdef class SparseEP:
         cdef double* gm_ptr = &gm[0]
         cdef double* gv_ptr = &gv[0]
         cdef const int* perm_ptr = &perm[0] if shuffled else NULL
-        cdef unsigned long long rng_state = seed
+        cdef unsigned long long rng_state = self.seed
         cdef SweepStats* stats = driver.begin_sweep()
         cdef int info = 0, failed_sweep = -1, sweep, bad_site = -1, rebuilt
         cdef long total_rebuilds = 0
@@ -729,7 +746,7 @@ cdef class SparseEP:
             if info == 0:
                 driver.log_z = sparse_log_z(model, rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
                                             gv_ptr, half_log_det, quad_b, &bad_site)
-                for sweep in range(1, self.max_sweeps + 1):
+                for sweep in range(1, self.sweep.max_sweeps + 1):
                     if parallel:
                         sparse_parallel_update(model, rule, y_ptr, d_ptr, n, tau_ptr, nu_ptr, gm_ptr,
                                                gv_ptr, &opts, stats)
@@ -806,7 +823,7 @@ cdef class SparseEP:
         cdef const double[:, ::1] Vt = self.Vt
         cdef const double[::1] d = self.d
         cdef const double[::1] y = self.y
-        cdef SiteUpdateOptions opts = natural_update_options(self.damping, self.negative_precision)
+        cdef SiteUpdateOptions opts = natural_update_options(self.sweep.damping, self.sweep.negative_precision)
         cdef int rows = scratch_rows(n, m)
         cdef double[:, ::1] scratch = np.empty((rows, m))
         cdef double[::1] w = np.empty(m)

@@ -4,7 +4,7 @@
 The nogil blocks of the dense posterior, the step-halving driver both engines share and the
 two engine classes (see student_t_ep.pyx).
 """
-from fastep._epcore._common cimport SweepDriver
+from fastep._epcore._common cimport SweepDriver, EngineOptions, SweepSettings
 from fastep._epcore.sites cimport SiteModel, SiteSpec
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature
 
@@ -96,20 +96,24 @@ cdef struct SparseStudentTState:
     double half_log_det, quad_b
 
 
+cdef class StudentTEPOptions(EngineOptions):
+    cdef readonly double power
+    cdef readonly int n_quadrature
+    cdef readonly int max_halvings
+
+
 cdef class FractionalEP:
+    cdef SweepSettings sweep            # copied from the options
+    cdef readonly StudentTEPOptions options
     cdef readonly int n
     cdef readonly double power
-    cdef readonly double damping
-    cdef readonly double tol
-    cdef readonly int max_sweeps
     cdef readonly int max_halvings
     cdef readonly bint validate
     cdef double site_cost
     cdef object buffers
     cdef FractionalStep step
 
-    cdef _configure(self, int n, double power, double damping, double tol, int max_sweeps,
-                    int max_halvings, bint validate, double site_cost)
+    cdef _configure(self, int n, StudentTEPOptions options, bint validate, double site_cost)
     cdef _sweeps(self, double[::1] site_precision, double[::1] site_natural_mean,
                  object sweep_callback, str improper)
 

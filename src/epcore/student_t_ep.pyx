@@ -61,10 +61,10 @@ from libc.math cimport sqrt, log, log1p, isfinite
 from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, LOWER, NO_TRANS
 from fastep._epcore.sites cimport SiteModel, SiteSpec, SITE_OK
 from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
-from fastep._epcore._common cimport max_relative_site_change, SweepDriver
+from fastep._epcore._common cimport max_relative_site_change, SweepDriver, EngineOptions, SweepSettings
 from fastep._epcore._common import _check_vector, SweepResult
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments
-from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power
+from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, _check_power_range
 from fastep._epcore.sparse_ep cimport sparse_rebuild, scratch_rows
 from fastep._epcore.sparse_ep import _check_projection, _check_marginal_outputs, _check_factor_outputs
 
@@ -368,13 +368,47 @@ cdef int fractional_ep_sweeps(SweepDriver driver, FractionalStep* s, long* n_hal
     return 0
 
 
-def _check_fractional_options(double power, double damping, double tol, int max_sweeps, int max_halvings):
-    if not (0.0 < power <= 1.0):
-        raise ValueError(f"power must be in (0, 1], got {power!r}")
-    if not (0.0 < damping <= 1.0):
-        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
-    if not tol > 0 or max_sweeps < 1 or max_halvings < 0:
-        raise ValueError("tol must be > 0, max_sweeps >= 1 and max_halvings >= 0")
+cdef class StudentTEPOptions(EngineOptions):
+    """Options of the Student-t engines (:class:`DenseStudentTEP`, :class:`SparseStudentTEP`),
+    checked once here (read-only).
+
+    Parameters
+    ----------
+    power : float in (0, 1]
+        The fraction η (0.5 is the robust choice).
+    n_quadrature : int in [1, 256]
+        Gauss-Hermite nodes of the sparse engine's powered moments (the dense engine's are in
+        closed form).
+    damping : float in (0, 1]
+        Initial step δ of every iteration (halved while the step makes the posterior or a
+        cavity improper).
+    tol : float > 0
+        Convergence threshold on the largest relative site change and the relative change of
+        log Z (with no failed site).
+    max_sweeps : int >= 1
+        Parallel iterations.
+    max_halvings : int >= 0
+        Halvings of δ per iteration before the run is declared stuck.
+
+    Raises
+    ------
+    ValueError
+        A field out of range (the message names it).
+    """
+    _FIELDS = ("power", "n_quadrature", "damping", "tol", "max_sweeps", "max_halvings")
+
+    def __init__(self, *, double power=0.5, int n_quadrature=DEFAULT_N_QUADRATURE, double damping=0.5,
+                 double tol=1e-4, int max_sweeps=200, int max_halvings=10):
+        _check_power_range(power, n_quadrature)
+        self.set_sweep(damping, tol, max_sweeps, 1, True)
+        if max_halvings < 0:
+            raise ValueError(f"max_halvings must be >= 0; got {max_halvings}")
+        self.power = power
+        self.n_quadrature = n_quadrature
+        self.max_halvings = max_halvings
+
+
+_DEFAULT_OPTIONS = StudentTEPOptions()
 
 
 cdef class FractionalEP:
@@ -385,15 +419,14 @@ cdef class FractionalEP:
     :class:`DenseStudentTEP` and :class:`SparseStudentTEP`.
     """
 
-    cdef _configure(self, int n, double power, double damping, double tol, int max_sweeps,
-                    int max_halvings, bint validate, double site_cost):
-        """Check (``validate``) and keep the options; ``site_cost`` sets the interrupt polling."""
-        if validate:
-            _check_fractional_options(power, damping, tol, max_sweeps, max_halvings)
-        self.n, self.power, self.damping, self.tol = n, power, damping, tol
-        self.max_sweeps, self.max_halvings, self.validate = max_sweeps, max_halvings, validate
+    cdef _configure(self, int n, StudentTEPOptions options, bint validate, double site_cost):
+        """Keep the options (None: the defaults); ``site_cost`` sets the interrupt polling."""
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        self.options, self.sweep = options, options.sweep
+        self.n, self.power, self.max_halvings, self.validate = n, options.power, options.max_halvings, validate
         self.site_cost = site_cost
-        self.step.n, self.step.damping, self.step.max_halvings = n, damping, max_halvings
+        self.step.n, self.step.damping, self.step.max_halvings = n, self.sweep.damping, self.max_halvings
 
     cdef _sweeps(self, double[::1] site_precision, double[::1] site_natural_mean,
                  object sweep_callback, str improper):
@@ -404,7 +437,7 @@ cdef class FractionalEP:
             return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
         cdef long n_halvings = 0
         cdef bint stuck = False
-        cdef SweepDriver driver = SweepDriver(self.tol, self.max_sweeps, sweep_callback, self.site_cost)
+        cdef SweepDriver driver = SweepDriver(self.sweep.tol, self.sweep.max_sweeps, sweep_callback, self.site_cost)
         driver.keep(site_precision, site_natural_mean)
         self.step.site_precision, self.step.site_natural_mean = &site_precision[0], &site_natural_mean[0]
         if fractional_ep_sweeps(driver, &self.step, &n_halvings, &stuck) != 0:
@@ -467,20 +500,10 @@ cdef class DenseStudentTEP(FractionalEP):
         Finite targets.
     dof, scale : float > 0
         Student-t ν and σ.
-    power : float in (0, 1]
-        The fraction η (0.5 is the robust choice).
-    damping : float in (0, 1]
-        Initial step δ of every iteration (halved while the step makes the posterior or a
-        cavity improper).
-    tol : float > 0
-        Convergence threshold on the largest relative site change and the relative change of
-        log Z (with no failed site).
-    max_sweeps : int >= 1
-        Parallel iterations.
-    max_halvings : int >= 0
-        Halvings of δ per iteration before the run is declared stuck.
+    options : StudentTEPOptions, optional
+        Power, damping, convergence test and step halving (default: ``StudentTEPOptions()``).
     validate : bool, default True
-        Check K, y and the options here and the site and output arrays at every :meth:`run`
+        Check K and y here and the site and output arrays at every :meth:`run`
         (ValueError naming the argument). ``False`` is the path for callers that validated
         them already (the estimators, at every optimiser step): invalid inputs then give
         undefined results instead of an error.
@@ -490,7 +513,7 @@ cdef class DenseStudentTEP(FractionalEP):
     numpy.linalg.LinAlgError
         K is not positive definite.
     ValueError
-        (``validate``) bad shapes, non-finite inputs or options.
+        (``validate``) bad shapes or non-finite inputs.
 
     Examples
     --------
@@ -500,7 +523,7 @@ cdef class DenseStudentTEP(FractionalEP):
     >>> K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 1e-6 * np.eye(30)
     >>> y = np.sin(x)
     >>> y[::7] += 4.0
-    >>> engine = student_t_ep.DenseStudentTEP(K, y, 4.0, 0.1, tol=1e-6)
+    >>> engine = student_t_ep.DenseStudentTEP(K, y, 4.0, 0.1, student_t_ep.StudentTEPOptions(tol=1e-6))
     >>> tau, nu, post_mean, post_var = np.zeros(30), np.zeros(30), np.empty(30), np.empty(30)
     >>> result = engine.run(tau, nu, post_mean, post_var)
     >>> bool(result.converged), bool(np.any(tau < 0))
@@ -508,8 +531,7 @@ cdef class DenseStudentTEP(FractionalEP):
     """
 
     def __init__(self, const double[:, ::1] K not None, const double[::1] y not None, double dof,
-                 double scale, *, double power=0.5, double damping=0.5, double tol=1e-4,
-                 int max_sweeps=200, int max_halvings=10, bint validate=True):
+                 double scale, StudentTEPOptions options=None, *, bint validate=True):
         cdef int n = K.shape[0], info
         if validate:
             if K.shape[1] != n:
@@ -517,7 +539,7 @@ cdef class DenseStudentTEP(FractionalEP):
             _check_vector("y", y, n)
             if not (dof > 0 and isfinite(dof) and scale > 0 and isfinite(scale)):
                 raise ValueError(f"dof and scale must be finite and > 0, got {dof!r} and {scale!r}")
-        self._configure(n, power, damping, tol, max_sweeps, max_halvings, validate, <double>n * n)
+        self._configure(n, options, validate, <double>n * n)
         self.y, self.dof, self.scale = y, dof, scale
         self.K_chol = np.array(K, dtype=np.float64, order="C")
         if n == 0:
@@ -535,7 +557,7 @@ cdef class DenseStudentTEP(FractionalEP):
         cdef double[::1] trial_var = self.buffers[3]
         cdef DenseStudentTState* d = &self.state
         d.chol, d.y, d.n = &chol[0, 0], &y[0], n
-        d.dof, d.scale, d.power = dof, scale, power
+        d.dof, d.scale, d.power = dof, scale, self.power
         d.a_work, d.x_work, d.tmp, d.site_log_z = &a_work[0, 0], &x_work[0, 0], &vec[0, 0], &vec[1, 0]
         d.target_precision, d.target_natural_mean = &vec[2, 0], &vec[3, 0]
         d.trial_mean, d.trial_var = &vec[6, 0], &trial_var[0]
@@ -719,18 +741,16 @@ cdef class SparseStudentTEP(FractionalEP):
         Finite targets.
     spec : SiteSpec
         The likelihood (``StudentT(...).site_spec()``).
-    power : float in (0, 1]
-        The fraction α (0.5 is the robust choice).
-    n_quadrature : int in [1, 256]
-        Gauss-Hermite nodes of the powered moments.
-    damping, tol, max_sweeps, max_halvings, validate
-        As :class:`DenseStudentTEP` (``validate`` checks Vt, d, y and the options here, the
-        sites and outputs at every :meth:`run`).
+    options : StudentTEPOptions, optional
+        As :class:`DenseStudentTEP` (``n_quadrature`` applies here).
+    validate : bool, default True
+        Check Vt, d, y (and that the likelihood supports the options' power) here, the sites
+        and outputs at every :meth:`run`.
 
     Raises
     ------
     ValueError
-        (``validate``) bad shapes, non-finite inputs or options.
+        (``validate``) bad shapes or non-finite inputs.
 
     Examples
     --------
@@ -743,7 +763,8 @@ cdef class SparseStudentTEP(FractionalEP):
     >>> _, Vt, d = sparse_ep.sparse_projection(k(z, z), k(x, z), np.ones(30), jitter=1e-8)
     >>> y = np.sin(x[:, 0])
     >>> y[::7] += 4.0
-    >>> engine = student_t_ep.SparseStudentTEP(Vt, d, y, StudentT(4.0, 0.1).site_spec(), tol=1e-6)
+    >>> engine = student_t_ep.SparseStudentTEP(Vt, d, y, StudentT(4.0, 0.1).site_spec(),
+    ...                                   student_t_ep.StudentTEPOptions(tol=1e-6))
     >>> tau, nu = np.zeros(30), np.zeros(30)
     >>> result = engine.run(tau, nu, np.empty((8, 8)), np.empty(8))
     >>> bool(result.converged)
@@ -751,18 +772,17 @@ cdef class SparseStudentTEP(FractionalEP):
     """
 
     def __init__(self, const double[:, ::1] Vt not None, const double[::1] d not None,
-                 const double[::1] y not None, SiteSpec spec not None, *, double power=0.5,
-                 int n_quadrature=DEFAULT_N_QUADRATURE, double damping=0.5, double tol=1e-4,
-                 int max_sweeps=200, int max_halvings=10, bint validate=True):
+                 const double[::1] y not None, SiteSpec spec not None, StudentTEPOptions options=None,
+                 *, bint validate=True):
         cdef int n = Vt.shape[0], m = Vt.shape[1]
+        self._configure(n, options, validate, 3.0 * m * m)
         if validate:
             _check_projection(Vt, d)
             _check_vector("y", y, n)
-            _check_power(power, spec, n_quadrature)
-        self._configure(n, power, damping, tol, max_sweeps, max_halvings, validate, 3.0 * m * m)
+            _check_power(self.power, spec, self.options.n_quadrature)
         self.Vt, self.d, self.y, self.spec = Vt, d, y, spec
-        self.m, self.n_quadrature = m, n_quadrature
-        self.quadrature = PowerQuadrature(power, n_quadrature)
+        self.m, self.n_quadrature = m, self.options.n_quadrature
+        self.quadrature = PowerQuadrature(self.power, self.n_quadrature)
         if n == 0:
             return
         cdef int rows = scratch_rows(n, m)
@@ -775,7 +795,7 @@ cdef class SparseStudentTEP(FractionalEP):
         cdef SparseStudentTState* s = &self.state
         s.model, s.rule = &spec.model, &self.quadrature.rule
         s.Vt, s.d, s.y = &Vt[0, 0], &d[0], &y[0]
-        s.n, s.m, s.rows, s.power, s.scratch = n, m, rows, power, &scratch[0, 0]
+        s.n, s.m, s.rows, s.power, s.scratch = n, m, rows, self.power, &scratch[0, 0]
         s.trial_factor, s.trial_w = &trial_factor[0, 0], &trial_w[0]
         s.trial_g_mean, s.trial_g_var = &vec[4, 0], &vec[5, 0]
         s.target_precision, s.target_natural_mean = &vec[0, 0], &vec[1, 0]

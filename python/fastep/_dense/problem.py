@@ -98,12 +98,13 @@ class DenseGPProblem(SiteProblem):
         cavity_var = np.empty(n)
         # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
         # all the evidence gradient and prediction need (Σ itself is never formed at the end)
-        engine = _engine.DenseEP(
-            K, self.y, likelihood.site_spec(), schedule=opts["schedule"], order=opts["order"],
-            damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            negative_precision=opts["negative_precision"], block_size=opts["block_size"],
-            refactor_every=opts["refactor_every"], output=_engine.OUTPUT_FACTOR, validate=False)
-        info = engine.run(tau, nu, buffer, post_mean, seed=opts["seed"], post_var=post_var,
+        options = _engine.DenseEPOptions(
+            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"],
+            block_size=opts["block_size"], refresh_every=opts["refactor_every"])
+        engine = _engine.DenseEP(K, self.y, likelihood.site_spec(), options, output=_engine.OUTPUT_FACTOR,
+                                 seed=opts["seed"], validate=False)
+        info = engine.run(tau, nu, buffer, post_mean, post_var=post_var,
                           cavity_mean=cavity_mean, cavity_var=cavity_var,
                           sweep_callback=sweep_callback_of(opts))
         if not np.isfinite(info.log_z):

@@ -111,7 +111,7 @@ class _IVMProblem:
 
     ``offset`` is subtracted from the targets before they reach the site kernel (the
     regressor's bias; 0 otherwise). After ``select`` the attributes ``state`` (the
-    engine's :class:`~fastep._epcore.ivm.IVMState`), ``active``, ``site_mean`` and
+    engine's :class:`~fastep._epcore.ivm.IVMEP`), ``active``, ``site_mean`` and
     ``site_precision`` (active order) describe the selection; ``finalize`` keeps
     only what prediction needs and drops the O(d n) state.
     """
@@ -144,8 +144,8 @@ class _IVMProblem:
                                   max_exchanges=refine.get("max_exchanges"))
 
     def select(self, sweep_callback=None):
-        """Algorithm 1 and the refinement of the active set (one :meth:`IVMState.run
-        <fastep._epcore.ivm.IVMState.run>`); ``sweep_callback`` receives its EP sweeps.
+        """Algorithm 1 and the refinement of the active set (one :meth:`IVMEP.run
+        <fastep._epcore.ivm.IVMEP.run>`); ``sweep_callback`` receives its EP sweeps.
         Sets ``state``, ``active``, ``site_mean``, ``site_precision`` and ``refinement``."""
         cols = self._columns()
         bad = np.flatnonzero(~(cols.diag > 0))
@@ -153,7 +153,7 @@ class _IVMProblem:
             raise ValueError(f"kernel must have a positive diagonal on X; {self.kernel!r} gives "
                              f"k(x_{bad[0]}, x_{bad[0]}) = {cols.diag[bad[0]]!r}")
         self.state = None                       # release the previous M (d x n) before allocating the next
-        state = _engine.IVMState(self.y - self.offset, self.likelihood.site_spec(), cols.diag,
+        state = _engine.IVMEP(self.y - self.offset, self.likelihood.site_spec(), cols.diag,
                                  self.engine_options())
         self.refinement = state.run(cols, sweep_callback).refinement
         self.state = state

@@ -314,7 +314,7 @@ def run_parallel_ep(executor, chunks, likelihood, options):
         n_sweeps = step
     info = SweepResult(n_sweeps=n_sweeps, converged=driver.converged and bool(np.isfinite(log_z)),
                        max_change=last["max_change"] if last is not None else np.inf, log_z=float(log_z),
-                       log_z_change=driver.log_z_change, **totals)
+                       log_z_change=driver.log_z_change, counts=totals)
     return chunks, R, w_mean, info
 
 

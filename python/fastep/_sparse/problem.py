@@ -100,11 +100,13 @@ class _BinarySparseEP(SiteProblem):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         tau, nu, R, w_mean, g_mean, g_var = arrays
-        engine = _engine.SparseEP(
-            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
-            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"], validate=False)
-        info = engine.run(tau, nu, R, w_mean, seed=opts["seed"], g_mean=g_mean, g_var=g_var,
+        options = _engine.SparseEPOptions(
+            power=opts["power"], n_quadrature=opts["n_quadrature"], schedule=opts["schedule"],
+            order=opts["order"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+            negative_precision=opts["negative_precision"])
+        engine = _engine.SparseEP(Vt, d, self.y, likelihood.site_spec(), options, seed=opts["seed"],
+                                  validate=False)
+        info = engine.run(tau, nu, R, w_mean, g_mean=g_mean, g_var=g_var,
                           sweep_callback=sweep_callback_of(opts))
         return self._finished(arrays, info, f"sparse EP could not form a proper cavity at {info.n_failed} site(s) "
                               "and the log marginal likelihood is not finite; increase jitter or check the kernel")
@@ -177,10 +179,11 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     def _ep(self, Vt, d, likelihood, warm, search):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
-        engine = _student_t_engine.SparseStudentTEP(
-            Vt, d, self.y, likelihood.site_spec(), power=opts["power"], n_quadrature=opts["n_quadrature"],
-            damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
+        options = _student_t_engine.StudentTEPOptions(
+            power=opts["power"], n_quadrature=opts["n_quadrature"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+        engine = _student_t_engine.SparseStudentTEP(Vt, d, self.y, likelihood.site_spec(), options,
+                                                    validate=False)
         info = engine.run(*arrays[:4], g_mean=arrays[4], g_var=arrays[5], sweep_callback=sweep_callback_of(opts))
         info, arrays = self._fractional_result(
             info, arrays, search,

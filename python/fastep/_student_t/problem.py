@@ -162,9 +162,9 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         post_mean, post_var = np.empty(n), np.empty(n)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
         post_cov = np.empty((n, n))
-        engine = _engine.DenseStudentTEP(
-            K, self.y, likelihood.dof, likelihood.scale, power=opts["power"], damping=opts["damping"],
-            tol=opts["tol"], max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"], validate=False)
+        options = _engine.StudentTEPOptions(power=opts["power"], damping=opts["damping"], tol=opts["tol"],
+                                            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+        engine = _engine.DenseStudentTEP(K, self.y, likelihood.dof, likelihood.scale, options, validate=False)
         info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
                           post_cov=post_cov, sweep_callback=sweep_callback_of(opts))
         info, arrays = self._fractional_result(

@@ -19,8 +19,8 @@ eqs 15-16 literally:
 
 The random criterion draws from numpy's generator (not the engine's splitmix64),
 so random selections are not expected to agree with the engine.
-Refinement on a fixed-size active set (the twins of ``IVMState.refine`` and
-``IVMState.exchange``, :mod:`fastep._epcore.ivm_refine`; Seeger's notes §2.1 and §2.3): ``ep_refine``,
+Refinement on a fixed-size active set (the twins of ``IVMEP.refine`` and
+``IVMEP.exchange``, :mod:`fastep._epcore.ivm_refine`; Seeger's notes §2.1 and §2.3): ``ep_refine``,
 ``exchange_gains``, ``exchange``, ``posterior_from_sites`` and
 ``entropy_reduction``; they recompute the posterior from the sites after every
 change instead of applying eq (7) or the 2x2 Woodbury update.
@@ -137,7 +137,7 @@ def predict_latent(K_active, K_cross, k_diag, site_mean, site_precision):
 # Refinement on a fixed-size active set (Seeger's notes §2.1 and §2.3)
 # --------------------------------------------------------------------------- #
 #
-# The twin of ``IVMState.refine`` / ``IVMState.exchange``. Where the engine updates
+# The twin of ``IVMEP.refine`` / ``IVMEP.exchange``. Where the engine updates
 # Σ[I, I] or Σ[I, :] with eq (7) and the 2x2 Woodbury formula, this twin recomputes
 # the whole posterior from the site parameters after every change
 # (``posterior_from_sites``), and takes the exchange cavities q\j by literally removing
@@ -194,7 +194,7 @@ def _site_from_cavity(y_i, cav_mean, cav_var, moments, sigma2, spherical_noise):
 
 def ep_refine(K, y, moments, active, site_mean, site_precision, n_sweeps, *, sigma2=0.0,
               spherical_noise=None, tol=1e-9):
-    """EP deletion-inclusion sweeps over the active set (Seeger §2.1), the twin of ``IVMState.refine``.
+    """EP deletion-inclusion sweeps over the active set (Seeger §2.1), the twin of ``IVMEP.refine``.
 
     For each active point p in order: cavity ``λ = (1/Σ_pp - β_p)⁻¹``,
     ``h = λ (μ_p/Σ_pp - β_p m_p)``; site kernel at ``N(h, λ + sigma2)``; new site eq 5
@@ -279,7 +279,7 @@ def exchange_gains(K, y, moments, active, site_mean, site_precision, *, sigma2=0
 
 def exchange(K, y, moments, active, site_mean, site_precision, *, mode="greedy", tol=1e-6, max_moves=None,
              sigma2=0.0, spherical_noise=None, seed=0):
-    """Exchange moves (Seeger §2.3), the twin of ``IVMState.exchange``.
+    """Exchange moves (Seeger §2.3), the twin of ``IVMEP.exchange``.
 
     'greedy': apply the best pair of ``exchange_gains`` (first maximum in (slot, i)
     order) while its gain exceeds ``tol``; 'random': visit the slots in a random order
