@@ -91,3 +91,27 @@ def test_a_cold_run_that_fails_raises():
     problem._ep = lambda *args, **kwargs: (_ for _ in ()).throw(np.linalg.LinAlgError("cold failure"))
     with pytest.raises(np.linalg.LinAlgError, match="cold failure"):
         problem.evaluate(params, gradient=False, warm=True)
+
+
+@pytest.mark.parametrize("estimator, problem_class", [(GaussianProcessClassifier, DenseGPProblem),
+                                                      (SparseGPClassifier, _BinarySparseEP)])
+def test_engine_options_are_built_once_per_options_dict(monkeypatch, estimator, problem_class):
+    """A learning fit builds (and checks) its engine's options once for the search and once for
+    the final run when that runs to another tolerance, not once per EP run; a fitted model saves
+    and copies without them."""
+    built = []
+    original = problem_class._new_engine_options
+
+    def counting(options):
+        built.append(options["tol"])
+        return original(options)
+
+    monkeypatch.setattr(problem_class, "_new_engine_options", staticmethod(counting))
+    X, y = _data()
+    model = estimator(RBF(1.0, 0.5)).fit(X, y)
+    problem = model._problems[0]
+    assert model.n_evaluations_ >= 3
+    assert len(built) == len(set(built)) <= 2           # one per options dict, never rebuilt
+    assert built[-1] == problem.options["tol"]
+    assert "_engine_options_for" in vars(problem)
+    assert "_engine_options_for" not in problem.__getstate__()

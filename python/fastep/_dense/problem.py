@@ -86,6 +86,13 @@ class DenseGPProblem(SiteProblem):
                 "semi-definite; increase jitter or add a White kernel term")
         return K
 
+    @staticmethod
+    def _new_engine_options(opts):
+        return _engine.DenseEPOptions(
+            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"],
+            block_size=opts["block_size"], refresh_every=opts["refactor_every"])
+
     def _ep(self, K, buffer, likelihood, warm):
         """One EP run on ``K`` from the stored sites (``warm``) or zero sites; B's factor is left
         in ``buffer``."""
@@ -98,11 +105,7 @@ class DenseGPProblem(SiteProblem):
         cavity_var = np.empty(n)
         # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
         # all the evidence gradient and prediction need (Σ itself is never formed at the end)
-        options = _engine.DenseEPOptions(
-            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"],
-            block_size=opts["block_size"], refresh_every=opts["refactor_every"])
-        engine = _engine.DenseEP(K, self.y, likelihood.site_spec(), options, output=_engine.OUTPUT_FACTOR,
+        engine = _engine.DenseEP(K, self.y, likelihood.site_spec(), self.engine_options(), output=_engine.OUTPUT_FACTOR,
                                  seed=opts["seed"], validate=False)
         info = engine.run(tau, nu, buffer, post_mean, post_var=post_var,
                           cavity_mean=cavity_mean, cavity_var=cavity_var,

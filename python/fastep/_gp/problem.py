@@ -68,6 +68,26 @@ class SiteProblem:
         self.site_precision = np.zeros(n)
         self.site_natural_mean = np.zeros(n)
 
+    def _new_engine_options(self, options):
+        """The family engine's frozen options object from the estimator's ``options`` dict."""
+        raise NotImplementedError
+
+    def engine_options(self):
+        """The family engine's options for the current ``options``: built, and so checked, once
+        per options dict (the search's and the final run's), then shared by every EP run."""
+        cached = self.__dict__.get("_engine_options_for")
+        if cached is None or cached[0] is not self.options:
+            cached = (self.options, self._new_engine_options(self.options))
+            self._engine_options_for = cached
+        return cached[1]
+
+    def __getstate__(self):
+        """A saved, pickled or copied problem leaves out the engine options built from
+        ``options`` (the next run builds them again)."""
+        state = dict(self.__dict__)
+        state.pop("_engine_options_for", None)
+        return state
+
     def _start_sites(self, warm):
         """The sites one EP run starts from and updates: copies of the stored sites (``warm``),
         else zero sites."""

@@ -341,7 +341,7 @@ class DistributedSparseEP(SiteProblem):
     def __getstate__(self):
         """A saved or pickled copy keeps what prediction needs: the cluster's executor and the
         chunks (futures on its workers) are dropped, the sites are computed into arrays."""
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state.update(executor=None, chunks=None, has_sites=False)
         for name in ("site_precision", "site_natural_mean"):
             if is_dask_array(state.get(name)):

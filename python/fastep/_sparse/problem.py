@@ -94,17 +94,20 @@ class _BinarySparseEP(SiteProblem):
             raise np.linalg.LinAlgError(failure)
         return SparseEPState(*arrays, info)
 
+    @staticmethod
+    def _new_engine_options(opts):
+        return _engine.SparseEPOptions(
+            power=opts["power"], n_quadrature=opts["n_quadrature"], schedule=opts["schedule"],
+            order=opts["order"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
+            negative_precision=opts["negative_precision"])
+
     def _ep(self, Vt, d, likelihood, warm, search):
         """One EP run on the projections from the stored sites (``warm``) or zero sites (``search``:
         a run of the type-II ML search)."""
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         tau, nu, R, w_mean, g_mean, g_var = arrays
-        options = _engine.SparseEPOptions(
-            power=opts["power"], n_quadrature=opts["n_quadrature"], schedule=opts["schedule"],
-            order=opts["order"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            negative_precision=opts["negative_precision"])
-        engine = _engine.SparseEP(Vt, d, self.y, likelihood.site_spec(), options, seed=opts["seed"],
+        engine = _engine.SparseEP(Vt, d, self.y, likelihood.site_spec(), self.engine_options(), seed=opts["seed"],
                                   validate=False)
         info = engine.run(tau, nu, R, w_mean, g_mean=g_mean, g_var=g_var,
                           sweep_callback=sweep_callback_of(opts))
@@ -176,13 +179,16 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     algorithm = "sparse fractional EP"
     search_tol = 1e-2
 
+    @staticmethod
+    def _new_engine_options(opts):
+        return _student_t_engine.StudentTEPOptions(
+            power=opts["power"], n_quadrature=opts["n_quadrature"], damping=opts["damping"], tol=opts["tol"],
+            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+
     def _ep(self, Vt, d, likelihood, warm, search):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
-        options = _student_t_engine.StudentTEPOptions(
-            power=opts["power"], n_quadrature=opts["n_quadrature"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
-        engine = _student_t_engine.SparseStudentTEP(Vt, d, self.y, likelihood.site_spec(), options,
+        engine = _student_t_engine.SparseStudentTEP(Vt, d, self.y, likelihood.site_spec(), self.engine_options(),
                                                     validate=False)
         info = engine.run(*arrays[:4], g_mean=arrays[4], g_var=arrays[5], sweep_callback=sweep_callback_of(opts))
         info, arrays = self._fractional_result(

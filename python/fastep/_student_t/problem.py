@@ -153,6 +153,11 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
                          Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.get("hyperprior")))
         self.learn_likelihood = learn_likelihood
 
+    @staticmethod
+    def _new_engine_options(opts):
+        return _engine.StudentTEPOptions(power=opts["power"], damping=opts["damping"], tol=opts["tol"],
+                                         max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+
     def _ep(self, K, likelihood, warm, search):
         """One fractional EP run on ``K`` from the stored sites (``warm``) or zero sites
         (``search``: a run of the type-II ML search)."""
@@ -162,9 +167,8 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         post_mean, post_var = np.empty(n), np.empty(n)
         cavity_mean, cavity_var = np.empty(n), np.empty(n)
         post_cov = np.empty((n, n))
-        options = _engine.StudentTEPOptions(power=opts["power"], damping=opts["damping"], tol=opts["tol"],
-                                            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
-        engine = _engine.DenseStudentTEP(K, self.y, likelihood.dof, likelihood.scale, options, validate=False)
+        engine = _engine.DenseStudentTEP(K, self.y, likelihood.dof, likelihood.scale, self.engine_options(),
+                                         validate=False)
         info = engine.run(tau, nu, post_mean, post_var, cavity_mean=cavity_mean, cavity_var=cavity_var,
                           post_cov=post_cov, sweep_callback=sweep_callback_of(opts))
         info, arrays = self._fractional_result(
