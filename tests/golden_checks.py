@@ -529,12 +529,7 @@ class NestedEP:
         n, c = self.n, self.c
         sp, sl = mc_ref.outer_sites(self.labels, alpha, beta)
         cov, mean, _ = mc_ref.dense_posterior(self.K, sp, sl)
-        Pi = np.zeros((c * n, c * n))
-        nu = np.zeros(c * n)
-        for i in range(n):
-            idx = [j * n + i for j in range(c)]
-            Pi[np.ix_(idx, idx)] += sp[i]
-            nu[idx] += sl[i]
+        Pi, nu = mc_ref.stacked_sites(sp, sl)
         b = nu - Pi @ mean
         M = Pi - Pi @ cov @ Pi
         out = np.empty((Ks.shape[0], c))

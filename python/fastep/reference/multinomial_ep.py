@@ -15,7 +15,7 @@ Inner EP of one site with label k and cavity ``N(f; m, V)`` (natural parameters 
 import numpy as np
 from scipy.special import log_ndtr
 
-__all__ = ["probit_moments", "nested_site", "outer_sites", "dense_posterior", "evidence", "nested_ep"]
+__all__ = ["probit_moments", "nested_site", "outer_sites", "stacked_sites", "dense_posterior", "evidence", "nested_ep"]
 
 
 def probit_moments(mean, var):
@@ -100,16 +100,24 @@ def outer_sites(labels, alpha, beta):
     return precisions, lins
 
 
-def dense_posterior(K, site_precisions, site_lins):
-    """``(Σ, μ, log|I + KΠ|)`` of the outer sites on the (cn)×(cn) class-major prior ``I_c ⊗ K``."""
-    n = K.shape[0]
-    c = site_lins.shape[1]
+def stacked_sites(site_precisions, site_lins):
+    """The n outer sites as one class-major (cn)×(cn) precision ``Π`` and (cn,) linear term ``ν̃``
+    (entry ``j n + i`` is class j of input i)."""
+    n, c = site_lins.shape
     Pi = np.zeros((c * n, c * n))
     nu = np.zeros(c * n)
     for i in range(n):
         idx = [j * n + i for j in range(c)]
         Pi[np.ix_(idx, idx)] += site_precisions[i]
         nu[idx] += site_lins[i]
+    return Pi, nu
+
+
+def dense_posterior(K, site_precisions, site_lins):
+    """``(Σ, μ, log|I + KΠ|)`` of the outer sites on the (cn)×(cn) class-major prior ``I_c ⊗ K``."""
+    n = K.shape[0]
+    c = site_lins.shape[1]
+    Pi, nu = stacked_sites(site_precisions, site_lins)
     prior = np.kron(np.eye(c), K)
     cov = np.linalg.inv(np.linalg.inv(prior) + Pi)
     return cov, cov @ nu, np.linalg.slogdet(np.eye(c * n) + prior @ Pi)[1]
