@@ -258,13 +258,14 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     high as every point of a grid over σ² (the truth and 0.1 Var(y)) x ρ² (decades, each σ²
     walked from weak shrinkage with warm starts), with a coefficient error within 1.5x of EP at
     the true σ² and its best ρ², and without warnings."""
-    from fastep._epcore.horseshoe_ep import HorseshoeEP, HorseshoeOptions, HorseshoePrior, initial_sites
+    from fastep._epcore.horseshoe_ep import HorseshoeDamping, HorseshoeEP, HorseshoeOptions, HorseshoePrior, initial_sites
     X, y, w = _sparse_recovery_problem(seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         model = HorseshoeRegression().fit(X, y)
     Xc, yc = X - X.mean(0), y - y.mean()
-    options = HorseshoeOptions(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3,
+    schedule = HorseshoeDamping(damping=0.5, damping_decay=0.99, min_damping=0.3)
+    options = HorseshoeOptions(negative_precision="clip", damping_schedule=schedule,
                                tol=1e-8, max_iter=1000, n_threads=1)
     grid = {}
     for sigma2 in (0.25, 0.1 * np.var(y)):
