@@ -3,7 +3,7 @@
 One iteration is O(n²d + m²d) linear algebra (eqs 2-13: the split Woodbury form for V_w,
 the low-rank form for V_u, V_v) plus d one-dimensional quadratures (eqs 15-21), all in the
 compiled engine (HorseshoeEP). The script times one iteration as the difference between a run
-of one iteration and the evaluation of the same sites (``max_iter=0``), and the quadratures
+of one iteration and the evaluation of the same sites (``max_sweeps=0``), and the quadratures
 alone (``tilted_moments`` at the cavities; the marginals are the rest), medians of repeats,
 hyperparameters fixed, sites from a converged run so that the split set S holds the relevant
 features as in practice,
@@ -100,7 +100,7 @@ def main():
 
         def ep():
             t0 = time.perf_counter()
-            result["res"] = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=1e-8, max_iter=2000)).run()
+            result["res"] = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=1e-8, max_sweeps=2000)).run()
             result["time"] = time.perf_counter() - t0
 
         if args.no_trace:
@@ -113,10 +113,10 @@ def main():
         k = int(np.sum(res.factors[1])) if res.factors[0] == "split" else d
 
         def evaluation():
-            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_iter=0), sites).run()
+            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_sweeps=0), sites).run()
 
         def iteration():
-            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=0.0, max_iter=1), sites).run()
+            HorseshoeEP(X, y, s2, prior, HorseshoeOptions(tol=0.0, max_sweeps=1), sites).run()
 
         cavities = (res.cavity_mean, res.cavity_var, res.cavity_var_u, res.cavity_var_v)
         t_iter = max(median_time(iteration, args.repeats) - median_time(evaluation, args.repeats), 0.0)

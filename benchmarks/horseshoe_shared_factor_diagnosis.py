@@ -195,7 +195,7 @@ def main():
     if args.mode == "engine":
         X, y, P = random_p_problem(args.d, args.m)
         prior = HorseshoePrior(r2, g2, P, np.ones(args.d))
-        engine = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_iter=args.max_iter))
+        engine = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_sweeps=args.max_iter))
         trace = []
 
         def accepted_state(iteration, residual, log_z):
@@ -220,7 +220,7 @@ def main():
               f"{time.perf_counter() - t0:.1f} s; features with an improper cavity at the end: "
               f"{sorted(skipped)} (the relevant ones are 0..9); β {beta}")
         try:
-            state = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_iter=0), sites).run()
+            state = HorseshoeEP(X, y, s2, prior, HorseshoeOptions(max_sweeps=0), sites).run()
         except ValueError:
             state = None
         print("final state passes the engine's validity check (posterior and every cavity proper):",

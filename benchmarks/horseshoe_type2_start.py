@@ -49,7 +49,7 @@ def reference_grid(X, y, coef):
     Xc, yc = X - X.mean(0), y - y.mean()
     d = X.shape[1]
     options = HorseshoeOptions(negative_precision="clip", damping=0.5, damping_decay=0.99, min_damping=0.3,
-                               tol=1e-8, max_iter=1000, n_threads=1 if d < 4096 else 0)
+                               tol=1e-8, max_sweeps=1000, n_threads=1 if d < 4096 else 0)
     best, at_truth = (-np.inf, None), (-np.inf, None)
     for sigma2 in (TRUE_SIGMA2 * 4, TRUE_SIGMA2, 1e-3 * np.var(y), 0.1 * np.var(y)):
         sites = None

@@ -150,9 +150,9 @@ def run_horseshoe_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, **options)
 
 def horseshoe_state(X, y, sigma2, rho2, gamma2, P, D, **sites):
     """The marginals, cavities, evidence pieces, gradients and prediction factors at the given sites
-    (a run with ``max_iter=0``); unspecified site arrays are those of the cold start. Raises
+    (a run with ``max_sweeps=0``); unspecified site arrays are those of the cold start. Raises
     ``ValueError`` if the sites give an improper posterior or cavity."""
     d = np.shape(X)[1]
     start = {"pi_w": np.full(d, gamma2 / rho2), "h_w": np.zeros(d), "pi_u": np.zeros(d), "pi_v": np.zeros(d)}
     start.update(sites)
-    return run_horseshoe_ep(X, y, sigma2, rho2, gamma2, P, D, sites=start, max_iter=0)[0]
+    return run_horseshoe_ep(X, y, sigma2, rho2, gamma2, P, D, sites=start, max_sweeps=0)[0]

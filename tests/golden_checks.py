@@ -473,54 +473,18 @@ def objectives_dense(name, rec):
 # --------------------------------------------------------------------------------------------
 # Multinomial probit (reference.multinomial_ep)
 # --------------------------------------------------------------------------------------------
-def _psi(P, q):
-    return -0.5 * np.linalg.slogdet(P)[1] + 0.5 * q @ np.linalg.solve(P, q)
-
-
 class NestedEP:
-    """Damped parallel outer EP around the twin's inner EP (:func:`fastep.reference.multinomial_ep.nested_site`)
-    on the twin's dense (cn)×(cn) posterior (:func:`~fastep.reference.multinomial_ep.dense_posterior`):
-    Riihimäki, Jylänki & Vehtari (2013) §4, where the compiled engine does O(c n³) algebra."""
+    """The twin's nested EP (:func:`fastep.reference.multinomial_ep.nested_ep`) on one problem, and
+    its class probabilities on the twin's dense (cn)×(cn) posterior
+    (:func:`~fastep.reference.multinomial_ep.dense_posterior`): Riihimäki, Jylänki & Vehtari (2013)
+    §4, where the compiled engine does O(c n³) algebra."""
 
     def __init__(self, K, labels, c):
         self.K, self.labels, self.c, self.n = K, labels, c, len(labels)
 
-    def _marginals(self, alpha, beta):
-        sp, sl = mc_ref.outer_sites(self.labels, alpha, beta)
-        cov, mean, log_det = mc_ref.dense_posterior(self.K, sp, sl)
-        marginals = []
-        for i in range(self.n):
-            idx = [j * self.n + i for j in range(self.c)]
-            prec = np.linalg.inv(cov[np.ix_(idx, idx)])
-            marginals.append((prec, prec @ mean[idx]))
-        return sp, sl, cov, mean, log_det, marginals
-
     def run(self, alpha=None, beta=None, damping=0.5, tol=1e-10, max_iter=2000):
-        n, c = self.n, self.c
-        alpha = np.zeros((n, c)) if alpha is None else np.array(alpha, dtype=float)
-        beta = np.zeros((n, c)) if beta is None else np.array(beta, dtype=float)
-        for _ in range(max_iter):
-            sp, sl, _, _, _, marginals = self._marginals(alpha, beta)
-            new_a, new_b = alpha.copy(), beta.copy()
-            for i, (mp, ml) in enumerate(marginals):
-                new_a[i], new_b[i], _ = mc_ref.nested_site(mp - sp[i], ml - sl[i], self.labels[i], alpha[i],
-                                                           beta[i], n_sweeps=1, damping=damping)
-            change = max(np.max(np.abs(new_a - alpha) / np.maximum(1, np.abs(alpha))),
-                         np.max(np.abs(new_b - beta) / np.maximum(1, np.abs(beta))))
-            alpha, beta = new_a, new_b
-            if change < tol:
-                break
-        return alpha, beta
-
-    def evidence(self, alpha, beta):
-        """The outer EP energy ``-½log|I + KΠ| + ½ν̃ᵀμ + Σ_i [log Ẑ_i + Ψ(cavity_i) - Ψ(marginal_i)]``."""
-        sp, sl, cov, mean, log_det, marginals = self._marginals(alpha, beta)
-        total = -0.5 * log_det + 0.5 * sl.T.reshape(-1) @ mean
-        for i, (mp, ml) in enumerate(marginals):
-            cp, cl = mp - sp[i], ml - sl[i]
-            _, _, log_z = mc_ref.nested_site(cp, cl, self.labels[i], alpha[i], beta[i], n_sweeps=0)
-            total += log_z + _psi(cp, cl) - _psi(mp, ml)
-        return float(total)
+        """``(alpha, beta, log Z)`` at the fixed point reached from ``(alpha, beta)``."""
+        return mc_ref.nested_ep(self.K, self.labels, self.c, damping, tol, max_iter, alpha, beta)[:3]
 
     def predict_proba(self, alpha, beta, Ks, kss):
         """Class probabilities: the latent predictive ``E f*_j = k*ᵀ b_j`` (``b = ν̃ - Πμ``),
@@ -569,8 +533,8 @@ def twin_multinomial(name, rec):
     ep = NestedEP(k(X), labels, len(np.unique(y)))
 
     def compute():
-        alpha, beta = ep.run()
-        return alpha, beta, ep.evidence(alpha, beta), ep.predict_proba(alpha, beta, k(Xt, X), kss)
+        alpha, beta, evidence = ep.run()
+        return alpha, beta, evidence, ep.predict_proba(alpha, beta, k(Xt, X), kss)
     alpha, beta, evidence, proba = memo(compute, "multinomial", name, *params)
     n_sites = len(y) * (ep.c - 1)
     report = Report(f"{name}: twin (reference.multinomial_ep, dense outer posterior) at the recorded kernel")
@@ -603,9 +567,9 @@ def objectives_multinomial(name, rec):
     def f(u):
         k, _ = _kernel(list(np.exp(u)))
         ep = NestedEP(k(X), labels, len(np.unique(y)))
-        alpha, beta = ep.run(*state.get("start", start), tol=1e-9)
+        alpha, beta, evidence = ep.run(*state.get("start", start), tol=1e-9)
         state.setdefault("start", (alpha, beta))
-        return ep.evidence(alpha, beta) + space.log_prior(u)
+        return evidence + space.log_prior(u)
 
     return [("", Objective(f, space, gp_gradient_limit(space.n_points, f, space.u), GP_RULE))]
 
@@ -1104,7 +1068,7 @@ def _horseshoe(name, rec):
 def horseshoe_residual(task, s2, shared, sites=None):
     """The twin's scaled site residual (its convergence test) of the task's sites at σ² = s2."""
     run = hs_ref.run_ep(task["X"], task["y"], s2, shared["rho2"], shared["gamma2"], shared["P"], shared["D"],
-                        sites=task["sites"] if sites is None else sites, max_iter=1, tol=HORSESHOE_TOL)
+                        sites=task["sites"] if sites is None else sites, max_sweeps=1, tol=HORSESHOE_TOL)
     return float(run["residual"])
 
 
@@ -1141,7 +1105,7 @@ def horseshoe_refit(name, rec, log_sigma2_shift=0.0, log_rho2_shift=0.0):
         for t, task in enumerate(tasks):
             task["sigma2"] *= math.exp(log_sigma2_shift)
             run = hs_ref.run_ep(task["X"], task["y"], task["sigma2"], rho2, shared["gamma2"], shared["P"],
-                                shared["D"], sites=task["sites"], tol=1e-10, max_iter=5000)
+                                shared["D"], sites=task["sites"], tol=1e-10, max_sweeps=5000)
             prefix = f"sites_[{t}]" if len(tasks) > 1 else "sites_"
             for key, value in run["sites"].items():
                 out[f"{prefix}.{key}"] = value
@@ -1179,7 +1143,7 @@ def objectives_horseshoe(name, rec):
             sites_ = task["sites"]
             if not fixed:
                 sites_ = hs_ref.run_ep(task["X"], task["y"], s, rho2, shared["gamma2"], P, shared["D"],
-                                       sites=task["sites"], tol=1e-11, max_iter=5000)["sites"]
+                                       sites=task["sites"], tol=1e-11, max_sweeps=5000)["sites"]
             total += hs_ref.log_evidence(task["X"], task["y"], s, rho2, shared["gamma2"], P, shared["D"], sites_)
         return total
 

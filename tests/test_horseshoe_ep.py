@@ -199,13 +199,13 @@ def test_negative_site_policies_keep_cavities_proper():
 
 def test_damping_schedule_and_non_convergence_report():
     X, y, P, D = problem(8, 12, 2, seed=1)
-    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, tol=1e-14, max_iter=3)
-    assert not res.converged and res.status == "max_iter" and res.n_sweeps == 3
+    res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, tol=1e-14, max_sweeps=3)
+    assert not res.converged and res.status == "max_sweeps" and res.n_sweeps == 3
     assert np.isfinite(res.log_z) and res.residual > 1e-14
     # the floor keeps EP moving: a schedule 0.5·0.5^k sums to 1 and cannot get there alone
-    fast_decay = dict(damping=0.5, damping_decay=0.5, tol=1e-8, max_iter=200)
+    fast_decay = dict(damping=0.5, damping_decay=0.5, tol=1e-8, max_sweeps=200)
     res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.0, **fast_decay)
-    assert res.status == "max_iter" and res.residual > 1e-4
+    assert res.status == "max_sweeps" and res.residual > 1e-4
     res, _ = run(X, y, 0.2, 0.3, 1.0, P, D, min_damping=0.3, **fast_decay)
     assert res.converged and res.damping_floor == 0.3     # no stall: the floor stays
 
@@ -225,9 +225,9 @@ def test_stall_watch_halves_the_damping_floor():
     halving the floor when 50 iterations lower the residual by less than half converges."""
     X, y, P, D = problem(10, 20, 2, seed=28)
     P = P / 0.4                                     # |C_ij| up to ~0.9
-    off, _ = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600, stall_window=10 ** 9)
-    assert off.status == "max_iter" and off.damping_floor == 0.3
-    on, sites = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_iter=600)
+    off, _ = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_sweeps=600, stall_window=10 ** 9)
+    assert off.status == "max_sweeps" and off.damping_floor == 0.3
+    on, sites = run(X, y, 0.05, 0.3, 1.0, P, D, tol=1e-9, max_sweeps=600)
     assert on.converged and on.damping_floor < 0.3 and on.n_sweeps < 600
     assert_valid_state(on, sites)
 
@@ -285,7 +285,7 @@ def test_one_feature_evidence_is_exact():
     X = rng.normal(size=(3, 1))
     y = 1.5 * X[:, 0] + 0.5 * rng.normal(size=3)
     for s2, r2, g2 in [(0.3, 0.5, 1.0), (0.05, 2.0, 0.5)]:
-        res, _ = run(X, y, s2, r2, g2, np.zeros((1, 0)), np.ones(1), tol=1e-12, max_iter=3000)
+        res, _ = run(X, y, s2, r2, g2, np.zeros((1, 0)), np.ones(1), tol=1e-12, max_sweeps=3000)
         assert res.converged
         assert abs(res.log_z - _exact_log_evidence(X, y, s2, r2 / g2)) < 1e-8
 
@@ -294,7 +294,7 @@ def test_two_feature_evidence_is_close_to_exact():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(3, 2))
     y = X @ np.array([1.5, 0.0]) + 0.5 * rng.normal(size=3)
-    res, _ = run(X, y, 0.3, 0.5, 1.0, np.zeros((2, 0)), np.ones(2), tol=1e-12, max_iter=3000)
+    res, _ = run(X, y, 0.3, 0.5, 1.0, np.zeros((2, 0)), np.ones(2), tol=1e-12, max_sweeps=3000)
     exact = _exact_log_evidence(X, y, 0.3, 0.5)
     assert res.converged
     assert abs(res.log_z - exact) < 1e-2       # EP is approximate here (observed 1.4e-3)
@@ -307,7 +307,7 @@ def test_evidence_gradients_match_finite_differences():
     s2, r2, g2 = 0.2, 0.3, 1.2
 
     def log_z(s2_=s2, r2_=r2, g2_=g2, P_=P):
-        res, _ = run(X, y, s2_, r2_, g2_, P_, D, tol=1e-12, max_iter=5000, negative_precision="allow")
+        res, _ = run(X, y, s2_, r2_, g2_, P_, D, tol=1e-12, max_sweeps=5000, negative_precision="allow")
         assert res.converged
         return res
 
@@ -341,12 +341,12 @@ def test_options_are_frozen_validated_and_picklable():
     assert opts.n_threads == 0 and opts.tol == 1e-6 and opts.negative_precision == "clip"
     with pytest.raises(AttributeError):
         opts.tol = 1.0
-    changed = opts.replace(max_iter=5)
-    assert changed.max_iter == 5 and opts.max_iter == 1000 and changed.tol == opts.tol
+    changed = opts.replace(max_sweeps=5)
+    assert changed.max_sweeps == 5 and opts.max_sweeps == 1000 and changed.tol == opts.tol
     assert pickle.loads(pickle.dumps(opts)) == opts and opts != changed
     with pytest.raises(TypeError, match="unknown"):
         opts.replace(tolerance=1.0)
-    for bad in (dict(tol=-1.0), dict(max_iter=-1), dict(negative_precision="skip"), dict(n_threads=-1)):
+    for bad in (dict(tol=-1.0), dict(max_sweeps=-1), dict(negative_precision="skip"), dict(n_threads=-1)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             HorseshoeOptions(**bad)
     for bad in (dict(damping=0.0), dict(min_damping=1.5), dict(stall_window=0)):
@@ -367,8 +367,8 @@ def test_result_is_a_typed_read_only_sweep_result():
     with pytest.raises(AttributeError):
         res.log_z = 0.0
     assert pickle.loads(pickle.dumps(res)) == res
-    other = res.replace(status="max_iter")
-    assert other.status == "max_iter" and res.status == "converged" and other != res
+    other = res.replace(status="max_sweeps")
+    assert other.status == "max_sweeps" and res.status == "converged" and other != res
     np.testing.assert_array_equal(res.sites["pi_w"], res.pi_w)
     # the engine holds the sites it ended at; a second run starts there and stops at once
     np.testing.assert_array_equal(engine.pi_w, res.pi_w)
@@ -381,7 +381,7 @@ def test_result_is_a_typed_read_only_sweep_result():
 def test_starting_sites_are_copied_and_validated():
     X, y, P, D = problem(8, 12, 2, seed=1)
     prior = HorseshoePrior(0.3, 1.0, P, D)
-    start = {k: v.copy() for k, v in run(X, y, 0.2, 0.3, 1.0, P, D, max_iter=5)[1].items()}
+    start = {k: v.copy() for k, v in run(X, y, 0.2, 0.3, 1.0, P, D, max_sweeps=5)[1].items()}
     kept = {k: v.copy() for k, v in start.items()}
     HorseshoeEP(X, y, 0.2, prior, sites=start).run()
     for key in start:
@@ -421,7 +421,7 @@ def test_ctrl_c_stops_the_run_and_restores_the_sites():
     between iterations) ends the run with KeyboardInterrupt and the engine's sites as they were."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        engine = _engine(tol=0.0, max_iter=10 ** 6)
+        engine = _engine(tol=0.0, max_sweeps=10 ** 6)
         start = engine.pi_w.copy()
         marks = queue.SimpleQueue()            # put() runs no Python frame: only the engine's polling sees the signal
 
@@ -443,8 +443,8 @@ def test_ctrl_c_stops_the_run_and_restores_the_sites():
 def test_threads_do_not_change_the_result():
     X, y, P, D = problem(20, 700, 0, seed=2)
     prior = HorseshoePrior(1e-3, 1.0, P, D)
-    one = HorseshoeEP(X, y, 0.2, prior, HorseshoeOptions(n_threads=1, max_iter=20)).run()
-    two = HorseshoeEP(X, y, 0.2, prior, HorseshoeOptions(n_threads=2, max_iter=20)).run()
+    one = HorseshoeEP(X, y, 0.2, prior, HorseshoeOptions(n_threads=1, max_sweeps=20)).run()
+    two = HorseshoeEP(X, y, 0.2, prior, HorseshoeOptions(n_threads=2, max_sweeps=20)).run()
     assert one == two
 
 
@@ -460,7 +460,7 @@ def test_downstream_cython_can_cimport_the_horseshoe_engine(tmp_path):
         def describe(HorseshoeEP engine):
             cdef HorseshoeOptions opts = engine.options
             cdef HorseshoePrior prior = engine.prior
-            return engine.n, engine.d, opts.tol, opts.max_iter, prior.m
+            return engine.n, engine.d, opts.tol, opts.max_sweeps, prior.m
     """))
     res = subprocess.run(
         [sys.executable, "-m", "cython", "-3", "-I", fastep.get_include(), str(src), "-o", str(tmp_path / "out.c")],

@@ -266,7 +266,7 @@ def test_type2_ml_start_finds_the_sparse_evidence_peak():
     Xc, yc = X - X.mean(0), y - y.mean()
     schedule = HorseshoeDamping(damping=0.5, damping_decay=0.99, min_damping=0.3)
     options = HorseshoeOptions(negative_precision="clip", damping_schedule=schedule,
-                               tol=1e-8, max_iter=1000, n_threads=1)
+                               tol=1e-8, max_sweeps=1000, n_threads=1)
     grid = {}
     for sigma2 in (0.25, 0.1 * np.var(y)):
         sites = initial_sites(1000, 1e-2, 1.0)

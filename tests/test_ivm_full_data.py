@@ -94,7 +94,9 @@ def test_learning_raises_the_objective_and_records_it_per_round():
     if len(stages) < 3:         # stopped early: the last round moved no parameter by 1 % or more
         from fastep._ivm.problem import _ROUND_TOL
         assert model._problems[0].last_step < _ROUND_TOL
-    evidence = [h["log_evidence"] for h in history]
+    evidence = [h["log_marginal_likelihood"] for h in history]
+    with pytest.warns(FutureWarning, match="'log_evidence' is deprecated.*'log_marginal_likelihood'"):
+        assert history[-1]["log_evidence"] == evidence[-1]
     fixed = IVMClassifier(start, active_set_size=30, optimizer=None).fit(X, y)
     assert min(evidence) > fixed.log_marginal_likelihood(start.theta) + 1.0
     # stationary: at the fitted kernel the gradient of the last round's objective is small per point
@@ -202,3 +204,28 @@ def test_a_minibatch_regressor_evaluates_the_objective_at_the_same_parameters_as
             assert abs(reg.log_marginal_likelihood_value_ - values[mode]) < 0.05 * abs(values[mode])
     # L-BFGS-B on the exact objective ends at least as high as the stochastic steps
     assert values["full-batch"] >= values["minibatch"] - 1.0
+
+
+def test_history_records_keep_their_key_through_save_pickle_and_a_file_written_before_the_rename():
+    import copy
+    import io
+    import pickle
+
+    from fastep._ivm.problem import HistoryRecord
+    X, y = _classification(60, seed=2)
+    model = IVMClassifier(RBF(1.0, 1.0), active_set_size=10, n_iterations=1, hyperprior=None).fit(X, y)
+    assert model.history_ and all(type(h) is HistoryRecord for h in model.history_)
+    assert "log_evidence" not in model.history_[-1] and "log_marginal_likelihood" in model.history_[-1]
+    buffer = io.BytesIO()
+    fastep.save(model, buffer)
+    buffer.seek(0)
+    for copied in (fastep.load(buffer), pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert copied.history_ == model.history_ and all(type(h) is HistoryRecord for h in copied.history_)
+    # the state of an estimator saved before the rename: plain dicts under the former key
+    state = dict(vars(model), history_=[{("log_evidence" if k == "log_marginal_likelihood" else k): v
+                                         for k, v in h.items()} for h in model.history_])
+    old = IVMClassifier.__new__(IVMClassifier)
+    old.__setstate__(state)
+    assert old.history_ == model.history_ and all(type(h) is HistoryRecord for h in old.history_)
+    with pytest.raises(KeyError):
+        old.history_[-1]["no such key"]

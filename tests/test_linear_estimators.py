@@ -196,14 +196,14 @@ def test_rank_k_ep_is_a_deprecated_alias_of_linear_ep_rank_k():
     import pickle
 
     import fastep
-    from fastep.multioutput import LinearEPRankK
+    from fastep.linear import LinearEPRankK
     rng = np.random.default_rng(1)
     X = rng.normal(size=(20, 2, 3))
     Y = X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=(20, 2))
     with pytest.warns(FutureWarning, match="RankKEP is deprecated.*use LinearEPRankK"):
         old = fastep.RankKEP
     with pytest.warns(FutureWarning, match="RankKEP is deprecated.*use LinearEPRankK"):
-        from fastep.multioutput import RankKEP
+        from fastep.linear import RankKEP
     assert old is RankKEP is LinearEPRankK is fastep.LinearEPRankK
     assert "RankKEP" not in fastep.__all__ and "LinearEPRankK" in fastep.__all__
     model = old(noise_cov=0.01 * np.eye(2)).fit(X, Y)
@@ -216,4 +216,26 @@ def test_rank_k_ep_is_a_deprecated_alias_of_linear_ep_rank_k():
     with pytest.warns(FutureWarning, match="RankKEP is deprecated"):
         loaded = pickle.loads(written.replace(b"\nLinearEPRankK\n", b"\nRankKEP\n"))
     assert type(loaded) is LinearEPRankK
+    np.testing.assert_array_equal(loaded.posterior_mean_, new.posterior_mean_)
+
+
+def test_multioutput_is_a_deprecated_alias_of_linear_for_linear_ep_rank_k():
+    import pickle
+    import sys
+
+    import fastep.linear
+    sys.modules.pop("fastep.multioutput", None)
+    with pytest.warns(FutureWarning, match="fastep.multioutput is deprecated.*fastep.linear"):
+        import fastep.multioutput
+    assert fastep.multioutput.LinearEPRankK is fastep.linear.LinearEPRankK
+    assert fastep.LinearEPRankK.__module__ == "fastep.linear"
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(15, 2, 3))
+    Y = X @ np.array([0.5, 1.0, -1.0]) + 0.1 * rng.normal(size=(15, 2))
+    new = fastep.linear.LinearEPRankK(noise_cov=0.01 * np.eye(2)).fit(X, Y)
+    # a pickle written when the class lived in fastep.multioutput loads as the same class
+    written = pickle.dumps(new, protocol=0)
+    assert b"cfastep.linear\nLinearEPRankK\n" in written
+    loaded = pickle.loads(written.replace(b"cfastep.linear\nLinearEPRankK\n", b"cfastep.multioutput\nLinearEPRankK\n"))
+    assert type(loaded) is fastep.linear.LinearEPRankK
     np.testing.assert_array_equal(loaded.posterior_mean_, new.posterior_mean_)

@@ -16,7 +16,7 @@ from engine_helpers import rank_k_log_evidence, run_rank_k_ep
 from fastep._epcore import rank_k_ep as engine
 from fastep._epcore.rank_k_ep import RankKEPOptions, RankKLikelihood, tilted_moments
 from fastep._epcore.sites import SiteSpec
-from fastep.multioutput import ConvergenceWarning, LinearEPRankK
+from fastep.linear import ConvergenceWarning, LinearEPRankK
 from fastep.reference import rank_k_ep as ref
 
 from fastep._epcore.sites import LIKELIHOOD_CODES

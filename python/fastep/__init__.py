@@ -65,11 +65,11 @@ _LAZY = {
     "IVMClassifier": "ivm", "IVMOrdinalRegressor": "ivm", "IVMRegressor": "ivm",
     "LinearEPClassifier": "linear", "LinearEPRegressor": "linear",
     "SparseGPClassifier": "sparse", "SparseGPRegressor": "sparse",
-    "LinearEPRankK": "multioutput",
+    "LinearEPRankK": "linear",
     "show_versions": "_show_versions",
 }
 #: Former names of public classes, imported with a ``FutureWarning``: {old name: module}.
-_DEPRECATED = {"RankKEP": "multioutput"}
+_DEPRECATED = {"RankKEP": "linear"}
 #: Public submodules that ``fastep.<name>`` imports on first access.
 _SUBMODULES = ("batch", "cli", "datasets", "gp", "horseshoe", "ivm", "linear", "multioutput", "plotting",
                "reference", "sparse")
@@ -79,8 +79,7 @@ if TYPE_CHECKING:
     from .gp import GaussianProcessClassifier, GaussianProcessRegressor
     from .horseshoe import HorseshoeRegression, MultiTaskHorseshoeRegression
     from .ivm import IVMClassifier, IVMOrdinalRegressor, IVMRegressor
-    from .linear import LinearEPClassifier, LinearEPRegressor
-    from .multioutput import LinearEPRankK
+    from .linear import LinearEPClassifier, LinearEPRankK, LinearEPRegressor
     from .sparse import SparseGPClassifier, SparseGPRegressor
 
     __version__: str

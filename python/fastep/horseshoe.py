@@ -28,7 +28,7 @@ a damped step that would make the posterior or a cavity improper is halved, and 
 fails the site-precision decreases are held back for that iteration; after 25 such
 iterations in a row EP stops as 'stuck'. The damping ``ε_k = max(0.5 · 0.99^k, floor)``
 starts with the floor at ``min_damping`` (0.3) and halves it when the residual stalls.
-EP that stops before ``tol`` (status 'max_iter' or 'stuck') raises a
+EP that stops before ``tol`` (status 'max_sweeps' or 'stuck') raises a
 :class:`fastep.ConvergenceWarning`, as does type-II ML that ends where EP fails to
 converge; results are never NaN (a non-finite result raises).
 """
@@ -225,7 +225,7 @@ class _HorseshoeBase(BaseEstimator):
         schedule = HorseshoeDamping(damping=float(self.damping), damping_decay=float(self.damping_decay),
                                     min_damping=float(self.min_damping))
         return HorseshoeOptions(damping_schedule=schedule, negative_precision=self.negative_precision,
-                                tol=float(self.tol), max_iter=int(max_sweeps))
+                                tol=float(self.tol), max_sweeps=int(max_sweeps))
 
     def _fit_tasks(self, Xs, ys, single_task=False):
         renamed = self._renamed_options(stacklevel=5 if single_task else 4)     # fit's caller

@@ -109,7 +109,7 @@ from ._gp.docs import CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_
 from ._gp.estimator import (GPClassifierMixin, GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin,
                             stack_problems)
 from ._gp.options import check_classifier_likelihood, check_optimizer, start_kernel
-from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
+from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_history, typed_refinement
 from ._ivm.selection import select_active_set
 from ._sparse.stochastic import (MINIBATCH_ARD_MAX_FEATURES, MINIBATCH_BATCH_SIZE, MINIBATCH_LEARNING_RATE,
                                  MINIBATCH_MAX_EPOCHS, MINIBATCH_MIN_ROWS)
@@ -288,8 +288,11 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
 
     def __setstate__(self, state):
         """Restore a saved or copied estimator (a refinement report saved as plain dicts, as older
-        versions wrote it, becomes typed results)."""
+        versions wrote it, becomes typed results; history records saved under former keys take
+        the new ones)."""
         self.__dict__.update(state)
+        if "history_" in state:
+            self.history_ = typed_history(state["history_"])
         report = state.get("refinement_")
         if report is not None:
             self.refinement_ = ([typed_refinement(r) for r in report] if isinstance(report, list)
@@ -380,7 +383,8 @@ _COMMON_ATTRIBUTES = """active_set_ : ndarray (d,) or (n_classes, d)
     history_ : list of dict (a list of them per class one-vs-rest)
         Algorithm 2 progress: iteration, stage ('full data'; or 'kernel' and 'noise' for eq 32
         and eq 34), log_likelihood (eq 32), n_active, elapsed (seconds), and for the full-data
-        objective log_evidence (its evidence at the end of that round).
+        objective log_marginal_likelihood (its evidence at the end of that round; its former
+        key ``'log_evidence'`` reads it with a ``FutureWarning`` until the next release).
     learning_ : {'full-batch', 'minibatch'} or None
         How the full-data objective was learnt (``learning``); None without it
         (``kernel_objective='active_set'``, or no learning).

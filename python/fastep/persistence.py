@@ -62,8 +62,7 @@ _TAG = "__fastep__"                          # key of a tagged node in the state
 
 #: The modules of the public estimators: ``import fastep`` leaves them to first use; reading a
 #: model file imports them (and with them every module whose classes a file may name).
-_ESTIMATOR_MODULES = ("fastep.gp", "fastep.sparse", "fastep.ivm", "fastep.linear", "fastep.horseshoe",
-                      "fastep.multioutput")
+_ESTIMATOR_MODULES = ("fastep.gp", "fastep.sparse", "fastep.ivm", "fastep.linear", "fastep.horseshoe")
 
 
 def _class_table():
@@ -122,7 +121,8 @@ _MOVED_CLASSES = {
     "fastep._gp_base.Hyperparameters": "fastep._gp.hyperparameters.Hyperparameters",
     "fastep._gp_base.SiteProblem": "fastep._gp.problem.SiteProblem",
     "fastep._gp_base.DensePredictor": "fastep._gp.predictor.DensePredictor",
-    "fastep.multioutput.RankKEP": "fastep.multioutput.LinearEPRankK",
+    "fastep.multioutput.RankKEP": "fastep.linear.LinearEPRankK",
+    "fastep.multioutput.LinearEPRankK": "fastep.linear.LinearEPRankK",
 }
 
 

@@ -15,7 +15,7 @@ cpdef enum NegativePrecision:
 
 cpdef enum HorseshoeStatus:
     STATUS_CONVERGED = 0
-    STATUS_MAX_ITER = 1
+    STATUS_MAX_SWEEPS = 1
     STATUS_STUCK = 2        # no valid step for more than max_held iterations
     STATUS_STOPPED = 3      # the sweep callback returned False
 
@@ -38,7 +38,7 @@ cdef class HorseshoeOptions(FrozenOptions):
     cdef readonly double damping_decay
     cdef readonly double min_damping
     cdef readonly double tol
-    cdef readonly int max_iter
+    cdef readonly int max_sweeps
     cdef readonly int max_halvings
     cdef readonly int max_held
     cdef readonly str negative_precision

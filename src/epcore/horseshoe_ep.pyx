@@ -33,7 +33,7 @@ from fastep._epcore.horseshoe_marginals cimport (Sites, Marginals, MarginalsWork
 __all__ = ["HorseshoeDamping", "HorseshoeOptions", "HorseshoePrior", "HorseshoeEP", "HorseshoeResult", "initial_sites"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
-_STATUS = {STATUS_CONVERGED: "converged", STATUS_MAX_ITER: "max_iter", STATUS_STUCK: "stuck",
+_STATUS = {STATUS_CONVERGED: "converged", STATUS_MAX_SWEEPS: "max_sweeps", STATUS_STUCK: "stuck",
            STATUS_STOPPED: "stopped"}
 _SITE_NAMES = ("pi_w", "h_w", "pi_u", "pi_v")
 
@@ -104,7 +104,7 @@ cdef class HorseshoeOptions(FrozenOptions):
         ``p_u = 1/ν + |π_u|``, ``p_v = 1/ξ + |π_v|`` (relative changes of the marginals; a
         plain ``|Δπ|η`` stalls at rounding level for the huge v-site precisions of relevant
         features under strong global shrinkage) is below ``tol``.
-    max_iter : int >= 0, default 1000
+    max_sweeps : int >= 0, default 1000
         EP iterations (0 evaluates the starting sites).
     max_halvings : int >= 0, default 10
         Halvings of a step that would leave an improper posterior or cavity.
@@ -120,10 +120,10 @@ cdef class HorseshoeOptions(FrozenOptions):
         OpenMP threads of the site step (0: the OpenMP default); results do not depend on it.
     """
 
-    _FIELDS = ("damping_schedule", "tol", "max_iter", "max_halvings", "max_held", "negative_precision",
+    _FIELDS = ("damping_schedule", "tol", "max_sweeps", "max_halvings", "max_held", "negative_precision",
                "w_floor", "n_threads")
 
-    def __init__(self, *, HorseshoeDamping damping_schedule=None, double tol=1e-8, int max_iter=1000,
+    def __init__(self, *, HorseshoeDamping damping_schedule=None, double tol=1e-8, int max_sweeps=1000,
                  int max_halvings=10, int max_held=25, str negative_precision="clip", double w_floor=-0.1,
                  n_threads=0):
         if damping_schedule is None:
@@ -132,7 +132,7 @@ cdef class HorseshoeOptions(FrozenOptions):
             raise ValueError(f"negative_precision must be 'clip' or 'allow', got {negative_precision!r}")
         if not tol >= 0.0:
             raise ValueError(f"tol must be >= 0, got {tol}")
-        for name, value in (("max_iter", max_iter), ("max_halvings", max_halvings), ("max_held", max_held)):
+        for name, value in (("max_sweeps", max_sweeps), ("max_halvings", max_halvings), ("max_held", max_held)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if w_floor != w_floor:
@@ -144,7 +144,7 @@ cdef class HorseshoeOptions(FrozenOptions):
         self.damping_schedule = step
         self.damping, self.damping_decay, self.min_damping = step.damping, step.damping_decay, step.min_damping
         self.stall_window, self.stall_factor, self.lowest_damping = step.stall_window, step.stall_factor, step.lowest_damping
-        self.tol, self.max_iter, self.max_halvings, self.max_held = tol, max_iter, max_halvings, max_held
+        self.tol, self.max_sweeps, self.max_halvings, self.max_held = tol, max_sweeps, max_halvings, max_held
         self.negative_precision, self.w_floor, self.n_threads = negative_precision, w_floor, threads
 
 
@@ -231,7 +231,7 @@ class HorseshoeResult(SweepResult):
 
     Attributes
     ----------
-    status : {'converged', 'max_iter', 'stuck', 'stopped'}
+    status : {'converged', 'max_sweeps', 'stuck', 'stopped'}
     n_held : int
         Site-precision decreases held back in the last held iteration (0 if none).
     n_held_iter : int
@@ -476,7 +476,7 @@ cdef class HorseshoeEP:
         self.work = MarginalsWork(X, y, prior.a, prior.U)
 
     def run(self, *, object sweep_callback=None):
-        """Iterate from the current sites (updated in place) to convergence, ``max_iter``, a stop
+        """Iterate from the current sites (updated in place) to convergence, ``max_sweeps``, a stop
         by the callback, or 'stuck'.
 
         Iteration ``k``: the site targets at the current sites (eqs 14-25); converged if the
@@ -511,10 +511,10 @@ cdef class HorseshoeEP:
         cdef double tol = opts.tol, residual = INFINITY, damp_floor = opts.min_damping
         cdef double window_best = INFINITY, prev_window_best = INFINITY, eps, eps0, r
         cdef double damping = opts.damping, decay = opts.damping_decay
-        cdef int max_iter = opts.max_iter, max_halvings = opts.max_halvings, max_held = opts.max_held
+        cdef int max_sweeps = opts.max_sweeps, max_halvings = opts.max_halvings, max_held = opts.max_held
         cdef int stall_window = opts.stall_window, n_threads = opts.n_threads
         cdef double stall_factor = opts.stall_factor, lowest_damping = opts.lowest_damping
-        cdef int status = STATUS_MAX_ITER, it = 0, held_run = 0, n_held_iter = 0, st = MARGINALS_OK
+        cdef int status = STATUS_MAX_SWEEPS, it = 0, held_run = 0, n_held_iter = 0, st = MARGINALS_OK
         cdef int n_bad = 0, n_clipped = 0, attempt
         cdef long n_halvings = 0
         cdef Py_ssize_t j, d = self.d, n_held = 0
@@ -523,7 +523,7 @@ cdef class HorseshoeEP:
         cdef Marginals swap
         cdef Sites* sites = &self.sites
         cdef Sites* trial = &self.trial
-        cdef SweepDriver driver = SweepDriver(tol, max_iter, sweep_callback, 1.0)
+        cdef SweepDriver driver = SweepDriver(tol, max_sweeps, sweep_callback, 1.0)
         driver.keep(self.pi_w, self.h_w, self.pi_u, self.pi_v)
         with nogil:
             st = marginals(work, sigma2, rho2, gamma2, sites, &self.current)
@@ -547,7 +547,7 @@ cdef class HorseshoeEP:
                     status = STATUS_CONVERGED
                 if it > 0 and driver.notify(it) and status != STATUS_CONVERGED:
                     status = STATUS_STOPPED
-                if status != STATUS_MAX_ITER or it >= max_iter or driver.interrupted():
+                if status != STATUS_MAX_SWEEPS or it >= max_sweeps or driver.interrupted():
                     break
                 # stall watch: a window of stall_window iterations, all taken at the scheduled
                 # step, that did not lower the residual by stall_factor halves the floor

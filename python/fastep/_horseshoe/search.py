@@ -36,12 +36,12 @@ TRUST_LOG = 2.0
 #: Trust box (±) of the P coordinates in the rounds after an EP failure, before halving.
 TRUST_P = 1.0
 ROUND_ITER = 15
-#: An EP run stopped by max_iter is still used during type-II ML if its residual is below this.
+#: An EP run stopped by max_sweeps is still used during type-II ML if its residual is below this.
 ACCEPT_RESIDUAL = 1e-5
 #: EP tolerance in the coarse start (it ranks points decades apart; L-BFGS-B refines at ``tol``).
 START_TOL = 1e-5
 #: ... and at most this many EP iterations per point (a point where EP is slower counts as failed).
-START_MAX_ITER = 500
+START_MAX_SWEEPS = 500
 #: The coarse start stops walking ρ² after this many decades in a row without a new best.
 START_PATIENCE = 2
 #: ... or after a decade that lowers the evidence by more than this (nats) below the walk's best.
@@ -53,7 +53,7 @@ KEEP_SITES = 32
 
 
 def _accepted(result):
-    return result.converged or (result.status == "max_iter" and result.residual < ACCEPT_RESIDUAL)
+    return result.converged or (result.status == "max_sweeps" and result.residual < ACCEPT_RESIDUAL)
 
 
 class EvidenceSearch:
@@ -68,7 +68,7 @@ class EvidenceSearch:
         ``P`` at the start (and throughout when ``learn_P`` is False).
     learn_P : bool
     ep_options : fastep._epcore.horseshoe_ep.HorseshoeOptions
-        The options of every EP run (``tol`` and ``max_iter`` those of the full evaluations).
+        The options of every EP run (``tol`` and ``max_sweeps`` those of the full evaluations).
     max_optimizer_iter : int
         L-BFGS-B iterations over all rounds.
     progress : fastep.progress.Progress, optional
@@ -124,7 +124,7 @@ class EvidenceSearch:
                     best, best_dist = p, dist
         return None if best is None else best["sites"]
 
-    def run_ep(self, sigma2, rho2, P, starts, *, tol=None, max_iter=None):
+    def run_ep(self, sigma2, rho2, P, starts, *, tol=None, max_sweeps=None):
         """EP for every task at ``(σ_t², ρ², P)``: ``(results, sites)``, a
         :class:`~fastep._epcore.horseshoe_ep.HorseshoeResult` and the returned sites per task,
         or ``None`` where EP cannot be used.
@@ -132,16 +132,16 @@ class EvidenceSearch:
         ``starts[t]`` holds the sites to start task ``t`` from (never modified) or ``None`` for
         the cold start (:func:`fastep._epcore.horseshoe_ep.initial_sites`). A warm start that
         is invalid here, or whose EP gets 'stuck', is retried from the cold start; one whose EP
-        runs into ``max_iter`` with a residual above ``ACCEPT_RESIDUAL`` returns ``None`` (a cold
+        runs into ``max_sweeps`` with a residual above ``ACCEPT_RESIDUAL`` returns ``None`` (a cold
         start would cost as much again and rarely converges where a nearby fixed point does
-        not), as does a cold start that is improper. ``tol`` and ``max_iter`` override the
+        not), as does a cold start that is improper. ``tol`` and ``max_sweeps`` override the
         options; the EP iterations run are added to :attr:`ep_iterations`.
         """
         changes = {}
         if tol is not None:
             changes["tol"] = float(tol)
-        if max_iter is not None:
-            changes["max_iter"] = int(max_iter)
+        if max_sweeps is not None:
+            changes["max_sweeps"] = int(max_sweeps)
         try:
             prior = HorseshoePrior(rho2, self.gamma2, P, self.D)
         except ValueError:                      # ρ² over- or underflowed: no EP there
@@ -158,7 +158,7 @@ class EvidenceSearch:
                 if res is not None:
                     self.ep_iterations[t] += res.n_sweeps
                 if res is not None and not _accepted(res):
-                    if res.status == "max_iter":
+                    if res.status == "max_sweeps":
                         return None     # EP is too slow here from a nearby fixed point; a cold start is no better
                     res = None
             if res is None:
@@ -188,8 +188,8 @@ class EvidenceSearch:
         starts = start if start is not None else [None] * self.T
         sigma2, rho2, P = self.unpack(theta)
         self.n_evaluations += 1
-        max_iter = None if tol == self.ep_options.tol else min(START_MAX_ITER, self.ep_options.max_iter)
-        out = self.run_ep(sigma2, rho2, P, starts, tol=tol, max_iter=max_iter)
+        max_sweeps = None if tol == self.ep_options.tol else min(START_MAX_SWEEPS, self.ep_options.max_sweeps)
+        out = self.run_ep(sigma2, rho2, P, starts, tol=tol, max_sweeps=max_sweeps)
         point = {"theta": theta, "tol": tol, "value": -np.inf, "grad": np.zeros_like(theta), "sites": None,
                  "keep": False}
         if out is not None and all(_accepted(r) for r in out[0]):

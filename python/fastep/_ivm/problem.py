@@ -89,6 +89,41 @@ def _active_log_likelihood(K_I, site_mean, site_precision, dK=None):
     return value, grad, L, w
 
 
+class HistoryRecord(dict):
+    """One record of an IVM estimator's ``history_``: a plain ``dict`` of the round's figures.
+
+    ``record['log_evidence']``, the former name of ``record['log_marginal_likelihood']``, still
+    reads it, with a ``FutureWarning``, until the next release.
+    """
+
+    __slots__ = ()
+    #: Former keys: ``{old: new}``.
+    _RENAMED_KEYS = {"log_evidence": "log_marginal_likelihood"}
+
+    def __missing__(self, key):
+        new = self._RENAMED_KEYS.get(key)
+        if new is None or new not in self:
+            raise KeyError(key)
+        warnings.warn(f"the history_ key {key!r} is deprecated and will be removed in the next release; use "
+                      f"{new!r}", FutureWarning, stacklevel=2)
+        return self[new]
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
+
+
+def typed_history(history):
+    """An IVM ``history_`` (a list of records, or a list of them per one-vs-rest problem) whose
+    records are :class:`HistoryRecord`; a record saved as a plain dict under a former key (model
+    files and pickles written before the rename) takes the new key."""
+    if history is None:
+        return None
+    if history and isinstance(history[0], list):
+        return [typed_history(per_problem) for per_problem in history]
+    return [HistoryRecord({HistoryRecord._RENAMED_KEYS.get(key, key): value for key, value in record.items()})
+            for record in history]
+
+
 def typed_refinement(report):
     """A refinement report (:attr:`~fastep._epcore.ivm_refine.IVMResult.refinement`) whose
     stages hold the engine's typed results: a stage saved as a plain dict (model files written
@@ -411,10 +446,10 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     def report(iteration, stage):
         """Record a stage of Algorithm 2; False if the callback asks to stop."""
         ll = problem.log_likelihood()
-        entry = {"iteration": iteration, "stage": stage, "log_likelihood": ll,
-                 "n_active": int(problem.active.shape[0]), "elapsed": time.perf_counter() - t0}
+        entry = HistoryRecord(iteration=iteration, stage=stage, log_likelihood=ll,
+                              n_active=int(problem.active.shape[0]), elapsed=time.perf_counter() - t0)
         if stage == "full data":
-            entry["log_evidence"] = problem.log_evidence
+            entry["log_marginal_likelihood"] = problem.log_evidence
         history.append(entry)
         return progress.report(f"{prefix}Algorithm 2 {stage}", iteration, ll)
 

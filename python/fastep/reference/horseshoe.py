@@ -323,7 +323,7 @@ def _state(X, y, sigma2, rho2, gamma2, P, D, sites):
 
 
 def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping_decay=0.99,
-           min_damping=0.3, tol=1e-8, max_iter=1000, max_halvings=30, negative_precision="clip",
+           min_damping=0.3, tol=1e-8, max_sweeps=1000, max_halvings=30, negative_precision="clip",
            w_floor=-0.1):
     """Parallel EP with damping for one task (supplement §1).
 
@@ -360,7 +360,7 @@ def run_ep(X, y, sigma2, rho2, gamma2, P, D, *, sites=None, damping=0.5, damping
     converged = False
     residual = np.inf
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_sweeps + 1):
         target = dict(zip(("pi_w", "h_w", "pi_u", "pi_v"),
                           site_targets(state["cav_mean"], state["cav_var"], state["cav_nu"], state["cav_xi"],
                                        w_floor=w_floor if negative_precision == "clip" else -np.inf)[:4]))

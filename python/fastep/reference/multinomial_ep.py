@@ -152,12 +152,14 @@ def evidence(K, labels, alpha, beta):
     return float(total)
 
 
-def nested_ep(K, labels, c, damping=0.5, tol=1e-10, max_iter=2000):
-    """Damped parallel outer EP (§4) from zero inner sites: every iteration updates all sites from
-    one posterior by one damped inner sweep each. Stops when the largest relative change of an
-    inner site parameter is below ``tol``. Returns ``(alpha, beta, log_z, iterations)``."""
+def nested_ep(K, labels, c, damping=0.5, tol=1e-10, max_iter=2000, alpha=None, beta=None):
+    """Damped parallel outer EP (§4) from the inner sites ``(alpha, beta)`` (default zero, each
+    (n, c)): every iteration updates all sites from one posterior by one damped inner sweep each.
+    Stops when the largest relative change of an inner site parameter is below ``tol``. Returns
+    ``(alpha, beta, log_z, iterations)``."""
     n = len(labels)
-    alpha, beta = np.zeros((n, c)), np.zeros((n, c))
+    alpha = np.zeros((n, c)) if alpha is None else np.array(alpha, dtype=float)
+    beta = np.zeros((n, c)) if beta is None else np.array(beta, dtype=float)
     for iteration in range(1, max_iter + 1):
         site_prec, site_lin, _, _, marginals = _marginals(K, labels, alpha, beta)
         new_alpha, new_beta = alpha.copy(), beta.copy()
