@@ -128,9 +128,13 @@ def test_engines_with_default_options_are_bitwise_those_with_explicit_defaults()
     assert engine.options == student_t_ep.StudentTEPOptions() and engine.n_quadrature == engine.options.n_quadrature
 
 
-def test_the_engines_former_names_are_aliases():
-    assert rank_k_ep.RankKState is rank_k_ep.RankKEP
-    assert ivm.IVMState is ivm.IVMEP
+def test_the_engines_former_names_are_deprecated_aliases():
+    with pytest.warns(FutureWarning, match="RankKState is deprecated.*use RankKEP"):
+        assert rank_k_ep.RankKState is rank_k_ep.RankKEP
+    with pytest.warns(FutureWarning, match="IVMState is deprecated.*use IVMEP"):
+        assert ivm.IVMState is ivm.IVMEP
+    with pytest.raises(AttributeError, match="no attribute 'IVMStat'"):
+        ivm.IVMStat
 
 
 def test_sweep_result_counts_replace_and_pickle():

@@ -261,6 +261,19 @@ cdef int interrupt_reraise(InterruptCheck* check) except -1:
 # the sweep driver and the result of a run
 # --------------------------------------------------------------------------- #
 
+def former_name(dict namespace, dict renamed, str name):
+    """The object a module's former name ``name`` stands for (``renamed`` maps former names to
+    current ones in ``namespace``, the module's globals), with a ``FutureWarning``; for a module's
+    ``__getattr__``. Raises ``AttributeError`` for any other name."""
+    current = renamed.get(name)
+    if current is None:
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+    import warnings
+    warnings.warn(f"{name} is deprecated and will be removed in the next release; use {current}", FutureWarning,
+                  stacklevel=3)
+    return namespace[current]
+
+
 def replaced_fields(obj, dict changes, names=None):
     """The fields ``names`` (default ``obj._FIELDS``) of ``obj`` by name, with ``changes``
     applied (what a ``replace`` method builds its copy from); TypeError naming unknown ones."""

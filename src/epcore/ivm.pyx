@@ -89,6 +89,7 @@ from libc.string cimport memcpy
 from fastep._epcore._blas cimport gemv_t
 from fastep._epcore.sites cimport SiteSpec
 from fastep._epcore._common cimport splitmix64_next
+from fastep._epcore._common import former_name
 from fastep._epcore.ivm_refine cimport (KernelRows, IVMOptions, RefineSettings, ExchangeSettings,
                                         fetch_column, check_column_fn, check_refine_settings,
                                         check_exchange_settings, active_log_z, refactorize,
@@ -1095,5 +1096,10 @@ cdef unsigned char* _bptr(unsigned char[::1] v):
     return &v[0]
 
 
-#: The engine's former name (kept for one release).
-IVMState = IVMEP
+#: The engine's former names: ``{former: current}``; a former name still reads, with a
+#: ``FutureWarning``, until the next release.
+_RENAMED = {"IVMState": "IVMEP"}
+
+
+def __getattr__(name):
+    return former_name(globals(), _RENAMED, name)

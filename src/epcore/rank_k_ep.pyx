@@ -65,8 +65,9 @@ from fastep._epcore._blas cimport (
 )
 from fastep._epcore._common cimport SweepDriver, EngineOptions, SweepSettings
 from fastep._epcore.rank_k_sites import MAX_QUADRATURE_POINTS
+from fastep._epcore._common import former_name
 
-__all__ = ["RankKLikelihood", "RankKEP", "RankKEPOptions", "RankKState", "tilted_moments", "MAX_QUADRATURE_POINTS"]
+__all__ = ["RankKLikelihood", "RankKEP", "RankKEPOptions", "tilted_moments", "MAX_QUADRATURE_POINTS"]
 
 globals()["RankKLikelihood"] = RankKLikelihood     # defined in rank_k_sites, importable from here too
 
@@ -789,5 +790,10 @@ def tilted_moments(RankKLikelihood likelihood not None, y, cavity_mean, cavity_c
     return float(log_z), a, b_mat
 
 
-#: The engine's former name (kept for one release).
-RankKState = RankKEP
+#: The engine's former names: ``{former: current}``; a former name still reads, with a
+#: ``FutureWarning``, until the next release.
+_RENAMED = {"RankKState": "RankKEP"}
+
+
+def __getattr__(name):
+    return former_name(globals(), _RENAMED, name)
