@@ -299,7 +299,9 @@ cdef class SweepResult:
     :class:`~fastep._epcore.multiclass_ep.MultinomialResult`, the IVM's
     :class:`~fastep._epcore.ivm_refine.IVMResult` and the horseshoe's
     :class:`~fastep._epcore.horseshoe_ep.HorseshoeResult`. Such a family result is built from
-    the run's SweepResult and the family's fields (``DenseEPResult(result, block_size)``).
+    the run's SweepResult and the family's fields: the dense, sparse and Student-t results take
+    ``(result=None, *fields)``, the common fields of ``result`` (default: ``SweepResult()``'s)
+    and the family's own in the order of its ``_OWN`` (``DenseEPResult(result, block_size)``).
 
     Equality is field by field between results of the same class (NaN equals NaN); a result
     pickles, saves (:func:`fastep.save`) and prints its class and main fields.

@@ -569,16 +569,9 @@ def _refactor_error(int info, where):
 
 
 cdef class DenseEPResult(SweepResult):
-    """What one :meth:`DenseEP.run` reports: the
-    :class:`~fastep._epcore._common.SweepResult` fields and the block size of the schedule.
-
-    Parameters
-    ----------
-    result : SweepResult, optional
-        The common fields (the sweep driver's result of the run; default: those of
-        ``SweepResult()``).
-    block_size : int
-        As the attribute.
+    """What one :meth:`DenseEP.run` reports: the :class:`~fastep._epcore._common.SweepResult`
+    fields and the block size of the schedule it ran (built as ``DenseEPResult(result,
+    block_size)`` from the sweep driver's result).
 
     Attributes
     ----------

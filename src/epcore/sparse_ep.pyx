@@ -591,16 +591,8 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
 
 
 cdef class SparseEPResult(SweepResult):
-    """What one :meth:`SparseEP.run` reports: the
-    :class:`~fastep._epcore._common.SweepResult` fields and the extra rebuilds of the run.
-
-    Parameters
-    ----------
-    result : SweepResult, optional
-        The common fields (the sweep driver's result of the run; default: those of
-        ``SweepResult()``).
-    n_rebuilds : int
-        As the attribute.
+    """The :class:`~fastep._epcore._common.SweepResult` of one :meth:`SparseEP.run` with the
+    extra rebuilds of its sequential sweeps (``SparseEPResult(result, n_rebuilds)``).
 
     Attributes
     ----------

@@ -414,15 +414,8 @@ _DEFAULT_OPTIONS = StudentTEPOptions()
 cdef class StudentTEPResult(SweepResult):
     """What one run of :class:`DenseStudentTEP` or :class:`SparseStudentTEP` reports (and one
     of their double-loop fallbacks, :mod:`fastep._student_t.double_loop`): the
-    :class:`~fastep._epcore._common.SweepResult` fields and those of the step halving.
-
-    Parameters
-    ----------
-    result : SweepResult, optional
-        The common fields (the sweep driver's result of the run; default: those of
-        ``SweepResult()``).
-    n_halvings, stuck
-        As the attributes.
+    :class:`~fastep._epcore._common.SweepResult` fields and those of the step halving
+    (``StudentTEPResult(result, n_halvings, stuck)``).
 
     Attributes
     ----------
