@@ -327,9 +327,9 @@ cdef class SweepResult:
         ``|Δ log Z|`` over the last sweep.
     n_skipped, n_clipped, n_failed : int
         Site updates skipped (including failed ones), clipped to zero precision, and failed
-        (improper cavity or tilted moments), summed over the run; for the power-EP engines
-        that step all sites at once ``n_failed`` counts the sites that failed in the last
-        iteration.
+        (improper cavity or tilted moments), summed over the run; for the engines that step
+        all sites at once (the Student-t, multinomial and horseshoe engines, the double loop)
+        ``n_failed`` counts the sites that failed in the last iteration.
     stopped : bool
         The sweep callback returned False.
     diagnostics : dict

@@ -423,8 +423,8 @@ cdef class StudentTEPResult(SweepResult):
         Step halvings over the run (a damped step that would make the posterior or a cavity
         improper is halved, up to ``max_halvings`` times).
     stuck : bool
-        An iteration found no proper step (the run stopped there; the double loop: its inner
-        loop found no proper point).
+        An iteration found no proper step and the run stopped there (the double loop: an inner
+        minimisation could not start).
     """
     _OWN = ("n_halvings", "stuck")
     _FIELDS = SweepResult._FIELDS + ("n_halvings", "stuck")
