@@ -75,11 +75,14 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
     src = tmp_path / "downstream_student_t.pyx"
     src.write_text(textwrap.dedent("""
         # cython: language_level=3
-        from fastep._epcore.student_t_ep cimport (DenseStudentTEP, SparseStudentTEP, FractionalStep,
-                                                  fractional_ep_sweeps, robust_factor)
+        from fastep._epcore.student_t_ep cimport (DenseStudentTEP, SparseStudentTEP, StudentTEPResult,
+                                                  FractionalStep, fractional_ep_sweeps, robust_factor)
 
         def options(DenseStudentTEP dense, SparseStudentTEP sparse):
             return dense.n, dense.power, dense.max_halvings, sparse.m, sparse.sweep.damping
+
+        def halvings(StudentTEPResult result):
+            return result.n_sweeps, result.n_halvings, result.stuck
     """))
     res = subprocess.run(
         [sys.executable, "-m", "cython", "-3", "-I", package_root, str(src), "-o", str(tmp_path / "out.c")],
@@ -95,8 +98,8 @@ def test_downstream_cython_can_cimport_the_student_t_engines(tmp_path):
 # vtable declared in ivm.pxd. Built once per module (cython, then the C compiler).
 _ENGINE_STATES_PYX = """
     # cython: language_level=3
-    from fastep._epcore.gp_ep cimport DenseEP
-    from fastep._epcore.sparse_ep cimport SparseEP
+    from fastep._epcore.gp_ep cimport DenseEP, DenseEPResult
+    from fastep._epcore.sparse_ep cimport SparseEP, SparseEPResult
     from fastep._epcore.linear_ep cimport LinearEP
     from fastep._epcore.ivm cimport IVMEP, IVMArrays
     from fastep._epcore.ivm_refine cimport fetch_column
@@ -112,7 +115,9 @@ _ENGINE_STATES_PYX = """
         fields = (engine.n, engine.sweep.schedule, engine.sweep.order, engine.sweep.damping, engine.sweep.tol,
                   engine.sweep.max_sweeps, engine.sweep.negative_precision, engine.block_size,
                   engine.refactor_every, engine.output, engine.validate, spec, engine.K, engine.y)
-        return fields, engine.run(tau, nu, post_cov, post_mean)
+        cdef DenseEPResult result = engine.run(tau, nu, post_cov, post_mean)
+        cdef SweepResult base = result
+        return fields, result, (base.n_sweeps, result.block_size)
 
     def sparse_run(obj, tau, nu, post_factor, post_w_mean):
         cdef SparseEP engine = obj
@@ -120,7 +125,8 @@ _ENGINE_STATES_PYX = """
                   engine.sweep.order, engine.sweep.damping, engine.sweep.tol, engine.sweep.max_sweeps,
                   engine.sweep.negative_precision, engine.validate, engine.spec, engine.Vt, engine.d,
                   engine.y, engine.quadrature is not None)
-        return fields, engine.run(tau, nu, post_factor, post_w_mean)
+        cdef SparseEPResult result = engine.run(tau, nu, post_factor, post_w_mean)
+        return fields, result, (result.n_sweeps, result.n_rebuilds)
 
     def linear_run(obj, tau, nu, post_mean, post_cov):
         cdef LinearEP engine = obj
@@ -221,13 +227,14 @@ def test_cimported_dense_ep_runs_as_from_python(engine_states):
     tau, nu, cov, mean = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
     expected = engine.run(tau, nu, cov, mean)
     tau2, nu2, cov2, mean2 = np.zeros(12), np.zeros(12), np.empty((12, 12)), np.empty(12)
-    fields, result = engine_states.dense_run(engine, tau2, nu2, cov2, mean2)
+    fields, result, typed = engine_states.dense_run(engine, tau2, nu2, cov2, mean2)
     options = engine.options
     assert fields == (12, options.schedule, options.order, 1.0, 1e-10, options.max_sweeps,
                       options.negative_precision, engine.block_size, engine.refactor_every,
                       engine.output, True, spec, engine.K, engine.y)
     assert fields[-2] is K and fields[-3] is spec
     assert result == expected and result.converged
+    assert typed == (expected.n_sweeps, expected.block_size) and expected.block_size == engine.block_size
     for got, want in ((tau2, tau), (nu2, nu), (cov2, cov), (mean2, mean)):
         np.testing.assert_array_equal(got, want)
 
@@ -243,12 +250,12 @@ def test_cimported_sparse_ep_runs_as_from_python(engine_states):
     expected_arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
     expected = engine.run(*expected_arrays)
     arrays = np.zeros(20), np.zeros(20), np.empty((4, 4)), np.empty(4)
-    fields, result = engine_states.sparse_run(engine, *arrays)
+    fields, result, typed = engine_states.sparse_run(engine, *arrays)
     options = engine.options
     assert fields == (20, 4, 0.5, engine.n_quadrature, options.schedule, options.order, 1.0, 1e-10,
                       options.max_sweeps, options.negative_precision, True, spec, engine.Vt,
                       engine.d, engine.y, True)
-    assert result == expected and result.converged
+    assert result == expected and result.converged and typed == (expected.n_sweeps, expected.n_rebuilds)
     for got, want in zip(arrays, expected_arrays):
         np.testing.assert_array_equal(got, want)
 

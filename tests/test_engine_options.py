@@ -7,7 +7,6 @@ import pytest
 
 from fastep import Probit, StudentT
 from fastep._epcore import gp_ep, ivm, linear_ep, rank_k_ep, sparse_ep, student_t_ep
-from fastep._epcore._common import SweepResult
 
 #: (options class, a field, a value out of range) per engine family.
 _BAD_FIELDS = [
@@ -135,15 +134,3 @@ def test_the_engines_former_names_are_deprecated_aliases():
         assert ivm.IVMState is ivm.IVMEP
     with pytest.raises(AttributeError, match="no attribute 'IVMStat'"):
         ivm.IVMStat
-
-
-def test_sweep_result_counts_replace_and_pickle():
-    result = SweepResult(3, True, 0.5, -1.25, 0.0, counts={"n_skipped": 2, "n_rebuilds": 4, "algorithm": "x"})
-    assert (result.n_skipped, result.n_rebuilds, result.algorithm, result.n_clipped) == (2, 4, "x", 0)
-    changed = result.replace(n_clipped=1, log_z=-2.0)
-    assert (changed.n_clipped, changed.log_z, changed.n_skipped) == (1, -2.0, 2) and result.n_clipped == 0
-    assert pickle.loads(pickle.dumps(changed)) == changed
-    with pytest.raises(TypeError, match="unknown"):
-        SweepResult(counts={"n_sweeps": 1})
-    with pytest.raises(AttributeError):
-        result.n_skipped = 0

@@ -239,8 +239,8 @@ def test_result_is_typed_and_round_trips():
     again = pickle.loads(pickle.dumps(result))
     assert type(again) is MultinomialResult and again == result and again.final_damping == 0.7
     np.testing.assert_array_equal(again.outer_precision, pi)
-    changed = result.replace(algorithm="nested EP", final_damping=0.5)
-    assert type(changed) is MultinomialResult and changed.algorithm == "nested EP" and changed != result
+    changed = result.replace(n_clipped=1, final_damping=0.5)
+    assert type(changed) is MultinomialResult and changed.n_clipped == 1 and changed != result
     assert changed.outer_precision is result.outer_precision
     assert result.as_dict()["final_damping"] == 0.7 and "MultinomialResult(" in repr(result)
     with pytest.raises(TypeError, match="unknown"):

@@ -126,6 +126,39 @@ _MOVED_CLASSES = {
 }
 
 
+def _sweep_result(*args):
+    """A :class:`~fastep._epcore._common.SweepResult` from the constructor arguments a file holds.
+
+    Files written before the engine families had result types of their own hold every family's
+    fields in ``counts`` (``block_size``, ``n_rebuilds``, ``n_halvings``, ``stuck``,
+    ``algorithm``): such a result loads as the family result whose fields it sets
+    (:class:`~fastep._epcore.student_t_ep.StudentTEPResult`,
+    :class:`~fastep._epcore.sparse_ep.SparseEPResult` or
+    :class:`~fastep._epcore.gp_ep.DenseEPResult`; with all of them at their defaults, as a plain
+    SweepResult). ``algorithm`` is dropped: the problem that held the result keeps it.
+    """
+    from ._epcore import gp_ep, sparse_ep, student_t_ep
+    from ._epcore._common import SweepResult
+    args = list(args)
+    counts = dict(args[6]) if len(args) > 6 and args[6] else {}
+    family = {name: counts.pop(name) for name in list(counts) if name not in SweepResult._COUNTS}
+    family.pop("algorithm", None)
+    if len(args) > 6:
+        args[6] = counts
+    result = SweepResult(*args)
+    for cls in (student_t_ep.StudentTEPResult, sparse_ep.SparseEPResult, gp_ep.DenseEPResult):
+        if any(family.get(name) for name in cls._OWN):
+            return cls(result, **{name: family[name] for name in cls._OWN if name in family})
+    return result
+
+
+#: Classes whose saved constructor arguments changed since files were first written: an object of
+#: the class named is built by the function given, which reads every form.
+_SAVED_CONSTRUCTORS = {
+    "fastep._epcore._common.SweepResult": _sweep_result,
+}
+
+
 def _qualified_name(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -283,7 +316,7 @@ class _Decoder:
             raise ValueError(f"the model file names {name!r}, which is not one of fastep's classes; "
                              "fastep loads only its own objects")
         if "args" in node:
-            value = cls(*self.decode(node["args"]))
+            value = _SAVED_CONSTRUCTORS.get(name, cls)(*self.decode(node["args"]))
         else:
             value = cls.__new__(cls)
             self.objects[node["id"]] = value                  # before its state: cycles resolve to it

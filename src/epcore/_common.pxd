@@ -158,7 +158,8 @@ cdef class EngineOptions(FrozenOptions):
 
 # --- one EP run: the sweep driver and its result --------------------------------------------------------
 cdef class SweepResult:
-    """What one EP run reports (see _common.pyx); engines with more to report subclass it."""
+    """What every EP run reports (see _common.pyx); an engine family with more to report
+    returns a subclass (DenseEPResult, SparseEPResult, StudentTEPResult, ...)."""
     cdef readonly int n_sweeps
     cdef readonly bint converged
     cdef readonly double max_change
@@ -168,12 +169,8 @@ cdef class SweepResult:
     cdef readonly long n_clipped
     cdef readonly long n_failed
     cdef readonly bint stopped
-    cdef readonly int block_size
-    cdef readonly long n_rebuilds
-    cdef readonly long n_halvings
-    cdef readonly bint stuck
-    cdef readonly str algorithm
     cdef readonly dict diagnostics
+    cdef void copy_common(self, SweepResult source) noexcept
 
 
 cdef class SweepDriver:

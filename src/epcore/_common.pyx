@@ -303,7 +303,28 @@ def _result_from_fields(dict fields):
 
 
 cdef class SweepResult:
-    """What one EP run reports (read-only).
+    """What one EP run reports (read-only): the fields every engine has.
+
+    An engine family with more to report returns a subclass that adds its own fields: the
+    dense GP engine's :class:`~fastep._epcore.gp_ep.DenseEPResult`, the sparse GP engine's
+    :class:`~fastep._epcore.sparse_ep.SparseEPResult`, the Student-t engines'
+    :class:`~fastep._epcore.student_t_ep.StudentTEPResult`, the multinomial engine's
+    :class:`~fastep._epcore.multiclass_ep.MultinomialResult`, the IVM's
+    :class:`~fastep._epcore.ivm_refine.IVMResult` and the horseshoe's
+    :class:`~fastep._epcore.horseshoe_ep.HorseshoeResult`. Such a family result is built from
+    the run's SweepResult and the family's fields: the dense, sparse and Student-t results take
+    ``(result=None, *fields)``, the common fields of ``result`` (default: ``SweepResult()``'s)
+    and the family's own in the order of its ``_OWN`` (``DenseEPResult(result, block_size)``).
+
+    Equality is field by field between results of the same class (NaN equals NaN); a result
+    pickles, saves (:func:`fastep.save`) and prints its class and main fields.
+
+    Parameters
+    ----------
+    n_sweeps, converged, max_change, log_z, log_z_change, stopped, diagnostics
+        As the attributes.
+    counts : mapping, optional
+        Any of ``n_skipped``, ``n_clipped`` and ``n_failed`` by name (the others are 0).
 
     Attributes
     ----------
@@ -319,96 +340,86 @@ cdef class SweepResult:
         ``|Δ log Z|`` over the last sweep.
     n_skipped, n_clipped, n_failed : int
         Site updates skipped (including failed ones), clipped to zero precision, and failed
-        (improper cavity or tilted moments), summed over the run; for the fractional-EP
-        engines ``n_failed`` counts the sites that failed in the last iteration.
+        (improper cavity or tilted moments), summed over the run; for the engines that step
+        all sites at once (the Student-t, multinomial and horseshoe engines, the double loop)
+        ``n_failed`` counts the sites that failed in the last iteration.
     stopped : bool
         The sweep callback returned False.
-    block_size : int
-        Sites per fold of the dense engine's blocked schedule (1 sequential, 0 parallel).
-    n_rebuilds : int
-        Refactorisations of the sparse engine's sequential sweeps (drift or a downdate that
-        failed).
-    n_halvings : int
-        Step halvings of fractional EP (a damped step that would make the posterior or a
-        cavity improper is halved).
-    stuck : bool
-        Fractional EP found no proper step in an iteration.
-    algorithm : str
-        Which algorithm produced the result (set by the estimators' fallbacks).
     diagnostics : dict
         Engine-specific details (e.g. the double loop's Newton steps and energy trace).
     """
     _FIELDS = ("n_sweeps", "converged", "max_change", "log_z", "log_z_change", "n_skipped",
-               "n_clipped", "n_failed", "stopped", "block_size", "n_rebuilds", "n_halvings",
-               "stuck", "algorithm", "diagnostics")
-    #: The fields given to the constructor through ``counts`` (rarely set but by one engine).
-    _COUNTS = ("n_skipped", "n_clipped", "n_failed", "block_size", "n_rebuilds", "n_halvings",
-               "stuck", "algorithm")
+               "n_clipped", "n_failed", "stopped", "diagnostics")
+    #: The fields given to the constructor through ``counts``.
+    _COUNTS = ("n_skipped", "n_clipped", "n_failed")
+    #: The fields a family result adds: its constructor's arguments after the SweepResult.
+    _OWN = ()
 
     def __init__(self, int n_sweeps=0, bint converged=False, double max_change=INFINITY,
                  double log_z=NAN, double log_z_change=INFINITY, bint stopped=False,
                  counts=None, dict diagnostics=None):
-        """
-        Parameters
-        ----------
-        n_sweeps, converged, max_change, log_z, log_z_change, stopped, diagnostics
-            As the attributes.
-        counts : mapping, optional
-            Any of ``n_skipped``, ``n_clipped``, ``n_failed``, ``block_size``, ``n_rebuilds``,
-            ``n_halvings``, ``stuck`` and ``algorithm`` by name (the others are 0, False or
-            ``""``).
-        """
         self.n_sweeps, self.converged, self.max_change = n_sweeps, converged, max_change
         self.log_z, self.log_z_change, self.stopped = log_z, log_z_change, stopped
         self.diagnostics = {} if diagnostics is None else diagnostics
-        self.n_skipped = self.n_clipped = self.n_failed = self.n_rebuilds = self.n_halvings = 0
-        self.block_size = 0
-        self.stuck = False
-        self.algorithm = ""
+        self.n_skipped = self.n_clipped = self.n_failed = 0
         if counts:
-            self._set_counts(counts)
+            unknown = set(counts) - set(SweepResult._COUNTS)
+            if unknown:
+                raise TypeError(f"unknown SweepResult count(s): {sorted(unknown)}")
+            self.n_skipped = counts.get("n_skipped", 0)
+            self.n_clipped = counts.get("n_clipped", 0)
+            self.n_failed = counts.get("n_failed", 0)
+
+    cdef void copy_common(self, SweepResult source) noexcept:
+        """Take the common fields of ``source`` (a family result's constructor)."""
+        self.n_sweeps, self.converged, self.max_change = source.n_sweeps, source.converged, source.max_change
+        self.log_z, self.log_z_change, self.stopped = source.log_z, source.log_z_change, source.stopped
+        self.n_skipped, self.n_clipped, self.n_failed = source.n_skipped, source.n_clipped, source.n_failed
+        self.diagnostics = source.diagnostics
 
     def _assign(self, fields):
-        """(Re)initialise from any of the fields by name (subclasses' constructors)."""
+        """(Re)initialise the common fields from any of them by name (subclasses' constructors)."""
         fields = dict(fields)
         counts = {name: fields.pop(name) for name in SweepResult._COUNTS if name in fields}
         SweepResult.__init__(self, counts=counts, **fields)
 
-    def _set_counts(self, counts):
-        unknown = set(counts) - set(self._COUNTS)
-        if unknown:
-            raise TypeError(f"unknown SweepResult count(s): {sorted(unknown)}")
-        self.n_skipped = counts.get("n_skipped", self.n_skipped)
-        self.n_clipped = counts.get("n_clipped", self.n_clipped)
-        self.n_failed = counts.get("n_failed", self.n_failed)
-        self.block_size = counts.get("block_size", self.block_size)
-        self.n_rebuilds = counts.get("n_rebuilds", self.n_rebuilds)
-        self.n_halvings = counts.get("n_halvings", self.n_halvings)
-        self.stuck = counts.get("stuck", self.stuck)
-        self.algorithm = counts.get("algorithm", self.algorithm)
+    def common(self):
+        """The common fields alone, as a :class:`SweepResult` (a family result's base part)."""
+        cdef SweepResult result = SweepResult.__new__(SweepResult)
+        result.copy_common(self)
+        return result
 
     def replace(self, **changes):
-        """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
-        return _result_from_fields(replaced_fields(self, changes))
+        """A copy of the same class with the given fields changed (as
+        :func:`dataclasses.replace`)."""
+        fields = replaced_fields(self, changes)
+        common = _result_from_fields({name: fields[name] for name in SweepResult._FIELDS})
+        if type(self) is SweepResult:
+            return common
+        return type(self)(common, *[fields[name] for name in self._OWN])
 
     def as_dict(self):
         """The fields as a plain dict (for logging and JSON)."""
         return {name: getattr(self, name) for name in self._FIELDS}
 
     def __eq__(self, other):
-        """Field by field; NaN equals NaN (a result equals its own copy)."""
-        if not isinstance(other, SweepResult):
+        """Field by field between results of the same class; NaN equals NaN (a result equals
+        its own copy)."""
+        if type(other) is not type(self):
             return NotImplemented
         return same_fields(self, other)
 
     def __reduce__(self):
+        if type(self) is not SweepResult:
+            return (type(self), (self.common(), *[getattr(self, name) for name in self._OWN]))
         return (SweepResult, (self.n_sweeps, self.converged, self.max_change, self.log_z,
                               self.log_z_change, self.stopped,
                               {name: getattr(self, name) for name in self._COUNTS}, self.diagnostics))
 
     def __repr__(self):
-        return (f"SweepResult(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
-                f"log_z={self.log_z!r}, max_change={self.max_change!r})")
+        own = "".join(f", {name}={getattr(self, name)!r}" for name in self._OWN)
+        return (f"{type(self).__name__}(n_sweeps={self.n_sweeps}, converged={bool(self.converged)}, "
+                f"log_z={self.log_z!r}, max_change={self.max_change!r}{own})")
 
 
 cdef class SweepDriver:
@@ -563,15 +574,14 @@ cdef class SweepDriver:
             interrupt_reraise(&self.interrupt)
             raise self.errors[0]
 
-    def result(self, bint has_log_z=True, **extra):
-        """The :class:`SweepResult` of the run (``extra``: engine-specific fields). With
-        ``has_log_z`` (engines that track log Z) a run whose log Z is not finite has not
-        converged."""
-        diagnostics = extra.pop("diagnostics", None)
-        counts = dict(n_skipped=self.n_skipped, n_clipped=self.n_clipped, n_failed=self.n_failed)
-        counts.update(extra)
+    def result(self, bint has_log_z=True, dict diagnostics=None):
+        """The :class:`SweepResult` of the run (``diagnostics``: engine-specific details); an
+        engine family with fields of its own builds its result from it
+        (``DenseEPResult(driver.result(), block_size)``). With ``has_log_z`` (engines that
+        track log Z) a run whose log Z is not finite has not converged."""
         return SweepResult(self.n_sweeps, self.converged and (isfinite(self.log_z) or not has_log_z),
-                           self.max_change, self.log_z, self.log_z_change, self.stopped, counts,
+                           self.max_change, self.log_z, self.log_z_change, self.stopped,
+                           {"n_skipped": self.n_skipped, "n_clipped": self.n_clipped, "n_failed": self.n_failed},
                            diagnostics)
 
 

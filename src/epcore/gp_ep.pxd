@@ -15,7 +15,7 @@ State (all row-major, n = number of sites = size of the kernel matrix K):
 Every routine here is ``noexcept nogil`` and does no allocation.
 """
 from fastep._epcore.sites cimport SiteModel, SiteSpec
-from fastep._epcore._common cimport (EngineOptions, SweepSettings, SiteUpdateOptions, SweepStats, splitmix64_next,
+from fastep._epcore._common cimport (EngineOptions, SweepResult, SweepSettings, SiteUpdateOptions, SweepStats, splitmix64_next,
                                     random_permutation)
 
 
@@ -75,6 +75,10 @@ from fastep._epcore.gp_factor cimport (
 cdef class DenseEPOptions(EngineOptions):
     cdef readonly int block_size
     cdef readonly int refresh_every
+
+
+cdef class DenseEPResult(SweepResult):
+    cdef readonly int block_size
 
 
 cdef class DenseEP:

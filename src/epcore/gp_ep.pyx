@@ -158,12 +158,12 @@ from fastep._epcore._common cimport (
     NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
 )
 from fastep._epcore._common cimport interrupt_requested, natural_update_options, SweepDriver
-from fastep._epcore._common cimport EngineOptions, SweepSettings
+from fastep._epcore._common cimport EngineOptions, SweepResult, SweepSettings
 from fastep._epcore.gp_factor cimport (
     gp_refactor, gp_refactor_marginals, gp_covariance_from_factor, gp_factor_only, gp_form_covariance,
     gp_log_z, gp_needs_stable_log_z, gp_log_z_stable, gp_log_z_stable_factored,
 )
-from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector, SweepResult
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 
 # Module-level integer constants (SCHEDULE_*, ORDER_*, OUTPUT_*) and the supported policies for Python
 # callers; Cython exposes the cpdef enums of gp_ep.pxd only as classes.
@@ -568,6 +568,25 @@ def _refactor_error(int info, where):
         f"its diagonal")
 
 
+cdef class DenseEPResult(SweepResult):
+    """What one :meth:`DenseEP.run` reports: the :class:`~fastep._epcore._common.SweepResult`
+    fields and the block size of the schedule it ran (built as ``DenseEPResult(result,
+    block_size)`` from the sweep driver's result).
+
+    Attributes
+    ----------
+    block_size : int
+        Sites per syrk fold of the blocked schedule in the run (1 for the sequential
+        schedule, 0 for the parallel one).
+    """
+    _OWN = ("block_size",)
+    _FIELDS = SweepResult._FIELDS + ("block_size",)
+
+    def __init__(self, SweepResult result=None, int block_size=0):
+        self.copy_common(SweepResult() if result is None else result)
+        self.block_size = block_size
+
+
 def _effective_block_size(int schedule, int block_size, int n):
     if schedule == SCHEDULE_SEQUENTIAL:
         return 1
@@ -585,7 +604,7 @@ cdef class DenseEP:
     reference*, §2, eqs 77-88; Rasmussen & Williams Algorithm 3.5 in the Σ form).
 
     Built once from validated inputs; :meth:`run` performs sweeps from given sites to
-    convergence and returns a :class:`~fastep._epcore._common.SweepResult`. The module
+    convergence and returns a :class:`DenseEPResult`. The module
     docstring describes the schedules, orders, refactorisation and evidence.
 
     Parameters
@@ -694,7 +713,7 @@ cdef class DenseEP:
 
         Returns
         -------
-        SweepResult
+        DenseEPResult
             ``log_z`` is always from the stable form on a fresh factorisation (NaN only if
             some site's cavity is improper or its kernel fails at the returned state; then
             ``converged`` is False); ``block_size`` is the sites per fold used.
@@ -716,8 +735,8 @@ cdef class DenseEP:
         cdef int schedule = self.sweep.schedule
         cdef int max_sweeps = self.sweep.max_sweeps, refactor_every = self.refactor_every
         if n == 0:
-            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                               counts={"block_size": k_block})
+            return DenseEPResult(SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0),
+                                 k_block)
         cdef SweepDriver driver = SweepDriver(self.sweep.tol, max_sweeps, sweep_callback, <double>n * n)
         driver.keep(site_precision, site_natural_mean)
         cdef SiteUpdateOptions opts = natural_update_options(self.sweep.damping, self.sweep.negative_precision)
@@ -898,7 +917,7 @@ cdef class DenseEP:
             driver.restore()
             where = "for the initial sites" if failed_sweep < 0 else f"after sweep {failed_sweep}"
             raise _refactor_error(info, where)
-        return driver.result(block_size=k_block)
+        return DenseEPResult(driver.result(), k_block)
 
     def incremental_sweep(self, double[::1] site_precision, double[::1] site_natural_mean,
                           double[:, ::1] post_cov, double[::1] post_mean):

@@ -199,7 +199,7 @@ cdef class HorseshoePrior:
 
 
 _RESULT_FIELDS = (
-    "status", "n_held", "n_held_iter", "damping_floor",
+    "status", "n_halvings", "n_held", "n_held_iter", "damping_floor",
     "pi_w", "h_w", "pi_u", "pi_v",
     "mean", "var", "var_u", "var_v",
     "cavity_mean", "cavity_var", "cavity_var_u", "cavity_var_v",
@@ -227,11 +227,15 @@ class HorseshoeResult(SweepResult):
     Common fields: ``n_sweeps`` (EP iterations run), ``converged``, ``max_change`` (the last
     scaled site residual, also ``residual``), ``log_z`` (the EP evidence, eq 27, at the returned
     sites), ``n_clipped`` (w-site targets raised to the floor in the last iteration),
-    ``n_halvings`` (step halvings in the run), ``stuck``, ``stopped``.
+    ``stopped``.
 
     Attributes
     ----------
     status : {'converged', 'max_sweeps', 'stuck', 'stopped'}
+    stuck : bool
+        ``status == 'stuck'``.
+    n_halvings : int
+        Step halvings in the run.
     n_held : int
         Site-precision decreases held back in the last held iteration (0 if none).
     n_held_iter : int
@@ -284,6 +288,11 @@ class HorseshoeResult(SweepResult):
 
     def __setattr__(self, name, value):
         raise AttributeError(f"HorseshoeResult is read-only (use replace); cannot set {name!r}")
+
+    @property
+    def stuck(self):
+        """Whether EP stopped as 'stuck' (``status == 'stuck'``)."""
+        return self.status == "stuck"
 
     @property
     def residual(self):
@@ -643,7 +652,7 @@ cdef class HorseshoeEP:
         log_z = float(np.sum(target["log_z"]) + log_z_w + log_z_u + log_z_v)
         return HorseshoeResult(
             n_sweeps=it, converged=status == STATUS_CONVERGED, max_change=residual, log_z=log_z,
-            n_clipped=n_clipped, n_halvings=n_halvings, stopped=stopped, stuck=status == STATUS_STUCK,
+            n_clipped=n_clipped, n_halvings=n_halvings, stopped=stopped,
             status=_STATUS[status], n_held=int(n_held), n_held_iter=n_held_iter, damping_floor=damp_floor,
             pi_w=sites["pi_w"], h_w=sites["h_w"], pi_u=sites["pi_u"], pi_v=sites["pi_v"],
             mean=marg["mean"], var=marg["var"], var_u=marg["var_u"], var_v=marg["var_v"],

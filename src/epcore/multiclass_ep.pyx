@@ -470,24 +470,19 @@ cdef class MultinomialResult(SweepResult):
 
     def __init__(self, SweepResult result=None, outer_precision=None, outer_natural_mean=None,
                  double final_damping=NAN):
-        if result is None:
-            result = SweepResult()
-        self._assign({name: getattr(result, name) for name in SweepResult._FIELDS})
+        self.copy_common(SweepResult() if result is None else result)
         self.outer_precision = outer_precision
         self.outer_natural_mean = outer_natural_mean
         self.final_damping = final_damping
 
-    def _sweep_result(self):
-        return SweepResult().replace(**{name: getattr(self, name) for name in SweepResult._FIELDS})
-
     def replace(self, **changes):
         """A copy with the given fields changed (as :func:`dataclasses.replace`)."""
         extra = {name: changes.pop(name) if name in changes else getattr(self, name) for name in self._EXTRA}
-        return MultinomialResult(self._sweep_result().replace(**changes), **extra)
+        return MultinomialResult(self.common().replace(**changes), **extra)
 
     def as_dict(self):
         """The SweepResult fields and ``final_damping`` as a plain dict (for logging and JSON)."""
-        out = self._sweep_result().as_dict()
+        out = self.common().as_dict()
         out["final_damping"] = self.final_damping
         return out
 
@@ -499,7 +494,7 @@ cdef class MultinomialResult(SweepResult):
         return SweepResult.__eq__(self, other)
 
     def __reduce__(self):
-        return (MultinomialResult, (self._sweep_result(), self.outer_precision, self.outer_natural_mean,
+        return (MultinomialResult, (self.common(), self.outer_precision, self.outer_natural_mean,
                                  self.final_damping))
 
     def __repr__(self):

@@ -12,7 +12,7 @@ State (row-major; n sites, m inducing inputs):
   ``site_natural_mean[i] = ν_i`` on the projections g_i.
 """
 from fastep._epcore.sites cimport SiteModel, SiteSpec
-from fastep._epcore._common cimport SiteUpdateOptions, SweepStats, EngineOptions, SweepSettings
+from fastep._epcore._common cimport SiteUpdateOptions, SweepStats, EngineOptions, SweepResult, SweepSettings
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature
 
 
@@ -61,6 +61,10 @@ cdef int scratch_rows(int n, int m) noexcept nogil
 cdef class SparseEPOptions(EngineOptions):
     cdef readonly double power
     cdef readonly int n_quadrature
+
+
+cdef class SparseEPResult(SweepResult):
+    cdef readonly long n_rebuilds
 
 
 cdef class SparseEP:

@@ -93,9 +93,9 @@ from fastep._epcore._common cimport (
     SiteUpdateOptions, SweepStats, sweep_stats_reset, sweep_stats_record,
     NEGATIVE_CLIP, NEGATIVE_SKIP, NEGATIVE_ALLOW, STEP_APPLIED, STEP_CLIPPED, STEP_SKIPPED, STEP_FAILED,
     random_permutation, interrupt_requested, natural_update_options, SweepDriver,
-    EngineOptions, SweepSettings,
+    EngineOptions, SweepResult, SweepSettings,
 )
-from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector, SweepResult
+from fastep._epcore._common import _check_no_aliasing, _check_targets, _check_vector
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments, power_site_step
 from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, _check_power_range, power_moments_array
 from fastep._epcore.gp_ep import ORDER_FIXED, ORDER_RANDOM
@@ -590,11 +590,30 @@ def sparse_projection(const double[:, ::1] Kmm, double[:, ::1] Knm, const double
     return L, Vt, d
 
 
+cdef class SparseEPResult(SweepResult):
+    """The :class:`~fastep._epcore._common.SweepResult` of one :meth:`SparseEP.run` with the
+    extra rebuilds of its sequential sweeps (``SparseEPResult(result, n_rebuilds)``).
+
+    Attributes
+    ----------
+    n_rebuilds : int
+        Rebuilds of the factor within the sequential sweeps, after a rank-1 downdate that
+        failed through rounding, summed over the run (the rebuild after every sweep is not
+        counted; 0 for the parallel schedule).
+    """
+    _OWN = ("n_rebuilds",)
+    _FIELDS = SweepResult._FIELDS + ("n_rebuilds",)
+
+    def __init__(self, SweepResult result=None, long n_rebuilds=0):
+        self.copy_common(SweepResult() if result is None else result)
+        self.n_rebuilds = n_rebuilds
+
+
 cdef class SparseEP:
     """Sparse (power) EP bound to one projection, its targets and likelihood (module docstring).
 
     Built once from validated inputs; :meth:`run` sweeps from given sites to convergence and
-    returns a :class:`~fastep._epcore._common.SweepResult`.
+    returns a :class:`SparseEPResult`.
 
     Parameters
     ----------
@@ -685,7 +704,7 @@ cdef class SparseEP:
 
         Returns
         -------
-        SweepResult
+        SparseEPResult
             ``log_z`` is NaN only if a cavity is improper or the kernel fails at the returned
             state (then ``converged`` is False); ``n_rebuilds`` counts the extra rebuilds
             after failed downdates.
@@ -716,7 +735,7 @@ cdef class SparseEP:
         if n == 0:
             np.asarray(post_factor)[:] = np.eye(m)
             np.asarray(post_w_mean)[:] = 0.0
-            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
+            return SparseEPResult(SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0))
         cdef SweepDriver driver = SweepDriver(self.sweep.tol, self.sweep.max_sweeps, sweep_callback, 3.0 * m * m)
         driver.keep(site_precision, site_natural_mean)
 
@@ -784,7 +803,7 @@ cdef class SparseEP:
             raise np.linalg.LinAlgError(
                 f"Cholesky factorisation of A = I + Vt^T diag(tau) Vt failed {where} (leading minor of "
                 f"order {info}): non-finite projections or sites")
-        return driver.result(n_rebuilds=total_rebuilds)
+        return SparseEPResult(driver.result(), total_rebuilds)
 
     def incremental_sweep(self, double[::1] site_precision, double[::1] site_natural_mean,
                           double[:, ::1] post_factor, double[::1] post_w_mean):

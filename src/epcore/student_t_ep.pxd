@@ -4,7 +4,7 @@
 The nogil blocks of the dense posterior, the step-halving driver both engines share and the
 two engine classes (see student_t_ep.pyx).
 """
-from fastep._epcore._common cimport SweepDriver, EngineOptions, SweepSettings
+from fastep._epcore._common cimport SweepDriver, EngineOptions, SweepResult, SweepSettings
 from fastep._epcore.sites cimport SiteModel, SiteSpec
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature
 
@@ -100,6 +100,11 @@ cdef class StudentTEPOptions(EngineOptions):
     cdef readonly double power
     cdef readonly int n_quadrature
     cdef readonly int max_halvings
+
+
+cdef class StudentTEPResult(SweepResult):
+    cdef readonly long n_halvings
+    cdef readonly bint stuck
 
 
 cdef class FractionalEP:

@@ -61,8 +61,8 @@ from libc.math cimport sqrt, log, log1p, isfinite
 from fastep._epcore._blas cimport syrk, potrf, trsm, gemv, gemv_t, symmetrize, dcopy, LOWER, NO_TRANS
 from fastep._epcore.sites cimport SiteModel, SiteSpec, SITE_OK
 from fastep._epcore.student_t_sites cimport student_t_moments, student_t_log_norm
-from fastep._epcore._common cimport max_relative_site_change, SweepDriver, EngineOptions, SweepSettings
-from fastep._epcore._common import _check_vector, SweepResult
+from fastep._epcore._common cimport max_relative_site_change, SweepDriver, EngineOptions, SweepResult, SweepSettings
+from fastep._epcore._common import _check_vector
 from fastep._epcore.power_ep cimport PowerRule, PowerQuadrature, power_site_moments
 from fastep._epcore.power_ep import DEFAULT_N_QUADRATURE, _check_power, _check_power_range
 from fastep._epcore.sparse_ep cimport sparse_rebuild, scratch_rows
@@ -411,11 +411,35 @@ cdef class StudentTEPOptions(EngineOptions):
 _DEFAULT_OPTIONS = StudentTEPOptions()
 
 
+cdef class StudentTEPResult(SweepResult):
+    """What one run of :class:`DenseStudentTEP` or :class:`SparseStudentTEP` reports (and one
+    of their double-loop fallbacks, :mod:`fastep._student_t.double_loop`): the
+    :class:`~fastep._epcore._common.SweepResult` fields and those of the step halving
+    (``StudentTEPResult(result, n_halvings, stuck)``).
+
+    Attributes
+    ----------
+    n_halvings : int
+        Step halvings over the run (a damped step that would make the posterior or a cavity
+        improper is halved, up to ``max_halvings`` times).
+    stuck : bool
+        An iteration found no proper step and the run stopped there (the double loop: an inner
+        minimisation could not start).
+    """
+    _OWN = ("n_halvings", "stuck")
+    _FIELDS = SweepResult._FIELDS + ("n_halvings", "stuck")
+
+    def __init__(self, SweepResult result=None, long n_halvings=0, bint stuck=False):
+        self.copy_common(SweepResult() if result is None else result)
+        self.n_halvings = n_halvings
+        self.stuck = stuck
+
+
 cdef class FractionalEP:
     """What the dense and the sparse Student-t engine share: the options of the parallel
     schedule with step halving (module docstring), the :class:`FractionalStep` handed to
     :func:`fractional_ep_sweeps`, and a run from given sites to a
-    :class:`~fastep._epcore._common.SweepResult`. Not built itself: see
+    :class:`StudentTEPResult`. Not built itself: see
     :class:`DenseStudentTEP` and :class:`SparseStudentTEP`.
     """
 
@@ -431,10 +455,10 @@ cdef class FractionalEP:
     cdef _sweeps(self, double[::1] site_precision, double[::1] site_natural_mean,
                  object sweep_callback, str improper):
         """Run :func:`fractional_ep_sweeps` from the given sites (the engine's state already
-        points at the run's outputs); the SweepResult. ``improper`` names the matrix whose
+        points at the run's outputs); the StudentTEPResult. ``improper`` names the matrix whose
         Cholesky factorisation fails at an improper start."""
         if self.n == 0:
-            return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0)
+            return StudentTEPResult(SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0))
         cdef long n_halvings = 0
         cdef bint stuck = False
         cdef SweepDriver driver = SweepDriver(self.sweep.tol, self.sweep.max_sweeps, sweep_callback, self.site_cost)
@@ -443,7 +467,7 @@ cdef class FractionalEP:
         if fractional_ep_sweeps(driver, &self.step, &n_halvings, &stuck) != 0:
             raise np.linalg.LinAlgError(f"the start sites give an improper posterior ({improper} is not "
                                         "positive definite); start from zero sites")
-        return driver.result(n_halvings=n_halvings, stuck=stuck)
+        return StudentTEPResult(driver.result(), n_halvings, stuck)
 
 
 # --------------------------------------------------------------------------- #
@@ -605,7 +629,7 @@ cdef class DenseStudentTEP(FractionalEP):
 
         Returns
         -------
-        SweepResult
+        StudentTEPResult
             ``n_failed`` counts the sites whose update failed in the last iteration,
             ``n_halvings`` the step reductions over the run, ``stuck`` an iteration that
             found no proper step.
@@ -832,7 +856,7 @@ cdef class SparseStudentTEP(FractionalEP):
 
         Returns
         -------
-        SweepResult
+        StudentTEPResult
             As :meth:`DenseStudentTEP.run`.
 
         Raises

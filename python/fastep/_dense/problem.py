@@ -25,7 +25,6 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import gp_ep as _engine
-from .._epcore._common import SweepResult
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.predictor import DensePredictor
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
@@ -44,7 +43,7 @@ class DenseEPState(NamedTuple):
     post_mean: np.ndarray
     cavity_mean: np.ndarray
     cavity_var: np.ndarray
-    info: SweepResult
+    info: _engine.DenseEPResult
 
 
 def _cholesky_lower_inplace(A):

@@ -40,7 +40,6 @@ import numpy as np
 
 from .._epcore import sparse_ep as _engine
 from .._epcore import student_t_ep as _student_t_engine
-from .._epcore._common import SweepResult
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from ..progress import sweep_callback_of
@@ -53,7 +52,7 @@ from .._student_t.problem import DOUBLE_LOOP_SWEEPS, RejectStuckDuringSearch
 class SparseEPState(NamedTuple):
     """One sparse EP run's result: the sites it ended at, the Cholesky factor R of
     ``A = I + V T Vᵀ``, the posterior mean μ_w of the weights, the posterior mean and variance of
-    the projections g, and the engine's summary."""
+    the projections g, and the engine's summary (a Student-t problem's: its engine's)."""
 
     site_precision: np.ndarray
     site_natural_mean: np.ndarray
@@ -61,7 +60,7 @@ class SparseEPState(NamedTuple):
     w_mean: np.ndarray
     g_mean: np.ndarray
     g_var: np.ndarray
-    info: SweepResult
+    info: _engine.SparseEPResult | _student_t_engine.StudentTEPResult
 
 
 class _BinarySparseEP(SiteProblem):

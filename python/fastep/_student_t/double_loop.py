@@ -408,8 +408,9 @@ def _check_run(n, sites, outputs):
 
 
 def _empty_result():
-    return SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
-                       diagnostics={"n_newton": 0, "n_limited": 0, "inner_failures": 0, "energy": []})
+    return _engine.StudentTEPResult(SweepResult(converged=True, max_change=0.0, log_z=0.0, log_z_change=0.0,
+                                                diagnostics={"n_newton": 0, "n_limited": 0, "inner_failures": 0,
+                                                             "energy": []}))
 
 
 class DenseDoubleLoopEP:
@@ -419,7 +420,7 @@ class DenseDoubleLoopEP:
     The convergent fallback of :class:`fastep._epcore.student_t_ep.DenseStudentTEP`, with its
     arguments and outputs. Built once (checks the inputs and options, factorises K);
     :meth:`run` iterates from given sites and returns a
-    :class:`~fastep._epcore._common.SweepResult`.
+    :class:`~fastep._epcore.student_t_ep.StudentTEPResult`.
 
     Parameters
     ----------
@@ -496,9 +497,10 @@ class DenseDoubleLoopEP:
 
         Returns
         -------
-        SweepResult
+        StudentTEPResult
             As :meth:`fastep._epcore.student_t_ep.DenseStudentTEP.run` (``n_sweeps`` counts
-            outer iterations; ``stuck``: an inner minimisation could not start); its
+            outer iterations, ``n_halvings`` is 0; ``stuck``: an inner minimisation could not
+            start); its
             ``diagnostics`` dict holds ``n_newton``, ``n_limited`` (cavities at their
             variance bound), ``inner_failures`` (inner loops that stopped before their
             tolerance) and ``energy`` (G after every outer iteration).
@@ -609,7 +611,7 @@ class SparseDoubleLoopEP:
 
         Returns
         -------
-        SweepResult
+        StudentTEPResult
             As :meth:`DenseDoubleLoopEP.run`; ``log_z`` is the fractional EP energy that
             :func:`fastep._epcore.sparse_ep.log_marginal_likelihood` gives the final sites.
 
@@ -694,8 +696,9 @@ def _double_loop(gaussian, tilted, power, site_precision, site_natural_mean, tol
     site_precision[:] = s_tau
     site_natural_mean[:] = s_nu
     n_limited = 0 if point is None else int(np.sum(point["a"][0] - bound <= ACTIVE_GAP * bound))
-    info = driver.result(stuck=stuck, diagnostics={"n_newton": n_newton, "n_limited": n_limited,
-                                                   "inner_failures": inner_failures, "energy": energy})
+    info = _engine.StudentTEPResult(driver.result(diagnostics={"n_newton": n_newton, "n_limited": n_limited,
+                                                               "inner_failures": inner_failures,
+                                                               "energy": energy}), stuck=stuck)
     return info.replace(n_sweeps=outer), point
 
 

@@ -25,7 +25,6 @@ from scipy.linalg import cho_factor
 
 from .._student_t.double_loop import DenseDoubleLoopEP
 from .._epcore import student_t_ep as _engine
-from .._epcore._common import SweepResult
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._prediction import BatchedPredictor
@@ -104,7 +103,7 @@ class StudentTEPState(NamedTuple):
     post_cov: np.ndarray
     cavity_mean: np.ndarray
     cavity_var: np.ndarray
-    info: SweepResult
+    info: _engine.StudentTEPResult
 
 
 class RejectStuckDuringSearch:
@@ -132,8 +131,7 @@ class RejectStuckDuringSearch:
         if not np.isfinite(fallback.log_z):
             return info, arrays
         self.algorithm = f"{type(self).algorithm} (double-loop fallback)"
-        return fallback.replace(n_sweeps=fallback.n_sweeps + info.n_sweeps, n_halvings=info.n_halvings,
-                                algorithm=self.algorithm), trial
+        return fallback.replace(n_sweeps=fallback.n_sweeps + info.n_sweeps, n_halvings=info.n_halvings), trial
 
 
 class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
