@@ -9,7 +9,7 @@ import pytest
 
 from fastep import GaussianProcessClassifier, IVMClassifier, SparseGPClassifier, load, save
 from fastep._epcore import gp_ep, sparse_ep
-from fastep._gp.fit_options import DenseFitOptions, IVMFitOptions, SparseFitOptions
+from fastep._gp.fit_options import DenseFitOptions, IVMFitOptions, RefineOptions, SparseFitOptions
 from fastep.kernels import RBF
 
 
@@ -81,4 +81,20 @@ def test_a_model_saved_with_dict_options_loads_them_typed_and_predicts_identical
         options = loaded._problems[0].options
         assert type(options) is type(typed)
         assert all(getattr(options, f.name) == getattr(typed, f.name) for f in dataclasses.fields(typed))
+        assert np.array_equal(loaded.predict_proba(X), expected)
+
+
+def test_an_ivm_saved_with_dict_refinement_settings_loads_them_typed_and_predicts_identically():
+    X, y = _data()
+    model = IVMClassifier(RBF(1.0, 0.5), active_set_size=10, optimizer=None, refine_sweeps=2).fit(X, y)
+    expected = model.predict_proba(X)
+    problem = model._problems[0]
+    typed = problem.refine
+    assert isinstance(typed, RefineOptions) and typed.sweeps == 2
+    problem.refine = dataclasses.asdict(typed)               # the state an earlier version saved
+    buffer = io.BytesIO()
+    save(model, buffer)
+    buffer.seek(0)
+    for loaded in (load(buffer), pickle.loads(pickle.dumps(model))):
+        assert loaded._problems[0].refine == typed
         assert np.array_equal(loaded.predict_proba(X), expected)

@@ -108,7 +108,7 @@ from ._epcore import ivm as _engine
 from ._gp.docs import CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC
 from ._gp.estimator import (GPClassifierMixin, GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin,
                             stack_problems)
-from ._gp.fit_options import IVMFitOptions
+from ._gp.fit_options import IVMFitOptions, RefineOptions
 from ._gp.options import check_classifier_likelihood, check_optimizer, start_kernel
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_refinement
 from ._ivm.selection import select_active_set
@@ -213,8 +213,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         exchange_tol = v.check_in_range(self.exchange_tol, "exchange_tol", 0.0, np.inf, high_inclusive=False)
         max_exchanges = None if self.max_exchanges is None else v.check_int(self.max_exchanges, "max_exchanges",
                                                                             minimum=0)
-        refine = {"sweeps": refine_sweeps, "exchange": self.exchange, "exchange_tol": exchange_tol,
-                  "max_exchanges": max_exchanges}
+        refine = RefineOptions(sweeps=refine_sweeps, exchange=self.exchange, exchange_tol=exchange_tol,
+                               max_exchanges=max_exchanges)
         objective = v.check_choice(self.kernel_objective, "kernel_objective", _KERNEL_OBJECTIVES)
         if objective == "full_data" and self.optimizer == "SCG":
             raise ValueError("optimizer='SCG' maximises the active set's eq 32: use it with "

@@ -19,7 +19,7 @@ import numpy as np
 from .._epcore import gp_ep as _dense_engine
 from .._epcore import sparse_ep as _sparse_engine
 
-__all__ = ["FitOptions", "DenseFitOptions", "SparseFitOptions", "IVMFitOptions", "KeepsFitOptions"]
+__all__ = ["FitOptions", "DenseFitOptions", "SparseFitOptions", "RefineOptions", "IVMFitOptions", "KeepsFitOptions"]
 
 
 def _require(condition, name, value, what):
@@ -236,6 +236,40 @@ class SparseFitOptions(FitOptions):
         return self.n_classes is not None
 
 
+@dataclass(frozen=True)
+class RefineOptions:
+    """How the IVM refines its active set after the greedy selection.
+
+    Parameters
+    ----------
+    sweeps : int >= 0, default 0
+        Sweeps of EP over the active sites (0: no refinement).
+    exchange : {'greedy', 'random'} or None, default None
+        The exchange moves after the refinement (None: none).
+    exchange_tol : float >= 0, default 1e-6
+        The smallest gain in nats an exchange must bring.
+    max_exchanges : int >= 0 or None, default None
+        Most exchange moves (None: the engine's limit).
+    """
+
+    sweeps: int = 0
+    exchange: str | None = None
+    exchange_tol: float = 1e-6
+    max_exchanges: int | None = None
+
+    def __post_init__(self):
+        _check_positive_int(self.sweeps, "sweeps", minimum=0)
+        _check_choice(self.exchange, "exchange", ("greedy", "random", None))
+        _require(self.exchange_tol >= 0.0, "exchange_tol", self.exchange_tol, ">= 0")
+        _check_positive_int(self.max_exchanges, "max_exchanges", minimum=0, allow_none=True)
+
+    @classmethod
+    def from_dict(cls, refine: dict[str, Any] | None) -> RefineOptions:
+        """These options from the dict earlier versions kept (None: the defaults)."""
+        return cls(**{key: value for key, value in (refine or {}).items()
+                      if key in {field.name for field in dataclasses.fields(cls)}})
+
+
 @dataclass(frozen=True, eq=False)
 class IVMFitOptions:
     """The fit options of the IVM (:class:`~fastep.IVMClassifier`, :class:`~fastep.IVMRegressor`,
@@ -249,9 +283,8 @@ class IVMFitOptions:
         Active points per problem.
     criterion : int
         The engine's code of the selection score (:data:`fastep._epcore.ivm.CRITERIA`).
-    refine : dict
-        The refinement of the active set: ``sweeps``, ``exchange``, ``exchange_tol`` and
-        ``max_exchanges``, as :class:`~fastep._ivm.problem._IVMProblem` takes it.
+    refine : RefineOptions
+        The refinement of the active set.
     n_iterations : int >= 0
         Rounds of Algorithm 2 (0: no learning).
     max_iter : int >= 1
@@ -283,7 +316,7 @@ class IVMFitOptions:
     kernel: Any
     d: int
     criterion: int
-    refine: dict[str, Any]
+    refine: RefineOptions
     n_iterations: int
     max_iter: int
     optimizer: str | None
@@ -304,6 +337,7 @@ class IVMFitOptions:
         _check_choice(self.optimizer, "optimizer", ("L-BFGS-B", "SCG", None))
         _check_choice(self.kernel_objective, "kernel_objective", ("full_data", "active_set"))
         _require(isinstance(self.full_data, SparseFitOptions), "full_data", self.full_data, "SparseFitOptions")
+        _require(isinstance(self.refine, RefineOptions), "refine", self.refine, "RefineOptions")
 
     def replace(self, **changes: Any) -> IVMFitOptions:
         """A checked copy of these options with the fields named in ``changes`` replaced."""

@@ -31,7 +31,7 @@ from ..exceptions import ConvergenceWarning
 from ..kernels import ColumnProductCache, KernelColumns
 from ..likelihoods import Gaussian
 from .._sparse.stochastic import MINIBATCH_PATIENCE, minibatch_windows
-from .._gp.fit_options import SparseFitOptions
+from .._gp.fit_options import RefineOptions, SparseFitOptions
 
 #: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
 #: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
@@ -121,7 +121,8 @@ class _IVMProblem:
                  refine=None):
         self.X, self.y, self.kernel, self.likelihood = X, y, kernel, likelihood
         self.d, self.criterion, self.seed, self.offset = d, criterion, seed, float(offset)
-        self.refine, self.joint_noise = refine, joint_noise
+        self.refine = RefineOptions() if refine is None else refine
+        self.joint_noise = joint_noise
         self.refinement = self.state = self.product_cache = self.full_data_sites = None
         self.prior_centre = (kernel, likelihood)
         self.hyperparameters = self.log_evidence = None
@@ -138,11 +139,10 @@ class _IVMProblem:
     # -- Algorithm 1 ---------------------------------------------------------------------
     def engine_options(self):
         """The engine's :class:`~fastep._epcore.ivm_refine.IVMOptions` for this problem."""
-        refine = self.refine or {}
+        refine = self.refine
         return _engine.IVMOptions(self.d, criterion=self.criterion, seed=self.seed,
-                                  refine_sweeps=refine.get("sweeps", 0), exchange=refine.get("exchange"),
-                                  exchange_tol=refine.get("exchange_tol", 1e-6),
-                                  max_exchanges=refine.get("max_exchanges"))
+                                  refine_sweeps=refine.sweeps, exchange=refine.exchange,
+                                  exchange_tol=refine.exchange_tol, max_exchanges=refine.max_exchanges)
 
     def select(self, sweep_callback=None):
         """Algorithm 1 and the refinement of the active set (one :meth:`IVMEP.run
@@ -181,10 +181,12 @@ class _IVMProblem:
         return out
 
     def __setstate__(self, state):
-        """Restore a saved or copied problem (a refinement report saved as plain dicts, as older
-        versions wrote it, becomes typed results)."""
+        """Restore a saved or copied problem (a refinement report, and the refinement's settings,
+        saved as plain dicts, as older versions wrote them, become typed)."""
         self.__dict__.update(state)
         self.refinement = typed_refinement(state.get("refinement"))
+        if not isinstance(self.__dict__.get("refine"), RefineOptions):
+            self.refine = RefineOptions.from_dict(self.__dict__.get("refine"))
 
     # -- Algorithm 2 objectives --------------------------------------------------------------
     def kernel_objective(self, theta):
