@@ -19,7 +19,8 @@ import numpy as np
 from .._epcore import gp_ep as _dense_engine
 from .._epcore import sparse_ep as _sparse_engine
 
-__all__ = ["FitOptions", "DenseFitOptions", "SparseFitOptions", "RefineOptions", "IVMFitOptions", "KeepsFitOptions"]
+__all__ = ["FitOptions", "DenseFitOptions", "SparseFitOptions", "RefineOptions", "IVMFitOptions", "KeepsFitOptions",
+           "KeepsSparseFitOptions"]
 
 
 def _require(condition, name, value, what):
@@ -44,6 +45,11 @@ class FitOptions:
 
     Parameters
     ----------
+    schedule : int
+        The family engine's schedule code (:mod:`fastep._epcore.gp_ep`,
+        :mod:`fastep._epcore.sparse_ep`); the default is the family's.
+    order : int, default ``ORDER_FIXED``
+        The engine's code of the order sites are visited in.
     seed : int, default 0
         Seed of the fit's random choices (site order, restarts, subsets), from ``random_state``.
     damping : float in (0, 1], default 1.0
@@ -73,6 +79,8 @@ class FitOptions:
     Two instances are equal only when they are the same object.
     """
 
+    schedule: int = _dense_engine.SCHEDULE_BLOCKED
+    order: int = _dense_engine.ORDER_FIXED
     seed: int = 0
     damping: float = 1.0
     tol: float = 1e-4
@@ -135,20 +143,14 @@ class DenseFitOptions(FitOptions):
 
     Parameters
     ----------
-    schedule : int, default ``SCHEDULE_BLOCKED``
-        The dense engine's schedule code (:mod:`fastep._epcore.gp_ep`).
-    order : int, default ``ORDER_FIXED``
-        The engine's code of the order sites are visited in.
     block_size : int >= 0, default 0
         Sites per block of the blocked schedule (0: the engine's choice).
     refresh_every : int >= 1, default 1
         Sweeps between full refactorisations of the posterior.
     **kwargs
-        The fields of :class:`FitOptions`.
+        The fields of :class:`FitOptions` (``schedule`` by default ``SCHEDULE_BLOCKED``).
     """
 
-    schedule: int = _dense_engine.SCHEDULE_BLOCKED
-    order: int = _dense_engine.ORDER_FIXED
     block_size: int = 0
     refresh_every: int = 1
 
@@ -168,10 +170,6 @@ class SparseFitOptions(FitOptions):
 
     Parameters
     ----------
-    schedule : int, default ``SPARSE_SEQUENTIAL``
-        The sparse engine's schedule code (:mod:`fastep._epcore.sparse_ep`).
-    order : int, default ``ORDER_FIXED``
-        The engine's code of the order sites are visited in.
     approximation : {'fitc', 'dtc'}, default 'fitc'
         The sparse approximation.
     n_quadrature : int >= 1, default 32
@@ -197,11 +195,10 @@ class SparseFitOptions(FitOptions):
     n_problems : int >= 1, default 1
         Problems fitted together (one-vs-rest), for the memory estimate of growing m.
     **kwargs
-        The fields of :class:`FitOptions`.
+        The fields of :class:`FitOptions` (``schedule`` by default ``SPARSE_SEQUENTIAL``).
     """
 
     schedule: int = _sparse_engine.SPARSE_SEQUENTIAL
-    order: int = _sparse_engine.ORDER_FIXED
     approximation: str = "fitc"
     n_quadrature: int = 32
     learning: str = "full-batch"
@@ -354,3 +351,9 @@ class KeepsFitOptions:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(self.options_class.migrate(state))
+
+
+class KeepsSparseFitOptions(KeepsFitOptions):
+    """:class:`KeepsFitOptions` of the sparse GP's objects (:class:`SparseFitOptions`)."""
+
+    options_class = SparseFitOptions

@@ -92,7 +92,7 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
-from .._gp.fit_options import KeepsFitOptions, SparseFitOptions
+from .._gp.fit_options import KeepsSparseFitOptions
 from .._linalg import inner, matmul
 from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums
 
@@ -194,7 +194,7 @@ class Adam:
         return self.learning_rate * first / (np.sqrt(second) + self.eps)
 
 
-class MinibatchState(KeepsFitOptions):
+class MinibatchState(KeepsSparseFitOptions):
     """What the states of minibatch EP share: a snapshot of their sites and factors, and its restore.
 
     A subclass sets its sites to zero in :meth:`_zero_sites` (``precision_sum``,
@@ -204,7 +204,6 @@ class MinibatchState(KeepsFitOptions):
     :class:`MinibatchSparseEP`.
     """
 
-    options_class = SparseFitOptions
     #: The per-point site arrays (``sites='per-point'`` only).
     per_point_sites = ("site_precision", "site_natural_mean")
 
@@ -704,12 +703,11 @@ class MinibatchInfo:
         self.n_points = int(result["n_points"])
 
 
-class MinibatchSparseFit(KeepsFitOptions):
+class MinibatchSparseFit(KeepsSparseFitOptions):
     """One fitted sparse problem learnt from minibatches: what the sparse estimators keep of a
     fit (kernel, likelihood, Z, the evidence, the predictor, the sites)."""
 
     algorithm = "minibatch sparse EP"
-    options_class = SparseFitOptions
 
     def __init__(self, state, hyperparameters, result, log_ml, log_ml_se, options, n_points):
         self.kernel, self.likelihood, self.Z = state.kernel, state.likelihood, state.Z
