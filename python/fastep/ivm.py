@@ -267,8 +267,7 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
 
     def _problem_log_marginal_likelihood(self, problem, theta, eval_gradient):
         # EP from zero sites on all training points, Z = the fitted active inputs
-        options = _FULL_DATA_EP.replace(seed=0)
-        return problem.full_data_evidence_at(self.X_train_, theta, eval_gradient, options)
+        return problem.full_data_evidence_at(self.X_train_, theta, eval_gradient, _FULL_DATA_EP)  # seed 0, quiet
 
     def _set_common(self, X, problems, histories, options):
         """The fitted attributes shared by the estimators (after the stop warning of ``fit``)."""
