@@ -79,7 +79,7 @@ def run_incore(n, m, rows, iterations, schedule):
     kernel, likelihood = RBF(), Probit()
     est = SparseGPClassifier(kernel, likelihood, schedule=schedule, inducing_init=Z, optimizer=None,
                              learn_inducing=False)
-    opts = est._engine_options()
+    opts = est._fit_options()
     t0 = time.perf_counter()
     _, Vt, d = project_rows(kernel, X, Z, np.ascontiguousarray(kernel(Z)), opts)
     t_project = time.perf_counter() - t0
@@ -89,7 +89,7 @@ def run_incore(n, m, rows, iterations, schedule):
     def sweeps(k):                    # k iterations from zero sites (tol = 0: none stops early)
         tau, nu = np.zeros(n), np.zeros(n)
         t0 = time.perf_counter()
-        options = engine.SparseEPOptions(schedule=code, damping=opts["damping"], tol=1e-300, max_sweeps=k)
+        options = engine.SparseEPOptions(schedule=code, damping=opts.damping, tol=1e-300, max_sweeps=k)
         engine.SparseEP(Vt, d, y, likelihood.site_spec(), options, validate=False).run(tau, nu, R, w_mean)
         return time.perf_counter() - t0
 
@@ -132,7 +132,7 @@ def run_dask(n, m, rows, iterations):
         kernel, likelihood = RBF(), Probit()
         est = SparseGPClassifier(kernel, likelihood, schedule="parallel", inducing_init=Z, optimizer=None,
                                  learn_inducing=False)
-        opts = est._engine_options()
+        opts = est._fit_options()
         executor, data, sizes, X = chunked.load_dask_data(X, y, client, kernel, True, "benchmark")
         data = executor.map(chunked.binary_targets, data, 1.0)
         distributed.wait(data)

@@ -12,6 +12,7 @@ from scipy.stats import norm
 
 from fastep import GaussianProcessClassifier, load, save
 from fastep._epcore import multiclass_ep
+from fastep._gp.fit_options import DenseFitOptions
 from fastep._dense.multiclass import MultinomialGPProblem, MultinomialPosterior, _outer_sites, dense_posterior_of
 from fastep._epcore.multiclass_ep import InnerEP, MultinomialEP, MultinomialResult
 from fastep.kernels import RBF, Bias
@@ -165,7 +166,7 @@ def _evaluated_problem(tol, max_sweeps):
     """A 3-class problem after one nested EP run from zero sites: ``(X, y, kernel, problem, log_z, info)``."""
     X, y = _toy(n=30, c=3, seed=4)
     kernel = RBF(1.5, 0.8)
-    opts = {"jitter": 0.0, "damping": 0.5, "tol": tol, "max_sweeps": max_sweeps, "progress": None}
+    opts = DenseFitOptions(jitter=0.0, damping=0.5, tol=tol, max_sweeps=max_sweeps)
     problem = MultinomialGPProblem(kernel, X, y.astype(np.int32), 3, opts)
     log_z, _, info = problem.evaluate((kernel, None, None), gradient=False, warm=False)
     return X, y, kernel, problem, log_z, info

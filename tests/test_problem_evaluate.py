@@ -21,14 +21,14 @@ def _data(n=40):
 
 def _dense_problem():
     X, y = _data()
-    options = GaussianProcessClassifier(optimizer=None)._engine_options()
+    options = GaussianProcessClassifier(optimizer=None)._fit_options()
     return DenseGPProblem(RBF(1.0, 0.5), Probit(), X, y, options, False), (RBF(1.0, 0.5), Probit(), None)
 
 
 def _sparse_problem():
     X, y = _data()
     Z = np.ascontiguousarray(X[::5])
-    options = SparseGPClassifier(optimizer=None)._engine_options()
+    options = SparseGPClassifier(optimizer=None)._fit_options()
     return (_BinarySparseEP(RBF(1.0, 0.5), Probit(), Z, X, y, options, False, False),
             (RBF(1.0, 0.5), Probit(), None))
 
@@ -95,7 +95,7 @@ def test_a_cold_run_that_fails_raises():
 
 @pytest.mark.parametrize("estimator, problem_class", [(GaussianProcessClassifier, DenseGPProblem),
                                                       (SparseGPClassifier, _BinarySparseEP)])
-def test_engine_options_are_built_once_per_options_dict(monkeypatch, estimator, problem_class):
+def test_engine_options_are_built_once_per_options_object(monkeypatch, estimator, problem_class):
     """A learning fit builds (and checks) its engine's options once for the search and once for
     the final run when that runs to another tolerance, not once per EP run; a fitted model saves
     and copies without them."""
@@ -103,7 +103,7 @@ def test_engine_options_are_built_once_per_options_dict(monkeypatch, estimator, 
     original = problem_class._new_engine_options
 
     def counting(options):
-        built.append(options["tol"])
+        built.append(options.tol)
         return original(options)
 
     monkeypatch.setattr(problem_class, "_new_engine_options", staticmethod(counting))
@@ -111,7 +111,7 @@ def test_engine_options_are_built_once_per_options_dict(monkeypatch, estimator, 
     model = estimator(RBF(1.0, 0.5)).fit(X, y)
     problem = model._problems[0]
     assert model.n_evaluations_ >= 3
-    assert len(built) == len(set(built)) <= 2           # one per options dict, never rebuilt
-    assert built[-1] == problem.options["tol"]
+    assert len(built) == len(set(built)) <= 2           # one per options object, never rebuilt
+    assert built[-1] == problem.options.tol
     assert "_engine_options_for" in vars(problem)
     assert "_engine_options_for" not in problem.__getstate__()

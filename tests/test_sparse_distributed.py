@@ -38,9 +38,7 @@ def _data(n, seed, classes=2, dim=2):
 
 
 def _options(**changes):
-    opts = SparseGPClassifier(schedule="parallel")._engine_options()
-    opts.update(changes)
-    return opts
+    return SparseGPClassifier(schedule="parallel")._fit_options().replace(**changes)
 
 
 def _split(X, y, sizes):

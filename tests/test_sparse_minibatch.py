@@ -30,7 +30,7 @@ def _problem(n=240, m=12, seed=0):
 def _full_batch(X, y, Z, kernel, approximation="fitc", power=1.0):
     """Full-batch sparse EP run to a tight fixed point, with its evidence and gradient."""
     options = SparseGPClassifier(schedule="parallel", tol=1e-13, max_sweeps=5000, approximation=approximation,
-                                 power=power)._engine_options()
+                                 power=power)._fit_options()
     problem = _BinarySparseEP(kernel, Probit(), Z, X, y, options, False, False)
     value, grad, info = problem.evaluate((kernel, Probit(), Z), gradient=True, warm=False, keep=True)
     assert info.converged
@@ -115,7 +115,7 @@ def _kernel_derivatives(kernel, Z, X):
 def test_tied_update_and_gradient_match_the_reference_twin(approximation):
     X, y, Z = _problem(n=300, m=10, seed=1)
     kernel = RBFARD([0.6, 0.3], 1.4, 0.8)
-    options = SparseGPClassifier(approximation=approximation, jitter=1e-8)._engine_options()
+    options = SparseGPClassifier(approximation=approximation, jitter=1e-8)._fit_options()
     n = len(y)
     state = sto.MinibatchSparseEP(kernel, Probit(), Z, n, options, sites="tied", window=n)
     rng = np.random.default_rng(0)
@@ -138,7 +138,7 @@ def test_tied_update_and_gradient_match_the_reference_twin(approximation):
 
 def test_a_hyperparameter_step_keeps_the_sites_as_functions_of_u():
     X, y, Z = _problem()
-    options = SparseGPClassifier()._engine_options()
+    options = SparseGPClassifier()._fit_options()
     state = sto.MinibatchSparseEP(RBF(1.0, 0.7), Probit(), Z, len(y), options, window=len(y))
     state.update(X, y, np.arange(len(y)))
 
@@ -291,10 +291,10 @@ def test_continue_fit_continues_the_previous_minibatch_fit_and_fit_starts_afresh
     # learnt Z in its second stage, so the continuation learns Z too, at that stage's step
     start = fresh._problems[0]
     assert start.hyperparameters.extra is not None
-    options = dict(fresh._engine_options(), minibatch=True)
+    options = fresh._fit_options()
     window, site_window = sto.minibatch_windows(X.shape[0], start.Z.shape[0])
-    options.update(window=window, site_window=site_window,
-                   learning_rate=options["learning_rate"] * sto.SECOND_STAGE_STEP)
+    options = options.replace(minibatch=True, window=window, site_window=site_window,
+                              learning_rate=options.learning_rate * sto.SECOND_STAGE_STEP)
     again = sto.fit_minibatch(None, None, None, sto.RowSource(X, (y == 1) * 2.0 - 1.0), options,
                               copy.deepcopy(start.hyperparameters), learn=True, start=start)
     assert np.array_equal(again.kernel.theta, continued.kernel_.theta)
@@ -339,15 +339,14 @@ def test_sites_at_fixed_parameters_from_zero_are_settled_before_their_evidence()
     y = np.where(np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1] + 0.3 * rng.standard_normal(n) > 0, 1.0, -1.0)
     kernel, likelihood = RBF(1.0, 0.5), Probit()
     Z = X[rng.choice(n, m, replace=False)]
-    options = dict(SparseGPClassifier(learning="minibatch", random_state=0)._engine_options(), minibatch=True,
-                   jitter=1e-6)
     window, site_window = sto.minibatch_windows(n, m)
-    options.update(window=window, site_window=site_window)
+    options = SparseGPClassifier(learning="minibatch", random_state=0)._fit_options().replace(
+        minibatch=True, jitter=1e-6, window=window, site_window=site_window)
     hyper = Hyperparameters(kernel, likelihood, False)
     source = sto.RowSource(X, y)
-    settled = sto.fit_minibatch(kernel, likelihood, Z, source, dict(options, max_epochs=1), hyper, learn=False,
+    settled = sto.fit_minibatch(kernel, likelihood, Z, source, options.replace(max_epochs=1), hyper, learn=False,
                                 settle=True)
-    passes = sto.fit_minibatch(kernel, likelihood, Z, source, dict(options, max_epochs=3), hyper, learn=False)
+    passes = sto.fit_minibatch(kernel, likelihood, Z, source, options.replace(max_epochs=3), hyper, learn=False)
     assert settled.log_ml_se == 0.0 and passes.log_ml_se == 0.0
     # the stochastic sites' own spread: EP's evidence at ε = |B| / 5000 moves by about a nat here
     assert abs(settled.log_ml - passes.log_ml) < 5.0, (settled.log_ml, passes.log_ml)

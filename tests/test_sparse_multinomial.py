@@ -12,6 +12,7 @@ import pytest
 
 from fastep import SparseGPClassifier
 from fastep._epcore import sparse_ep as _sparse_engine
+from fastep._gp.fit_options import SparseFitOptions
 from fastep._sparse import multinomial as mn
 from fastep.kernels import RBF, RBFARD
 from fastep.likelihoods import Logistic, Probit
@@ -71,7 +72,7 @@ def test_evidence_gradient_matches_central_differences_including_the_inducing_in
     X, y = three_classes(70, 2)
     rng = np.random.default_rng(3)
     Z = X[rng.choice(70, 9, replace=False)] + 0.05
-    options = dict(approximation=approximation, jitter=1e-8, damping=1.0, tol=1e-12, max_sweeps=1000)
+    options = SparseFitOptions(approximation=approximation, jitter=1e-8, damping=1.0, tol=1e-12, max_sweeps=1000)
     kernel = RBFARD([0.8, 0.3], variance=1.5, inverse_width=0.9)
     problem = mn.MultinomialSparseProblem(kernel, Z, X, y, 3, options, learn_inducing=True)
     _, grad, info = problem.evaluate((kernel, None, Z), gradient=True, warm=False)
@@ -265,7 +266,7 @@ def test_one_minibatch_of_all_points_is_full_batch_ep_with_its_evidence_and_grad
     X, y = three_classes(60, 11)
     Z = X[:8] + 0.05
     kernel = RBF(1.4, 0.6)
-    options = dict(approximation="fitc", jitter=1e-8, damping=1.0, tol=0.0, max_sweeps=6, n_classes=3)
+    options = SparseFitOptions(approximation="fitc", jitter=1e-8, damping=1.0, tol=0.0, max_sweeps=6, n_classes=3)
     problem = mn.MultinomialSparseProblem(kernel, Z, X, y, 3, options)
     log_z, grad, _ = problem.evaluate((kernel, None, Z), gradient=True, warm=False)
     state = MinibatchMultinomialSparseEP(kernel, None, Z, 60, options, sites="per-point", window=60)

@@ -149,7 +149,7 @@ class SparseEPChunked(_OneThread):
         self.chunked = chunked
         X, y, Z = _problem(n, m)
         self.likelihood = Probit()
-        self.options = fastep.SparseGPClassifier(RBF(), self.likelihood)._engine_options()
+        self.options = fastep.SparseGPClassifier(RBF(), self.likelihood)._fit_options()
         kernel = RBF(variance=1.0, inverse_width=1.0)
         Kmm = np.ascontiguousarray(kernel(Z))
         self.executor = chunked.LocalChunks()

@@ -31,6 +31,7 @@ from ._gp.docs import (EP_RUN_ATTRIBUTES, HYPERPRIOR_DOC, LEARNING_ATTRIBUTES, M
                        REGRESSOR_ATTRIBUTES)
 from ._gp.estimator import (EPEvidenceMixin, EPParameters, GPClassifierMixin, GPEstimator, GPRegressorMixin,
                             MultinomialClassifierMixin)
+from ._gp.fit_options import DenseFitOptions
 from ._gp.options import check_classifier_likelihood, ep_option_constraints, start_kernel, use_fractional_ep
 from ._constraints import Integer, validate_params
 from ._dense.problem import DenseGPProblem
@@ -69,7 +70,7 @@ _DEFAULT_REFACTOR_EVERY = {"sequential": 1, "blocked": 10, "parallel": 1}
 
 
 class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
-    """Engine options and the per-problem fit shared by the dense GP estimators."""
+    """Fit options and the per-problem fit shared by the dense GP estimators."""
 
     schedule: Literal["blocked", "sequential", "parallel"]
     order: Literal["fixed", "random", "entropy"]
@@ -82,7 +83,8 @@ class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
     _parameter_constraints = dict(ep_option_constraints(_SCHEDULES, _ORDERS, _POLICIES),
                                   block_size=Integer(1, allow_none=True), refresh_every=Integer(1, allow_none=True))
 
-    def _engine_options(self):
+    def _fit_options(self):
+        """The fit's :class:`~fastep._gp.fit_options.DenseFitOptions` from the parameters (validated)."""
         p = validate_params(self, self._parameter_constraints)
         damping = p["damping"]
         if damping is None:
@@ -97,12 +99,12 @@ class _GPEPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             refactor_every = Integer(1, allow_none=True).check(self.refactor_every, "refactor_every")
         if refactor_every is None:
             refactor_every = _DEFAULT_REFACTOR_EVERY[self.schedule]
-        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": p["random_state"],
-                "damping": float(damping), "tol": p["tol"], "max_sweeps": p["max_sweeps"],
-                "negative_precision": _POLICIES[self.negative_precision],
-                "block_size": 0 if p["block_size"] is None else p["block_size"],
-                "jitter": p["jitter"], "refactor_every": refactor_every, "hyperprior": p["hyperprior"],
-                "progress": self._new_progress()}
+        return DenseFitOptions(schedule=_SCHEDULES[self.schedule], order=_ORDERS[self.order], seed=p["random_state"],
+                               damping=float(damping), tol=p["tol"], max_sweeps=p["max_sweeps"],
+                               negative_precision=_POLICIES[self.negative_precision],
+                               block_size=0 if p["block_size"] is None else p["block_size"],
+                               jitter=p["jitter"], refresh_every=refactor_every, hyperprior=p["hyperprior"],
+                               progress=self._new_progress())
 
     def _check_memory(self, X, n_problems, n_classes_multinomial, student_t=False):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
@@ -331,7 +333,7 @@ class GaussianProcessClassifier(MultinomialClassifierMixin, GPClassifierMixin, _
         """``(X, problems, n_jobs, classes)``: the estimator's parameters and the data validated, the
         unfitted problems (one per class one-vs-rest, or one multinomial problem), the ``n_jobs`` to
         fit them with and the sorted class labels."""
-        options = self._engine_options()
+        options = self._fit_options()
         v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
         kernel = check_kernel(self.kernel)
         likelihood, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
@@ -341,7 +343,7 @@ class GaussianProcessClassifier(MultinomialClassifierMixin, GPClassifierMixin, _
                                  f"likelihood at its default and learn_likelihood=False (got {self.likelihood!r}, "
                                  f"learn_likelihood={self.learn_likelihood!r})")
             if self.damping is None:
-                options["damping"], options["adaptive_damping"] = ADAPTIVE_DAMPING_START, True
+                options = options.replace(damping=ADAPTIVE_DAMPING_START, adaptive_damping=True)
         X, y = v.check_X_y(X, y)
         classes, targets = v.encode_one_vs_rest_labels(y)
         self._check_memory(X, len(targets), classes.shape[0] if self.multi_class == "multinomial" else 0)
@@ -467,7 +469,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
     def _check_fit_arguments(self, X, y):
         """``(X, [problem], None, None)``: the estimator's parameters and the data validated, and the
         unfitted problem of the noise model's EP variant (as :meth:`_GPEPBase._check_fit_arguments`)."""
-        options = self._engine_options()
+        options = self._fit_options()
         kernel = check_kernel(self.kernel)
         noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
         fractional = noise_class.ep_variant == "fractional"
@@ -477,7 +479,7 @@ class GaussianProcessRegressor(GPRegressorMixin, _GPEPBase):
         if fractional:
             power = None if self.power is None else v.check_in_range(self.power, "power", 0.0, 1.0,
                                                                      low_inclusive=False)
-            use_fractional_ep(options, noise_class, power, self.damping)
+            options = use_fractional_ep(options, noise_class, power, self.damping)
         gaussian, learn_noise, X, y, kernel = self._check_regression_inputs(X, y, kernel)
         self._check_memory(X, 1, 0, fractional)
         likelihood = noise_class.from_noise_variance(gaussian.noise_variance) if noise is None else noise

@@ -46,6 +46,7 @@ from . import _validation as v
 from ._linalg import gram, inner, matmul
 from ._base import (EXAMPLES_DOC, BaseEstimator, RegressorMixin, check_is_fitted, deprecated_alias, fill_doc,
                     records_feature_names, renamed_parameter)
+from ._horseshoe.fit_options import HorseshoeFitOptions
 from ._horseshoe.search import EvidenceSearch
 from .exceptions import ConvergenceWarning
 from .progress import CALLBACK_DOC, StopRequested
@@ -135,6 +136,9 @@ class _HorseshoeBase(BaseEstimator):
         return out
 
     def _check_options(self, n_tasks, d, renamed, single_task=False):
+        """The fit's :class:`~fastep._horseshoe.fit_options.HorseshoeFitOptions` for ``n_tasks``
+        tasks on d features, from the parameters (checked; ``renamed``: the values and names of
+        the parameters given under a current or a deprecated name)."""
         m = v.check_int(self.n_components, "n_components", minimum=0)
         if m >= d:
             raise ValueError(f"n_components must be < n_features = {d} (C = ΔDΔ + ΔPPᵀΔ needs m < d), got {m}")
@@ -186,9 +190,10 @@ class _HorseshoeBase(BaseEstimator):
         v.check_positive(self.tol, "tol")
         v.check_int(*renamed["max_sweeps"], minimum=1)
         v.check_int(*renamed["max_optimizer_iter"], minimum=1)
-        return {"m": m, "sigma2": sigma2, "rho2": rho2, "gamma2": gamma2, "D": D, "P0": P0,
-                "sigma2_floor": renamed["noise_variance_floor"][0], "max_sweeps": renamed["max_sweeps"][0],
-                "max_optimizer_iter": renamed["max_optimizer_iter"][0]}
+        return HorseshoeFitOptions(m=m, sigma2=sigma2, rho2=rho2, gamma2=gamma2, D=D, P0=P0,
+                                   sigma2_floor=renamed["noise_variance_floor"][0],
+                                   max_sweeps=renamed["max_sweeps"][0],
+                                   max_optimizer_iter=renamed["max_optimizer_iter"][0])
 
     def _check_tasks(self, Xs, ys):
         if isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
@@ -247,28 +252,28 @@ class _HorseshoeBase(BaseEstimator):
                 j = int(np.flatnonzero(task.col_sq == 0)[0])
                 raise ValueError(f"Xs[{t}] column {j} is constant{' after centring' if self.fit_intercept else ''}: "
                                  "its coefficient is not identified by the data; remove the column")
-        gamma2, D, m = opts["gamma2"], opts["D"], opts["m"]
-        P = opts["P0"].copy()
-        sigma2 = opts["sigma2"] if opts["sigma2"] is not None else 0.1 * y_scale
-        rho2 = opts["rho2"] if opts["rho2"] is not None else 0.1
+        gamma2, D, m = opts.gamma2, opts.D, opts.m
+        P = opts.P0.copy()
+        sigma2 = opts.sigma2 if opts.sigma2 is not None else 0.1 * y_scale
+        rho2 = opts.rho2 if opts.rho2 is not None else 0.1
         starts = [None] * T
         n_evals = 0
-        search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(opts["max_sweeps"]),
-                                opts["max_optimizer_iter"], progress=progress)
+        search = EvidenceSearch(tasks, gamma2, D, P, m > 0, self._ep_options(opts.max_sweeps),
+                                opts.max_optimizer_iter, progress=progress)
         if self.learn_hyperparameters:
             # σ_t² within [noise_variance_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
             bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
-            bounds[:T, 0] = np.log(float(opts["sigma2_floor"]) * y_scale)
+            bounds[:T, 0] = np.log(float(opts.sigma2_floor) * y_scale)
             bounds[:T, 1] = np.log(100.0 * y_scale)
-            if opts["sigma2"] is not None:
+            if opts.sigma2 is not None:
                 candidates = [np.clip(sigma2, np.exp(bounds[:T, 0]), np.exp(bounds[:T, 1]))]
             else:
-                candidates = [f * y_scale for f in _noise_fractions(float(opts["sigma2_floor"]))]
+                candidates = [f * y_scale for f in _noise_fractions(float(opts.sigma2_floor))]
             x_var = np.mean([max(float(np.mean(t.col_sq)) / t.n, 1e-300) for t in tasks])
             rho2_top = gamma2 * float(np.mean(y_scale)) / x_var * min(1.0, 10.0 / d)
             try:
-                start = search.coarse_start(candidates, rho2_top=rho2_top, rho2_fixed=opts["rho2"])
+                start = search.coarse_start(candidates, rho2_top=rho2_top, rho2_fixed=opts.rho2)
                 theta0 = search.pack(candidates[0], rho2) if start is None else start["theta"]
                 best = search.maximize(theta0, bounds, scale=1.0 / sum(t.n for t in tasks))
                 if best is None:    # no evaluation at the full tolerance was accepted: the coarse start's best

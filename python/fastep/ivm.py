@@ -108,6 +108,7 @@ from ._epcore import ivm as _engine
 from ._gp.docs import CLASSIFIER_ATTRIBUTES, HYPERPRIOR_DOC, MIXED_UNITS_DOC, N_JOBS_DOC
 from ._gp.estimator import (GPClassifierMixin, GPEstimator, GPRegressorMixin, LogMarginalLikelihoodMixin,
                             stack_problems)
+from ._gp.fit_options import IVMFitOptions, RefineOptions
 from ._gp.options import check_classifier_likelihood, check_optimizer, start_kernel
 from ._ivm.problem import _FULL_DATA_EP, _IVMProblem, fit_problem, typed_history, typed_refinement
 from ._ivm.selection import select_active_set
@@ -170,14 +171,14 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
 
     def _new_problem(self, X, targets, kernel, likelihood, options, **kwargs):
         """An :class:`~fastep._ivm.problem._IVMProblem` on ``targets`` from a copy of ``kernel``."""
-        return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options["d"], options["criterion"],
-                           options["seed"], refine=options["refine"], **kwargs)
+        return _IVMProblem(X, targets, copy.deepcopy(kernel), likelihood, options.d, options.criterion,
+                           options.seed, refine=options.refine, **kwargs)
 
     def _check_memory(self, n, options, n_problems=1):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before a fit that cannot fit in memory."""
-        learning = (options["n_iterations"] > 0 and options["kernel_objective"] == "full_data"
-                    and not options["minibatch"])       # minibatch learning holds no n x d projection
-        d = options["d"]
+        learning = (options.n_iterations > 0 and options.kernel_objective == "full_data"
+                    and not options.minibatch)       # minibatch learning holds no n x d projection
+        d = options.d
         check_memory(ivm_bytes(n, d, learning=learning, n_problems=n_problems,
                                n_concurrent=concurrent_problems(getattr(self, "n_jobs", None))),
                      f"{type(self).__name__}.fit on n = {n} rows with active sets of d = {d} points (O(n d) "
@@ -186,7 +187,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
                      "kernel_objective='active_set', or a subsample")
 
     def _options(self, X, kernel=None):
-        """The validated options of a fit on the inputs ``X``; ``kernel``: the starting kernel
+        """The validated :class:`~fastep._gp.fit_options.IVMFitOptions` of a fit on the inputs
+        ``X``; ``kernel``: the starting kernel
         when the estimator has made it (the regressor), else ``self.kernel`` or the data-aware
         start (:func:`~fastep._gp.options.start_kernel`), validated on X."""
         n_samples = X.shape[0]
@@ -211,8 +213,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         exchange_tol = v.check_in_range(self.exchange_tol, "exchange_tol", 0.0, np.inf, high_inclusive=False)
         max_exchanges = None if self.max_exchanges is None else v.check_int(self.max_exchanges, "max_exchanges",
                                                                             minimum=0)
-        refine = {"sweeps": refine_sweeps, "exchange": self.exchange, "exchange_tol": exchange_tol,
-                  "max_exchanges": max_exchanges}
+        refine = RefineOptions(sweeps=refine_sweeps, exchange=self.exchange, exchange_tol=exchange_tol,
+                               max_exchanges=max_exchanges)
         objective = v.check_choice(self.kernel_objective, "kernel_objective", _KERNEL_OBJECTIVES)
         if objective == "full_data" and self.optimizer == "SCG":
             raise ValueError("optimizer='SCG' maximises the active set's eq 32: use it with "
@@ -223,10 +225,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
                              "kernel_objective='full_data'")
         minibatch = objective == "full_data" and (
             learning == "minibatch" or (learning == "auto" and n_samples >= MINIBATCH_MIN_ROWS))
-        full_data = dict(_FULL_DATA_EP, seed=seed, progress=progress, estimator_name=type(self).__name__,
-                         latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None,
-                         batch_size=MINIBATCH_BATCH_SIZE, learning_rate=MINIBATCH_LEARNING_RATE,
-                         max_epochs=MINIBATCH_MAX_EPOCHS)
+        full_data = _FULL_DATA_EP.replace(seed=seed, progress=progress, batch_size=MINIBATCH_BATCH_SIZE,
+                                          learning_rate=MINIBATCH_LEARNING_RATE, max_epochs=MINIBATCH_MAX_EPOCHS)
         if kernel is None:
             if minibatch and given is None and X.shape[1] <= MINIBATCH_ARD_MAX_FEATURES:
                 # as the sparse GP's minibatch default: one learnt relevance per input
@@ -234,11 +234,12 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
             else:
                 kernel = start_kernel(given, X)
             kernel._validate_X(X, "X")
-        return {"kernel": kernel, "d": d, "criterion": _engine.CRITERIA[self.criterion], "refine": refine,
-                "n_iterations": n_iterations if self.optimizer is not None else 0,
-                "max_iter": max_iter, "seed": seed, "progress": progress, "optimizer": self.optimizer,
-                "kernel_objective": objective, "full_data": full_data, "minibatch": minibatch,
-                "hyperprior": check_hyperprior(self.hyperprior)}
+        return IVMFitOptions(kernel=kernel, d=d, criterion=_engine.CRITERIA[self.criterion], refine=refine,
+                             n_iterations=n_iterations if self.optimizer is not None else 0,
+                             max_iter=max_iter, seed=seed, progress=progress, optimizer=self.optimizer,
+                             kernel_objective=objective, full_data=full_data, minibatch=minibatch,
+                             hyperprior=check_hyperprior(self.hyperprior), estimator_name=type(self).__name__,
+                             latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None)
 
     @staticmethod
     def _maximize(objective, theta0, bounds, options, trust_radius=None):
@@ -249,14 +250,14 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         SCG ignores it (its steps are scaled by a curvature estimate and shrink after
         failures already).
         """
-        if options.get("optimizer") == "SCG":
-            return maximize_log_likelihood_scg(objective, theta0, bounds, maxiter=options["max_iter"])
+        if options.optimizer == "SCG":
+            return maximize_log_likelihood_scg(objective, theta0, bounds, maxiter=options.max_iter)
         if trust_radius is not None:
             return maximize_log_likelihood_trust_region(objective, theta0, bounds, radius=trust_radius,
-                                                        maxiter=options["max_iter"])
+                                                        maxiter=options.max_iter)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            return maximize_log_likelihood(objective, theta0, bounds, maxiter=options["max_iter"])
+            return maximize_log_likelihood(objective, theta0, bounds, maxiter=options.max_iter)
 
     def _fitted_log_marginal_likelihood(self) -> float:
         if self.log_marginal_likelihood_value_ is None:
@@ -266,12 +267,11 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
 
     def _problem_log_marginal_likelihood(self, problem, theta, eval_gradient):
         # EP from zero sites on all training points, Z = the fitted active inputs
-        options = dict(_FULL_DATA_EP, seed=0, progress=None)
-        return problem.full_data_evidence_at(self.X_train_, theta, eval_gradient, options)
+        return problem.full_data_evidence_at(self.X_train_, theta, eval_gradient, _FULL_DATA_EP)  # seed 0, quiet
 
     def _set_common(self, X, problems, histories, options):
         """The fitted attributes shared by the estimators (after the stop warning of ``fit``)."""
-        self._warn_if_stopped(options["progress"], stacklevel=4)
+        self._warn_if_stopped(options.progress, stacklevel=4)
         binary = len(problems) == 1
         self.X_train_ = X
         self._set_problems(X, problems)
@@ -282,8 +282,8 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         evidence = [p.log_evidence for p in problems]
         self.log_marginal_likelihood_value_ = None if None in evidence else float(sum(evidence))
         self.history_ = histories[0] if binary else histories
-        self.learning_ = ("minibatch" if options["minibatch"] else "full-batch") if (
-            options["n_iterations"] > 0 and options["kernel_objective"] == "full_data") else None
+        self.learning_ = ("minibatch" if options.minibatch else "full-batch") if (
+            options.n_iterations > 0 and options.kernel_objective == "full_data") else None
         self.refinement_ = problems[0].refinement if binary else [p.refinement for p in problems]
 
     def __setstate__(self, state):
@@ -502,11 +502,11 @@ class IVMClassifier(GPClassifierMixin, _IVMBase):
         v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "shared_budget"))
         X, y = v.check_X_y(X, y)
         options = self._options(X)
-        kernel = options["kernel"]
+        kernel = options.kernel
         lik, learn_likelihood = check_classifier_likelihood(self.likelihood, self.learn_likelihood)
         classes, targets = v.encode_one_vs_rest_labels(y)
         if self.multi_class == "shared_budget" and len(targets) > 1:
-            options["d"] = max(1, -(-options["d"] // len(targets)))
+            options = options.replace(d=max(1, -(-options.d // len(targets))))
         self._check_memory(X.shape[0], options, len(targets))
 
         def fit_class(c):
@@ -709,7 +709,7 @@ class IVMOrdinalRegressor(ClassifierMixin, _IVMBase):
         learn_likelihood = v.check_bool(self.learn_likelihood, "learn_likelihood")
         targets = inverse.reshape(-1).astype(float)
         self._check_memory(X.shape[0], options)
-        problem = self._new_problem(X, targets, options["kernel"], lik, options)
+        problem = self._new_problem(X, targets, options.kernel, lik, options)
         problem, history = fit_problem(self, problem, options, learn_likelihood, False)
         self.classes_ = classes
         self._set_common(X, [problem], [history], options)

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import IO, Any, Literal, NamedTuple
 
+    from ._gp.fit_options import FitOptions
+
 __all__ = ["ProgressBar", "ProgressRecord"]
 
 logger = logging.getLogger("fastep")
@@ -233,9 +235,9 @@ def quiet() -> Progress:
     return Progress("", 0, None)
 
 
-def sweep_callback_of(options: dict[str, Any]) -> Callable[[int, float, float], bool] | None:
-    """The engine ``sweep_callback`` for an estimator's options dict (None without a reporter)."""
-    progress = options.get("progress")
+def sweep_callback_of(options: FitOptions) -> Callable[[int, float, float], bool] | None:
+    """The engine ``sweep_callback`` for a fit's options (None without a reporter)."""
+    progress = options.progress
     return None if progress is None else progress.sweep_callback()
 
 

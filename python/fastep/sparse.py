@@ -347,9 +347,9 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
             Class labels (any sortable values; two or more classes).
         %CLIENT%
         """
-        options = self._engine_options()
+        options = self._fit_options()
         if getattr(self, "_continuing", False):
-            options["learning"] = "minibatch"
+            options = options.replace(learning="minibatch")
         kernel = check_kernel(self.kernel)
         v.check_choice(self.multi_class, "multi_class", ("one_vs_rest", "multinomial"))
         if self.multi_class == "multinomial":
@@ -368,7 +368,7 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
             classes, targets = v.encode_one_vs_rest_labels(y)
             previous = None
             if self._learns_from_minibatches(X.shape[0], options, likelihood):
-                options["n_features"] = X.shape[1]
+                options = options.replace(minibatch=True, n_features=X.shape[1])
                 previous = self._previous_minibatch_fits(X, options, len(targets), classes)
                 kernel = previous[0].kernel if previous else self._minibatch_start(kernel, X)
             else:
@@ -377,7 +377,8 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
             self._check_kernel_gradients(kernel, X, self._learns_inducing())
             Zs = ([p.Z for p in previous] if previous
                   else self._inducing_inputs(X, options, kernel, likelihood, targets))
-            self._check_memory(X.shape[0], Zs[0].shape[0], len(targets), options)
+            options = options.replace(n_problems=len(targets))
+            self._check_memory(X.shape[0], Zs[0].shape[0], options)
             starts = previous or [None] * len(targets)
             problems = map_in_order(
                 lambda job: self._fit_one(X, job[0], job[1], kernel, likelihood, options, learn_likelihood,
@@ -396,23 +397,23 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
             raise ValueError("multi_class='multinomial' uses the multinomial probit likelihood: leave likelihood "
                              f"at its default and learn_likelihood=False (got {self.likelihood!r}, "
                              f"learn_likelihood={self.learn_likelihood!r})")
-        if options["power"] != 1.0:
+        if options.power != 1.0:
             raise ValueError(f"multi_class='multinomial' runs plain EP: power must be 1.0, got {self.power!r}")
         if client is not None or _chunked.is_dask_array(X):
             raise ValueError("multi_class='multinomial' fits in-core data (an array or a numpy.memmap), "
                              "not a dask array")
         if self.damping is None:
-            options["damping"], options["adaptive_damping"] = _multinomial.ADAPTIVE_DAMPING_START, True
+            options = options.replace(damping=_multinomial.ADAPTIVE_DAMPING_START, adaptive_damping=True)
         if getattr(self, "_continuing", False):
             raise ValueError("continue_fit is not available with multi_class='multinomial'; call fit")
         X, y = v.check_X_y(X, y)
         classes, labels = v.encode_class_indices(y)
         n_classes = classes.shape[0]
-        options["n_classes"] = n_classes
+        options = options.replace(n_classes=n_classes)
         minibatch = self._learns_from_minibatches(X.shape[0], options, None,
                                                   min_rows=_multinomial.MINIBATCH_MIN_ROWS)
         if minibatch:
-            options["n_features"], options["model"] = X.shape[1], "multinomial"
+            options = options.replace(minibatch=True, n_features=X.shape[1])
             kernel = self._minibatch_start(kernel, X)
         else:
             kernel = start_kernel(kernel, X)
@@ -428,7 +429,7 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
             m = min(m, X.shape[0])
         Z = self._multinomial_inducing_inputs(X, labels, n_classes, options, kernel, m, minibatch)
         # the posterior's (c m)² matrices are what grows with c: plan with c m inducing values
-        self._check_memory(X.shape[0], n_classes * Z.shape[0], 1, options)
+        self._check_memory(X.shape[0], n_classes * Z.shape[0], options)
         learn_inducing = self._learns_inducing()
         if minibatch:
             problem = self._fit_minibatch(X, labels, Z, kernel, None, options, False)
@@ -458,9 +459,9 @@ class SparseGPClassifier(MultinomialClassifierMixin, _ChunkedClassifierMixin, GP
         binary model (``'auto'`` in minibatch learning is k-means++)."""
         init = self.inducing_init
         if isinstance(init, str) and (init == "ivm" or (init == "auto" and not minibatch)):
-            return _multinomial.select_across_classes(X, labels, n_classes, kernel, m, seed=options["seed"])
+            return _multinomial.select_across_classes(X, labels, n_classes, kernel, m, seed=options.seed)
         if isinstance(init, str) and init == "auto":
-            rng = np.random.default_rng(options["seed"])
+            rng = np.random.default_rng(options.seed)
             return np.ascontiguousarray(kmeans_plus_plus(_kmeans_sample(X, m, rng), m, rng))
         return self._inducing_inputs(X, options, kernel, Probit(), [labels], m=m)[0]
 
@@ -580,14 +581,15 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             Real targets.
         %CLIENT%
         """
-        options = self._engine_options()
+        options = self._fit_options()
         if getattr(self, "_continuing", False):
-            options["learning"] = "minibatch"
+            options = options.replace(learning="minibatch")
         kernel = check_kernel(self.kernel)
         noise_class, noise = resolve_noise_model(self.likelihood, self.noise_variance)
         fractional = noise_class.ep_variant == "fractional"
         if fractional:
-            use_fractional_ep(options, noise_class, None if self.power is None else options["power"], self.damping)
+            options = use_fractional_ep(options, noise_class, None if self.power is None else options.power,
+                                        self.damping)
         noise_variance = check_noise_variance(self.noise_variance)
         # a placeholder noise model for the checks before the data are read; None becomes var(y) / 10 below
         likelihood = (noise_class.from_noise_variance(1.0 if noise_variance is None else noise_variance)
@@ -615,7 +617,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
                 gaussian, _, X, y, start = self._check_regression_inputs(X, y, kernel)
             previous = None
             if self._learns_from_minibatches(X.shape[0], options, likelihood):
-                options["n_features"] = X.shape[1]
+                options = options.replace(minibatch=True, n_features=X.shape[1])
                 previous = self._previous_minibatch_fits(X, options, 1)
                 start = previous[0].kernel if previous else self._minibatch_start(kernel, X, y, regression=True)
             kernel = start
@@ -625,7 +627,7 @@ class SparseGPRegressor(_ChunkedRegressorMixin, GPRegressorMixin, _SparseGPBase)
             # the IVM initialisation scores inclusions under Gaussian noise of the targets' scale
             (Z,) = ([previous[0].Z] if previous
                     else self._inducing_inputs(X, options, kernel, gaussian if fractional else likelihood, [y]))
-            self._check_memory(X.shape[0], Z.shape[0], 1, options)
+            self._check_memory(X.shape[0], Z.shape[0], options)
             problems = [self._fit_one(X, y, Z, kernel, likelihood, options, learn_noise,
                                           start=previous[0] if previous else None)]
         self._set_fitted(X, problems)

@@ -36,6 +36,7 @@ from scipy.linalg import lapack, solve_triangular
 from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepResult
 from .._epcore.gp_ep import _check_kernel_matrix
+from .._gp.fit_options import DenseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._prediction import PREDICT_BATCH
@@ -332,6 +333,8 @@ class MultinomialGPProblem(NestedSites, SiteProblem):
     ``site_natural_mean`` = ν̃, both transposed to (c, n).
     """
 
+    options_class = DenseFitOptions
+
     algorithm = "nested EP"
     #: The search runs nested EP to the estimator's ``tol``: at a looser tolerance the warm-started
     #: runs stop after one damped sweep whose evidence still creeps by ~1e-3 from call to call, and
@@ -343,7 +346,7 @@ class MultinomialGPProblem(NestedSites, SiteProblem):
 
     def __init__(self, kernel, X, labels, n_classes, options):
         super().__init__(kernel, None, X, labels, options,
-                         Hyperparameters(kernel, None, False, hyperprior=options.get("hyperprior")))
+                         Hyperparameters(kernel, None, False, hyperprior=options.hyperprior))
         n = X.shape[0]
         self.n_classes = n_classes
         self._zero_nested_sites(n, n_classes)
@@ -383,9 +386,9 @@ class MultinomialGPProblem(NestedSites, SiteProblem):
         n, c = self.X.shape[0], self.n_classes
         alpha = self.inner_precision.copy() if warm else np.zeros((n, c))
         beta = self.inner_natural_mean.copy() if warm else np.zeros((n, c))
-        engine = _nested.MultinomialEP(dense_posterior_of(K, validate=False), self.y, c, damping=opts["damping"],
-                                  adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"],
-                                  max_sweeps=opts["max_sweeps"], validate=False)
+        engine = _nested.MultinomialEP(dense_posterior_of(K, validate=False), self.y, c, damping=opts.damping,
+                                  adaptive_damping=opts.adaptive_damping, tol=opts.tol,
+                                  max_sweeps=opts.max_sweeps, validate=False)
         info = engine.run(alpha, beta, sweep_callback=sweep_callback_of(opts))
         return MultinomialEPState(alpha, beta, engine.posterior, info)
 
@@ -394,7 +397,7 @@ class MultinomialGPProblem(NestedSites, SiteProblem):
         its evidence gradient (``gradient``) and, with ``keep``, the prediction state;
         ``(log_z, grad or None, info)``."""
         kernel = params[0]
-        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        K = dense_kernel_matrix(kernel, self.X, self.options.jitter)
         state = None
         if warm and self._has_sites():
             with contextlib.suppress(*WARM_START_FAILURES):

@@ -25,6 +25,7 @@ import numpy as np
 from scipy.linalg import lapack, solve_triangular
 
 from .._epcore import gp_ep as _engine
+from .._gp.fit_options import DenseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.predictor import DensePredictor
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
@@ -62,6 +63,8 @@ def _cholesky_lower_inplace(A):
 class DenseGPProblem(SiteProblem):
     """One binary (or regression) GP EP problem: EP runs, evidence, gradient, prediction state."""
 
+    options_class = DenseFitOptions
+
     #: The search runs EP to the estimator's ``tol``: a sweep warm-started from the previous
     #: evaluation's sites costs a fraction of the evaluation's kernel and factorisation work, and
     #: looser EP gave gradients inconsistent enough to stall L-BFGS-B's line searches.
@@ -69,14 +72,14 @@ class DenseGPProblem(SiteProblem):
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
         super().__init__(kernel, likelihood, X, y, options,
-                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.get("hyperprior")))
+                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.hyperprior))
         self.learn_likelihood = learn_likelihood
 
     # -- EP --------------------------------------------------------------------------------
     def _kernel_matrix(self, kernel):
         K = np.ascontiguousarray(kernel._K(self.X, None), dtype=np.float64)
-        if self.options["jitter"]:
-            K.flat[:: K.shape[0] + 1] += self.options["jitter"]
+        if self.options.jitter:
+            K.flat[:: K.shape[0] + 1] += self.options.jitter
         if not np.all(np.isfinite(K)):
             raise ValueError(f"the kernel {kernel!r} produced non-finite values on X")
         if not np.all(K.diagonal() > 0):
@@ -88,9 +91,9 @@ class DenseGPProblem(SiteProblem):
     @staticmethod
     def _new_engine_options(opts):
         return _engine.DenseEPOptions(
-            schedule=opts["schedule"], order=opts["order"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], negative_precision=opts["negative_precision"],
-            block_size=opts["block_size"], refresh_every=opts["refactor_every"])
+            schedule=opts.schedule, order=opts.order, damping=opts.damping, tol=opts.tol,
+            max_sweeps=opts.max_sweeps, negative_precision=opts.negative_precision,
+            block_size=opts.block_size, refresh_every=opts.refresh_every)
 
     def _ep(self, K, buffer, likelihood, warm):
         """One EP run on ``K`` from the stored sites (``warm``) or zero sites; B's factor is left
@@ -105,7 +108,7 @@ class DenseGPProblem(SiteProblem):
         # OUTPUT_FACTOR: the buffer comes back holding L = chol(I + S^½ K S^½), which is
         # all the evidence gradient and prediction need (Σ itself is never formed at the end)
         engine = _engine.DenseEP(K, self.y, likelihood.site_spec(), self.engine_options(), output=_engine.OUTPUT_FACTOR,
-                                 seed=opts["seed"], validate=False)
+                                 seed=opts.seed, validate=False)
         info = engine.run(tau, nu, buffer, post_mean, post_var=post_var,
                           cavity_mean=cavity_mean, cavity_var=cavity_var,
                           sweep_callback=sweep_callback_of(opts))

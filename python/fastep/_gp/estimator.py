@@ -77,7 +77,9 @@ class GPEstimator(BaseEstimator):
         self.converged_ = all(bool(p.info.converged) for p in problems)
         progress = None
         for p in problems:                      # the fit's reporter is not part of the fitted state
-            progress = p.options.pop("progress", None) or progress
+            progress = p.options.progress or progress
+            if p.options.progress is not None:
+                p.options = p.options.replace(progress=None)
         if progress is not None:
             self._warn_if_stopped(progress, stacklevel=4)
 
@@ -88,7 +90,7 @@ class GPEstimator(BaseEstimator):
         ``seed``, named after the estimator for its warnings; returns the problem."""
         problem.estimator_name = type(self).__name__
         problem.latent_scale = 1.0 if isinstance(self, GPClassifierMixin) else None
-        return problem.fit(optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer, seed=problem.options["seed"],
+        return problem.fit(optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer, seed=problem.options.seed,
                            warm_start=self.warm_start, max_sweeps=self.max_sweeps, tol=self.tol)
 
     def _check_X(self, X: ArrayLike) -> NDArray[np.float64]:

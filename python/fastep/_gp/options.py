@@ -28,15 +28,15 @@ def start_kernel(kernel, X, y=None, *, regression=False, bias=True):
 
 
 def use_fractional_ep(options, noise_class, power, damping):
-    """Set the engine ``options`` of fractional EP for a likelihood that needs it
-    (:attr:`fastep.likelihoods.Likelihood.ep_variant` ``'fractional'``): the power η
-    (``power``, or the likelihood's :attr:`~fastep.likelihoods.Likelihood.default_power`), up to
-    10 halvings of a step that would make a cavity improper, and damping 0.5 unless ``damping``
-    was given."""
-    options["power"] = float(noise_class.default_power if power is None else power)
-    options["max_halvings"] = 10
+    """The fit ``options`` (:class:`~fastep._gp.fit_options.FitOptions`) of fractional EP for a
+    likelihood that needs it (:attr:`fastep.likelihoods.Likelihood.ep_variant` ``'fractional'``):
+    the power η (``power``, or the likelihood's
+    :attr:`~fastep.likelihoods.Likelihood.default_power`), up to 10 halvings of a step that
+    would make a cavity improper, and damping 0.5 unless ``damping`` was given."""
+    changes = {"power": float(noise_class.default_power if power is None else power), "max_halvings": 10}
     if damping is None:
-        options["damping"] = 0.5
+        changes["damping"] = 0.5
+    return options.replace(**changes)
 
 
 def check_classifier_likelihood(likelihood, learn_likelihood):

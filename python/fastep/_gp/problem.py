@@ -16,6 +16,7 @@ from .._search.optimize import maximize_log_likelihood
 from ..exceptions import ConvergenceWarning
 from ..kernels._distances import reuse_training_distances
 
+from .fit_options import KeepsFitOptions
 from .hyperparameters import Hyperparameters
 
 __all__ = ["SiteProblem", "WARM_START_FAILURES"]
@@ -26,7 +27,7 @@ __all__ = ["SiteProblem", "WARM_START_FAILURES"]
 WARM_START_FAILURES = (np.linalg.LinAlgError, FloatingPointError)
 
 
-class SiteProblem:
+class SiteProblem(KeepsFitOptions):
     """One binary (or regression) EP problem: its data, its sites and type-II maximum likelihood.
 
     Each family's subclass defines ``evaluate(params, *, gradient, warm, keep=False)``: EP at
@@ -69,12 +70,13 @@ class SiteProblem:
         self.site_natural_mean = np.zeros(n)
 
     def _new_engine_options(self, options):
-        """The family engine's frozen options object from the estimator's ``options`` dict."""
+        """The family engine's frozen options object from the fit ``options``."""
         raise NotImplementedError
 
     def engine_options(self):
         """The family engine's options for the current ``options``: built, and so checked, once
-        per options dict (the search's and the final run's), then shared by every EP run."""
+        per options object (the search's and the final run's; the objects are frozen, so one
+        object always gives the same engine options), then shared by every EP run."""
         cached = self.__dict__.get("_engine_options_for")
         if cached is None or cached[0] is not self.options:
             cached = (self.options, self._new_engine_options(self.options))
@@ -115,14 +117,14 @@ class SiteProblem:
         :class:`~fastep.ConvergenceWarning` if the final EP run did not converge.
         """
         hyper = self.hyperparameters
-        progress = self.options.get("progress") or quiet()
+        progress = self.options.progress or quiet()
         self.n_coarse_evaluations = 0
         if optimizer is not None and hyper.size and not progress.stopped:
             search = Search(self, hyper, warm_start, progress)
             rng = np.random.default_rng(seed)
             final_options = self.options
-            if self.search_tol is not None and self.search_tol > final_options["tol"]:
-                self.options = dict(final_options, tol=self.search_tol)
+            if self.search_tol is not None and self.search_tol > final_options.tol:
+                self.options = final_options.replace(tol=self.search_tol)
             X = getattr(self, "X", None)
             start, scale = hyper.space.u_start, 1.0
             try:

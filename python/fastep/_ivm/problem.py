@@ -31,13 +31,14 @@ from ..exceptions import ConvergenceWarning
 from ..kernels import ColumnProductCache, KernelColumns
 from ..likelihoods import Gaussian
 from .._sparse.stochastic import MINIBATCH_PATIENCE, minibatch_windows
+from .._gp.fit_options import RefineOptions, SparseFitOptions
 
 #: EP of the full-data objective: the sparse engine's FITC evidence (power 1), every site updated
 #: from the same posterior (one n x d product per iteration instead of n rank-1 factor updates),
 #: damped by 0.5 (the sparse estimators' parallel default), to the sparse estimators' default tolerance.
-_FULL_DATA_EP = {"schedule": _sparse_engine.SPARSE_PARALLEL, "order": _sparse_engine.ORDER_FIXED, "damping": 0.5,
-                 "tol": 1e-6, "max_sweeps": 200, "negative_precision": _sparse_engine.NEGATIVE_CLIP,
-                 "approximation": "fitc", "power": 1.0, "n_quadrature": 32}
+_FULL_DATA_EP = SparseFitOptions(schedule=_sparse_engine.SPARSE_PARALLEL, order=_sparse_engine.ORDER_FIXED,
+                                 damping=0.5, tol=1e-6, max_sweeps=200, negative_precision=_sparse_engine.NEGATIVE_CLIP,
+                                 approximation="fitc", power=1.0, n_quadrature=32)
 #: EP tolerance of the full-data objective during a round's search (the run at its result uses 1e-6).
 _FULL_DATA_SEARCH_TOL = 1e-4
 #: Algorithm 2 (full data) stops early after a round that moved no parameter by more than this in the
@@ -155,7 +156,8 @@ class _IVMProblem:
                  refine=None):
         self.X, self.y, self.kernel, self.likelihood = X, y, kernel, likelihood
         self.d, self.criterion, self.seed, self.offset = d, criterion, seed, float(offset)
-        self.refine, self.joint_noise = refine, joint_noise
+        self.refine = RefineOptions() if refine is None else refine
+        self.joint_noise = joint_noise
         self.refinement = self.state = self.product_cache = self.full_data_sites = None
         self.prior_centre = (kernel, likelihood)
         self.hyperparameters = self.log_evidence = None
@@ -172,11 +174,10 @@ class _IVMProblem:
     # -- Algorithm 1 ---------------------------------------------------------------------
     def engine_options(self):
         """The engine's :class:`~fastep._epcore.ivm_refine.IVMOptions` for this problem."""
-        refine = self.refine or {}
+        refine = self.refine
         return _engine.IVMOptions(self.d, criterion=self.criterion, seed=self.seed,
-                                  refine_sweeps=refine.get("sweeps", 0), exchange=refine.get("exchange"),
-                                  exchange_tol=refine.get("exchange_tol", 1e-6),
-                                  max_exchanges=refine.get("max_exchanges"))
+                                  refine_sweeps=refine.sweeps, exchange=refine.exchange,
+                                  exchange_tol=refine.exchange_tol, max_exchanges=refine.max_exchanges)
 
     def select(self, sweep_callback=None):
         """Algorithm 1 and the refinement of the active set (one :meth:`IVMEP.run
@@ -215,10 +216,12 @@ class _IVMProblem:
         return out
 
     def __setstate__(self, state):
-        """Restore a saved or copied problem (a refinement report saved as plain dicts, as older
-        versions wrote it, becomes typed results)."""
+        """Restore a saved or copied problem (a refinement report, and the refinement's settings,
+        saved as plain dicts, as older versions wrote them, become typed)."""
         self.__dict__.update(state)
         self.refinement = typed_refinement(state.get("refinement"))
+        if not isinstance(self.__dict__.get("refine"), RefineOptions):
+            self.refine = RefineOptions.from_dict(self.__dict__.get("refine"))
 
     # -- Algorithm 2 objectives --------------------------------------------------------------
     def kernel_objective(self, theta):
@@ -287,20 +290,22 @@ class _IVMProblem:
         X = self.X if X is None else X
         Z = np.ascontiguousarray(X[self.active])
         diag = self.kernel._diag(Z)
-        options = dict(options, jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
+        options = options.replace(jitter=_FULL_DATA_JITTER * float(np.mean(diag)))
         sparse = _BinarySparseEP(self.kernel, self.likelihood, Z, X, self.y - self.offset, options,
                                  learn_likelihood, False)
         if warm and self.full_data_sites is not None:
             sparse.restore_sites(self.full_data_sites)
         return sparse
 
-    def learn_full_data(self, options, learn_likelihood, hyperprior):
+    def learn_full_data(self, ivm_options, learn_likelihood):
         """Maximise the full-data objective (plus the log hyperprior) over the kernel and, with
         ``learn_likelihood``, the likelihood parameters, Z fixed at the active inputs; returns
-        the sparse problem at the result (its ``log_ml`` the evidence there)."""
+        the sparse problem at the result (its ``log_ml`` the evidence there). ``ivm_options``:
+        the fit's :class:`~fastep._gp.fit_options.IVMFitOptions`."""
+        options, hyperprior = ivm_options.full_data, ivm_options.hyperprior
         sparse = self.full_data_problem(options, learn_likelihood)
-        sparse.estimator_name = options["estimator_name"]
-        sparse.latent_scale = options["latent_scale"]
+        sparse.estimator_name = ivm_options.estimator_name
+        sparse.latent_scale = ivm_options.latent_scale
         # the hyperprior stays centred at the start of Algorithm 2; each round's search starts
         # where the previous one ended
         start_kernel, start_likelihood = self.prior_centre
@@ -311,7 +316,7 @@ class _IVMProblem:
         sparse.search_tol = _FULL_DATA_SEARCH_TOL
         sparse.hyperparameters = hyper
         sparse.fit(optimizer="L-BFGS-B", n_restarts=0, seed=self.seed,
-                   warm_start=True, max_sweeps=options["max_sweeps"], tol=options["tol"])
+                   warm_start=True, max_sweeps=options.max_sweeps, tol=options.tol)
         #: the largest move of this round in the search's (log) coordinates
         end = space.to_search(hyper.pack(sparse.kernel, sparse.likelihood))
         self.last_step = float(np.max(np.abs(end - space.u_start), initial=0.0))
@@ -325,16 +330,17 @@ class _IVMProblem:
         Z = np.ascontiguousarray(self.X[self.active])
         jitter = _FULL_DATA_JITTER * float(np.mean(self.kernel._diag(Z)))
         window, site_window = minibatch_windows(self.X.shape[0], Z.shape[0])
-        return Z, dict(options, jitter=jitter, sites="tied", window=window, site_window=site_window,
-                       patience=MINIBATCH_PATIENCE)
+        return Z, options.replace(jitter=jitter, sites="tied", window=window, site_window=site_window,
+                                  patience=MINIBATCH_PATIENCE)
 
-    def learn_minibatch(self, options, learn_likelihood, hyperprior, learn=True):
+    def learn_minibatch(self, ivm_options, learn_likelihood, learn=True):
         """The full-data objective learnt from minibatches (stochastic EP with Adam steps on the
         evidence gradient, :func:`fastep._sparse.stochastic.fit_minibatch`), Z fixed at the
         active inputs; ``learn=False``: the sites only, at the current parameters. Returns the
         :class:`~fastep._sparse.stochastic.MinibatchSparseFit` (its ``log_ml`` the estimated
-        evidence)."""
+        evidence). ``ivm_options``: the fit's :class:`~fastep._gp.fit_options.IVMFitOptions`."""
         from .._sparse import stochastic
+        options, hyperprior = ivm_options.full_data, ivm_options.hyperprior
         start_kernel, start_likelihood = self.prior_centre
         self.hyperparameters = Hyperparameters(start_kernel, start_likelihood, learn_likelihood,
                                                hyperprior=hyperprior)
@@ -351,7 +357,7 @@ class _IVMProblem:
         self.kernel, self.likelihood = fitted.kernel, fitted.likelihood
         self.full_data_sites = None
         if learn:
-            self.round_loss = _settled_loss(fitted.history, mb_options["patience"])
+            self.round_loss = _settled_loss(fitted.history, mb_options.patience)
         return fitted
 
     def full_data_evidence(self, options):
@@ -437,10 +443,10 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
     prefix = f"[{label}] " if label else ""
     kernel_at_start = copy.deepcopy(problem.kernel)
     last_good = (0, kernel_at_start, problem.likelihood, problem.offset)
-    if problem.product_cache is None and options["n_iterations"] > 0:    # Algorithm 2 reselects
+    if problem.product_cache is None and options.n_iterations > 0:    # Algorithm 2 reselects
         problem.product_cache = ColumnProductCache(problem.X, max_columns=2 * problem.d)
 
-    progress = options["progress"]
+    progress = options.progress
     sweeps = progress.sweep_callback()          # the refinement's EP sweeps (None: nobody listens)
 
     def report(iteration, stage):
@@ -473,21 +479,19 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
         except StopRequested:
             return best["theta"]
 
-    full_data = options["kernel_objective"] == "full_data"
-    minibatch = full_data and options.get("minibatch", False)
+    full_data = options.kernel_objective == "full_data"
+    minibatch = full_data and options.minibatch
     previous_round = None          # minibatch rounds: (settled loss and SE, kernel, likelihood, last_good)
-    for iteration in range(1, options["n_iterations"] + 1):
+    for iteration in range(1, options.n_iterations + 1):
         if progress.stopped:
             break
         problem.select(sweeps)
         if full_data:
             problem.state = None                # the O(d n) selection state is rebuilt by the next selection
             if minibatch:
-                sparse = problem.learn_minibatch(options["full_data"], learn_noise or problem.joint_noise,
-                                                 options["hyperprior"])
+                sparse = problem.learn_minibatch(options, learn_noise or problem.joint_noise)
             else:
-                sparse = problem.learn_full_data(options["full_data"], learn_noise or problem.joint_noise,
-                                                 options["hyperprior"])
+                sparse = problem.learn_full_data(options, learn_noise or problem.joint_noise)
             problem.log_evidence = sparse.log_ml
             if not report(iteration, "full data"):
                 break
@@ -538,7 +542,7 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
                 break
         if not _ignores_inputs(classifier, problem.kernel, problem.X):
             last_good = (iteration, problem.kernel, problem.likelihood, problem.offset)
-    if (options["n_iterations"] > 0 and _ignores_inputs(classifier, problem.kernel, problem.X)
+    if (options.n_iterations > 0 and _ignores_inputs(classifier, problem.kernel, problem.X)
             and not _ignores_inputs(classifier, kernel_at_start, problem.X)):
         learnt = problem.kernel
         rounds, problem.kernel, problem.likelihood, problem.offset = last_good
@@ -546,23 +550,23 @@ def fit_problem(estimator, problem, options, learn_noise, learn_offset, label=""
             f"{type(estimator).__name__}{' ' + prefix.strip() if prefix else ''}: Algorithm 2 (eq 32) ended on "
             f"{learnt!r}, under which the latent function is ≈ constant across the training inputs (the active "
             f"set's approximate evidence can favour a model that ignores the inputs); kept {problem.kernel!r}, the "
-            f"kernel after round {rounds} of {options['n_iterations']} (0: the start). A larger "
+            f"kernel after round {rounds} of {options.n_iterations} (0: the start). A larger "
             "active_set_size, or the dense GaussianProcessClassifier, learns the kernel from more of the data.",
             ConvergenceWarning, stacklevel=4)
     problem.select(sweeps)
     problem.log_evidence = None
-    if full_data and options["n_iterations"] > 0:
+    if full_data and options.n_iterations > 0:
         if minibatch:
             # the sites at the final active set and parameters, from minibatches, and their evidence
-            problem.log_evidence = problem.learn_minibatch(options["full_data"], learn_noise or problem.joint_noise,
-                                                           options["hyperprior"], learn=False).log_ml
+            problem.log_evidence = problem.learn_minibatch(options, learn_noise or problem.joint_noise,
+                                                           learn=False).log_ml
         else:
-            problem.full_data_evidence(options["full_data"])
+            problem.full_data_evidence(options.full_data)
     elif problem.hyperparameters is None:
         problem.hyperparameters = Hyperparameters(problem.kernel, problem.likelihood, False)
     for message in problem.refinement_warnings():
         warnings.warn(f"{prefix}{message}", ConvergenceWarning, stacklevel=4)
-    if options["n_iterations"] > 0:
+    if options.n_iterations > 0:
         warn_if_kernel_stuck(kernel_at_start, problem.kernel, problem.X,
                              latent_scale=1.0 if classifier else None,
                              what=f"{type(estimator).__name__}{' ' + prefix.strip() if prefix else ''}", stacklevel=3)

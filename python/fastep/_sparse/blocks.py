@@ -43,8 +43,8 @@ def project_rows(kernel, X, Z, Kmm, options):
     for name, arr in (("K(Z, Z)", Kmm), ("K(X, Z)", Knm), ("diag K(X, X)", kdiag)):
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"the kernel {kernel!r} produced non-finite values in {name}")
-    return _engine.sparse_projection(Kmm, Knm, kdiag, approximation=options["approximation"],
-                                     jitter=options["jitter"], overwrite_knm=True)
+    return _engine.sparse_projection(Kmm, Knm, kdiag, approximation=options.approximation,
+                                     jitter=options.jitter, overwrite_knm=True)
 
 
 def posterior_from_sums(precision_sum, natural_mean_sum):
@@ -71,12 +71,12 @@ def posterior_from_sums(precision_sum, natural_mean_sum):
 def cavity_moments(likelihood, y, d, tau, nu, g_mean, g_var, options):
     """Cavities ``N(m_c, v_c + d)`` of f at the sites and the powered site kernel there:
     ``(m_c, var_f, a, b)`` (:mod:`fastep._epcore.sparse_ep`, "One site")."""
-    power = options["power"]
+    power = options.power
     v_c = g_var / (1.0 - power * tau * g_var)
     m_c = g_mean + v_c * power * (tau * g_mean - nu)
     var_f = v_c + d
     _, a, b = power_moments_array(likelihood.site_spec(), y, m_c, var_f, power=power,
-                                          n_quadrature=options["n_quadrature"])
+                                          n_quadrature=options.n_quadrature)
     return m_c, var_f, a, b
 
 
@@ -93,11 +93,11 @@ def gradient_first_sums(L, Vt, d, y, tau, nu, g_mean, g_var, likelihood, options
     the block's ``a = ν - τ ∘ E[g]`` and ``c = (1/α) ∂ log Z_i/∂v_i`` (zeros for DTC) that the
     second pass needs.
     """
-    power = options["power"]
+    power = options.power
     m_c, var_f, az, bz = cavity_moments(likelihood, y, d, tau, nu, g_mean, g_var, options)
     a = nu - tau * g_mean
     # (1/α) ∂ log Z_i/∂v_i = (a² - b)/(2α): ∂Z/∂v = ½ ∂²Z/∂m² for a Gaussian convolution
-    c = (az * az - bz) / (2.0 * power) if options["approximation"] == "fitc" else np.zeros_like(a)
+    c = (az * az - bz) / (2.0 * power) if options.approximation == "fitc" else np.zeros_like(a)
     U = _u_block(L, Vt)
     P = matmul(U * tau, Vt)
     Ua = matmul(U, a)

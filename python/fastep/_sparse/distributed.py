@@ -31,6 +31,7 @@ import numpy as np
 from .. import _validation as v
 from .._epcore import sparse_ep as _engine
 from .._epcore._common import SweepDriver, SweepResult
+from .._gp.fit_options import SparseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._sparse.blocks import (SparsePredictor, gradient_first_sums, gradient_from_sums,
@@ -119,9 +120,9 @@ def chunk_iterate(chunk, R, w_mean, likelihood, options, update):
     """One map step of the parallel schedule (``sparse_ep._parallel_chunk_step``)."""
     step = _engine._parallel_chunk_step(
         chunk.Vt, chunk.d, chunk.y, likelihood.site_spec(), chunk.site_precision,
-        chunk.site_natural_mean, R, w_mean, power=options["power"],
-        n_quadrature=options["n_quadrature"], damping=options["damping"],
-        negative_precision=options["negative_precision"], update=update)
+        chunk.site_natural_mean, R, w_mean, power=options.power,
+        n_quadrature=options.n_quadrature, damping=options.damping,
+        negative_precision=options.negative_precision, update=update)
     if update:
         new = chunk.replace(site_precision=step["site_precision"],
                             site_natural_mean=step["site_natural_mean"],
@@ -283,7 +284,7 @@ def run_parallel_ep(executor, chunks, likelihood, options):
     posterior factor and mean and the engine's info dict.  Raises
     ``numpy.linalg.LinAlgError`` if a factorisation fails.
     """
-    max_sweeps, tol = options["max_sweeps"], options["tol"]
+    max_sweeps, tol = options.max_sweeps, options.tol
     sums = executor.summaries(chunks)
     R, w_mean, half_log_det, quad_b = posterior_from_sums(_sum([s[0] for s in sums]),
                                                           _sum([s[1] for s in sums]))
@@ -326,6 +327,8 @@ class DistributedSparseEP(SiteProblem):
     ``executor``.  Holds no array of length n: the sites stay in the chunks.
     """
 
+    options_class = SparseFitOptions
+
     algorithm = "sparse EP"
 
     def __init__(self, kernel, likelihood, Z, executor, chunks, sizes, options, learn_likelihood,
@@ -336,7 +339,7 @@ class DistributedSparseEP(SiteProblem):
         self.learn_likelihood, self.learn_inducing = learn_likelihood, learn_inducing
         self.hyperparameters = Hyperparameters(kernel, likelihood, learn_likelihood,
                                                extra=Z if learn_inducing else None,
-                                               hyperprior=options.get("hyperprior"))
+                                               hyperprior=options.hyperprior)
 
     def __getstate__(self):
         """A saved or pickled copy keeps what prediction needs: the cluster's executor and the
@@ -370,7 +373,7 @@ class DistributedSparseEP(SiteProblem):
         if not np.all(np.isfinite(Kmm)):
             raise ValueError(f"the kernel {kernel!r} produced non-finite values in K(Z, Z)")
         L, _, _ = _engine.sparse_projection(Kmm, np.empty((0, Z.shape[0])), np.empty(0),
-                                            approximation=opts["approximation"], jitter=opts["jitter"])
+                                            approximation=opts.approximation, jitter=opts.jitter)
         projected = self.executor.map(chunk_project, self.chunks, kernel, Z, Kmm, opts)
         result = None
         if warm and self.has_sites:

@@ -1,4 +1,4 @@
-"""The sparse GP estimators' shared machinery: engine options, when a fit learns from
+"""The sparse GP estimators' shared machinery: fit options, when a fit learns from
 minibatches, inducing inputs (their start, growth and learning), full-batch, minibatch and
 Dask-cluster fits, memory checks and the fitted state."""
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .. import _validation as v
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
 from .._gp.estimator import EPEvidenceMixin, EPParameters, GPEstimator, stack_problems
+from .._gp.fit_options import SparseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.options import ep_option_constraints, start_kernel
 from .._constraints import Boolean, Choice, Integer, Interval, validate_params
@@ -89,7 +90,7 @@ def _kmeans_sample(X, m, rng):
 
 
 class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
-    """Engine options, inducing inputs and the per-problem fit shared by the sparse estimators."""
+    """Fit options, inducing inputs and the per-problem fit shared by the sparse estimators."""
 
     #: What ``inducing_init='auto'`` means in core: the IVM's selection (True) or k-means++.
     _informative_selection = False
@@ -120,43 +121,41 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                                                                                 finite=True),
                                   sites=Choice(_minibatch.SITE_MODES))
 
-    def _engine_options(self):
+    def _fit_options(self):
+        """The fit's :class:`~fastep._gp.fit_options.SparseFitOptions` from the parameters (validated)."""
         p = validate_params(self, self._parameter_constraints)
         damping = p["damping"]
         if damping is None:
             damping = 0.5 if self.schedule == "parallel" else 1.0
-        return {"schedule": _SCHEDULES[self.schedule], "order": _ORDERS[self.order], "seed": p["random_state"],
-                "damping": float(damping), "tol": p["tol"], "max_sweeps": p["max_sweeps"],
-                "negative_precision": _POLICIES[self.negative_precision], "jitter": p["jitter"],
-                "approximation": self.approximation, "power": 1.0 if p["power"] is None else float(p["power"]),
-                "n_quadrature": p["n_quadrature"], "hyperprior": p["hyperprior"],
-                "progress": self._new_progress(), "learning": p["learning"], "batch_size": p["batch_size"],
-                "max_epochs": p["max_epochs"], "learning_rate": float(p["learning_rate"]), "sites": p["sites"],
-                "patience": MINIBATCH_PATIENCE}
+        return SparseFitOptions(
+            schedule=_SCHEDULES[self.schedule], order=_ORDERS[self.order], seed=p["random_state"],
+            damping=float(damping), tol=p["tol"], max_sweeps=p["max_sweeps"],
+            negative_precision=_POLICIES[self.negative_precision], jitter=p["jitter"],
+            approximation=self.approximation, power=1.0 if p["power"] is None else float(p["power"]),
+            n_quadrature=p["n_quadrature"], hyperprior=p["hyperprior"], progress=self._new_progress(),
+            learning=p["learning"], batch_size=p["batch_size"], max_epochs=p["max_epochs"],
+            learning_rate=float(p["learning_rate"]), sites=p["sites"], patience=MINIBATCH_PATIENCE)
 
     def _learns_from_minibatches(self, n, options, likelihood, min_rows=None):
-        """Whether this fit learns from minibatches: ``learning='minibatch'``, or ``'auto'`` from
-        ``min_rows`` rows on (default ``MINIBATCH_MIN_ROWS``, read at the call); sets
-        ``options['minibatch']`` (and the window)."""
+        """Whether this fit learns from minibatches: ``options.learning='minibatch'``, or ``'auto'``
+        from ``min_rows`` rows on (default ``MINIBATCH_MIN_ROWS``, read at the call)."""
         if min_rows is None:
             min_rows = MINIBATCH_MIN_ROWS
-        mode = options["learning"]
+        mode = options.learning
         if likelihood is not None and likelihood.ep_variant == "fractional":
             if mode == "minibatch":
                 raise ValueError("learning='minibatch' is not available with a Student-t likelihood (its "
                                  "fractional EP sites may be negative); use learning='full-batch'")
             mode = "full-batch"
-        minibatch = mode == "minibatch" or (mode == "auto" and n >= min_rows)
-        options["minibatch"] = minibatch
-        return minibatch
+        return mode == "minibatch" or (mode == "auto" and n >= min_rows)
 
     def _dask_learns_from_minibatches(self, X, options, likelihood):
         """Whether a fit on a dask ``X`` learns from minibatches read to the driver (else it runs
         the map-reduce full-batch schedule on the cluster)."""
         n = X.shape[0] if _chunked.is_dask_array(X) and len(X.shape) == 2 else 0
-        if options["learning"] == "full-batch" or n == 0:
+        if options.learning == "full-batch" or n == 0:
             return False
-        return self._learns_from_minibatches(n, dict(options), likelihood)
+        return self._learns_from_minibatches(n, options, likelihood)
 
     def _driver_rows(self, X, y, client, y_numeric=False):
         """``(rows of the dask X read on demand, y validated in core)`` for minibatch learning."""
@@ -301,7 +300,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         if isinstance(init, str):
             v.check_choice(init, "inducing_init", _INDUCING_INITS)
             init = self._resolved_init(executor)
-            if m is None and options.get("minibatch"):
+            if m is None and options.minibatch:
                 m = min(n, MINIBATCH_INDUCING) if self._grows() else min(
                     v.check_int(self.n_inducing, "n_inducing", minimum=1), n)
                 if init == "ivm" and isinstance(self.inducing_init, str) and self.inducing_init == "auto":
@@ -314,9 +313,9 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                 # selection uses the sparse model's prior mean 0 as its offset (the entropy
                 # score of Gaussian sites does not depend on y anyway)
                 return [np.ascontiguousarray(X[select_active_set(X, t, kernel, likelihood, m,
-                                                                 seed=options["seed"])])
+                                                                 seed=options.seed)])
                         for t in targets]
-            rng = np.random.default_rng(options["seed"])
+            rng = np.random.default_rng(options.seed)
             if init == "random":
                 index = np.sort(rng.choice(n, size=m, replace=False))
                 Z = (np.ascontiguousarray(X[index]) if executor is None
@@ -326,7 +325,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                 if executor is not None:
                     X = _chunked.take_rows(executor, X, np.arange(n) if n <= sample
                                            else np.sort(rng.choice(n, size=sample, replace=False)))
-                elif options.get("minibatch"):
+                elif options.minibatch:
                     # k-means++ over a sample whose rows x m distances stay small beside the data
                     X = _kmeans_sample(X, m, rng)
                 Z = np.ascontiguousarray(kmeans_plus_plus(X, m, rng))
@@ -343,7 +342,7 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         """Fit one binary/regression problem, learning hyperparameters (and Z) unless ``optimizer`` is None;
         with ``n_inducing='auto'`` growing m (:meth:`_fit_growing`). ``start``: a previous
         minibatch fit of this problem to continue from (:meth:`_previous_minibatch_fits`)."""
-        if options.get("minibatch"):
+        if options.minibatch:
             return self._fit_minibatch(X, y, Z, kernel, likelihood, options, learn_likelihood, start)
         problem_class = _PROBLEMS[likelihood.ep_variant]
 
@@ -363,10 +362,10 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         if not self._grows():
             fitted.growth = None
             return fitted
-        n_problems = options.get("n_problems", 1)
+        n_problems = options.n_problems
         return grow_inducing(fitted, lambda m, best: self._learn(self._warm(make_problem(choose(m, best)), best),
                                                                  start=best),
-                             options.get("progress"),
+                             options.progress,
                              fits=lambda m: fits_in_memory(self._memory_estimate(fitted.n_points, m, n_problems)),
                              sizes=sizes)
 
@@ -374,15 +373,15 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         """Learn one problem from minibatches (:mod:`fastep._sparse.stochastic`); ``start``: a
         previous minibatch fit to continue from (its hyperprior, parameters, Z and tied site)."""
         window, site_window = minibatch_windows(X.shape[0], Z.shape[0])
-        options = dict(options, window=window, site_window=site_window)
+        options = options.replace(window=window, site_window=site_window)
         if start is not None:
             hyper = copy.deepcopy(start.hyperparameters)
             if hyper.extra is not None and not self._learns_inducing():
                 # a fit that learnt Z in its second stage continues at that stage's step
-                options["learning_rate"] = options["learning_rate"] * SECOND_STAGE_STEP
+                options = options.replace(learning_rate=options.learning_rate * SECOND_STAGE_STEP)
         else:
             hyper = Hyperparameters(kernel, likelihood, learn_likelihood,
-                                    extra=Z if self._learns_inducing() else None, hyperprior=options["hyperprior"])
+                                    extra=Z if self._learns_inducing() else None, hyperprior=options.hyperprior)
         source = _minibatch.RowSource(X, y)
         fitted = _minibatch.fit_minibatch(kernel, likelihood, Z, source, options, hyper,
                                           learn=self.optimizer is not None, start=start)
@@ -390,14 +389,14 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
             weights = relevance_weights(fitted.kernel, X.shape[1])
             if weights is not None:
                 # the second stage: k-means++ in the learnt kernel's metric, learning continued there
-                Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options["seed"])
+                Z2 = self._inducing_by_relevance(X, weights, Z.shape[0], options.seed)
                 first = fitted
                 second_options = options
                 if self._learns_inducing_second_stage(first.kernel, Z2):
                     # Z learnt too, from the re-placed inputs, at a third of the first stage's step
                     hyper = Hyperparameters(kernel, likelihood, learn_likelihood, extra=Z2,
-                                            hyperprior=options["hyperprior"])
-                    second_options = dict(options, learning_rate=options["learning_rate"] * SECOND_STAGE_STEP)
+                                            hyperprior=options.hyperprior)
+                    second_options = options.replace(learning_rate=options.learning_rate * SECOND_STAGE_STEP)
                 second = _minibatch.fit_minibatch(first.kernel, first.likelihood, Z2, source, second_options,
                                                   hyper, learn=True)
                 # kept when its best window's running log loss is at least as low as the first's
@@ -410,11 +409,11 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
         return fitted
 
     def _memory_estimate(self, n, m, n_problems, options=None):
-        if options is not None and options.get("minibatch"):
-            return minibatch_sparse_bytes(n, m, batch_size=options["batch_size"], n_features=options["n_features"],
+        if options is not None and options.minibatch:
+            return minibatch_sparse_bytes(n, m, batch_size=options.batch_size, n_features=options.n_features,
                                           n_problems=n_problems,
                                           n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
-                                          per_point_sites=options["sites"] == "per-point")
+                                          per_point_sites=options.sites == "per-point")
         return self._full_batch_memory_estimate(n, m, n_problems)
 
     def _full_batch_memory_estimate(self, n, m, n_problems):
@@ -423,11 +422,11 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
                                n_concurrent=concurrent_problems(getattr(self, "n_jobs", None)),
                                kmeans=self._resolved_init() == "kmeans++")
 
-    def _check_memory(self, n, m, n_problems, options):
+    def _check_memory(self, n, m, options):
         """Raise :class:`~fastep.exceptions.MemoryLimitError` before an in-core fit at m inducing
-        inputs that cannot fit in memory; ``options`` keeps ``n_problems`` for the growth."""
-        options["n_problems"] = n_problems
-        if options.get("minibatch"):
+        inputs of ``options.n_problems`` problems that cannot fit in memory."""
+        n_problems = options.n_problems
+        if options.minibatch:
             check_memory(self._memory_estimate(n, m, n_problems, options),
                          f"{type(self).__name__}.fit from minibatches on n = {n} rows with m = {m} inducing inputs",
                          "Use fewer inducing inputs (n_inducing), a smaller batch_size or fewer concurrent "
@@ -457,17 +456,17 @@ class _SparseGPBase(EPParameters, EPEvidenceMixin, GPEstimator):
     def _check_fit_options(self, options, kernel, likelihood, learn_likelihood):
         """Checks of the likelihood against ``power`` shared by every fit, before any work."""
         if learn_likelihood:
-            _check_likelihood_learnable_with_power(likelihood, options["power"])
-        if options["power"] < 1.0:
+            _check_likelihood_learnable_with_power(likelihood, options.power)
+        if options.power < 1.0:
             # the same check as the engine: a pointwise log density is needed
             power_moments_array(likelihood.site_spec(), np.ones(1), np.zeros(1), np.ones(1),
-                                        power=options["power"], n_quadrature=options["n_quadrature"])
+                                        power=options.power, n_quadrature=options.n_quadrature)
 
     def _fit_chunked(self, X, y, client, kernel, likelihood, options, learn_likelihood, classifier):
         """Fit on a row-chunked dask array by the map-reduce form of the parallel schedule
         (:mod:`fastep._sparse.distributed`); returns the fitted problems."""
         caller = f"{type(self).__name__}.fit"
-        if options["schedule"] != _engine.SPARSE_PARALLEL:
+        if options.schedule != _engine.SPARSE_PARALLEL:
             raise ValueError(f"{caller} on a dask array runs the parallel EP schedule: set "
                              "schedule='parallel' (the sequential schedule visits one site at a time)")
         if isinstance(self.inducing_init, str) and self.inducing_init == "ivm":

@@ -76,6 +76,7 @@ from scipy.linalg import blas as _blas, lapack, solve_triangular
 
 from .._epcore import multiclass_ep as _nested
 from .._epcore._common import SweepDriver, SweepResult
+from .._gp.fit_options import SparseFitOptions
 from .._dense.multiclass import (ADAPTIVE_DAMPING_START, DAMPING_SHRINK, MIN_DAMPING, NestedSites, _outer_sites,
                                  class_probabilities)
 from .._gp.hyperparameters import Hyperparameters
@@ -505,6 +506,8 @@ class MultinomialSparseProblem(NestedSites, SiteProblem):
     ``site_natural_mean`` = ν̃ (the outer sites), both (c, n).
     """
 
+    options_class = SparseFitOptions
+
     algorithm = "joint multiclass sparse EP"
     search_tol = None
     search_ftol = 1e-5
@@ -512,7 +515,7 @@ class MultinomialSparseProblem(NestedSites, SiteProblem):
     def __init__(self, kernel, Z, X, labels, n_classes, options, learn_inducing=False):
         super().__init__(kernel, None, X, labels, options,
                          Hyperparameters(kernel, None, False, extra=Z if learn_inducing else None,
-                                         hyperprior=options.get("hyperprior")))
+                                         hyperprior=options.hyperprior))
         n = X.shape[0]
         self.Z = Z
         self.n_classes = int(n_classes)
@@ -526,8 +529,8 @@ class MultinomialSparseProblem(NestedSites, SiteProblem):
         n, c = Vt.shape[0], self.n_classes
         engine = MultinomialSparseEP(
             Vt, d, self.y, c, self.inner_precision.copy() if warm else np.zeros((n, c)),
-            self.inner_natural_mean.copy() if warm else np.zeros((n, c)), damping=opts["damping"],
-            adaptive_damping=opts.get("adaptive_damping", False), tol=opts["tol"], max_sweeps=opts["max_sweeps"])
+            self.inner_natural_mean.copy() if warm else np.zeros((n, c)), damping=opts.damping,
+            adaptive_damping=opts.adaptive_damping, tol=opts.tol, max_sweeps=opts.max_sweeps)
         info = engine.run(sweep_callback=sweep_callback_of(opts))
         return MultinomialSparseEPState(engine.inner_precision, engine.inner_natural_mean, engine.state,
                                         engine.posterior, info)
@@ -559,7 +562,7 @@ class MultinomialSparseProblem(NestedSites, SiteProblem):
 
     def _gradient(self, kernel, Z, L, Vt, st, post):
         n, m = Vt.shape
-        fitc = self.options["approximation"] == "fitc"
+        fitc = self.options.approximation == "fitc"
         rows = _rows_per_block(self.n_classes, m)
         g_kernel, Gmm, g_z = 0.0, 0.0, 0.0
         for s in range(0, n, rows):

@@ -85,7 +85,7 @@ class MinibatchMultinomialSparseEP(MinibatchState):
     per_point_sites = ("inner_precision", "inner_natural_mean")
 
     def __init__(self, kernel, likelihood, Z, n, options, sites="tied", window=None):
-        self.n_classes = int(options["n_classes"])
+        self.n_classes = int(options.n_classes)
         super().__init__(kernel, None, Z, n, options, sites, window)
 
     def _zero_sites(self):
@@ -117,8 +117,8 @@ class MinibatchMultinomialSparseEP(MinibatchState):
         Kmm = np.ascontiguousarray(self.kernel._K(self.Z, None), dtype=np.float64)
         old = getattr(self, "chol_mm", None)
         self.chol_mm, _, _ = _engine.sparse_projection(Kmm, np.empty((0, m)), np.empty(0),
-                                                        approximation=self.options["approximation"],
-                                                        jitter=self.options["jitter"], overwrite_knm=True)
+                                                        approximation=self.options.approximation,
+                                                        jitter=self.options.jitter, overwrite_knm=True)
         if keep_sites_in_u and old is not None:
             M = solve_triangular(old, self.chol_mm, lower=True)
             c = self.n_classes
@@ -161,7 +161,7 @@ class MinibatchMultinomialSparseEP(MinibatchState):
         labels = np.ascontiguousarray(y, dtype=np.int32)
         eps = min(1.0, size / self.window) if step is None else float(step)
         Vt, d = self.project(X)
-        fitc = self.options["approximation"] == "fitc"
+        fitc = self.options.approximation == "fitc"
         c = self.n_classes
         if self.sites == "tied":
             mean, S = self.cavity().marginals(Vt)

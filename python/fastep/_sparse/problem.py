@@ -40,6 +40,7 @@ import numpy as np
 
 from .._epcore import sparse_ep as _engine
 from .._epcore import student_t_ep as _student_t_engine
+from .._gp.fit_options import SparseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from ..progress import sweep_callback_of
@@ -66,12 +67,14 @@ class SparseEPState(NamedTuple):
 class _BinarySparseEP(SiteProblem):
     """One binary (or regression) sparse EP problem: EP runs, evidence, gradient, prediction state."""
 
+    options_class = SparseFitOptions
+
     algorithm = "sparse EP"
 
     def __init__(self, kernel, likelihood, Z, X, y, options, learn_likelihood, learn_inducing):
         super().__init__(kernel, likelihood, X, y, options,
                          Hyperparameters(kernel, likelihood, learn_likelihood, extra=Z if learn_inducing else None,
-                                         hyperprior=options.get("hyperprior")))
+                                         hyperprior=options.hyperprior))
         self.Z = Z
         self.learn_likelihood = learn_likelihood
         self.learn_inducing = learn_inducing
@@ -96,9 +99,9 @@ class _BinarySparseEP(SiteProblem):
     @staticmethod
     def _new_engine_options(opts):
         return _engine.SparseEPOptions(
-            power=opts["power"], n_quadrature=opts["n_quadrature"], schedule=opts["schedule"],
-            order=opts["order"], damping=opts["damping"], tol=opts["tol"], max_sweeps=opts["max_sweeps"],
-            negative_precision=opts["negative_precision"])
+            power=opts.power, n_quadrature=opts.n_quadrature, schedule=opts.schedule,
+            order=opts.order, damping=opts.damping, tol=opts.tol, max_sweeps=opts.max_sweeps,
+            negative_precision=opts.negative_precision)
 
     def _ep(self, Vt, d, likelihood, warm, search):
         """One EP run on the projections from the stored sites (``warm``) or zero sites (``search``:
@@ -106,7 +109,7 @@ class _BinarySparseEP(SiteProblem):
         opts = self.options
         arrays = self._run_arrays(Vt, warm)
         tau, nu, R, w_mean, g_mean, g_var = arrays
-        engine = _engine.SparseEP(Vt, d, self.y, likelihood.site_spec(), self.engine_options(), seed=opts["seed"],
+        engine = _engine.SparseEP(Vt, d, self.y, likelihood.site_spec(), self.engine_options(), seed=opts.seed,
                                   validate=False)
         info = engine.run(tau, nu, R, w_mean, g_mean=g_mean, g_var=g_var,
                           sweep_callback=sweep_callback_of(opts))
@@ -181,8 +184,8 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
     @staticmethod
     def _new_engine_options(opts):
         return _student_t_engine.StudentTEPOptions(
-            power=opts["power"], n_quadrature=opts["n_quadrature"], damping=opts["damping"], tol=opts["tol"],
-            max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+            power=opts.power, n_quadrature=opts.n_quadrature, damping=opts.damping, tol=opts.tol,
+            max_sweeps=opts.max_sweeps, max_halvings=opts.max_halvings)
 
     def _ep(self, Vt, d, likelihood, warm, search):
         opts = self.options
@@ -193,8 +196,8 @@ class _StudentTSparseEP(RejectStuckDuringSearch, _BinarySparseEP):
         info, arrays = self._fractional_result(
             info, arrays, search,
             lambda a: SparseDoubleLoopEP(
-                Vt, d, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
-                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(
+                Vt, d, self.y, likelihood.dof, likelihood.scale, power=opts.power, tol=opts.tol,
+                max_outer=DOUBLE_LOOP_SWEEPS * opts.max_sweeps).run(
                 *a[:4], g_mean=a[4], g_var=a[5], sweep_callback=sweep_callback_of(opts)))
         return self._finished(arrays, info, f"sparse fractional EP's log marginal likelihood is not finite at "
                               f"{likelihood!r}; increase jitter or check the kernel")

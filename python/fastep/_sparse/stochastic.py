@@ -92,6 +92,7 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 from .._epcore import sparse_ep as _engine
 from .._epcore.power_ep import power_moments_array
+from .._gp.fit_options import KeepsSparseFitOptions
 from .._linalg import inner, matmul
 from .blocks import SparsePredictor, gradient_from_sums, gradient_second_sums
 
@@ -193,7 +194,7 @@ class Adam:
         return self.learning_rate * first / (np.sqrt(second) + self.eps)
 
 
-class MinibatchState:
+class MinibatchState(KeepsSparseFitOptions):
     """What the states of minibatch EP share: a snapshot of their sites and factors, and its restore.
 
     A subclass sets its sites to zero in :meth:`_zero_sites` (``precision_sum``,
@@ -274,8 +275,8 @@ class MinibatchSparseEP(MinibatchState):
         Kmm = np.ascontiguousarray(self.kernel._K(self.Z, None), dtype=np.float64)
         old = getattr(self, "chol_mm", None)
         self.chol_mm, _, _ = _engine.sparse_projection(Kmm, np.empty((0, self.Z.shape[0])), np.empty(0),
-                                                       approximation=self.options["approximation"],
-                                                       jitter=self.options["jitter"], overwrite_knm=True)
+                                                       approximation=self.options.approximation,
+                                                       jitter=self.options.jitter, overwrite_knm=True)
         if keep_sites_in_u and old is not None:
             M = solve_triangular(old, self.chol_mm, lower=True)
             P = matmul(M.T, matmul(self.precision_sum, M))
@@ -287,7 +288,7 @@ class MinibatchSparseEP(MinibatchState):
         """``(Vt, d)`` of the rows X: ``Vt = K(X, Z) L⁻ᵀ`` and the FITC diagonal (zeros for DTC)."""
         Knm = self.kernel._K(X, self.Z)
         Vt = np.ascontiguousarray(solve_triangular(self.chol_mm, Knm.T, lower=True).T)
-        if self.options["approximation"] == "fitc":
+        if self.options.approximation == "fitc":
             d = np.maximum(self.kernel._diag(X) - np.einsum("ij,ij->i", Vt, Vt), 0.0)
         else:
             d = np.zeros(X.shape[0])
@@ -314,14 +315,14 @@ class MinibatchSparseEP(MinibatchState):
 
     def cavity(self):
         """``(R∖, μ∖)`` of the tied cavity ``q / f̄^α`` (module docstring)."""
-        keep = 1.0 - self.options["power"] / self.n
+        keep = 1.0 - self.options.power / self.n
         return self._factor(keep * self.precision_sum, keep * self.natural_mean_sum)
 
     # -- one minibatch ---------------------------------------------------------------------
     def _cavity_marginals(self, Vt, index):
         """Cavity ``N(μ_i, s_i)`` of g_i for the rows ``Vt`` (tied: the shared cavity;
         per-point: the posterior without α of the point's own site)."""
-        power = self.options["power"]
+        power = self.options.power
         if self.sites == "tied":
             R, w = self.cavity()
             mean = matmul(Vt, w)
@@ -346,7 +347,7 @@ class MinibatchSparseEP(MinibatchState):
         ``learn_likelihood``, Z if ``learn_inducing``; :func:`gradient_from_sums`'s order).
         """
         opts = self.options
-        power, size = opts["power"], X.shape[0]
+        power, size = opts.power, X.shape[0]
         eps = min(1.0, size / self.window) if step is None else float(step)
         Vt, d = self.project(X)
         spec = self.likelihood.site_spec()
@@ -355,7 +356,7 @@ class MinibatchSparseEP(MinibatchState):
         var_f = np.where(bad, 1.0, var + d)
         mean = np.where(bad, 0.0, mean)
         log_z, alpha, beta = power_moments_array(spec, y, mean, var_f, power=power,
-                                                 n_quadrature=opts["n_quadrature"])
+                                                 n_quadrature=opts.n_quadrature)
         log_pred = log_z if power == 1.0 else power_moments_array(spec, y, mean, var_f, power=1.0)[0]
         out = {"log_predictive": log_pred[~bad]}
         if gradient:
@@ -368,7 +369,7 @@ class MinibatchSparseEP(MinibatchState):
         tau = beta / (power * one_minus)
         nu = (alpha + beta * mean) / (power * one_minus)
         negative = ~failed & (tau < 0)
-        if opts["negative_precision"] == _engine.NEGATIVE_SKIP:
+        if opts.negative_precision == _engine.NEGATIVE_SKIP:
             failed |= negative
         else:
             tau = np.where(negative, 0.0, tau)
@@ -402,14 +403,14 @@ class MinibatchSparseEP(MinibatchState):
                            learn_inducing):
         """``n/|B|`` times the minibatch's share of the evidence gradient (module docstring)."""
         opts = self.options
-        power = opts["power"]
+        power = opts.power
         good = ~bad
         X, y, Vt = X[good], y[good], Vt[good]
         mean, var, var_f, alpha, beta = mean[good], var[good], var_f[good], alpha[good], beta[good]
         one_minus = np.maximum(1.0 - var * beta, np.finfo(float).tiny)
         tau = beta / (power * one_minus)
         a = alpha / power
-        c = ((alpha * alpha - beta) / (2.0 * power) if opts["approximation"] == "fitc"
+        c = ((alpha * alpha - beta) / (2.0 * power) if opts.approximation == "fitc"
              else np.zeros_like(a))
         R, w = self.posterior()
         L = self.chol_mm
@@ -660,7 +661,7 @@ def log_evidence_estimate(state, source, rng, rows=EVIDENCE_SAMPLE_ROWS):
     Tied sites share one cavity, so ``Φ(q∖i) - Φ(q)`` is one m-dimensional term; per-point
     sites give the one-dimensional ``Ψ(cavity) - Ψ(marginal)`` of full-batch EP.
     """
-    power = state.options["power"]
+    power = state.options.power
     n = state.n
     R, w = state.posterior()
     total = _log_normaliser(R, w)
@@ -669,7 +670,7 @@ def log_evidence_estimate(state, source, rng, rows=EVIDENCE_SAMPLE_ROWS):
         Vt, d = state.project(X)
         mean, var = state._cavity_marginals(Vt, pick)
         log_z, _, _ = power_moments_array(state.likelihood.site_spec(), y, mean, var + d, power=power,
-                                          n_quadrature=state.options["n_quadrature"])
+                                          n_quadrature=state.options.n_quadrature)
         if state.sites == "per-point":
             P = solve_triangular(R, Vt.T, trans="T")
             g_var = np.einsum("ij,ij->j", P, P)
@@ -702,7 +703,7 @@ class MinibatchInfo:
         self.n_points = int(result["n_points"])
 
 
-class MinibatchSparseFit:
+class MinibatchSparseFit(KeepsSparseFitOptions):
     """One fitted sparse problem learnt from minibatches: what the sparse estimators keep of a
     fit (kernel, likelihood, Z, the evidence, the predictor, the sites)."""
 
@@ -745,9 +746,9 @@ class MinibatchSparseFit:
 
 
 def _state_class(options):
-    """The minibatch state of the model ``options['model']``: the binary (or regression) sparse GP's,
-    or (``'multinomial'``) the joint multiclass model's."""
-    if options.get("model") == "multinomial":
+    """The minibatch state of the model of ``options``: the binary (or regression) sparse GP's,
+    or the joint multiclass model's (``options.multinomial``)."""
+    if options.multinomial:
         from .multinomial_minibatch import MinibatchMultinomialSparseEP
         return MinibatchMultinomialSparseEP
     return MinibatchSparseEP
@@ -757,9 +758,9 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
     """Learn one sparse problem from minibatches (:func:`learn_minibatch`) and estimate its
     evidence; returns a :class:`MinibatchSparseFit`.
 
-    ``options``: the estimator's engine options with ``batch_size``, ``learning_rate``,
-    ``max_epochs``, ``sites``, ``site_window`` (the points a tied site averages),
-    ``window`` and ``patience`` (the stopping rule) and ``seed``.
+    ``options``: the fit's :class:`~fastep._gp.fit_options.SparseFitOptions`, with
+    ``site_window`` (the points a tied site averages), ``window`` and ``patience`` (the
+    stopping rule) set.
 
     ``start``: a previous :class:`MinibatchSparseFit` with tied sites to continue from (a warm
     start): its kernel, likelihood and Z, and its tied site scaled from its n to this source's
@@ -769,30 +770,30 @@ def fit_minibatch(kernel, likelihood, Z, source, options, hyperparameters, *, le
     ``SETTLE_WINDOWS`` site windows of plain updates (:func:`settle_sites`) before the polish
     pass: the sites at fixed parameters, for their evidence.
     """
-    rng = np.random.default_rng(options["seed"])
+    rng = np.random.default_rng(options.seed)
     warmup = None
-    if start is not None and start.tied_site is not None and options["sites"] == "tied":
+    if start is not None and start.tied_site is not None and options.sites == "tied":
         kernel, likelihood, Z = start.kernel, start.likelihood, start.Z
     else:
         start = None
-    state = _state_class(options)(kernel, likelihood, Z, source.n, options, sites=options["sites"],
-                                  window=options["site_window"])
+    state = _state_class(options)(kernel, likelihood, Z, source.n, options, sites=options.sites,
+                                  window=options.site_window)
     if start is not None:
         scale = source.n / start.n_points
         state.precision_sum = scale * start.tied_site[0]
         state.natural_mean_sum = scale * start.tied_site[1]
         warmup = 0
     settle = bool(settle) and not learn and state.sites == "tied"
-    result = learn_minibatch(state, hyperparameters, source, batch_size=options["batch_size"],
-                             learning_rate=options["learning_rate"], window=options["window"],
-                             patience=options["patience"], max_epochs=0 if settle else options["max_epochs"],
-                             learn=learn, rng=rng, progress=options.get("progress"), warmup=warmup)
+    result = learn_minibatch(state, hyperparameters, source, batch_size=options.batch_size,
+                             learning_rate=options.learning_rate, window=options.window,
+                             patience=options.patience, max_epochs=0 if settle else options.max_epochs,
+                             learn=learn, rng=rng, progress=options.progress, warmup=warmup)
     if settle:
-        settle_sites(state, source, options["batch_size"], rng, SETTLE_WINDOWS * state.window)
-    polish_sites(state, source, options["batch_size"], rng)
+        settle_sites(state, source, options.batch_size, rng, SETTLE_WINDOWS * state.window)
+    polish_sites(state, source, options.batch_size, rng)
     estimate = getattr(state, "log_evidence_estimate", None)
     if estimate is not None:
-        log_ml, se = estimate(source, np.random.default_rng(options["seed"]), EVIDENCE_SAMPLE_ROWS)
+        log_ml, se = estimate(source, np.random.default_rng(options.seed), EVIDENCE_SAMPLE_ROWS)
     else:
-        log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options["seed"]))
+        log_ml, se = log_evidence_estimate(state, source, np.random.default_rng(options.seed))
     return MinibatchSparseFit(state, hyperparameters, result, log_ml, se, options, source.n)

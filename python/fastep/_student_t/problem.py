@@ -25,6 +25,7 @@ from scipy.linalg import cho_factor
 
 from .._student_t.double_loop import DenseDoubleLoopEP
 from .._epcore import student_t_ep as _engine
+from .._gp.fit_options import DenseFitOptions
 from .._gp.hyperparameters import Hyperparameters
 from .._gp.problem import WARM_START_FAILURES, SiteProblem
 from .._prediction import BatchedPredictor
@@ -137,24 +138,26 @@ class RejectStuckDuringSearch:
 class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
     """One robust regression problem: fractional EP runs, evidence, gradient, prediction state.
 
-    ``options`` adds ``power`` (η) and ``max_halvings`` to the dense engine options. A run of
+    Its :class:`~fastep._gp.fit_options.DenseFitOptions` set ``power`` (η) and ``max_halvings``. A run of
     parallel fractional EP that stalls or does not converge continues with the double-loop
     algorithm (:mod:`fastep._student_t.double_loop`) from its last sites, except during the type-II
     ML search, where a stalled run is a failed evaluation (:class:`RejectStuckDuringSearch`).
     """
+
+    options_class = DenseFitOptions
 
     algorithm = "fractional EP"
     search_tol = 1e-2
 
     def __init__(self, kernel, likelihood, X, y, options, learn_likelihood):
         super().__init__(kernel, likelihood, X, y, options,
-                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.get("hyperprior")))
+                         Hyperparameters(kernel, likelihood, learn_likelihood, hyperprior=options.hyperprior))
         self.learn_likelihood = learn_likelihood
 
     @staticmethod
     def _new_engine_options(opts):
-        return _engine.StudentTEPOptions(power=opts["power"], damping=opts["damping"], tol=opts["tol"],
-                                         max_sweeps=opts["max_sweeps"], max_halvings=opts["max_halvings"])
+        return _engine.StudentTEPOptions(power=opts.power, damping=opts.damping, tol=opts.tol,
+                                         max_sweeps=opts.max_sweeps, max_halvings=opts.max_halvings)
 
     def _ep(self, K, likelihood, warm, search):
         """One fractional EP run on ``K`` from the stored sites (``warm``) or zero sites
@@ -172,8 +175,8 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         info, arrays = self._fractional_result(
             info, [tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov], search,
             lambda a: DenseDoubleLoopEP(
-                K, self.y, likelihood.dof, likelihood.scale, power=opts["power"], tol=opts["tol"],
-                max_outer=DOUBLE_LOOP_SWEEPS * opts["max_sweeps"]).run(
+                K, self.y, likelihood.dof, likelihood.scale, power=opts.power, tol=opts.tol,
+                max_outer=DOUBLE_LOOP_SWEEPS * opts.max_sweeps).run(
                 *a[:4], cavity_mean=a[4], cavity_var=a[5], post_cov=a[6], sweep_callback=sweep_callback_of(opts)))
         tau, nu, post_mean, post_var, cavity_mean, cavity_var, post_cov = arrays
         if not np.isfinite(info.log_z):
@@ -187,7 +190,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
         (``gradient``: a run of the search, which rejects a stuck run) and, with ``keep``, the
         prediction state; ``(log_z, grad or None, info)``."""
         kernel, likelihood, _ = params
-        K = dense_kernel_matrix(kernel, self.X, self.options["jitter"])
+        K = dense_kernel_matrix(kernel, self.X, self.options.jitter)
         state = None
         if warm and self._has_sites():
             with contextlib.suppress(*WARM_START_FAILURES):
@@ -209,7 +212,7 @@ class StudentTGPProblem(RejectStuckDuringSearch, SiteProblem):
             if self.learn_likelihood:
                 proper = state.cavity_var > 0
                 grads.extend(likelihood.theta_gradient(self.y[proper], state.cavity_mean[proper],
-                                                       state.cavity_var[proper], power=self.options["power"]))
+                                                       state.cavity_var[proper], power=self.options.power))
             grad = np.array(grads, dtype=float)
         if keep:
             self.kernel, self.likelihood = kernel, likelihood
