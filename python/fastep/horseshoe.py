@@ -190,8 +190,8 @@ class _HorseshoeBase(BaseEstimator):
         v.check_positive(self.tol, "tol")
         v.check_int(*renamed["max_sweeps"], minimum=1)
         v.check_int(*renamed["max_optimizer_iter"], minimum=1)
-        return HorseshoeFitOptions(m=m, sigma2=sigma2, rho2=rho2, gamma2=gamma2, D=D, P0=P0,
-                                   sigma2_floor=renamed["noise_variance_floor"][0],
+        return HorseshoeFitOptions(m=m, noise_variance=sigma2, rho2=rho2, gamma2=gamma2, D=D, P0=P0,
+                                   noise_variance_floor=renamed["noise_variance_floor"][0],
                                    max_sweeps=renamed["max_sweeps"][0],
                                    max_optimizer_iter=renamed["max_optimizer_iter"][0])
 
@@ -254,7 +254,7 @@ class _HorseshoeBase(BaseEstimator):
                                  "its coefficient is not identified by the data; remove the column")
         gamma2, D, m = opts.gamma2, opts.D, opts.m
         P = opts.P0.copy()
-        sigma2 = opts.sigma2 if opts.sigma2 is not None else 0.1 * y_scale
+        sigma2 = opts.noise_variance if opts.noise_variance is not None else 0.1 * y_scale
         rho2 = opts.rho2 if opts.rho2 is not None else 0.1
         starts = [None] * T
         n_evals = 0
@@ -264,12 +264,12 @@ class _HorseshoeBase(BaseEstimator):
             # σ_t² within [noise_variance_floor, 100]·Var(y_t); ρ² and P unbounded (so L-BFGS-B starts
             # with a unit-length step: with every variable boxed it takes the raw gradient).
             bounds = np.full((T + 1 + (d * m if m > 0 else 0), 2), np.inf) * np.array([-1.0, 1.0])
-            bounds[:T, 0] = np.log(float(opts.sigma2_floor) * y_scale)
+            bounds[:T, 0] = np.log(float(opts.noise_variance_floor) * y_scale)
             bounds[:T, 1] = np.log(100.0 * y_scale)
-            if opts.sigma2 is not None:
+            if opts.noise_variance is not None:
                 candidates = [np.clip(sigma2, np.exp(bounds[:T, 0]), np.exp(bounds[:T, 1]))]
             else:
-                candidates = [f * y_scale for f in _noise_fractions(float(opts.sigma2_floor))]
+                candidates = [f * y_scale for f in _noise_fractions(float(opts.noise_variance_floor))]
             x_var = np.mean([max(float(np.mean(t.col_sq)) / t.n, 1e-300) for t in tasks])
             rho2_top = gamma2 * float(np.mean(y_scale)) / x_var * min(1.0, 10.0 / d)
             try:

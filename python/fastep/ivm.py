@@ -203,7 +203,7 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         v.check_choice(self.criterion, "criterion", _engine.CRITERIA)
         check_optimizer(self.optimizer, ("L-BFGS-B", "SCG"))
         n_iterations = v.check_int(self.n_iterations, "n_iterations", minimum=0)
-        max_iter = v.check_int(self.max_optimizer_iter, "max_optimizer_iter", minimum=1)
+        max_optimizer_iter = v.check_int(self.max_optimizer_iter, "max_optimizer_iter", minimum=1)
         progress = self._new_progress()
         seed = v.check_seed(self.random_state)
         refine_sweeps = v.check_int(self.refine_sweeps, "refine_sweeps", minimum=0)
@@ -236,7 +236,7 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
             kernel._validate_X(X, "X")
         return IVMFitOptions(kernel=kernel, d=d, criterion=_engine.CRITERIA[self.criterion], refine=refine,
                              n_iterations=n_iterations if self.optimizer is not None else 0,
-                             max_iter=max_iter, seed=seed, progress=progress, optimizer=self.optimizer,
+                             max_optimizer_iter=max_optimizer_iter, seed=seed, progress=progress, optimizer=self.optimizer,
                              kernel_objective=objective, full_data=full_data, minibatch=minibatch,
                              hyperprior=check_hyperprior(self.hyperprior), estimator_name=type(self).__name__,
                              latent_scale=1.0 if isinstance(self, GPClassifierMixin) else None)
@@ -251,13 +251,13 @@ class _IVMBase(LogMarginalLikelihoodMixin, GPEstimator):
         failures already).
         """
         if options.optimizer == "SCG":
-            return maximize_log_likelihood_scg(objective, theta0, bounds, maxiter=options.max_iter)
+            return maximize_log_likelihood_scg(objective, theta0, bounds, maxiter=options.max_optimizer_iter)
         if trust_radius is not None:
             return maximize_log_likelihood_trust_region(objective, theta0, bounds, radius=trust_radius,
-                                                        maxiter=options.max_iter)
+                                                        maxiter=options.max_optimizer_iter)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            return maximize_log_likelihood(objective, theta0, bounds, maxiter=options.max_iter)
+            return maximize_log_likelihood(objective, theta0, bounds, maxiter=options.max_optimizer_iter)
 
     def _fitted_log_marginal_likelihood(self) -> float:
         if self.log_marginal_likelihood_value_ is None:

@@ -284,7 +284,7 @@ class IVMFitOptions:
         The refinement of the active set.
     n_iterations : int >= 0
         Rounds of Algorithm 2 (0: no learning).
-    max_iter : int >= 1
+    max_optimizer_iter : int >= 1
         Most optimiser iterations of one round.
     optimizer : {'L-BFGS-B', 'SCG'} or None
         The optimiser of the kernel objective.
@@ -315,7 +315,7 @@ class IVMFitOptions:
     criterion: int
     refine: RefineOptions
     n_iterations: int
-    max_iter: int
+    max_optimizer_iter: int
     optimizer: str | None
     kernel_objective: str
     full_data: SparseFitOptions
@@ -329,7 +329,7 @@ class IVMFitOptions:
     def __post_init__(self):
         _check_positive_int(self.d, "d")
         _check_positive_int(self.n_iterations, "n_iterations", minimum=0)
-        _check_positive_int(self.max_iter, "max_iter")
+        _check_positive_int(self.max_optimizer_iter, "max_optimizer_iter")
         _check_positive_int(self.seed, "seed", minimum=0)
         _check_choice(self.optimizer, "optimizer", ("L-BFGS-B", "SCG", None))
         _check_choice(self.kernel_objective, "kernel_objective", ("full_data", "active_set"))

@@ -20,7 +20,7 @@ class HorseshoeFitOptions:
     ----------
     m : int >= 0
         Components of the dependency factor P (0: no dependencies learnt).
-    sigma2 : ndarray (T,) or None
+    noise_variance : ndarray (T,) or None
         Each task's noise variance (its start when learnt); None: a tenth of each task's target
         variance.
     rho2 : float > 0 or None
@@ -31,7 +31,7 @@ class HorseshoeFitOptions:
         The diagonal of the prior's feature covariance.
     P0 : ndarray (d, m)
         The start of the dependency factor P (read, never written).
-    sigma2_floor : float in (0, 1]
+    noise_variance_floor : float in (0, 1]
         The smallest learnt noise variance, as a fraction of each task's target variance.
     max_sweeps : int >= 1
         Most EP iterations of one evaluation.
@@ -44,12 +44,12 @@ class HorseshoeFitOptions:
     """
 
     m: int
-    sigma2: np.ndarray | None
+    noise_variance: np.ndarray | None
     rho2: float | None
     gamma2: float
     D: np.ndarray
     P0: np.ndarray
-    sigma2_floor: float
+    noise_variance_floor: float
     max_sweeps: int
     max_optimizer_iter: int
 
