@@ -43,7 +43,7 @@ class EPIteration:
     """One parallel EP iteration (marginals eqs 2-13 + site step eqs 14-25, then the evidence and
     gradients at the new sites) at n = 100, from the converged sites (made once per class,
     ``setup_cache``); and the evaluation of the converged sites alone (marginals, site targets,
-    evidence and gradients: ``max_iter=0``)."""
+    evidence and gradients: ``max_sweeps=0``)."""
     params = [[1000, 10_000], [0, 10]]
     param_names = ["d", "m"]
     timeout = 600
@@ -53,7 +53,7 @@ class EPIteration:
         for d in self.params[0]:
             for m in self.params[1]:
                 X, y, prior = self._problem(d, m)
-                sites[d, m] = HorseshoeEP(X, y, 0.25, prior, HorseshoeOptions(tol=1e-6, max_iter=300)).run().sites
+                sites[d, m] = HorseshoeEP(X, y, 0.25, prior, HorseshoeOptions(tol=1e-6, max_sweeps=300)).run().sites
         return sites
 
     setup_cache.timeout = 900
@@ -68,10 +68,10 @@ class EPIteration:
         self.sites = sites[d, m]
 
     def time_evaluation(self, sites, d, m):
-        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(max_iter=0), self.sites).run()
+        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(max_sweeps=0), self.sites).run()
 
     def time_iteration(self, sites, d, m):
-        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(tol=0.0, max_iter=1), self.sites).run()
+        HorseshoeEP(self.X, self.y, 0.25, self.prior, HorseshoeOptions(tol=0.0, max_sweeps=1), self.sites).run()
 
 
 class SmallFit:
